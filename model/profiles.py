@@ -1,0 +1,239 @@
+"""Kernel profiles: what each SLUB era computes, as data.
+
+A profile names the rules mm/slub.c of one kernel version applies when it sizes a cache and
+runs its fast paths.  Nothing in the model branches on a version string: every difference
+between eras is a field here, and the vectorised formulas in :mod:`slabtune.model.policy`
+read the fields (as integer arrays, so that several profiles broadcast against sizes and CPU
+counts in one compiled call).
+
+Sources, all restated from mm/slub.c of the version named:
+
+* ``calculate_order``: up to v2.6.2x the min_objects back-off halved (``min_objects /= 2``)
+  and was not capped by what a max-order slab holds; from the 2.6.30s it was capped and
+  decremented by one; v6.8 ("attempt to find layouts up to 1/2 waste") dropped the
+  min_objects loop and added fraction 2, and later kernels made the cap at least 1.
+* ``nr_cpus``: ``nr_cpu_ids`` up to v5.10; ``num_online_cpus()`` in v5.11 (045ab8c9487b,
+  which is 1 for caches created before secondary CPUs are brought up); from v5.12
+  ``num_present_cpus()``, or ``nr_cpu_ids`` when that is <= 1.
+* ``min_partial``: a static MIN_PARTIAL (5) in v2.6.27; ilog2(size) clamped to [5, 10] from
+  the 2008 dynamic per-cache patch (seed slub-dynamic-min-partial-2008); ilog2(size) / 2
+  clamped to [5, 10] in current kernels.
+* per-CPU partial lists: v3.2 to v6.18.  Before v5.16 the limit was counted in objects with
+  the table 2/6/13/30; v5.16 moved to a slab count derived from 6/24/52/120 objects.
+* sheaves: opt-in per cache (explicit capacity) in v6.18, every non-kmalloc cache in v7.0;
+  barns on nodes with memory in v7.0, on every online node from v7.1 (seed
+  sheaves-cross-cpu-regression-2026).
+* the memoryless-node fix (``numa_mem_id()``) arrived in v2.6.35.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Literal
+
+NrCpusRule = Literal["possible", "online_at_boot", "present_else_possible"]
+OrderLoop = Literal["halve", "decrement", "single_pass"]
+SheafMode = Literal["none", "opt_in", "all"]
+BarnNodes = Literal["none", "memory_nodes", "all_nodes"]
+
+NR_CPUS_RULES: tuple[str, ...] = ("possible", "online_at_boot", "present_else_possible")
+ORDER_LOOPS: tuple[str, ...] = ("halve", "decrement", "single_pass")
+SHEAF_MODES: tuple[str, ...] = ("none", "opt_in", "all")
+BARN_NODES: tuple[str, ...] = ("none", "memory_nodes", "all_nodes")
+
+PAGE_SHIFT = 12
+PAGE_SIZE = 1 << PAGE_SHIFT
+#: PAGE_ALLOC_COSTLY_ORDER, the default slub_max_order in every profile here.
+DEFAULT_MAX_ORDER = 3
+#: Largest order the buddy allocator hands out on x86-64 (MAX_ORDER - 1 before v6.4,
+#: MAX_PAGE_ORDER after; the value is 10 either way).
+MAX_PAGE_ORDER = 10
+#: struct slab_sheaf is a 32-byte header followed by an array of object pointers.
+SHEAF_HEADER_BYTES = 32
+POINTER_BYTES = 8
+#: A barn holds at most this many full and this many empty sheaves (MAX_FULL_SHEAVES,
+#: MAX_EMPTY_SHEAVES).
+BARN_MAX_FULL = 10
+BARN_MAX_EMPTY = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelProfile:
+    """The slab-sizing and fast-path rules of one kernel era.
+
+    Size-class tables are ordered (>= PAGE_SIZE, >= 1024, >= 256, smaller).
+    """
+
+    name: str
+    version: tuple[int, int]
+    nr_cpus_rule: NrCpusRule
+    order_loop: OrderLoop
+    #: Leftover fractions tried in order: a slab may waste at most slab_bytes / fraction.
+    fractions: tuple[int, ...]
+    #: Whether min_objects is capped at what an order-slub_max_order slab holds.
+    cap_min_objects: bool
+    #: Whether that cap is at least 1 (max(order_objects(max_order), 1)).
+    cap_at_least_one: bool
+    #: MAX_OBJS_PER_PAGE: 65535 while page->objects was 16 bits, 32767 from v2.6.3x.
+    max_objs_per_slab: int
+    #: min_partial = clamp(ilog2(size) // divisor, lo, hi); lo == hi gives a static value.
+    min_partial_divisor: int
+    min_partial_lo: int
+    min_partial_hi: int
+    #: Per-CPU partial object limits by size class, or None where the era has no such list.
+    cpu_partial_objects: tuple[int, int, int, int] | None
+    #: Sheaves: none, opt-in (explicit capacity by the cache's creator) or every cache.
+    sheaves: SheafMode
+    #: Default sheaf capacity by size class before the kmalloc-bucket round-up.
+    sheaf_base_capacity: tuple[int, int, int, int]
+    #: Whether kmalloc caches get sheaves when ``sheaves == "all"``.
+    sheaves_on_kmalloc: bool
+    #: Where barns live.
+    barns: BarnNodes
+    #: Whether a free of an object from another node than the freeing CPU's memory node
+    #: bypasses the sheaf (v7.0 ``slab_nid(slab) == numa_mem_id()`` test).
+    remote_free_bypasses_sheaf: bool
+    #: Whether CPUs on memoryless nodes may free into sheaves anyway (v7.1).
+    memoryless_cpus_use_sheaves: bool
+    #: Default of the numa_mem_id()-style fix for CPUs on memoryless nodes.
+    memoryless_fallback: bool
+    #: Boot parameter spellings the kernel accepts.
+    boot_param_prefixes: tuple[str, ...]
+
+    @property
+    def has_cpu_partial(self) -> bool:
+        return self.cpu_partial_objects is not None
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+_CPU_PARTIAL_V3 = (2, 6, 13, 30)
+_CPU_PARTIAL_V516 = (6, 24, 52, 120)
+_SHEAF_BASE = (4, 12, 26, 60)
+
+
+def _profile(name: str, version: tuple[int, int], **kw) -> KernelProfile:
+    base = dict(
+        name=name,
+        version=version,
+        nr_cpus_rule="present_else_possible",
+        order_loop="decrement",
+        fractions=(16, 8, 4),
+        cap_min_objects=True,
+        cap_at_least_one=False,
+        max_objs_per_slab=32767,
+        min_partial_divisor=2,
+        min_partial_lo=5,
+        min_partial_hi=10,
+        cpu_partial_objects=_CPU_PARTIAL_V516,
+        sheaves="none",
+        sheaf_base_capacity=_SHEAF_BASE,
+        sheaves_on_kmalloc=False,
+        barns="none",
+        remote_free_bypasses_sheaf=False,
+        memoryless_cpus_use_sheaves=False,
+        memoryless_fallback=True,
+        boot_param_prefixes=("slub",),
+    )
+    base.update(kw)
+    return KernelProfile(**base)
+
+
+PROFILES: dict[str, KernelProfile] = {
+    p.name: p
+    for p in (
+        _profile(
+            "v2.6.27", (2, 6),
+            nr_cpus_rule="possible", order_loop="halve", cap_min_objects=False,
+            max_objs_per_slab=65535, min_partial_divisor=1, min_partial_lo=5,
+            min_partial_hi=5, cpu_partial_objects=None, memoryless_fallback=False,
+        ),
+        _profile(
+            "v3.1", (3, 1),
+            nr_cpus_rule="possible", min_partial_divisor=1, cpu_partial_objects=None,
+        ),
+        _profile("v5.10", (5, 10), nr_cpus_rule="possible", cpu_partial_objects=_CPU_PARTIAL_V3),
+        _profile(
+            "v5.11", (5, 11), nr_cpus_rule="online_at_boot", cpu_partial_objects=_CPU_PARTIAL_V3
+        ),
+        _profile("v6.1", (6, 1)),
+        _profile(
+            "v6.18", (6, 18),
+            order_loop="single_pass", fractions=(16, 8, 4, 2), cap_at_least_one=True,
+            sheaves="opt_in", barns="memory_nodes", remote_free_bypasses_sheaf=True,
+            boot_param_prefixes=("slub", "slab"),
+        ),
+        _profile(
+            "v7.0", (7, 0),
+            order_loop="single_pass", fractions=(16, 8, 4, 2), cap_at_least_one=True,
+            cpu_partial_objects=None, sheaves="all", barns="memory_nodes",
+            remote_free_bypasses_sheaf=True, boot_param_prefixes=("slub", "slab"),
+        ),
+        _profile(
+            "v7.1", (7, 1),
+            order_loop="single_pass", fractions=(16, 8, 4, 2), cap_at_least_one=True,
+            cpu_partial_objects=None, sheaves="all", barns="all_nodes",
+            remote_free_bypasses_sheaf=True, memoryless_cpus_use_sheaves=True,
+            boot_param_prefixes=("slub", "slab"),
+        ),
+    )
+}
+
+
+class UnknownProfileError(ValueError):
+    """Raised for a profile name that is not in :data:`PROFILES`."""
+
+
+def get_profile(name: str) -> KernelProfile:
+    """Return the profile called ``name`` (``6.1`` and ``v6.1`` both work)."""
+    key = name if name.startswith("v") else f"v{name}"
+    try:
+        return PROFILES[key]
+    except KeyError:
+        known = ", ".join(PROFILES)
+        raise UnknownProfileError(f"unknown kernel profile {name!r} (known: {known})") from None
+
+
+_RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
+
+
+def detect_profile(release: str) -> KernelProfile:
+    """Pick the profile whose era covers a kernel release string such as ``6.1.0-27-amd64``.
+
+    The newest profile whose version is <= the release wins, so 6.12 maps to v6.1's rules
+    (the order loop changed in v6.8, which the nearest profile below 6.12, v6.1, does not
+    have: see :func:`era_overrides`).
+    """
+    m = _RELEASE.match(release)
+    if not m:
+        raise UnknownProfileError(f"cannot read a kernel version from release {release!r}")
+    ver = (int(m.group(1)), int(m.group(2)))
+    best: KernelProfile | None = None
+    for p in sorted(PROFILES.values(), key=lambda p: p.version):
+        if p.version <= ver:
+            best = p
+    if best is None:
+        raise UnknownProfileError(f"kernel release {release!r} is older than every profile")
+    return era_overrides(best, ver)
+
+
+def era_overrides(profile: KernelProfile, ver: tuple[int, int]) -> KernelProfile:
+    """Adjust a profile to a release between two profiles where a rule changed in between.
+
+    v6.8 replaced the min_objects loop with a single pass over fractions 16..2 and added the
+    ``slab_*`` boot parameter spellings; a 6.8..6.17 kernel keeps v6.1's other rules.
+    """
+    if profile.order_loop != "single_pass" and ver >= (6, 8):
+        return dataclasses.replace(
+            profile,
+            name=f"v{ver[0]}.{ver[1]}",
+            version=ver,
+            order_loop="single_pass",
+            fractions=(16, 8, 4, 2),
+            cap_at_least_one=True,
+            boot_param_prefixes=("slub", "slab"),
+        )
+    return profile

@@ -1,0 +1,3 @@
+from slabtune.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""The cost model: nanoseconds per allocator operation from simulated counters.
+
+Every constant is named in :class:`CostParams`, documented in :data:`DOCS`, and has its
+default in ``cost_default.toml`` beside this module (read by the caller, not here: the model
+never reads files; :func:`parse_cost_toml` takes the text).  The functions are pure
+``jax.numpy`` on float32 arrays, so a sweep can ``vmap`` them over configurations and over
+cost constants alike.
+
+What a representative CPU ``r`` pays per operation (one alloc or one free)::
+
+    t_r = other_r                                   # the workload's own work per op
+        + fast/slow path base costs  * their rates per op
+        + page allocator calls       * (pcp or buddy cost + per-page and per-object setup)
+        + sum_l A[r, l] * (hold_l + line_{r,l} + W_l)    # lock acquisitions
+
+``A[r, l]`` is rep ``r``'s acquisitions per op of lock class ``l`` (a node's list_lock, a
+node's barn lock, a zone lock), ``line_{r,l}`` the transfer of the lock's cache line to the
+acquiring CPU (local or cross-node), ``W_l`` the queueing wait.  Contention is M/M/1 on each
+lock: with ``lambda_l = sum_r weight_r * A[r, l] / t_r / m_l`` acquisitions per ns on each of
+the ``m_l`` real locks of the class, ``rho_l = lambda_l * hold_l`` and
+``W_l = hold_l * rho_l / (1 - rho_l)``, less the CPU's own share of ``rho_l`` in the
+numerator (a CPU never queues behind itself).  ``t_r`` depends on ``W`` and ``W`` on ``t_r``; the
+fixed point is found by bisection on each lock's utilisation in turn (the map from ``rho``
+to ``rho'`` is decreasing, so plain iteration would oscillate), static rounds for ``jit``.  Near saturation
+the fixed point gives each lock a throughput just under ``1 / hold``: the machine slows to
+what its busiest lock can serve, which is how one node's list_lock caps a whole machine.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+_F32 = jnp.float32
+
+
+class CostParams(NamedTuple):
+    """Cost constants in ns (a pytree of float32 scalars; stack them to sweep costs)."""
+
+    alloc_fast_ns: jnp.ndarray
+    free_fast_ns: jnp.ndarray
+    alloc_slow_ns: jnp.ndarray
+    free_slow_ns: jnp.ndarray
+    sheaf_swap_ns: jnp.ndarray
+    sheaf_object_ns: jnp.ndarray
+    cpu_partial_drain_ns: jnp.ndarray
+    list_lock_hold_ns: jnp.ndarray
+    barn_lock_hold_ns: jnp.ndarray
+    line_local_ns: jnp.ndarray
+    line_remote_ns: jnp.ndarray
+    pcp_call_ns: jnp.ndarray
+    buddy_call_ns: jnp.ndarray
+    zone_lock_hold_ns: jnp.ndarray
+    pcp_batch: jnp.ndarray
+    page_setup_ns: jnp.ndarray
+    object_setup_ns: jnp.ndarray
+    rho_max: jnp.ndarray
+
+
+#: One line per constant: what it stands for in the kernel.
+DOCS: dict[str, str] = {
+    "alloc_fast_ns": "allocation served by the per-CPU slab freelist or main sheaf "
+                     "(this_cpu_cmpxchg, no lock)",
+    "free_fast_ns": "free to the CPU's own slab or main sheaf (no lock)",
+    "alloc_slow_ns": "___slab_alloc bookkeeping outside any lock: taking a slab's freelist, "
+                     "switching the CPU slab, sheaf swap checks",
+    "free_slow_ns": "__slab_free outside any lock: cmpxchg on a foreign slab's freelist",
+    "sheaf_swap_ns": "exchanging a sheaf with the spare or the barn (pointer swaps)",
+    "sheaf_object_ns": "moving one object pointer in a sheaf refill or flush (bulk copy)",
+    "cpu_partial_drain_ns": "__put_partials outside the lock: unfreezing a CPU's partial slabs",
+    "list_lock_hold_ns": "time a node's list_lock is held per acquisition (irqsave spinlock "
+                         "around partial-list manipulation)",
+    "barn_lock_hold_ns": "time a barn's lock is held per sheaf get/put",
+    "line_local_ns": "moving a contended lock's cache line between CPUs of one node",
+    "line_remote_ns": "moving a cache line across nodes (a lock or slab freelist owned by "
+                      "another node); also charged to each remote free",
+    "pcp_call_ns": "page allocator call served by the per-CPU page lists (orders the era "
+                   "caches per CPU: 0 before v5.13, up to PAGE_ALLOC_COSTLY_ORDER from v5.13)",
+    "buddy_call_ns": "page allocator call that goes to the buddy lists (work outside the "
+                     "zone lock)",
+    "zone_lock_hold_ns": "zone->lock hold time per buddy call or per pcp batch refill/drain",
+    "pcp_batch": "pcp calls per zone->lock acquisition (pcp->batch: refills and drains move "
+                 "batches of pages)",
+    "page_setup_ns": "per 4 KiB page of a new or freed slab (struct page/folio setup, "
+                     "memcg accounting)",
+    "object_setup_ns": "per object of a new slab (freelist construction in allocate_slab)",
+    "rho_max": "cap on lock utilisation in the M/M/1 wait (keeps the fixed point finite)",
+}
+
+FIELDS: tuple[str, ...] = CostParams._fields
+
+
+class CostError(ValueError):
+    """Bad cost constants; the message names the field."""
+
+
+class CostMeta(NamedTuple):
+    """Where the constants came from: the source label and which were fitted, to what."""
+
+    source: str
+    fitted: dict[str, str]
+
+
+def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParams:
+    """Build :class:`CostParams` from a ``{name: number}`` mapping, over ``base`` if given.
+
+    Unknown names, non-numbers and negative values raise :class:`CostError` naming the key.
+    """
+    out = {} if base is None else {k: float(v) for k, v in base._asdict().items()}
+    for key, val in values.items():
+        if key not in FIELDS:
+            raise CostError(f"cost.{key}: unknown cost constant (known: {', '.join(FIELDS)})")
+        if isinstance(val, bool) or not isinstance(val, (int, float)):
+            raise CostError(f"cost.{key}: {val!r} is not a number")
+        if val < 0:
+            raise CostError(f"cost.{key}: {val} is negative")
+        out[key] = float(val)
+    missing = [k for k in FIELDS if k not in out]
+    if missing:
+        raise CostError(f"cost.{missing[0]}: missing (every constant needs a value)")
+    if out["pcp_batch"] < 1:
+        raise CostError(f"cost.pcp_batch: {out['pcp_batch']} must be at least 1")
+    if not 0 < out["rho_max"] < 1:
+        raise CostError(f"cost.rho_max: {out['rho_max']} must be in (0, 1)")
+    return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
+
+
+def parse_cost_toml(text: str, source: str = "<string>", base: CostParams | None = None
+                    ) -> tuple[CostParams, CostMeta]:
+    """Parse a cost file: a ``[cost]`` table of constants and an optional ``[fitted]`` table
+    naming constants fitted to a published figure (``name = "what it was fitted to"``)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise CostError(f"{source}: not valid TOML ({err})") from None
+    for key in doc:
+        if key not in ("cost", "fitted"):
+            raise CostError(f"{source}: unknown table [{key}] (expected [cost], [fitted])")
+    table = doc.get("cost", {})
+    if not isinstance(table, dict):
+        raise CostError(f"{source}: cost must be a table")
+    params = cost_from_mapping(table, base)
+    fitted = doc.get("fitted", {})
+    if not isinstance(fitted, dict):
+        raise CostError(f"{source}: fitted must be a table")
+    for key, val in fitted.items():
+        if key not in FIELDS:
+            raise CostError(f"fitted.{key}: not a cost constant")
+        if not isinstance(val, str):
+            raise CostError(f"fitted.{key}: must be a string saying what it was fitted to")
+    return params, CostMeta(source, dict(fitted))
+
+
+def pcp_max_order(version: tuple[int, int]) -> int:
+    """Highest order the page allocator's per-CPU lists cache.
+
+    Only order 0 up to v5.12 (Mel Gorman in seed slub-order-nr-cpus-2021: "the page
+    allocator which only caches order-0 pages on a per-cpu basis"); v5.13 (44042b449872,
+    "allow high-order pages to be stored on the per-cpu lists") caches orders up to
+    PAGE_ALLOC_COSTLY_ORDER (3).
+    """
+    return 0 if tuple(version) < (5, 13) else 3
+
+
+# --------------------------------------------------------------------------- per-op costs
+
+
+class OpRates(NamedTuple):
+    """Per-operation event rates of each representative CPU (float32, shape (R,)).
+
+    Lock acquisitions are not here: they enter :func:`solve` as the matrix ``A``.
+    """
+
+    alloc_fast: jnp.ndarray
+    free_fast: jnp.ndarray
+    alloc_slow: jnp.ndarray
+    free_slow: jnp.ndarray
+    remote_free: jnp.ndarray
+    sheaf_swap: jnp.ndarray
+    sheaf_objects_moved: jnp.ndarray
+    cpu_partial_drain: jnp.ndarray
+    slab_alloc: jnp.ndarray
+    slab_free: jnp.ndarray
+
+
+def page_call_ns(order, pcp_max, c: CostParams):
+    """Cost of one page allocator call outside the zone lock for a slab of ``order``:
+    a pcp hit for orders the era caches per CPU, else a buddy call."""
+    order = jnp.asarray(order, _F32)
+    return jnp.where(order <= pcp_max, c.pcp_call_ns, c.buddy_call_ns)
+
+
+def zone_lock_per_call(order, pcp_max, c: CostParams):
+    """zone->lock acquisitions per page allocator call: 1 / pcp_batch for orders cached per
+    CPU (the lists refill and drain in batches), 1 for higher orders."""
+    order = jnp.asarray(order, _F32)
+    return jnp.where(order <= pcp_max, 1.0 / c.pcp_batch, 1.0)
+
+
+def slab_setup_ns(order, objs_per_slab, c: CostParams):
+    """Per-slab setup or teardown work: struct page work for 2**order pages plus freelist
+    construction for each object (allocate_slab / __free_slab)."""
+    pages = jnp.exp2(jnp.asarray(order, _F32))
+    return pages * c.page_setup_ns + jnp.asarray(objs_per_slab, _F32) * c.object_setup_ns
+
+
+def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
+    """ns per op of each rep CPU outside lock holds, line transfers and waits (shape (R,))."""
+    page = page_call_ns(order, pcp_max, c) + slab_setup_ns(order, objs_per_slab, c)
+    return (r.alloc_fast * c.alloc_fast_ns + r.free_fast * c.free_fast_ns
+            + r.alloc_slow * c.alloc_slow_ns + r.free_slow * c.free_slow_ns
+            + r.remote_free * c.line_remote_ns
+            + r.sheaf_swap * c.sheaf_swap_ns + r.sheaf_objects_moved * c.sheaf_object_ns
+            + r.cpu_partial_drain * c.cpu_partial_drain_ns
+            + (r.slab_alloc + r.slab_free) * page)
+
+
+# --------------------------------------------------------------------------- contention
+
+
+def mm1_wait(hold, rho, rho_max):
+    """M/M/1 mean wait in queue: hold * rho / (1 - rho), with rho capped at rho_max."""
+    rho = jnp.clip(rho, 0.0, rho_max)
+    return hold * rho / (1.0 - rho)
+
+
+def wait_excluding_own(hold, rho, own, rho_max):
+    """M/M/1 wait of one CPU: hold * rho_others / (1 - rho), where rho_others = rho - own
+    leaves out the CPU's own share ``own`` (shape (R, L)); a lone CPU never waits."""
+    rho = jnp.clip(rho, 0.0, rho_max)[None, :]
+    others = jnp.clip(rho - own, 0.0, rho)
+    return hold[None, :] * others / (1.0 - rho)
+
+
+class Solution(NamedTuple):
+    """The contention fixed point."""
+
+    t: jnp.ndarray          # (R,) ns per op of each rep CPU, everything included
+    wait: jnp.ndarray       # (R, L) mean wait of rep r per acquisition of lock class l
+    rho: jnp.ndarray        # (L,) utilisation of each lock class
+    residual: jnp.ndarray   # () max |U(rho) - rho| at the solution
+
+
+def solve(base, acq, hold, line, weight, multiplicity, rho_max, sweeps: int = 6,
+          steps: int = 32) -> Solution:
+    """Solve t = base + acq @ (hold + line + W(t)) for the per-op times ``t``.
+
+    ``base`` (R,): ns per op outside locks.  ``acq`` (R, L): acquisitions per op of each
+    lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): cache-line transfer cost of
+    rep r taking lock l.  ``weight`` (R,): real CPUs per rep.  ``multiplicity`` (L,): real
+    locks per class (arrivals spread evenly over them).
+
+    In terms of the utilisations, the fixed point is ``rho = U(rho)`` with ``U`` decreasing
+    in every argument (more waiting slows every CPU, which lowers every arrival rate), so
+    ``U(rho)_l - rho_l`` has exactly one root in ``rho_l`` when the others are held: each
+    lock class is solved by bisection in turn, and the round over classes is repeated
+    (``sweeps`` and ``steps`` are static).
+    """
+    base = jnp.asarray(base, _F32)
+    acq = jnp.asarray(acq, _F32)
+    hold = jnp.asarray(hold, _F32)
+    line = jnp.asarray(line, _F32)
+    weight = jnp.asarray(weight, _F32)
+    rho_max = jnp.asarray(rho_max, _F32)
+    mult = jnp.maximum(jnp.asarray(multiplicity, _F32), 1.0)
+    fixed = base + jnp.sum(acq * (hold[None, :] + line), axis=1)
+    n_locks = hold.shape[-1]
+
+    # A CPU does not queue behind itself: its own share of a lock's utilisation (bounded
+    # above by its share when it never waits) is taken out of the queue it sees.
+    own = acq * hold[None, :] / jnp.maximum(fixed, 1e-3)[:, None] / mult[None, :]
+
+    def waits(rho):
+        return wait_excluding_own(hold, rho, own, rho_max)
+
+    def times(rho):
+        return fixed + jnp.sum(acq * waits(rho), axis=1)
+
+    def utilisation(t):
+        lam = jnp.sum(weight[:, None] * acq / jnp.maximum(t, 1e-3)[:, None], axis=0) / mult
+        return jnp.minimum(lam * hold, rho_max)
+
+    def solve_one(rho, l):
+        def bisect(_, bracket):
+            lo, hi = bracket
+            mid = 0.5 * (lo + hi)
+            trial = rho.at[l].set(mid)
+            above = utilisation(times(trial))[l] > mid
+            return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+
+        lo, hi = lax.fori_loop(0, steps, bisect, (jnp.asarray(0.0, _F32), rho_max))
+        return rho.at[l].set(0.5 * (lo + hi))
+
+    def sweep(_, rho):
+        for l in range(n_locks):
+            rho = solve_one(rho, l)
+        return rho
+
+    rho = lax.fori_loop(0, sweeps, sweep, jnp.zeros_like(hold))
+    t = times(rho)
+    resid = jnp.max(jnp.abs(utilisation(t) - rho))
+    return Solution(t=t, wait=waits(rho), rho=rho, residual=resid)

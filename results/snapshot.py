@@ -3,9 +3,23 @@
 This is the contract ``slabtune kernel snapshot`` writes, ``slabtune kernel check`` reads,
 and the guest validator produces from inside a qemu guest.  The first columns are fixed, in
 this order; extra columns may follow.
+
+A snapshot is CSV or parquet, chosen by the file's suffix.  Reading validates columns, types
+and values and turns every problem into one :class:`~slabtune.errors.SlabtuneError` line that
+names the file, the row (and cache) and the column.  This module never imports JAX.
 """
 
 from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import polars as pl
+
+from slabtune.errors import SlabtuneError
 
 #: Required columns, in order.  CPU and node columns hold kernel list syntax ("0-63", "0,2").
 SNAPSHOT_COLUMNS: tuple[str, ...] = (
@@ -27,3 +41,265 @@ SNAPSHOT_COLUMNS: tuple[str, ...] = (
 )
 #: Columns that identify one boot within a snapshot.
 BOOT_COLUMNS: tuple[str, ...] = SNAPSHOT_COLUMNS[:7]
+#: Required columns holding kernel list syntax.
+LIST_COLUMNS: tuple[str, ...] = SNAPSHOT_COLUMNS[2:7]
+#: Required integer columns; every one but sheaf_capacity must be filled in.
+INT_COLUMNS: tuple[str, ...] = SNAPSHOT_COLUMNS[8:]
+#: sheaf_capacity is empty (null) where the kernel has no such sysfs file (before v6.18).
+NULLABLE_INT_COLUMNS: tuple[str, ...] = ("sheaf_capacity",)
+#: SLAB_DEBUG flag files: a cache with any of them set has a layout and partial-list
+#: behaviour the policy formulas do not model.
+DEBUG_FLAG_COLUMNS: tuple[str, ...] = ("sanity_checks", "red_zone", "poison", "store_user", "trace")
+#: Optional extra columns ``kernel snapshot`` writes after the required ones (all integers;
+#: slabs/objects/total_objects/partial are the first number of their sysfs file, aliases the
+#: number of /sys/kernel/slab symlinks naming this cache).
+EXTRA_COLUMNS: tuple[str, ...] = DEBUG_FLAG_COLUMNS + (
+    "slabs", "objects", "total_objects", "partial", "aliases")
+
+#: Lower bounds of the integer columns (object sizes must be positive; a slab holds >= 1).
+_MINIMUM = {
+    "object_size": 1, "slab_size": 1, "order": 0, "objs_per_slab": 1, "min_partial": 0,
+    "cpu_partial": 0, "sheaf_capacity": 0,
+}
+_SUFFIXES = (".csv", ".parquet")
+
+
+# --------------------------------------------------------------------------- kernel lists
+
+
+_LIST_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
+
+
+def parse_cpulist(text: str | None) -> tuple[int, ...]:
+    """Parse kernel list syntax ("0-3,8", "0-7:2/4", "") into sorted distinct ids.
+
+    This is the format of ``/sys/devices/system/cpu/{possible,present,online}`` and the node
+    masks, printed by ``%*pbl`` and read by ``bitmap_parselist()``: comma-separated single
+    numbers and inclusive ranges ``a-b``, optionally ``a-b:used/group`` (the first ``used``
+    of every ``group`` bits).  An empty string (or None) is the empty mask.  Raises
+    ValueError naming the bad item.
+    """
+    if text is None:
+        return ()
+    text = text.strip()
+    if not text:
+        return ()
+    ids: set[int] = set()
+    for item in text.split(","):
+        m = _LIST_ITEM.match(item.strip())
+        if not m:
+            raise ValueError(f"{item.strip()!r} is not kernel list syntax (want e.g. 0-3,8)")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise ValueError(f"range {item.strip()!r} runs backwards")
+        used = int(m.group(3)) if m.group(3) is not None else 1
+        group = int(m.group(4)) if m.group(4) is not None else 1
+        if group < 1 or used < 1 or used > group:
+            raise ValueError(f"{item.strip()!r}: group syntax wants 1 <= used <= group")
+        if hi - lo > 1 << 20:
+            raise ValueError(f"range {item.strip()!r} is implausibly large")
+        ids.update(i for i in range(lo, hi + 1) if (i - lo) % group < used)
+    return tuple(sorted(ids))
+
+
+def format_cpulist(ids: Iterable[int]) -> str:
+    """Format ids in kernel list syntax, as ``%*pbl`` prints a mask: ``[0,1,2,3,8]`` ->
+    ``"0-3,8"``, a lone id as itself, the empty mask as ``""``."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(int(x) for x in ids)):
+        if i < 0:
+            raise ValueError(f"negative id {i} in a kernel list")
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(_span(run))
+        run = [i]
+    if run:
+        out.append(_span(run))
+    return ",".join(out)
+
+
+def _span(run: Sequence[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def snapshot_schema(extra: Sequence[str] = EXTRA_COLUMNS) -> dict[str, pl.DataType]:
+    """The polars dtypes of a snapshot: strings for text and lists, Int64 for numbers."""
+    schema: dict[str, pl.DataType] = {}
+    for c in SNAPSHOT_COLUMNS:
+        schema[c] = pl.Int64 if c in INT_COLUMNS else pl.String
+    for c in extra:
+        schema[c] = pl.Int64
+    return schema
+
+
+def frame_from_rows(rows: Sequence[Mapping[str, object]],
+                    extra: Sequence[str] = EXTRA_COLUMNS) -> pl.DataFrame:
+    """Build a typed snapshot frame (required columns first, then ``extra``) from dicts;
+    keys missing from a row become nulls."""
+    schema = snapshot_schema(extra)
+    data = {c: [r.get(c) for r in rows] for c in schema}
+    return pl.DataFrame(data, schema=schema)
+
+
+def _row_label(df: pl.DataFrame, i: int) -> str:
+    cache = df["cache"][i] if "cache" in df.columns else None
+    return f"row {i + 1}" + (f" (cache {cache})" if cache else "")
+
+
+def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFrame:
+    """Check and type a snapshot frame; return it with the required columns first.
+
+    String columns may arrive as strings (CSV) or typed (parquet); integer columns are parsed
+    strictly.  Raises SlabtuneError naming ``source``, the row/cache and the column for: a
+    missing column, no rows, an empty required value, a non-integer, a value below its
+    minimum (a size of 0 or less), slab_size below object_size, a CPU/node column that is
+    not kernel list syntax, or a cache listed twice in one boot.
+    """
+    missing = [c for c in SNAPSHOT_COLUMNS if c not in df.columns]
+    if missing:
+        raise SlabtuneError(f"{source}: missing column(s) {', '.join(missing)}")
+    if df.height == 0:
+        raise SlabtuneError(f"{source}: no rows")
+    extras = [c for c in df.columns if c not in SNAPSHOT_COLUMNS]
+    cols = []
+    for c in SNAPSHOT_COLUMNS:
+        s = df[c]
+        if c in INT_COLUMNS:
+            s = _int_column(df, c, source)
+            if c not in NULLABLE_INT_COLUMNS and s.null_count():
+                i = int(s.is_null().arg_true()[0])
+                raise SlabtuneError(f"{source}: {_row_label(df, i)}: column {c} is empty")
+            low = _MINIMUM[c]
+            bad = (s < low).fill_null(False)
+            if bad.any():
+                i = int(bad.arg_true()[0])
+                raise SlabtuneError(
+                    f"{source}: {_row_label(df, i)}: {c} is {s[i]} (must be >= {low})")
+        else:
+            if s.dtype != pl.String:
+                s = s.cast(pl.String)
+            if c in ("cmdline",) + LIST_COLUMNS:
+                s = s.fill_null("")
+            elif s.null_count():
+                i = int(s.is_null().arg_true()[0])
+                raise SlabtuneError(f"{source}: {_row_label(df, i)}: column {c} is empty")
+        cols.append(s.alias(c))
+    for c in extras:
+        s = df[c]
+        if s.dtype == pl.String or s.dtype.is_integer():
+            s = _int_column(df, c, source) if c in EXTRA_COLUMNS else s
+        cols.append(s.alias(c))
+    out = pl.DataFrame(cols)
+    small = (out["slab_size"] < out["object_size"])
+    if small.any():
+        i = int(small.arg_true()[0])
+        raise SlabtuneError(
+            f"{source}: {_row_label(out, i)}: slab_size {out['slab_size'][i]} is smaller than "
+            f"object_size {out['object_size'][i]}")
+    for c in LIST_COLUMNS:
+        for i, text in enumerate(out[c].to_list()):
+            try:
+                parse_cpulist(text)
+            except ValueError as err:
+                raise SlabtuneError(f"{source}: {_row_label(out, i)}: column {c}: {err}") from None
+    dup = out.select(list(BOOT_COLUMNS) + ["cache"]).is_duplicated()
+    if dup.any():
+        i = int(dup.arg_true()[0])
+        raise SlabtuneError(
+            f"{source}: {_row_label(out, i)}: cache {out['cache'][i]} appears twice in one boot")
+    return out
+
+
+def _int_column(df: pl.DataFrame, c: str, source: str) -> pl.Series:
+    s = df[c]
+    if s.dtype.is_integer():
+        return s.cast(pl.Int64)
+    if s.dtype == pl.Null:
+        return s.cast(pl.Int64)
+    text = s.cast(pl.String).str.strip_chars()
+    text = pl.select(pl.when(text == "").then(None).otherwise(text)).to_series()
+    parsed = text.cast(pl.Int64, strict=False)
+    bad = parsed.is_null() & text.is_not_null()
+    if bad.any():
+        i = int(bad.arg_true()[0])
+        raise SlabtuneError(
+            f"{source}: {_row_label(df, i)}: column {c}: {text[i]!r} is not an integer")
+    return parsed
+
+
+def _check_suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise SlabtuneError(
+            f"{path}: unknown snapshot format {suffix or '(no suffix)'!r} (want .csv or .parquet)")
+    return suffix
+
+
+def read_snapshot(path: str | os.PathLike) -> pl.DataFrame:
+    """Read and validate a CSV or parquet snapshot (see :func:`validate_snapshot`).
+
+    An unreadable file or one polars cannot parse raises SlabtuneError naming the file.
+    """
+    path = Path(path)
+    suffix = _check_suffix(path)
+    if not path.exists():
+        raise SlabtuneError(f"{path}: cannot read snapshot: no such file")
+    if path.is_dir():
+        raise SlabtuneError(f"{path}: cannot read snapshot: is a directory")
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as err:
+        raise SlabtuneError(f"{path}: cannot read snapshot: {err.strerror}") from None
+    try:
+        if suffix == ".csv":
+            df = pl.read_csv(path, infer_schema=False, raise_if_empty=True)
+        else:
+            df = pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [err.__class__.__name__])[0]
+        raise SlabtuneError(f"{path}: malformed snapshot: {first}") from None
+    return validate_snapshot(df, str(path))
+
+
+def write_snapshot(df: pl.DataFrame, path: str | os.PathLike) -> Path:
+    """Validate ``df`` and write it to ``path`` (CSV or parquet by suffix), atomically:
+    the file appears complete or not at all."""
+    path = Path(path)
+    suffix = _check_suffix(path)
+    df = validate_snapshot(df, str(path))
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise SlabtuneError(f"{path}: cannot write snapshot: directory {parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=parent)
+    except OSError as err:
+        raise SlabtuneError(f"{path}: cannot write snapshot: {err.strerror}") from None
+    os.close(fd)
+    try:
+        if suffix == ".csv":
+            df.write_csv(tmp)
+        else:
+            df.write_parquet(tmp)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise SlabtuneError(f"{path}: cannot write snapshot: {err.strerror}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def boots(df: pl.DataFrame) -> list[pl.DataFrame]:
+    """Split a validated snapshot into boots (rows equal in every BOOT_COLUMNS column), in
+    order of first appearance, each keeping its rows' order."""
+    keyed = df.with_row_index("_row")
+    groups = keyed.group_by(list(BOOT_COLUMNS), maintain_order=True).agg(pl.col("_row"))
+    return [df[sorted(idx)] for idx in groups["_row"].to_list()]

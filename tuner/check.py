@@ -1,0 +1,294 @@
+"""Check the policy model against a real kernel: predict every cache of a snapshot and compare.
+
+For each boot of a snapshot (rows equal in release, command line and CPU/node lists) the
+caches' ``slab_size`` values, the boot's topology, the slub_* parameters of its command line
+and the kernel profile (given, or detected from the release) go through
+:func:`slabtune.model.policy.structure` in one vectorised call; order, objs_per_slab,
+min_partial, cpu_partial and sheaf_capacity are compared with what the kernel reported.
+
+Caches whose values the formulas cannot know are set aside with a reason and never counted
+as matched: caches with SLAB_DEBUG flags set (debugging changes the layout and disables
+per-CPU partial lists), and under an opt-in sheaf profile (v6.18) any cache with a nonzero
+sheaf_capacity (its creator chose the capacity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams
+from slabtune.model import profiles as P
+from slabtune.results import snapshot as snap
+from slabtune.tuner.host import topology_from_lists
+
+#: Fields compared between the kernel and the model, in report order.
+COMPARED_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "min_partial", "cpu_partial",
+                                    "sheaf_capacity")
+
+_KMALLOC = re.compile(r"^(dma-)?kmalloc-")
+_BOOTSTRAP = frozenset({"kmem_cache", "kmem_cache_node"})
+#: Caches created before the secondary CPUs come up, for the v5.11 ``num_online_cpus()``
+#: rule (where they see 1 CPU).  A HEURISTIC read off start_kernel() (init/main.c, v5.11)
+#: and the functions it calls before rest_init(): kmem_cache_init (kmem_cache,
+#: kmem_cache_node, the kmalloc caches, matched by name pattern), vmalloc_init,
+#: ptlock_cache_init, sched_init, radix_tree_init, workqueue_init_early, trace_init,
+#: debug_objects_mem_init, numa_policy_init, acpi_early_init, pid_idr_init, anon_vma_init,
+#: cred_init, fork_init, proc_caches_init, buffer_init, key_init, security_init,
+#: vfs_caches_init (dcache, inode, files, mounts, kernfs, bdev), signals_init,
+#: seq_file_init, proc_root_init, taskstats_init_early, delayacct_init; later versions also
+#: create maple_node (maple_tree_init) and perf_event there.  Names differ between configs
+#: and versions, so a cache missing here is treated as created after smp_init().
+EARLY_CACHES: frozenset[str] = frozenset({
+    "kmem_cache", "kmem_cache_node", "vmap_area", "page->ptl", "task_group",
+    "radix_tree_node", "pool_workqueue", "ftrace_event_field", "trace_event_file",
+    "debug_objects_cache", "numa_policy", "shared_policy_node", "Acpi-Namespace",
+    "Acpi-State", "Acpi-Parse", "Acpi-ParseExt", "Acpi-Operand", "pid", "anon_vma",
+    "anon_vma_chain", "cred_jar", "task_struct", "sighand_cache", "signal_cache",
+    "files_cache", "fs_cache", "mm_struct", "vm_area_struct", "nsproxy", "buffer_head",
+    "key_jar", "lsm_file_cache", "lsm_inode_cache", "names_cache", "dentry", "inode_cache",
+    "filp", "mnt_cache", "kernfs_node_cache", "kernfs_iattrs_cache", "bdev_cache",
+    "sigqueue", "seq_file", "proc_inode_cache", "pde_opener", "proc_dir_entry", "taskstats",
+    "task_delay_info", "maple_node", "perf_event",
+})
+
+
+def is_kmalloc(name: str) -> bool:
+    """kmalloc-*, dma-kmalloc-* (with kmalloc-rcl-*, kmalloc-cg-*, kmalloc-rnd-*)."""
+    return bool(_KMALLOC.match(name))
+
+
+def is_bootstrap(name: str) -> bool:
+    """kmem_cache and kmem_cache_node, which SLUB builds for itself (no sheaves in v7.0)."""
+    return name in _BOOTSTRAP
+
+
+def is_early(name: str) -> bool:
+    """Whether a cache is created before secondary CPUs come up (see EARLY_CACHES)."""
+    return is_kmalloc(name) or name in EARLY_CACHES
+
+
+@dataclasses.dataclass(frozen=True)
+class BootInfo:
+    """One boot of a snapshot and what it was checked with."""
+
+    index: int
+    kernel_release: str
+    cmdline: str
+    profile: str
+    params: bootparams.SlubParams
+    cpus_possible: str
+    cpus_present: str
+    cpus_online: str
+    nodes_with_memory: str
+    nodes_with_cpu: str
+    nr_cpu_ids: int
+    present: int
+    online: int
+    nodes: int
+    caches: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    boot: int
+    cache: str
+    field: str
+    kernel: int
+    model: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NotComparable:
+    boot: int
+    cache: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldCount:
+    matched: int
+    total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """Outcome of checking a snapshot.  ``caches`` counts every row, ``comparable`` those
+    the model can predict, ``matched`` the comparable ones equal in every compared field."""
+
+    boots: tuple[BootInfo, ...]
+    caches: int
+    comparable: int
+    matched: int
+    fields: dict[str, FieldCount]
+    not_comparable: tuple[NotComparable, ...]
+    mismatches: tuple[Mismatch, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when at least one cache was comparable and every comparable cache matched."""
+        return self.comparable > 0 and self.matched == self.comparable
+
+    def summary(self) -> str:
+        return (f"matched {self.matched}/{self.caches} caches ({self.comparable} comparable, "
+                f"{len(self.not_comparable)} not comparable, {len(self.boots)} boot"
+                f"{'s' if len(self.boots) != 1 else ''})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "boots": len(self.boots),
+            "caches": self.caches,
+            "comparable": self.comparable,
+            "matched": self.matched,
+            "fields": {k: {"matched": v.matched, "total": v.total} for k, v in self.fields.items()},
+            "not_comparable": [dataclasses.asdict(n) for n in self.not_comparable],
+            "mismatches": [dataclasses.asdict(m) for m in self.mismatches],
+            "boot_details": [
+                {**{k: v for k, v in dataclasses.asdict(b).items() if k != "params"},
+                 "params": b.params._asdict()}
+                for b in self.boots
+            ],
+        }
+
+
+@lru_cache(maxsize=1)
+def _structure_fn():
+    """One jitted ``structure`` shared by every boot (imports JAX only when checking)."""
+    import jax
+
+    from slabtune.model import policy
+
+    def run(size, possible, present, online, prof, min_order, max_order, min_objects, early,
+            kmalloc, bootstrap):
+        return policy.structure(size, possible, present, online, prof, min_order, max_order,
+                                min_objects, early, kmalloc, bootstrap, 0)
+
+    return jax.jit(run)
+
+
+def _bucket(n: int) -> int:
+    """Pad the cache axis to a power of two (>= 256) so boots share one compilation."""
+    b = 256
+    while b < n:
+        b *= 2
+    return b
+
+
+def predict_boot(sizes: np.ndarray, names: list[str], info_topology, profile: P.KernelProfile,
+                 params: bootparams.SlubParams) -> dict[str, np.ndarray]:
+    """Model every cache of one boot in one vectorised call; returns field -> int array."""
+    from slabtune.model import policy
+
+    n = len(sizes)
+    width = _bucket(n)
+    pad = width - n
+    size = np.concatenate([np.asarray(sizes, np.int32), np.full(pad, 8, np.int32)])
+    flags = [np.concatenate([np.asarray([f(x) for x in names], bool), np.zeros(pad, bool)])
+             for f in (is_early, is_kmalloc, is_bootstrap)]
+    t = info_topology
+    out = _structure_fn()(size, np.int32(t.possible), np.int32(t.present), np.int32(t.online),
+                          policy.profile_arrays(profile), np.int32(params.min_order),
+                          np.int32(params.max_order), np.int32(params.min_objects), *flags)
+    return {f: np.asarray(getattr(out, f))[:n] for f in COMPARED_FIELDS}
+
+
+def _resolve_profile(profile: str | P.KernelProfile | None) -> P.KernelProfile | None:
+    if profile is None or isinstance(profile, P.KernelProfile):
+        return profile
+    try:
+        return P.get_profile(profile)
+    except P.UnknownProfileError as err:
+        raise SlabtuneError(f"--profile: {err}") from None
+
+
+def _debug_reason(row: dict[str, Any]) -> str | None:
+    set_flags = [f for f in snap.DEBUG_FLAG_COLUMNS if (row.get(f) or 0) != 0]
+    if set_flags:
+        return "debug flags set (" + ", ".join(set_flags) + "): layout and partial lists differ"
+    return None
+
+
+def check_snapshot(df: pl.DataFrame, profile: str | P.KernelProfile | None = None,
+                   source: str = "snapshot") -> CheckResult:
+    """Check a validated snapshot frame (see :func:`slabtune.results.snapshot.read_snapshot`).
+
+    ``profile`` overrides detection from each boot's kernel_release.  Raises SlabtuneError
+    for an unknown profile, an undetectable release, an impossible topology, or a slub_*
+    value out of range in a boot's command line.
+    """
+    forced = _resolve_profile(profile)
+    df = snap.validate_snapshot(df, source)
+    boots_out: list[BootInfo] = []
+    not_comp: list[NotComparable] = []
+    mism: list[Mismatch] = []
+    counts = {f: [0, 0] for f in COMPARED_FIELDS}
+    comparable = matched = 0
+    for bi, boot in enumerate(snap.boots(df)):
+        first = boot.row(0, named=True)
+        release, cmdline = first["kernel_release"], first["cmdline"]
+        where = f"{source}: boot {bi} ({release})"
+        if forced is not None:
+            prof = forced
+        else:
+            try:
+                prof = P.detect_profile(release)
+            except P.UnknownProfileError as err:
+                raise SlabtuneError(f"{where}: {err}; pass --profile") from None
+        try:
+            bootparams.validate_cmdline(cmdline, prof)
+        except SlabtuneError as err:
+            raise SlabtuneError(f"{where}: {err}") from None
+        params = bootparams.parse_cmdline(cmdline, prof)
+        try:
+            topo, node_ids = topology_from_lists(
+                first["cpus_possible"], first["cpus_present"], first["cpus_online"],
+                first["nodes_with_memory"], first["nodes_with_cpu"])
+        except SlabtuneError as err:
+            raise SlabtuneError(f"{where}: {err}") from None
+        rows = boot.to_dicts()
+        names = [r["cache"] for r in rows]
+        pred = predict_boot(boot["slab_size"].to_numpy(), names, topo, prof, params)
+        boots_out.append(BootInfo(
+            index=bi, kernel_release=release, cmdline=cmdline, profile=prof.name,
+            params=params, cpus_possible=first["cpus_possible"],
+            cpus_present=first["cpus_present"], cpus_online=first["cpus_online"],
+            nodes_with_memory=first["nodes_with_memory"],
+            nodes_with_cpu=first["nodes_with_cpu"], nr_cpu_ids=topo.possible,
+            present=topo.present, online=topo.online, nodes=topo.nodes, caches=len(rows)))
+        for i, row in enumerate(rows):
+            reason = _debug_reason(row)
+            if reason is None and prof.sheaves == "opt_in" and (row["sheaf_capacity"] or 0) > 0:
+                reason = (f"explicit sheaf capacity {row['sheaf_capacity']} set by the cache's "
+                          "creator (opt-in sheaves)")
+            if reason is not None:
+                not_comp.append(NotComparable(bi, row["cache"], reason))
+                continue
+            comparable += 1
+            ok = True
+            for f in COMPARED_FIELDS:
+                kernel = row[f]
+                if kernel is None:  # no such sysfs file on this kernel
+                    continue
+                model = int(pred[f][i])
+                counts[f][1] += 1
+                if kernel == model:
+                    counts[f][0] += 1
+                else:
+                    ok = False
+                    mism.append(Mismatch(bi, row["cache"], f, int(kernel), model))
+            matched += ok
+    return CheckResult(
+        boots=tuple(boots_out),
+        caches=df.height,
+        comparable=comparable,
+        matched=matched,
+        fields={f: FieldCount(m, t) for f, (m, t) in counts.items()},
+        not_comparable=tuple(not_comp),
+        mismatches=tuple(mism),
+    )

@@ -271,7 +271,7 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, sweeps: int = 6,
 
     # A CPU does not queue behind itself: its own share of a lock's utilisation (bounded
     # above by its share when it never waits) is taken out of the queue it sees.
-    own = acq * hold[None, :] / jnp.maximum(fixed, 1e-3)[:, None] / mult[None, :]
+    own = acq * hold[None, :] / jnp.maximum(fixed, 1e-3)[:, None]
 
     def waits(rho):
         return wait_excluding_own(hold, rho, own, rho_max)

@@ -1,0 +1,133 @@
+"""The cost model: constants as documented data, and the lock-contention fixed point."""
+
+from __future__ import annotations
+
+import tomllib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from slabtune.model import cost as C
+from slabtune.sweeps import simconfig
+
+
+@pytest.fixture(scope="module")
+def default():
+    return simconfig.load_cost()[0]
+
+
+def test_every_constant_is_documented_and_has_a_default():
+    doc = tomllib.loads(simconfig.default_cost_text())
+    assert set(C.DOCS) == set(C.FIELDS)
+    assert set(doc["cost"]) == set(C.FIELDS)
+    assert doc.get("fitted", {}) == {}
+
+
+def test_file_overrides_only_what_it_names(tmp_path, default):
+    f = tmp_path / "c.toml"
+    f.write_text('[cost]\nlist_lock_hold_ns = 123.5\n[fitted]\nlist_lock_hold_ns = "lockstat"\n')
+    params, meta = simconfig.load_cost(f)
+    assert float(params.list_lock_hold_ns) == 123.5
+    assert float(params.line_remote_ns) == float(default.line_remote_ns)
+    assert meta.fitted == {"list_lock_hold_ns": "lockstat"}
+
+
+@pytest.mark.parametrize("text, field", [
+    ("[cost]\nlist_lock_hodl_ns = 1.0\n", "cost.list_lock_hodl_ns"),
+    ("[cost]\nbarn_lock_hold_ns = -1.0\n", "cost.barn_lock_hold_ns"),
+    ("[cost]\npcp_batch = 0.5\n", "cost.pcp_batch"),
+    ("[cost]\nrho_max = 1.0\n", "cost.rho_max"),
+    ("[cost]\nalloc_fast_ns = \"fast\"\n", "cost.alloc_fast_ns"),
+    ("[fitted]\nnot_a_constant = \"x\"\n", "fitted.not_a_constant"),
+    ("[costs]\n", "[costs]"),
+])
+def test_bad_constants_name_the_field(tmp_path, text, field):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(simconfig.ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        simconfig.load_cost(f)
+
+
+def test_pcp_caches_only_order0_before_v5_13():
+    assert C.pcp_max_order((5, 10)) == 0
+    assert C.pcp_max_order((5, 11)) == 0
+    assert C.pcp_max_order((5, 13)) == 3
+    assert C.pcp_max_order((7, 0)) == 3
+
+
+def test_page_call_cost_by_order(default):
+    # v5.11: an order-2 slab goes to the buddy lists and takes the zone lock on every call,
+    # an order-0 slab is served from the per-CPU lists and takes it once per batch.
+    assert float(C.page_call_ns(0, 0, default)) == float(default.pcp_call_ns)
+    assert float(C.page_call_ns(2, 0, default)) == float(default.buddy_call_ns)
+    assert float(C.page_call_ns(2, 3, default)) == float(default.pcp_call_ns)
+    assert float(C.zone_lock_per_call(2, 0, default)) == 1.0
+    assert float(C.zone_lock_per_call(0, 0, default)) == pytest.approx(1 / float(default.pcp_batch))
+    # Setup grows with pages and objects: order 3 with 64 objects.
+    want = 8 * float(default.page_setup_ns) + 64 * float(default.object_setup_ns)
+    assert float(C.slab_setup_ns(3, 64, default)) == pytest.approx(want)
+
+
+def _one_lock(n_cpus, base=100.0, hold=80.0, acq=1.0):
+    return C.solve(jnp.array([base]), jnp.array([[acq]]), jnp.array([hold]), jnp.zeros((1, 1)),
+                   jnp.array([float(n_cpus)]), jnp.array([1.0]), 0.999999)
+
+
+def test_a_lone_cpu_never_waits():
+    s = _one_lock(1)
+    assert float(s.t[0]) == pytest.approx(180.0)
+    assert float(s.wait[0, 0]) == 0.0
+
+
+def test_fixed_point_satisfies_the_mm1_equations():
+    base, hold = 100.0, 80.0
+    for n in (2, 4, 10, 30):
+        s = _one_lock(n, base, hold)
+        t = float(s.t[0])
+        rho = n * hold / t
+        own = hold / (base + hold)
+        wait = hold * max(rho - own, 0.0) / (1.0 - rho)
+        assert t == pytest.approx(base + hold + wait, rel=1e-3), n
+        assert float(s.residual) < 1e-4
+
+
+def test_contention_grows_with_cpus_and_saturates_at_the_lock():
+    hold = 80.0
+    ts = [float(_one_lock(n).t[0]) for n in (1, 2, 8, 64, 1024, 8192)]
+    assert ts == sorted(ts) and ts[-1] > 100 * ts[0]
+    # Many CPUs: the lock is busy all the time and serves 1 / hold acquisitions per ns.
+    for n in (1024, 8192):
+        throughput = n / float(_one_lock(n).t[0])
+        assert throughput * hold == pytest.approx(1.0, rel=0.01)
+
+
+def test_more_locks_spread_the_arrivals():
+    # 64 CPUs over 4 real locks of one class behave like 16 CPUs on one lock.
+    a = C.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]), jnp.zeros((1, 1)),
+                jnp.array([64.0]), jnp.array([4.0]), 0.999999)
+    b = _one_lock(16)
+    assert float(a.t[0]) == pytest.approx(float(b.t[0]), rel=1e-4)
+
+
+def test_two_coupled_locks_converge():
+    # Rep 0 uses lock 0 heavily and lock 1 a little; rep 1 the reverse; lines cost extra.
+    base = jnp.array([50.0, 70.0])
+    acq = jnp.array([[1.0, 0.1], [0.2, 0.8]])
+    hold = jnp.array([80.0, 40.0])
+    line = jnp.array([[40.0, 150.0], [150.0, 40.0]])
+    s = C.solve(base, acq, hold, line, jnp.array([20.0, 30.0]), jnp.array([1.0, 1.0]), 0.999999)
+    assert float(s.residual) < 1e-3
+    t = np.asarray(s.t)
+    rho = (np.array([20.0, 30.0])[:, None] * np.asarray(acq) / t[:, None]).sum(0) * np.asarray(hold)
+    np.testing.assert_allclose(rho, np.asarray(s.rho), rtol=2e-3)
+
+
+def test_solve_vmaps_over_configurations():
+    weights = jnp.array([[1.0], [4.0], [64.0]])
+    f = jax.vmap(lambda w: C.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
+                                   jnp.zeros((1, 1)), w, jnp.array([1.0]), 0.999999).t)
+    batched = np.asarray(f(weights))[:, 0]
+    single = [float(_one_lock(n).t[0]) for n in (1, 4, 64)]
+    np.testing.assert_allclose(batched, single, rtol=1e-5)

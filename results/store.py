@@ -1,0 +1,304 @@
+"""The results store: one directory per sweep run, parquet parts and a JSON manifest.
+
+Layout of a run directory::
+
+    <out>/<spec>-<YYYYmmddTHHMMSS>-<hash8>/
+        manifest.json          spec, hash, versions, git revision, devices, times, chunk states
+        part-000000.parquet    rows of chunk 0 (axis columns, then metrics)
+        part-000001.parquet    ...
+
+Parts and the manifest are written to a temporary name in the same directory and renamed
+(``os.replace``), so a reader or a resumed run never sees half a file.  A chunk's part is
+written before its state flips to ``done``; a run killed in between recomputes that chunk
+on ``--resume`` and replaces the part with identical rows, so no row is lost or doubled.
+Only parts whose chunk is ``done`` in the manifest are read.
+
+This module never imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+import polars as pl
+
+from slabtune.errors import SlabtuneError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_PART = "part-{:06d}.parquet"
+
+
+class StoreError(SlabtuneError):
+    """A run directory that is missing, locked or inconsistent."""
+
+
+def now_iso() -> str:
+    """UTC time, ISO 8601 with seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class Run:
+    """An open run directory.  Build one with :func:`create_run` or :func:`open_run`."""
+
+    path: Path
+    manifest: dict
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest["run_id"]
+
+    @property
+    def n_chunks(self) -> int:
+        return int(self.manifest["chunks"]["total"])
+
+    def chunk_state(self, i: int) -> str:
+        return self.manifest["chunks"]["states"].get(str(i), {}).get("state", "pending")
+
+    def done_chunks(self) -> list[int]:
+        return sorted(int(k) for k, v in self.manifest["chunks"]["states"].items()
+                      if v.get("state") == "done")
+
+    def pending_chunks(self) -> list[int]:
+        done = set(self.done_chunks())
+        return [i for i in range(self.n_chunks) if i not in done]
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.get("ended") is not None and not self.pending_chunks()
+
+    @property
+    def rows(self) -> int:
+        """Rows written so far (sum over done chunks)."""
+        return sum(int(v["rows"]) for v in self.manifest["chunks"]["states"].values()
+                   if v.get("state") == "done")
+
+    def part_paths(self) -> list[Path]:
+        return [self.path / self.manifest["chunks"]["states"][str(i)]["part"]
+                for i in self.done_chunks()]
+
+    def scan(self) -> pl.LazyFrame:
+        """A polars LazyFrame over every completed part, in chunk order."""
+        parts = self.part_paths()
+        if not parts:
+            return pl.LazyFrame(schema=self.schema())
+        return pl.scan_parquet([str(p) for p in parts])
+
+    def collect(self) -> pl.DataFrame:
+        """``scan().collect()``."""
+        return self.scan().collect()
+
+    def schema(self) -> dict[str, pl.DataType]:
+        """Column names and polars types, from the manifest."""
+        out = {}
+        for name, kind, cats in self.manifest["columns"]:
+            out[name] = pl.Enum(cats) if kind == "enum" else pl.Int32
+        return out
+
+    # ------------------------------------------------------------------ writing
+
+    def write_part(self, i: int, df: pl.DataFrame, **info: Any) -> Path:
+        """Write chunk ``i``'s rows atomically, then mark it done in the manifest."""
+        if self.chunk_state(i) == "done":
+            raise StoreError(f"chunk {i}: already written in run {self.run_id}")
+        name = _PART.format(i)
+        path = self.path / name
+        tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+        df.write_parquet(tmp, statistics=True)
+        os.replace(tmp, path)
+        state = {"state": "done", "rows": df.height, "part": name, "written": now_iso()}
+        state.update(info)
+        self.manifest["chunks"]["states"][str(i)] = state
+        self.save()
+        return path
+
+    def save(self) -> None:
+        """Write the manifest atomically."""
+        _atomic_write(self.path / MANIFEST,
+                      json.dumps(self.manifest, indent=1, sort_keys=False).encode())
+
+    def start_attempt(self, **info: Any) -> None:
+        """Record that a process (fresh or resumed) starts working on the run."""
+        self.manifest.setdefault("attempts", []).append({"started": now_iso(), **info})
+        self.manifest["ended"] = None
+        self.save()
+
+    def finish(self) -> None:
+        """Stamp the end time once every chunk is done."""
+        if self.pending_chunks():
+            raise StoreError(f"run {self.run_id}: chunks {self.pending_chunks()[:5]} not done")
+        self.manifest["ended"] = now_iso()
+        self.manifest["rows"] = self.rows
+        self.save()
+
+    def clean_temporaries(self) -> int:
+        """Remove temporary files a killed writer left behind; returns how many."""
+        n = 0
+        for p in self.path.glob(".*.tmp-*"):
+            p.unlink(missing_ok=True)
+            n += 1
+        return n
+
+    # ------------------------------------------------------------------ locking
+
+    def lock(self):
+        """An exclusive, non-blocking lock on the run (one writer at a time)."""
+        return _RunLock(self.path / ".lock", self.run_id)
+
+    def summary(self) -> dict:
+        """A JSON-able summary of the run."""
+        m = self.manifest
+        return {
+            "run_id": m["run_id"],
+            "run_dir": str(self.path),
+            "spec": m["spec"]["name"],
+            "spec_hash": m["spec_hash"],
+            "evaluator": m["spec"]["evaluator"],
+            "state": "complete" if self.complete else "partial",
+            "rows": self.rows,
+            "chunks_done": len(self.done_chunks()),
+            "chunks": self.n_chunks,
+            "started": m["started"],
+            "ended": m.get("ended"),
+            "devices": m.get("devices", []),
+            "git_revision": m.get("git_revision"),
+        }
+
+
+class _RunLock:
+    def __init__(self, path: Path, run_id: str):
+        self.path, self.run_id, self.fh = path, run_id, None
+
+    def __enter__(self):
+        self.fh = open(self.path, "w")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.close()
+            raise StoreError(f"run {self.run_id}: another process is writing it") from None
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+def run_id_for(spec_name: str, spec_hash: str, when: _dt.datetime | None = None) -> str:
+    when = when or _dt.datetime.now(_dt.timezone.utc)
+    return f"{spec_name}-{when.strftime('%Y%m%dT%H%M%S')}-{spec_hash[:8]}"
+
+
+def create_run(out_dir, *, spec: dict, spec_hash: str, spec_text: str, n_chunks: int,
+               columns: list, versions: dict, git_revision: str | None,
+               extra: dict | None = None) -> Run:
+    """Create a fresh run directory under ``out_dir`` with an initial manifest.
+
+    ``columns`` is ``[(name, "int32"|"enum", categories|None), ...]`` in output order.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = run_id_for(spec["name"], spec_hash)
+    run_id, k = base, 1
+    while True:
+        try:
+            (out / run_id).mkdir()
+            break
+        except FileExistsError:
+            k += 1
+            run_id = f"{base}.{k}"
+    manifest = {
+        "format": FORMAT,
+        "run_id": run_id,
+        "spec": spec,
+        "spec_hash": spec_hash,
+        "spec_text": spec_text,
+        "columns": [list(c) for c in columns],
+        "versions": versions,
+        "git_revision": git_revision,
+        "host": socket.gethostname(),
+        "devices": [],
+        "started": now_iso(),
+        "ended": None,
+        "rows": None,
+        "chunks": {"total": n_chunks, "chunk_size": spec["chunk_size"], "states": {}},
+        **(extra or {}),
+    }
+    run = Run(out / run_id, manifest)
+    run.save()
+    return run
+
+
+def open_run(path) -> Run:
+    """Open an existing run directory (read its manifest)."""
+    p = Path(path)
+    mf = p / MANIFEST
+    if not mf.is_file():
+        raise StoreError(f"run: {p} is not a run directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(mf.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise StoreError(f"run: {mf} is unreadable: {err}") from None
+    if manifest.get("format") != FORMAT:
+        raise StoreError(f"run: {mf} has format {manifest.get('format')!r}, expected {FORMAT}")
+    return Run(p, manifest)
+
+
+def resolve_run(ref, out_dir="runs") -> Run:
+    """A run from a path, a run id under ``out_dir``, or a unique prefix of one."""
+    p = Path(ref)
+    if (p / MANIFEST).is_file():
+        return open_run(p)
+    out = Path(out_dir)
+    if (out / str(ref) / MANIFEST).is_file():
+        return open_run(out / str(ref))
+    matches = [r for r in iter_runs(out_dir) if r.run_id.startswith(str(ref))]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise StoreError(f"run: no run {str(ref)!r} (as a path or under {out})")
+    raise StoreError(f"run: {str(ref)!r} matches {len(matches)} runs under {out}")
+
+
+def iter_runs(out_dir="runs") -> Iterator[Run]:
+    """Every readable run under ``out_dir``, oldest first."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return iter(())
+    runs = []
+    for d in sorted(out.iterdir()):
+        if (d / MANIFEST).is_file():
+            try:
+                runs.append(open_run(d))
+            except StoreError:
+                continue
+    runs.sort(key=lambda r: (r.manifest.get("started") or "", r.run_id))
+    return iter(runs)
+
+
+def list_runs(out_dir="runs") -> pl.DataFrame:
+    """One row per run under ``out_dir`` (see :meth:`Run.summary`)."""
+    rows = [r.summary() for r in iter_runs(out_dir)]
+    schema = {"run_id": pl.String, "run_dir": pl.String, "spec": pl.String,
+              "spec_hash": pl.String, "evaluator": pl.String, "state": pl.String,
+              "rows": pl.Int64, "chunks_done": pl.Int64, "chunks": pl.Int64,
+              "started": pl.String, "ended": pl.String}
+    return pl.DataFrame([{k: r[k] for k in schema} for r in rows], schema=schema)

@@ -1,0 +1,145 @@
+"""Ray dispatch of chunks.
+
+By default a sweep starts an in-process local Ray instance (usage stats off, token auth off
+for local use, a temp dir of its own, ``num_cpus`` of the machine) and shuts it down at the
+end; with an address (``--ray-address`` or ``RAY_ADDRESS``) it connects to that cluster and
+leaves it running.  If Ray is already initialised in this process (a test session, a
+notebook) that instance is used as is.
+
+Each chunk is one Ray task, retried on failure (``max_retries``; exceptions included); the
+driver collects results as they finish, with a bounded number in flight, so memory stays at
+a few chunks whatever the grid size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Iterable, Iterator
+
+from slabtune.errors import SlabtuneError
+
+#: Attempts beyond the first for a failing chunk task.
+MAX_RETRIES = 3
+
+_SPEC_CACHE: dict[str, Any] = {}
+
+
+def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) -> dict:
+    """Evaluate chunk ``index`` of a spec; runs inside a Ray worker (or in-process).
+
+    Returns the kept rows' axis columns (int32 values / codes) and the spec's metrics, plus
+    where it ran and how long the grid and model steps took.  ``fail_once_dir`` is a test
+    hook: the first attempt of each chunk raises after leaving a marker file there.
+    """
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from slabtune.sweeps import grid
+    from slabtune.sweeps.evaluators import EVALUATORS, device_name
+    from slabtune.sweeps.spec import from_dict
+
+    key = spec_dict.get("_hash") or repr(spec_dict)
+    spec = _SPEC_CACHE.get(key)
+    if spec is None:
+        spec = _SPEC_CACHE[key] = from_dict(spec_dict)
+    if fail_once_dir is not None:
+        marker = os.path.join(fail_once_dir, f"failed-{index}")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError(f"injected failure of chunk {index} (test hook)")
+    t0 = time.perf_counter()
+    ch = grid.chunk(spec, index)
+    t1 = time.perf_counter()
+    metrics = EVALUATORS[spec.evaluator].evaluate(spec, ch)
+    t2 = time.perf_counter()
+    keep = ch.keep
+    cols = {name: ch.columns[name][keep] for name in spec.axis_names}
+    for m in spec.metrics:
+        cols[m] = metrics[m][keep]
+    return {"index": index, "columns": cols, "n_product": ch.n_product,
+            "device": device_name(), "pid": os.getpid(),
+            "grid_s": t1 - t0, "model_s": t2 - t1}
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[dict]:
+    """Yield a Ray session description; start or connect as the module docstring says."""
+    import ray
+
+    if ray.is_initialized():
+        if address:
+            raise SlabtuneError("--ray-address: Ray is already initialised in this process")
+        yield {"mode": "existing", "address": None}
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    tmp = None
+    try:
+        if address:
+            try:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise SlabtuneError(f"--ray-address: cannot connect to {address}: "
+                                    f"{str(err).splitlines()[0] if str(err) else err}") from None
+            info = {"mode": "cluster", "address": address}
+        else:
+            tmp = tempfile.mkdtemp(prefix="slt-ray-", dir="/tmp")
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)
+            info = {"mode": "local", "address": None}
+        yield info
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remote():
+    import ray
+
+    return ray.remote(max_retries=MAX_RETRIES, retry_exceptions=True)(chunk_task)
+
+
+def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | None = None,
+               fail_once_dir: str | None = None) -> Iterator[dict]:
+    """Run chunk tasks on the current Ray session, yielding results as they finish."""
+    import ray
+
+    task = _remote()
+    if max_in_flight is None:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        max_in_flight = max(2, 2 * cpus)
+    spec_ref = ray.put(spec_dict)
+    it = iter(indices)
+    refs: dict = {}
+
+    def submit() -> bool:
+        i = next(it, None)
+        if i is None:
+            return False
+        refs[task.remote(spec_ref, i, fail_once_dir)] = i
+        return True
+
+    for _ in range(max_in_flight):
+        if not submit():
+            break
+    try:
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                i = refs.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    first = str(err).strip().splitlines()
+                    raise SlabtuneError(f"chunk {i}: failed after {MAX_RETRIES + 1} attempts: "
+                                        f"{first[-1] if first else err}") from None
+                submit()
+                yield res
+    finally:
+        for ref in refs:
+            ray.cancel(ref, force=True)

@@ -1,0 +1,220 @@
+"""The sweep runner: spec -> grid chunks -> model (Ray tasks) -> parquet parts + manifest.
+
+Data flows one way: the grid expands chunk ``i`` lazily inside its task, the evaluator turns
+it into metric columns, the driver turns the returned arrays into a polars frame (axis
+columns first, string axes as ``Enum``, then the metrics) and the store writes it as part
+``i``.  A resumed run skips the chunks its manifest marks done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from slabtune.errors import SlabtuneError
+from slabtune.results import store
+from slabtune.sweeps import grid
+from slabtune.sweeps.evaluators import EVALUATORS
+from slabtune.sweeps.progress import Progress
+from slabtune.sweeps.spec import SpecError, SweepSpec
+
+#: Test hook: SIGKILL the driver itself after writing this many parts (see tests).
+KILL_AFTER_ENV = "SLABTUNE_TEST_KILL_AFTER_CHUNKS"
+#: Bytes the model keeps live per row and per int32 column while evaluating (inputs,
+#: outputs and XLA temporaries of the unrolled order search); measured order of magnitude.
+_WORK_FACTOR = 8
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What a finished (or resumed-to-completion) sweep reports."""
+
+    run_dir: Path
+    rows: int
+    chunks_run: int
+    chunks_total: int
+    seconds: float
+    model_s: float
+    grid_s: float
+    write_s: float
+    ray_start_s: float
+    devices: list
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    configs: int
+    product: int
+    chunks: int
+    chunk_size: int
+    bucket: int
+    est_memory_bytes: int
+    columns: list
+
+
+def output_columns(spec: SweepSpec) -> list:
+    """``[(name, "int32"|"enum", categories|None)]``: axes in order, then the metrics."""
+    cols = [(a.name, "int32", None) if a.kind is int else (a.name, "enum", list(a.values))
+            for a in spec.axes]
+    cols += [(m, "int32", None) for m in spec.metrics]
+    return cols
+
+
+def plan(spec: SweepSpec, workers: int | None = None) -> Plan:
+    """Grid size, chunk count and an estimate of peak memory, without running anything.
+
+    Memory: ``2 * workers`` chunks in flight, each ``bucket`` rows of every input, axis and
+    metric column (int32) times a working factor for the model's temporaries, plus one
+    chunk's frame in the driver.
+    """
+    workers = workers or os.cpu_count() or 1
+    b = grid.bucket(spec.chunk_size)
+    ncols = len(spec.axes) + len(spec.defaults) + len(spec.metrics) + 8
+    per_chunk = b * 4 * ncols * _WORK_FACTOR
+    in_flight = min(grid.n_chunks(spec), 2 * workers)
+    est = in_flight * per_chunk + spec.chunk_size * 4 * (len(spec.axes) + len(spec.metrics))
+    return Plan(configs=grid.count_rows(spec), product=spec.product, chunks=grid.n_chunks(spec),
+                chunk_size=spec.chunk_size, bucket=b, est_memory_bytes=int(est),
+                columns=output_columns(spec))
+
+
+def frame(spec: SweepSpec, columns: dict) -> pl.DataFrame:
+    """A chunk's returned arrays as a polars frame in output order."""
+    series = []
+    for a in spec.axes:
+        col = columns[a.name]
+        if a.kind is int:
+            series.append(pl.Series(a.name, col, dtype=pl.Int32))
+        else:
+            cats = pl.Series(a.name, list(a.values), dtype=pl.Enum(list(a.values)))
+            series.append(cats.gather(np.asarray(col, np.int64)))
+    for m in spec.metrics:
+        series.append(pl.Series(m, columns[m], dtype=pl.Int32))
+    return pl.DataFrame(series)
+
+
+def package_versions() -> dict:
+    """Versions of the packages that shape results, without importing them."""
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("slabtune", "jax", "jaxlib", "numpy", "ray", "polars", "pyarrow"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def git_revision() -> str | None:
+    """HEAD of the source checkout (with ``-dirty`` when it has local changes), or None."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
+              ray_address: str | None = None, resume=None, progress: bool = True,
+              progress_stream=None, fail_once_dir: str | None = None,
+              max_in_flight: int | None = None) -> SweepResult:
+    """Run (or resume) a sweep and return where its results are.
+
+    ``resume`` names an earlier run (path, id or unique id prefix under ``out_dir``) of the
+    same spec: its done chunks are kept, the rest computed.
+    """
+    t_start = time.perf_counter()
+    from slabtune.sweeps.dispatch import ray_session, run_chunks
+
+    spec_dict = spec.to_dict()
+    spec_dict["_hash"] = spec.hash
+    if resume is not None:
+        run = store.resolve_run(resume, out_dir)
+        if run.manifest["spec_hash"] != spec.hash:
+            raise SpecError(f"--resume: run {run.run_id} was made from a different spec "
+                            f"(hash {run.manifest['spec_hash'][:12]}, this spec "
+                            f"{spec.hash[:12]})")
+    else:
+        if spec.evaluator not in EVALUATORS:
+            raise SpecError(f"sweep.evaluator: unknown evaluator {spec.evaluator!r}")
+        run = store.create_run(out_dir, spec=spec.to_dict(), spec_hash=spec.hash,
+                               spec_text=spec_text, n_chunks=grid.n_chunks(spec),
+                               columns=output_columns(spec), versions=package_versions(),
+                               git_revision=git_revision())
+    kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
+    model_s = grid_s = write_s = ray_start_s = 0.0
+    chunks_run = 0
+    with run.lock():
+        run.clean_temporaries()
+        pending = run.pending_chunks()
+        run.start_attempt(pid=os.getpid(), pending=len(pending),
+                          ray_address=ray_address or os.environ.get("RAY_ADDRESS"))
+        product = spec.product
+        done_configs = sum(_chunk_product(spec, i) for i in run.done_chunks())
+        prog = Progress(product, run.n_chunks, stream=progress_stream, enabled=progress,
+                        done_configs=done_configs, done_chunks=len(run.done_chunks()))
+        devices = set(run.manifest.get("devices", []))
+        if pending:
+            t_ray = time.perf_counter()
+            with ray_session(ray_address) as session:
+                ray_start_s = time.perf_counter() - t_ray
+                run.manifest["ray"] = session
+                for res in run_chunks(spec_dict, pending, max_in_flight=max_in_flight,
+                                      fail_once_dir=fail_once_dir):
+                    t_w = time.perf_counter()
+                    df = frame(spec, res["columns"])
+                    devices.add(res["device"])
+                    run.manifest["devices"] = sorted(devices)
+                    run.write_part(res["index"], df, device=res["device"],
+                                   model_s=round(res["model_s"], 6))
+                    write_s += time.perf_counter() - t_w
+                    model_s += res["model_s"]
+                    grid_s += res["grid_s"]
+                    chunks_run += 1
+                    prog.update(res["n_product"])
+                    if kill_after and chunks_run >= kill_after:
+                        os.kill(os.getpid(), signal.SIGKILL)
+        run.finish()
+    return SweepResult(run_dir=run.path, rows=run.rows, chunks_run=chunks_run,
+                       chunks_total=run.n_chunks, seconds=time.perf_counter() - t_start,
+                       model_s=model_s, grid_s=grid_s, write_s=write_s,
+                       ray_start_s=ray_start_s, devices=sorted(devices))
+
+
+def _chunk_product(spec: SweepSpec, i: int) -> int:
+    start = i * spec.chunk_size
+    return max(0, min(spec.product, start + spec.chunk_size) - start)
+
+
+def evaluate_local(spec: SweepSpec, indices=None) -> dict:
+    """Evaluate chunks in this process without Ray or the store (benchmarks, tests):
+    returns ``{"model_s", "grid_s", "rows"}``."""
+    from slabtune.sweeps.dispatch import chunk_task
+
+    d = spec.to_dict()
+    d["_hash"] = spec.hash
+    out = {"model_s": 0.0, "grid_s": 0.0, "rows": 0}
+    for i in (range(grid.n_chunks(spec)) if indices is None else indices):
+        res = chunk_task(d, i)
+        out["model_s"] += res["model_s"]
+        out["grid_s"] += res["grid_s"]
+        out["rows"] += len(next(iter(res["columns"].values())))
+    return out
+
+
+__all__ = ["SweepResult", "Plan", "plan", "run_sweep", "frame", "output_columns",
+           "evaluate_local", "SlabtuneError"]

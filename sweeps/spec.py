@@ -1,0 +1,520 @@
+"""Sweep specs: a TOML file naming the axes of a grid, validated against a schema.
+
+A spec looks like::
+
+    [sweep]
+    name = "quick"
+    evaluator = "structural"        # which model evaluates a configuration
+    chunk_size = 4096               # configurations per chunk (one Ray task each)
+    seed = 0
+    metrics = ["order", "objs_per_slab"]   # optional; every metric when absent
+
+    [topology]                      # topology generator
+    cpus = { logrange = [1, 8192], factor = 2 }
+    nodes = [1, 2, 4]
+    memoryless_nodes = [0, 1]       # the highest-numbered nodes have CPUs but no memory
+
+    [cache]
+    cache = ["kmalloc", "maple_node"]   # or: size = { logrange = [8, 2097152], factor = 2 }
+
+    [kernel]
+    profile = "all"
+
+    [boot]
+    min_order = { range = [0, 3] }  # inclusive
+    max_order = 3
+
+    [[exclude]]                     # rows matching every key are dropped
+    profile = "v2.6.27"
+    cpus = { gt = 4096 }
+
+Every key of the sections ``topology``, ``cache``, ``kernel``, ``boot``, ``policy`` and
+``workload`` is an axis; the grid is the product of the axes in that order (the last axis
+varies fastest), minus the excluded rows and the impossible topologies (more memoryless
+nodes than nodes, fewer possible than present CPUs, more than 8192 CPUs).  An axis value is
+a scalar, a list, ``{range = [a, b], step = s}`` or ``{logrange = [a, b], factor = f}`` /
+``{logrange = [a, b], num = n}`` (geometric, rounded, duplicates dropped).  String axes
+accept group names: ``cache = "kmalloc" | "named" | "all"``, ``profile = "all"``.
+
+Any mistake raises :class:`SpecError` with one line naming the field and the reason.  This
+module never imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tomllib
+from importlib import resources
+from typing import Any
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import caches as C
+from slabtune.model import profiles as P
+from slabtune.model.topology import MAX_CPUS, MAX_NODES
+
+#: Spec sections whose keys are axes, in grid order.
+AXIS_SECTIONS: tuple[str, ...] = ("topology", "cache", "kernel", "boot", "policy", "workload")
+#: Names of the specs shipped in sweeps/.
+BUILTIN_SPECS: tuple[str, ...] = ("quick", "fleet", "seeds", "memoryless")
+#: Largest object stride a ``size`` axis accepts (2 MiB).
+MAX_SIZE = 2 * 1024 * 1024
+#: Largest chunk a spec may ask for.
+MAX_CHUNK = 1 << 22
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
+
+
+class SpecError(SlabtuneError):
+    """A sweep spec that cannot be run; the message names the field and the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisDef:
+    """Schema of one axis: its section, value type, bounds or choices, and default."""
+
+    section: str
+    kind: type  # int or str
+    lo: int = 0
+    hi: int = 0
+    default: Any = None
+    doc: str = ""
+
+    def choices(self) -> tuple[str, ...]:
+        """Allowed values of a string axis (empty for int axes)."""
+        return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceAxis(AxisDef):
+    """A string axis whose values come from a fixed table; ``groups`` expand to several."""
+
+    values: tuple[str, ...] = ()
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def choices(self) -> tuple[str, ...]:
+        return self.values
+
+
+_KMALLOC = tuple(c.name for c in C.CACHES.values() if c.is_kmalloc)
+_NAMED = tuple(c.name for c in C.CACHES.values() if not c.is_kmalloc)
+
+#: Axes every evaluator understands.  Evaluators add their own (see sweeps.evaluators).
+COMMON_AXES: dict[str, AxisDef] = {
+    "cpus": AxisDef("topology", int, 1, MAX_CPUS, None, "present (= online) CPUs"),
+    "cpus_per_node": AxisDef("topology", int, 1, MAX_CPUS, None,
+                             "CPUs on each node; cpus = nodes * cpus_per_node"),
+    "nodes": AxisDef("topology", int, 1, MAX_NODES, 1, "NUMA nodes"),
+    "memoryless_nodes": AxisDef("topology", int, 0, MAX_NODES - 1, 0,
+                                "nodes with CPUs but no memory (the highest-numbered ones)"),
+    "possible": AxisDef("topology", int, 0, MAX_CPUS, 0,
+                        "possible CPUs (nr_cpu_ids); 0 means the same as cpus"),
+    "cache": ChoiceAxis("cache", str, default=None, doc="slab cache by name",
+                        values=tuple(C.CACHES),
+                        groups=(("kmalloc", _KMALLOC), ("named", _NAMED),
+                                ("all", tuple(C.CACHES)))),
+    "size": AxisDef("cache", int, 8, MAX_SIZE, None,
+                    "object stride of an anonymous, late-created cache"),
+    "profile": ChoiceAxis("kernel", str, default=None, doc="kernel profile",
+                          values=tuple(P.PROFILES), groups=(("all", tuple(P.PROFILES)),)),
+    "min_order": AxisDef("boot", int, 0, P.MAX_PAGE_ORDER, 0, "slub_min_order"),
+    "max_order": AxisDef("boot", int, 0, P.MAX_PAGE_ORDER, P.DEFAULT_MAX_ORDER,
+                         "slub_max_order"),
+    "min_objects": AxisDef("boot", int, 0, 32767, 0, "slub_min_objects (0: unset)"),
+    "explicit_sheaf": AxisDef("policy", int, -1, 4096, -1,
+                              "sheaf capacity the cache's creator asks for (-1: the cache's own)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One expanded axis: its name, kind and values (ints, or strings for choice axes)."""
+
+    name: str
+    kind: type
+    values: tuple
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    """Drop rows where every ``(axis, op, operand)`` test holds.  ``operand`` is a value,
+    a tuple of values for ``in``, or ``("axis", name)`` to compare with another axis."""
+
+    tests: tuple[tuple[str, str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """A validated spec: everything the runner needs, as plain data."""
+
+    name: str
+    description: str
+    evaluator: str
+    chunk_size: int
+    seed: int
+    metrics: tuple[str, ...]
+    axes: tuple[Axis, ...]
+    exclude: tuple[Exclusion, ...]
+    defaults: tuple[tuple[str, Any], ...]
+    source: str = ""
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    def axis(self, name: str) -> Axis:
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    @property
+    def product(self) -> int:
+        """Rows of the full grid before exclusions."""
+        return math.prod(len(a) for a in self.axes)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able form; :func:`from_dict` inverts it (used to ship specs to tasks)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "evaluator": self.evaluator,
+            "chunk_size": self.chunk_size,
+            "seed": self.seed,
+            "metrics": list(self.metrics),
+            "axes": [[a.name, "int" if a.kind is int else "str", list(a.values)] for a in self.axes],
+            "exclude": [[list(t) if not isinstance(t[2], tuple) else [t[0], t[1], list(t[2])]
+                         for t in e.tests] for e in self.exclude],
+            "defaults": [list(d) for d in self.defaults],
+        }
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the canonical spec (everything but the description and source path)."""
+        d = self.to_dict()
+        d.pop("description")
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def from_dict(d: dict) -> SweepSpec:
+    """Rebuild a :class:`SweepSpec` from :meth:`SweepSpec.to_dict` output."""
+    axes = tuple(Axis(n, int if k == "int" else str, tuple(v)) for n, k, v in d["axes"])
+    excl = []
+    for tests in d["exclude"]:
+        ts = []
+        for name, op, operand in tests:
+            if isinstance(operand, list):
+                operand = tuple(operand)
+            ts.append((name, op, operand))
+        excl.append(Exclusion(tuple(ts)))
+    return SweepSpec(
+        name=d["name"], description=d.get("description", ""), evaluator=d["evaluator"],
+        chunk_size=int(d["chunk_size"]), seed=int(d["seed"]), metrics=tuple(d["metrics"]),
+        axes=axes, exclude=tuple(excl), defaults=tuple((k, v) for k, v in d["defaults"]),
+    )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def builtin_path(name: str):
+    """Path of a built-in spec (``quick`` -> sweeps/quick.toml)."""
+    return resources.files("slabtune.sweeps").joinpath(f"{name}.toml")
+
+
+def load(spec: str) -> SweepSpec:
+    """Load a spec from a path or a built-in name and validate it."""
+    if spec in BUILTIN_SPECS and not os.path.exists(spec):
+        text = builtin_path(spec).read_text()
+        where = f"{spec}.toml"
+    else:
+        if not os.path.exists(spec):
+            raise SpecError(f"spec: {spec!r} is neither a file nor a built-in spec "
+                            f"({', '.join(BUILTIN_SPECS)})")
+        with open(spec, "rb") as fh:
+            raw = fh.read()
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError:
+            raise SpecError(f"spec: {spec} is not UTF-8 text") from None
+        where = os.path.basename(spec)
+    return parse(text, where)
+
+
+def parse(text: str, where: str = "<spec>") -> SweepSpec:
+    """Parse and validate TOML text; errors are prefixed with ``where``."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{where}: not valid TOML: {err}") from None
+    try:
+        return validate(doc)
+    except SpecError as err:
+        raise SpecError(f"{where}: {err}") from None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _expand_int(field: str, raw, d: AxisDef) -> tuple[int, ...]:
+    """Turn one int axis value form into a sorted-as-given tuple of ints within bounds."""
+    if _is_int(raw):
+        vals = [raw]
+    elif isinstance(raw, list):
+        if not raw:
+            raise SpecError(f"{field}: empty list")
+        for v in raw:
+            if not _is_int(v):
+                raise SpecError(f"{field}: {v!r} is not an integer")
+        vals = list(raw)
+    elif isinstance(raw, dict):
+        vals = _expand_range(field, raw)
+    else:
+        raise SpecError(f"{field}: expected an integer, a list, {{range = [a, b]}} or "
+                        f"{{logrange = [a, b]}}, got {raw!r}")
+    for v in vals:
+        if not d.lo <= v <= d.hi:
+            raise SpecError(f"{field}: value {v} is outside {d.lo}..{d.hi}")
+    if len(set(vals)) != len(vals):
+        dup = next(v for v in vals if vals.count(v) > 1)
+        raise SpecError(f"{field}: duplicate value {dup}")
+    return tuple(vals)
+
+
+def _expand_range(field: str, raw: dict) -> list[int]:
+    keys = set(raw)
+    if keys <= {"range", "step"} and "range" in keys:
+        ab, step = raw["range"], raw.get("step", 1)
+        _pair(f"{field}.range", ab)
+        if not _is_int(step) or step < 1:
+            raise SpecError(f"{field}.step: must be a positive integer, got {step!r}")
+        return list(range(ab[0], ab[1] + 1, step))
+    if "logrange" in keys and keys <= {"logrange", "factor", "num"}:
+        ab = raw["logrange"]
+        _pair(f"{field}.logrange", ab)
+        a, b = ab
+        if a < 1:
+            raise SpecError(f"{field}.logrange: start must be >= 1, got {a}")
+        if ("factor" in raw) == ("num" in raw):
+            raise SpecError(f"{field}.logrange: give exactly one of factor or num")
+        if "factor" in raw:
+            f = raw["factor"]
+            if not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 1:
+                raise SpecError(f"{field}.factor: must be a number > 1, got {f!r}")
+            n = int(math.floor(math.log(b / a) / math.log(f) + 1e-9)) + 1
+            pts = [a * f ** k for k in range(n)]
+        else:
+            n = raw["num"]
+            if not _is_int(n) or n < 2:
+                raise SpecError(f"{field}.num: must be an integer >= 2, got {n!r}")
+            pts = [a * (b / a) ** (k / (n - 1)) for k in range(n)]
+        out: list[int] = []
+        for x in pts:
+            v = min(int(round(x)), b)
+            if v not in out:
+                out.append(v)
+        return out
+    raise SpecError(f"{field}: unknown range form {sorted(keys)} "
+                    "(use {range = [a, b], step = s} or {logrange = [a, b], factor = f | num = n})")
+
+
+def _pair(field: str, ab) -> None:
+    if not (isinstance(ab, list) and len(ab) == 2 and all(_is_int(x) for x in ab)):
+        raise SpecError(f"{field}: expected [start, stop] integers, got {ab!r}")
+    if ab[0] > ab[1]:
+        raise SpecError(f"{field}: start {ab[0]} is above stop {ab[1]}")
+
+
+def _expand_str(field: str, raw, d: AxisDef) -> tuple[str, ...]:
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items:
+        raise SpecError(f"{field}: expected a name or a non-empty list of names, got {raw!r}")
+    groups = dict(getattr(d, "groups", ()))
+    out: list[str] = []
+    for it in items:
+        if not isinstance(it, str):
+            raise SpecError(f"{field}: {it!r} is not a string")
+        if it in groups:
+            names = groups[it]
+        else:
+            names = (_canonical(field, it, d),)
+        for n in names:
+            if n in out:
+                raise SpecError(f"{field}: duplicate value {n!r}")
+            out.append(n)
+    return tuple(out)
+
+
+def _canonical(field: str, value: str, d: AxisDef) -> str:
+    """Normalise a choice (kmalloc-1024 -> kmalloc-1k, 6.1 -> v6.1) or fail naming it."""
+    if field.endswith(".cache"):
+        try:
+            return C.get_cache(value).name
+        except ValueError:
+            pass
+    elif field.endswith(".profile"):
+        try:
+            return P.get_profile(value).name
+        except ValueError:
+            pass
+    elif value in d.choices():
+        return value
+    groups = ", ".join(g for g, _ in getattr(d, "groups", ()))
+    known = ", ".join(d.choices())
+    raise SpecError(f"{field}: unknown value {value!r} (groups: {groups}; known: {known})")
+
+
+def validate(doc: dict) -> SweepSpec:
+    """Validate a parsed TOML document against the schema and expand its axes."""
+    from slabtune.sweeps.evaluators import EVALUATORS  # no JAX at import time
+
+    allowed_top = {"sweep", "exclude", *AXIS_SECTIONS}
+    for key in doc:
+        if key not in allowed_top:
+            raise SpecError(f"{key}: unknown section (allowed: {', '.join(sorted(allowed_top))})")
+    sweep = doc.get("sweep")
+    if not isinstance(sweep, dict):
+        raise SpecError("sweep: missing [sweep] section")
+    known_sweep = {"name", "description", "evaluator", "chunk_size", "seed", "metrics"}
+    for key in sweep:
+        if key not in known_sweep:
+            raise SpecError(f"sweep.{key}: unknown key (allowed: {', '.join(sorted(known_sweep))})")
+    name = sweep.get("name")
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise SpecError(f"sweep.name: must be a non-empty name of letters, digits, '-', '_', '.'; "
+                        f"got {name!r}")
+    desc = sweep.get("description", "")
+    if not isinstance(desc, str):
+        raise SpecError("sweep.description: must be a string")
+    ev_name = sweep.get("evaluator", "structural")
+    if ev_name not in EVALUATORS:
+        raise SpecError(f"sweep.evaluator: unknown evaluator {ev_name!r} "
+                        f"(known: {', '.join(EVALUATORS)})")
+    ev = EVALUATORS[ev_name]
+    chunk = sweep.get("chunk_size", 65536)
+    if not _is_int(chunk) or not 1 <= chunk <= MAX_CHUNK:
+        raise SpecError(f"sweep.chunk_size: must be an integer in 1..{MAX_CHUNK}, got {chunk!r}")
+    seed = sweep.get("seed", 0)
+    if not _is_int(seed) or not 0 <= seed < 2**32:
+        raise SpecError(f"sweep.seed: must be an integer in 0..2**32-1, got {seed!r}")
+    all_metrics = ev.metrics()
+    metrics = sweep.get("metrics", list(all_metrics))
+    if not isinstance(metrics, list) or not metrics:
+        raise SpecError("sweep.metrics: must be a non-empty list of metric names")
+    for m in metrics:
+        if m not in all_metrics:
+            raise SpecError(f"sweep.metrics: unknown metric {m!r} for evaluator {ev_name} "
+                            f"(known: {', '.join(all_metrics)})")
+    if len(set(metrics)) != len(metrics):
+        raise SpecError("sweep.metrics: lists a metric twice")
+
+    schema = {**COMMON_AXES, **ev.extra_axes()}
+    axes: list[Axis] = []
+    for section in AXIS_SECTIONS:
+        table = doc.get(section)
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise SpecError(f"{section}: must be a table")
+        for key, raw in table.items():
+            field = f"{section}.{key}"
+            d = schema.get(key)
+            if d is None or d.section != section:
+                here = [k for k, v in schema.items() if v.section == section]
+                raise SpecError(f"{field}: unknown axis for evaluator {ev_name} "
+                                f"(known in [{section}]: {', '.join(here) or 'none'})")
+            vals = _expand_int(field, raw, d) if d.kind is int else _expand_str(field, raw, d)
+            axes.append(Axis(key, d.kind, vals))
+    names = [a.name for a in axes]
+    if ("cpus" in names) == ("cpus_per_node" in names):
+        raise SpecError("topology.cpus: give exactly one of cpus or cpus_per_node")
+    if ("cache" in names) == ("size" in names):
+        raise SpecError("cache.cache: give exactly one of cache (names) or size (bytes)")
+    if "profile" not in names:
+        raise SpecError("kernel.profile: missing (a profile name, a list, or \"all\")")
+    if "cpus_per_node" in names and "nodes" not in names:
+        raise SpecError("topology.nodes: required with cpus_per_node")
+    for req in ev.required_axes():
+        if req not in names:
+            raise SpecError(f"{schema[req].section}.{req}: evaluator {ev_name} needs this axis")
+
+    exclude = tuple(_exclusion(i, e, axes) for i, e in enumerate(_list_of_tables(doc)))
+    defaults = tuple((k, d.default) for k, d in schema.items()
+                     if k not in names and d.default is not None)
+    spec = SweepSpec(name=name, description=desc, evaluator=ev_name, chunk_size=chunk,
+                     seed=seed, metrics=tuple(metrics), axes=tuple(axes), exclude=exclude,
+                     defaults=defaults)
+    ev.check(spec)
+    return spec
+
+
+def _list_of_tables(doc: dict) -> list:
+    ex = doc.get("exclude", [])
+    if not isinstance(ex, list) or not all(isinstance(e, dict) for e in ex):
+        raise SpecError("exclude: must be an array of tables ([[exclude]])")
+    return ex
+
+
+def _exclusion(i: int, table: dict, axes: list[Axis]) -> Exclusion:
+    by_name = {a.name: a for a in axes}
+    if not table:
+        raise SpecError(f"exclude[{i}]: empty table would drop every row")
+    tests = []
+    for key, raw in table.items():
+        field = f"exclude[{i}].{key}"
+        ax = by_name.get(key)
+        if ax is None:
+            raise SpecError(f"{field}: not an axis of this spec (axes: {', '.join(by_name)})")
+        if isinstance(raw, dict):
+            items = list(raw.items())
+        elif isinstance(raw, list):
+            items = [("in", raw)]
+        else:
+            items = [("eq", raw)]
+        for op, operand in items:
+            if op not in _COMPARISONS:
+                raise SpecError(f"{field}.{op}: unknown comparison (use {', '.join(_COMPARISONS)})")
+            tests.append((key, op, _operand(f"{field}.{op}", op, operand, ax, by_name)))
+    return Exclusion(tuple(tests))
+
+
+def _operand(field, op, operand, ax: Axis, by_name):
+    if op == "in":
+        if not isinstance(operand, list) or not operand:
+            raise SpecError(f"{field}: expected a non-empty list")
+        return tuple(_scalar(field, v, ax) for v in operand)
+    if ax.kind is int and isinstance(operand, str):
+        other = by_name.get(operand)
+        if other is None or other.kind is not int:
+            raise SpecError(f"{field}: {operand!r} is not an integer axis of this spec")
+        return ("axis", operand)
+    if ax.kind is str and op not in ("eq", "ne"):
+        raise SpecError(f"{field}: string axis {ax.name} supports only eq, ne and in")
+    return _scalar(field, operand, ax)
+
+
+def _scalar(field, v, ax: Axis):
+    if ax.kind is int:
+        if not _is_int(v):
+            raise SpecError(f"{field}: {v!r} is not an integer")
+        return v
+    if not isinstance(v, str):
+        raise SpecError(f"{field}: {v!r} is not a string")
+    if v not in ax.values:
+        # accept aliases (kmalloc-1024, 6.1) when they name a value on the axis
+        for conv in (lambda s: C.get_cache(s).name, lambda s: P.get_profile(s).name):
+            try:
+                alias = conv(v)
+            except ValueError:
+                continue
+            if alias in ax.values:
+                return alias
+        raise SpecError(f"{field}: {v!r} is not a value of axis {ax.name}")
+    return v

@@ -19,6 +19,8 @@ from slabtune.errors import SlabtuneError
 COMMAND_MODULES = (
     "main_job",
     "kernel",
+    "sweep",
+    "results",
 )
 
 #: Exceptions from the libraries below the CLI that mean "bad input", not "bug".

@@ -1,0 +1,102 @@
+"""``slabtune sweep run`` and ``slabtune sweep plan``: batch-evaluate a grid from a spec.
+
+The handlers parse arguments and print; specs live in :mod:`slabtune.sweeps.spec`, the run
+in :mod:`slabtune.sweeps.runner` (imported lazily: it pulls in polars and, in its tasks,
+JAX and Ray).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    sweep = subparsers.add_parser("sweep", help="evaluate a grid of configurations from a spec")
+    sub = sweep.add_subparsers(dest="sweep_command", metavar="ACTION")
+    sweep.set_defaults(func=lambda args: _help(sweep))
+
+    r = sub.add_parser("run", help="run (or resume) a sweep and store its rows as parquet")
+    r.add_argument("spec", metavar="SPEC",
+                   help="a spec file or a built-in name (quick, fleet, seeds, memoryless)")
+    r.add_argument("--out", default="runs", metavar="DIR",
+                   help="directory that holds run directories (default: runs)")
+    r.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="run on this Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
+    r.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue an interrupted run (its directory, id or id prefix)")
+    r.add_argument("--json", action="store_true",
+                   help="print one JSON object {run_dir, rows, ...} instead of text")
+    r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.set_defaults(func=_run)
+
+    p = sub.add_parser("plan", help="print grid size, chunks and estimated memory; run nothing")
+    p.add_argument("spec", metavar="SPEC", help="a spec file or a built-in name")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object {configs, chunks, est_memory_bytes, ...}")
+    p.set_defaults(func=_plan)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _load(ref: str):
+    from slabtune.sweeps import spec as S
+
+    spec = S.load(ref)
+    if ref in S.BUILTIN_SPECS:
+        import os
+
+        if not os.path.exists(ref):
+            return spec, S.builtin_path(ref).read_text()
+    with open(ref, encoding="utf-8") as fh:
+        return spec, fh.read()
+
+
+def _run(args) -> int:
+    from slabtune.sweeps import runner
+
+    spec, text = _load(args.spec)
+    res = runner.run_sweep(spec, args.out, spec_text=text, ray_address=args.ray_address,
+                           resume=args.resume, progress=not (args.quiet or args.json))
+    if args.json:
+        print(json.dumps({"run_dir": str(res.run_dir), "rows": res.rows,
+                          "chunks_run": res.chunks_run, "chunks": res.chunks_total,
+                          "seconds": round(res.seconds, 3), "devices": res.devices}))
+    else:
+        print(f"run_dir: {res.run_dir}")
+        print(f"rows: {res.rows}")
+    return 0
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _plan(args) -> int:
+    from slabtune.sweeps import runner
+
+    spec, _ = _load(args.spec)
+    p = runner.plan(spec)
+    if args.json:
+        print(json.dumps({"spec": spec.name, "spec_hash": spec.hash, "evaluator": spec.evaluator,
+                          "configs": p.configs, "product": p.product, "chunks": p.chunks,
+                          "chunk_size": p.chunk_size, "bucket": p.bucket,
+                          "est_memory_bytes": p.est_memory_bytes,
+                          "axes": {a.name: len(a) for a in spec.axes},
+                          "columns": [c[0] for c in p.columns]}))
+        return 0
+    print(f"spec: {spec.name} ({spec.evaluator}, hash {spec.hash[:12]})")
+    print("axes: " + " x ".join(f"{a.name}[{len(a)}]" for a in spec.axes))
+    excluded = p.product - p.configs
+    print(f"configs: {p.configs}" + (f" ({excluded} of {p.product} excluded)" if excluded else ""))
+    print(f"chunks: {p.chunks} of {p.chunk_size} (compiled shape {p.bucket})")
+    print(f"est_memory: {_human_bytes(p.est_memory_bytes)}")
+    return 0

@@ -1,0 +1,558 @@
+"""Fleet objectives: memory overhead and modelled time per operation of a batch of policies,
+aggregated over a weighted fleet of topologies and workloads, in one vectorised call.
+
+A *fleet* (the ``[fleet]`` table of a tune spec) is a kernel profile, weighted topologies and
+weighted workloads; a workload names the caches it uses, the live objects it keeps per CPU in
+each and its share of operations::
+
+    [fleet]
+    profile = "v6.18"
+    [[fleet.topology]]
+    name = "small-8"
+    cpus = 8
+    weight = 2.0
+    [[fleet.workload]]
+    name = "net"
+    foreign_free = 0.5      # share of frees that hit a slab other than the CPU's own
+    churn = 0.2             # slabs drained to empty per slab's worth of allocations
+    [fleet.workload.caches]
+    "kmalloc-256" = { live_per_cpu = 4096, ops = 1.0 }
+
+An *objective set* maps the structure of every (policy, topology, cache) point to per-topology
+memory and time; sets are looked up by name in :data:`OBJECTIVE_SETS` (the spec's
+``[objectives] set``), so the dynamics-based set can replace the structural one unchanged.
+
+``structural`` (the set shipped here) derives both from the structural model alone:
+
+* memory: bytes held beyond live objects, over live object bytes, from slab leftovers
+  (``leftover`` per slab in use), the CPU slab (half free on average), per-CPU partial slabs
+  (half full, the kernel's own assumption in slub_set_cpu_partial, lists half way to their
+  limit), ``min_partial`` empty slabs on every node with memory, and sheaves (main and spare
+  half full, their kmalloc'd structs, barns half way to their limits);
+* time: ns per alloc-or-free op from :mod:`slabtune.model.cost` (its constants, its page
+  allocator and M/M/1 lock contention fixed point), fed with per-op event rates estimated
+  from the structure (a slow-path-rate proxy, documented in :func:`structural_rates`), for
+  two representative CPUs per topology: one on a node with memory, one on a memoryless node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import math
+from typing import Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import cost as C
+from slabtune.model import policy as PL
+from slabtune.model import profiles as P
+from slabtune.model.caches import CacheInfo, UnknownCacheError, get_cache
+from slabtune.model.topology import Topology, TopologyError
+from slabtune.tuner.space import KNOBS, SearchSpace, baseline_values
+
+_F32 = jnp.float32
+_I32 = jnp.int32
+
+
+# --------------------------------------------------------------------------- fleet data
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetTopology:
+    name: str
+    topology: Topology
+    weight: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Live objects per CPU and op share per cache, and the workload's free pattern."""
+
+    name: str
+    weight: float
+    live_per_cpu: tuple[float, ...]   # aligned with Fleet.caches
+    ops: tuple[float, ...]            # aligned with Fleet.caches
+    foreign_free: float
+    churn: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Fleet:
+    profile: P.KernelProfile
+    topologies: tuple[FleetTopology, ...]
+    caches: tuple[CacheInfo, ...]
+    workloads: tuple[Workload, ...]
+
+    @property
+    def topology_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.topologies)
+
+
+def _num(where: str, value, lo: float, hi: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SlabtuneError(f"{where}: expected a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise SlabtuneError(f"{where}: {value} is outside {lo}..{hi}")
+    return float(value)
+
+
+def _int(where: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SlabtuneError(f"{where}: expected an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise SlabtuneError(f"{where}: {value} is outside {lo}..{hi}")
+    return value
+
+
+def _parse_topology(i: int, t) -> FleetTopology:
+    where = f"fleet.topology[{i}]"
+    if not isinstance(t, Mapping):
+        raise SlabtuneError(f"{where}: expected a table")
+    unknown = set(t) - {"name", "cpus", "nodes", "memoryless_nodes", "possible", "online",
+                        "node_cpus", "weight"}
+    if unknown:
+        raise SlabtuneError(f"{where}.{sorted(unknown)[0]}: unknown field")
+    cpus = _int(f"{where}.cpus", t.get("cpus"), 1, 8192)
+    nodes = _int(f"{where}.nodes", t.get("nodes", 1), 1, 64)
+    name = t.get("name", f"{cpus}cpu-{nodes}node")
+    if not isinstance(name, str) or not name:
+        raise SlabtuneError(f"{where}.name: expected a non-empty string")
+    weight = _num(f"{where}.weight", t.get("weight", 1.0), 0.0)
+    try:
+        topo = Topology.uniform(cpus, nodes, memoryless_nodes=t.get("memoryless_nodes", ()),
+                                possible=t.get("possible"), online=t.get("online"),
+                                node_cpus=t.get("node_cpus"))
+    except (TopologyError, TypeError) as err:
+        raise SlabtuneError(f"{where}: {err}") from None
+    return FleetTopology(name, topo, weight)
+
+
+def parse_fleet(table) -> Fleet:
+    """Build a :class:`Fleet` from a spec's ``[fleet]`` table; errors name the field."""
+    if not isinstance(table, Mapping):
+        raise SlabtuneError("fleet: expected a [fleet] table")
+    unknown = set(table) - {"profile", "topology", "workload"}
+    if unknown:
+        raise SlabtuneError(f"fleet.{sorted(unknown)[0]}: unknown field")
+    try:
+        profile = P.get_profile(str(table.get("profile", "v6.18")))
+    except P.UnknownProfileError as err:
+        raise SlabtuneError(f"fleet.profile: {err}") from None
+    topos_t = table.get("topology")
+    if not isinstance(topos_t, list) or not topos_t:
+        raise SlabtuneError("fleet.topology: expected at least one [[fleet.topology]]")
+    topos = tuple(_parse_topology(i, t) for i, t in enumerate(topos_t))
+    names = [t.name for t in topos]
+    if len(set(names)) != len(names):
+        raise SlabtuneError("fleet.topology: names must be unique")
+    if sum(t.weight for t in topos) <= 0:
+        raise SlabtuneError("fleet.topology: weights add up to 0")
+    wl_t = table.get("workload")
+    if not isinstance(wl_t, list) or not wl_t:
+        raise SlabtuneError("fleet.workload: expected at least one [[fleet.workload]]")
+    cache_names: list[str] = []
+    raw = []
+    for i, w in enumerate(wl_t):
+        where = f"fleet.workload[{i}]"
+        if not isinstance(w, Mapping):
+            raise SlabtuneError(f"{where}: expected a table")
+        unknown = set(w) - {"name", "weight", "foreign_free", "churn", "caches"}
+        if unknown:
+            raise SlabtuneError(f"{where}.{sorted(unknown)[0]}: unknown field")
+        caches = w.get("caches")
+        if not isinstance(caches, Mapping) or not caches:
+            raise SlabtuneError(f"{where}.caches: expected a table of caches")
+        entries = {}
+        for cname, ct in caches.items():
+            cw = f"{where}.caches.{cname}"
+            try:
+                info = get_cache(cname)
+            except UnknownCacheError as err:
+                raise SlabtuneError(f"{cw}: {err}") from None
+            if not isinstance(ct, Mapping):
+                raise SlabtuneError(f"{cw}: expected {{ live_per_cpu = N, ops = X }}")
+            bad = set(ct) - {"live_per_cpu", "ops"}
+            if bad:
+                raise SlabtuneError(f"{cw}.{sorted(bad)[0]}: unknown field")
+            live = _num(f"{cw}.live_per_cpu", ct.get("live_per_cpu"), 1.0, 1e9)
+            ops = _num(f"{cw}.ops", ct.get("ops", 1.0), 0.0)
+            entries[info.name] = (live, ops)
+            if info.name not in cache_names:
+                cache_names.append(info.name)
+        raw.append((str(w.get("name", f"workload{i}")),
+                    _num(f"{where}.weight", w.get("weight", 1.0), 0.0),
+                    _num(f"{where}.foreign_free", w.get("foreign_free", 0.5), 0.0, 1.0),
+                    _num(f"{where}.churn", w.get("churn", 0.2), 0.0, 1.0), entries))
+    caches = tuple(get_cache(n) for n in cache_names)
+    workloads = []
+    for name, weight, ff, churn, entries in raw:
+        live = tuple(entries.get(c, (0.0, 0.0))[0] for c in cache_names)
+        ops = tuple(entries.get(c, (0.0, 0.0))[1] for c in cache_names)
+        if sum(ops) <= 0:
+            raise SlabtuneError(f"fleet.workload {name}: ops add up to 0")
+        workloads.append(Workload(name, weight, live, ops, ff, churn))
+    if sum(w.weight for w in workloads) <= 0:
+        raise SlabtuneError("fleet.workload: weights add up to 0")
+    return Fleet(profile, topos, caches, tuple(workloads))
+
+
+# --------------------------------------------------------------------------- objectives
+
+
+class PerTopology(NamedTuple):
+    """Per-topology objectives of a batch: shape (B, T) each, lower is better."""
+
+    memory: jnp.ndarray   # overhead bytes / live object bytes
+    time: jnp.ndarray     # modelled ns per alloc-or-free op
+
+
+class FleetArrays(NamedTuple):
+    """The fleet as arrays, laid out (T, W, K) = topologies x workloads x caches."""
+
+    possible: jnp.ndarray
+    present: jnp.ndarray
+    online: jnp.ndarray
+    cpus_mem: jnp.ndarray        # CPUs on nodes with memory
+    cpus_ml: jnp.ndarray         # CPUs on memoryless nodes
+    mem_nodes: jnp.ndarray
+    all_nodes: jnp.ndarray
+    size: jnp.ndarray
+    is_kmalloc: jnp.ndarray
+    early: jnp.ndarray
+    is_bootstrap: jnp.ndarray
+    explicit_sheaf: jnp.ndarray
+    live_per_cpu: jnp.ndarray    # (W, K)
+    ops: jnp.ndarray             # (W, K), normalised per workload
+    foreign_free: jnp.ndarray    # (W,)
+    churn: jnp.ndarray           # (W,)
+    w_weight: jnp.ndarray        # (W,), normalised
+
+
+def fleet_arrays(fleet: Fleet) -> FleetArrays:
+    """Lay a fleet out as arrays (topology fields (T,), cache fields (K,))."""
+    ts = [t.topology for t in fleet.topologies]
+    ops = np.array([w.ops for w in fleet.workloads], np.float32)
+    ops = ops / ops.sum(axis=1, keepdims=True)
+    ww = np.array([w.weight for w in fleet.workloads], np.float32)
+    return FleetArrays(
+        possible=jnp.asarray([t.possible for t in ts], _I32),
+        present=jnp.asarray([t.present for t in ts], _I32),
+        online=jnp.asarray([t.online for t in ts], _I32),
+        cpus_mem=jnp.asarray([t.present - t.cpus_on_memoryless_nodes for t in ts], _F32),
+        cpus_ml=jnp.asarray([t.cpus_on_memoryless_nodes for t in ts], _F32),
+        mem_nodes=jnp.asarray([len(t.memory_nodes) for t in ts], _F32),
+        all_nodes=jnp.asarray([t.nodes for t in ts], _F32),
+        size=jnp.asarray([c.size for c in fleet.caches], _I32),
+        is_kmalloc=jnp.asarray([c.is_kmalloc for c in fleet.caches], bool),
+        early=jnp.asarray([c.early for c in fleet.caches], bool),
+        is_bootstrap=jnp.asarray([c.is_bootstrap for c in fleet.caches], bool),
+        explicit_sheaf=jnp.asarray([c.explicit_sheaf for c in fleet.caches], _I32),
+        live_per_cpu=jnp.asarray([w.live_per_cpu for w in fleet.workloads], _F32),
+        ops=jnp.asarray(ops),
+        foreign_free=jnp.asarray([w.foreign_free for w in fleet.workloads], _F32),
+        churn=jnp.asarray([w.churn for w in fleet.workloads], _F32),
+        w_weight=jnp.asarray(ww / ww.sum()),
+    )
+
+
+def policy_structure(values: Mapping[str, jnp.ndarray], prof: PL.ProfileArrays,
+                     fa: FleetArrays) -> tuple[PL.Structure, PL.ProfileArrays]:
+    """The structure of every (policy, topology, cache) point, shape (B, T, K).
+
+    ``values`` holds every knob as a (B,) array.  Profile-field knobs replace the
+    profile's fields; the order heuristic's coefficients become an explicit min_objects
+    (``mul * (fls(nr_cpus) + add)``, which equals the kernel's default at mul=4, add=1),
+    overridden, as in calculate_order(), by a non-zero slub_min_objects.
+    """
+    b = lambda name: jnp.asarray(values[name], _I32)[:, None, None]  # noqa: E731
+    prof = prof._replace(**{k: b(k) for k in (
+        "min_partial_divisor", "min_partial_lo", "min_partial_hi",
+        "cpu_partial_page", "cpu_partial_1k", "cpu_partial_256", "cpu_partial_small",
+        "sheaf_page", "sheaf_1k", "sheaf_256", "sheaf_small")})
+    t = lambda x: x[None, :, None]  # noqa: E731
+    k = lambda x: x[None, None, :]  # noqa: E731
+    nr = PL.order_nr_cpus(t(fa.possible), t(fa.present), t(fa.online), prof, k(fa.early))
+    coeff = b("order_objects_mul") * (PL.fls(nr) + b("order_objects_add"))
+    boot_mo = b("slub_min_objects")
+    min_objects = jnp.where(boot_mo > 0, boot_mo, jnp.maximum(coeff, 1))
+    st = PL.structure(k(fa.size), t(fa.possible), t(fa.present), t(fa.online), prof,
+                      min_order=b("slub_min_order"), max_order=b("slub_max_order"),
+                      min_objects=min_objects, early=k(fa.early), is_kmalloc=k(fa.is_kmalloc),
+                      is_bootstrap=k(fa.is_bootstrap), explicit_sheaf=k(fa.explicit_sheaf))
+    return st, prof
+
+
+#: Barn hit rate proxy: a barn with ``f`` full (or empty) sheaves serves a sheaf exchange
+#: with probability f / (f + BARN_HIT_HALF); 10 sheaves give 5/6.
+BARN_HIT_HALF = 2.0
+#: Kept empty slabs absorb slab allocations: of the slabs a workload drains to empty, a node
+#: keeping ``m`` empty slabs hands back to the page allocator 1 / (1 + m / MIN_PARTIAL_SCALE).
+MIN_PARTIAL_SCALE = 4.0
+
+
+def structural_rates(st: PL.Structure, prof: PL.ProfileArrays, barn_full, ff, churn,
+                     memoryless: bool):
+    """Per-op event rates and lock acquisitions of one representative CPU, from structure.
+
+    Half of all ops are allocs, half frees.  Proxy rules (named so they can be replaced by
+    the dynamics counters):
+
+    * no sheaves: an alloc slow path (___slab_alloc) every n/2 allocs (a slab taken with half
+      its objects free); a node list_lock acquisition per (n/2 + cpu_partial) allocs, since
+      per-CPU partial slabs refill without the lock; a share ``ff`` of frees go to a foreign
+      slab (__slab_free), and take the list_lock once per 2/(n + 2 cpu_partial) of them, the
+      per-CPU partial list draining (put_partials) once per cpu_partial of them;
+    * sheaves (capacity c): a sheaf exchange per c ops on each side; half come from the
+      spare, the rest from the barn (barn lock) which hits with the proxy above, misses
+      refill or flush c objects under the list_lock;
+    * a CPU on a memoryless node without the numa_mem_id() fix takes every alloc through
+      the slow path and list_lock (the 2010 penalty); where remote frees bypass sheaves and
+      the CPU may not use them (v7.0 memoryless nodes), every free is a remote slow free;
+    * slab allocations per alloc: churn / n / (1 + min_partial / MIN_PARTIAL_SCALE), and as
+      many slab frees.
+
+    Returns (OpRates, list_lock, barn_lock) acquisitions per op.
+    """
+    f = lambda x: jnp.asarray(x, _F32)  # noqa: E731
+    n = jnp.maximum(f(st.objs_per_slab), 1.0)
+    cp = f(st.cpu_partial)
+    cap = f(st.sheaf_capacity)
+    has_sheaf = cap > 0
+    capm = jnp.maximum(cap, 1.0)
+    barn_hit = f(barn_full) / (f(barn_full) + BARN_HIT_HALF)
+    if memoryless:
+        no_fix = prof.memoryless_fallback == 0
+        bypass = (prof.remote_free_bypasses_sheaf == 1) & (prof.memoryless_cpus_use_sheaves == 0)
+        barn_hit = jnp.where(prof.barns == 2, barn_hit, 0.0)  # barns only on memory nodes
+    else:
+        no_fix = jnp.asarray(False)
+        bypass = jnp.asarray(False)
+
+    # allocs (per alloc)
+    a_slow_ns = jnp.where(has_sheaf, 0.0, 2.0 / n)
+    a_lock_ns = jnp.where(has_sheaf, 0.0, 1.0 / (n / 2.0 + cp))
+    a_swap = jnp.where(has_sheaf, 1.0 / capm, 0.0)
+    a_barn = jnp.where(has_sheaf, 0.5 / capm, 0.0)
+    a_lock_sh = jnp.where(has_sheaf, 0.5 * (1.0 - barn_hit) / capm, 0.0)
+    a_moved = jnp.where(has_sheaf, 0.5 * (1.0 - barn_hit), 0.0)
+    a_slow = jnp.where(no_fix, 1.0, a_slow_ns + a_lock_sh)
+    a_lock = jnp.where(no_fix, 1.0, a_lock_ns + a_lock_sh)
+    a_fast = 1.0 - jnp.minimum(a_slow, 1.0)
+
+    # frees (per free)
+    ff = f(ff)
+    f_slow_ns = ff
+    f_lock_ns = ff * 2.0 / (n + 2.0 * cp)
+    f_drain = jnp.where(cp > 0, ff / jnp.maximum(cp, 1.0), 0.0)
+    f_lock_sh = 0.5 * (1.0 - barn_hit) / capm
+    sheaf_free = has_sheaf & ~bypass
+    f_slow = jnp.where(sheaf_free, f_lock_sh, jnp.where(bypass & has_sheaf, 1.0, f_slow_ns))
+    f_lock = jnp.where(sheaf_free, f_lock_sh, f_lock_ns)
+    f_swap = jnp.where(sheaf_free, 1.0 / capm, 0.0)
+    f_barn = jnp.where(sheaf_free, 0.5 / capm, 0.0)
+    f_moved = jnp.where(sheaf_free, 0.5 * (1.0 - barn_hit), 0.0)
+    f_fast = 1.0 - jnp.minimum(f_slow, 1.0)
+    remote = jnp.where(bypass & has_sheaf, 1.0, 0.0) + jnp.where(no_fix, 1.0, 0.0)
+
+    slab_alloc = f(churn) / n / (1.0 + f(st.min_partial) / MIN_PARTIAL_SCALE)
+    rates = C.OpRates(
+        alloc_fast=0.5 * a_fast, free_fast=0.5 * f_fast,
+        alloc_slow=0.5 * a_slow, free_slow=0.5 * f_slow,
+        remote_free=0.5 * remote,
+        sheaf_swap=0.5 * (a_swap + f_swap),
+        sheaf_objects_moved=0.5 * (a_moved + f_moved),
+        cpu_partial_drain=0.5 * f_drain,
+        slab_alloc=0.5 * slab_alloc, slab_free=0.5 * slab_alloc,
+    )
+    return rates, 0.5 * (a_lock + f_lock), 0.5 * (a_barn + f_barn)
+
+
+def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, barns_where):
+    """Overhead bytes and live bytes per (B, T, W, K) point (see the module docstring)."""
+    f = lambda x: jnp.asarray(x, _F32)  # noqa: E731
+    t = lambda x: x[None, :, None, None]  # noqa: E731
+    s = lambda x: x[:, :, None, :]  # noqa: E731   (B,T,K) -> (B,T,1,K)
+    size = f(fa.size)[None, None, None, :]
+    cpus = t(fa.cpus_mem + fa.cpus_ml)
+    live_objs = cpus * fa.live_per_cpu[None, None, :, :]
+    n = jnp.maximum(f(s(st.objs_per_slab)), 1.0)
+    slab = f(PL.slab_bytes(s(st.order)))
+    leftover = live_objs / n * f(s(st.leftover))
+    cpu_slab = cpus * n * size / 2.0
+    cpu_partial = cpus * f(s(st.cpu_partial)) * size / 2.0
+    node_empty = t(fa.mem_nodes) * f(s(st.min_partial)) * slab
+    cap = f(s(st.sheaf_capacity))
+    sheaf_struct = f(PL.kmalloc_size_roundup(P.SHEAF_HEADER_BYTES + P.POINTER_BYTES * s(st.sheaf_capacity)))
+    sheaf_struct = jnp.where(cap > 0, sheaf_struct, 0.0)
+    per_cpu_sheaves = cpus * (2.0 * sheaf_struct + cap * size)
+    barn_nodes = jnp.where(barns_where == 2, t(fa.all_nodes), t(fa.mem_nodes))
+    bf = f(barn_full)[:, None, None, None]
+    be = f(barn_empty)[:, None, None, None]
+    barns = barn_nodes * (bf / 2.0 * (sheaf_struct + cap * size) + be / 2.0 * sheaf_struct)
+    barns = jnp.where(cap > 0, barns, 0.0)
+    overhead = leftover + cpu_slab + cpu_partial + node_empty + per_cpu_sheaves + barns
+    return overhead, live_objs * size
+
+
+def structural_objectives(values, prof: PL.ProfileArrays, fa: FleetArrays, cost: C.CostParams,
+                          pcp_max: int) -> PerTopology:
+    """The ``structural`` objective set: (B, T) memory overhead ratio and ns per op."""
+    st, prof_b = policy_structure(values, prof, fa)
+    bfull = jnp.asarray(values["barn_max_full"], _F32)
+    bempty = jnp.asarray(values["barn_max_empty"], _F32)
+    overhead, live = structural_memory(st, fa, bfull, bempty, prof.barns)
+    # memory: per workload, all caches together; then workloads weighted.
+    mem_w = overhead.sum(-1) / jnp.maximum(live.sum(-1), 1.0)          # (B, T, W)
+    memory = (mem_w * fa.w_weight[None, None, :]).sum(-1)
+
+    # time: rates per (B, T, W, K) for the two representative CPUs.
+    def bcast(x):
+        return jnp.broadcast_to(x[:, :, None, :], (x.shape[0], x.shape[1],
+                                                   fa.live_per_cpu.shape[0], x.shape[2]))
+    stw = PL.Structure(*(bcast(jnp.asarray(x)) for x in st))
+    bf4 = bfull[:, None, None, None]
+    ff = fa.foreign_free[None, None, :, None]
+    ch = fa.churn[None, None, :, None]
+    prof4 = PL.ProfileArrays(*(jnp.reshape(x, x.shape + (1,) * max(0, 4 - x.ndim))
+                               if x.ndim == 3 else x for x in prof_b))
+    shape = stw.order.shape
+    bs = lambda x: jnp.broadcast_to(jnp.asarray(x, _F32), shape)  # noqa: E731
+    reps = []
+    for m in (False, True):
+        r, ll, bl = structural_rates(stw, prof4, bf4, ff, ch, memoryless=m)
+        reps.append((C.OpRates(*(bs(x) for x in r)), bs(ll), bs(bl)))
+    order = stw.order.astype(_F32)
+    objs = stw.objs_per_slab.astype(_F32)
+    base = jnp.stack([C.base_ns_per_op(r, order, objs, pcp_max, cost) for r, _, _ in reps], -1)
+    zone = C.zone_lock_per_call(order, pcp_max, cost)
+    acq = jnp.stack([jnp.stack([ll, bl, (r.slab_alloc + r.slab_free) * zone], -1)
+                     for r, ll, bl in reps], -2)                       # (..., R=2, L=3)
+    tb = lambda x: jnp.broadcast_to(x[None, :, None, None], shape)  # noqa: E731
+    weight = jnp.stack([tb(fa.cpus_mem), tb(fa.cpus_ml)], -1)
+    mult = jnp.stack([tb(fa.mem_nodes), tb(jnp.maximum(fa.mem_nodes, 1.0)), tb(fa.mem_nodes)], -1)
+    # rep 0 takes its own node's locks (local line transfers); rep 1's nearest memory node
+    # is remote.  Zone locks likewise.
+    line = jnp.stack([jnp.full(shape + (3,), cost.line_local_ns),
+                      jnp.full(shape + (3,), cost.line_remote_ns)], -2)
+    hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, cost.zone_lock_hold_ns])
+    flat = lambda x, tail: jnp.reshape(x, (-1,) + tail)  # noqa: E731
+    solve = jax.vmap(lambda b_, a_, l_, w_, m_: C.solve(b_, a_, hold, l_, w_, m_, cost.rho_max))
+    sol = solve(flat(base, (2,)), flat(acq, (2, 3)), flat(line, (2, 3)), flat(weight, (2,)),
+                flat(mult, (3,)))
+    t_rep = jnp.reshape(sol.t, shape + (2,))
+    wsum = jnp.maximum(weight.sum(-1), 1.0)
+    t_cpu = (t_rep * weight).sum(-1) / wsum                          # (B, T, W, K)
+    t_w = (t_cpu * fa.ops[None, None, :, :]).sum(-1)                 # (B, T, W)
+    time = (t_w * fa.w_weight[None, None, :]).sum(-1)
+    return PerTopology(memory=memory, time=time)
+
+
+ObjectiveSet = Callable[..., PerTopology]
+#: Objective sets by the name a spec's ``[objectives] set`` gives.
+OBJECTIVE_SETS: dict[str, ObjectiveSet] = {"structural": structural_objectives}
+
+
+def load_default_cost() -> C.CostParams:
+    """The cost constants shipped in slabtune/model/cost_default.toml."""
+    text = importlib.resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
+    params, _meta = C.parse_cost_toml(text, "cost_default.toml")
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str = "structural"
+    #: Largest allowed per-topology regression against the baseline, as a fraction
+    #: (0.05 = 5%); None for no constraint.
+    max_regression: float | None = None
+
+
+def parse_objectives(table) -> ObjectiveSpec:
+    if table is None:
+        return ObjectiveSpec()
+    if not isinstance(table, Mapping):
+        raise SlabtuneError("objectives: expected an [objectives] table")
+    unknown = set(table) - {"set", "max_regression"}
+    if unknown:
+        raise SlabtuneError(f"objectives.{sorted(unknown)[0]}: unknown field")
+    name = table.get("set", "structural")
+    if name not in OBJECTIVE_SETS:
+        raise SlabtuneError(f"objectives.set: {name!r} is not one of {', '.join(OBJECTIVE_SETS)}")
+    mr = table.get("max_regression")
+    if mr is not None:
+        mr = _num("objectives.max_regression", mr, 0.0, 10.0)
+    return ObjectiveSpec(name, mr)
+
+
+class Evaluation(NamedTuple):
+    """Objectives of a batch (numpy): fleet aggregates (B,) and per-topology (B, T)."""
+
+    memory: np.ndarray
+    time: np.ndarray
+    memory_topo: np.ndarray
+    time_topo: np.ndarray
+
+
+def _bucket(n: int) -> int:
+    """Pad batch sizes to powers of two (at least 8) so a study compiles a few shapes."""
+    return max(8, 1 << (max(n, 1) - 1).bit_length())
+
+
+class Evaluator:
+    """Evaluates a batch of policies over a fleet in one jitted call."""
+
+    def __init__(self, fleet: Fleet, objective: ObjectiveSpec = ObjectiveSpec(),
+                 cost: C.CostParams | None = None):
+        self.fleet = fleet
+        self.objective = objective
+        self.cost = cost if cost is not None else load_default_cost()
+        self.fa = fleet_arrays(fleet)
+        self.prof = PL.profile_arrays(fleet.profile)
+        self.baseline_values = baseline_values(fleet.profile)
+        fn = OBJECTIVE_SETS[objective.name]
+        pcp_max = C.pcp_max_order(fleet.profile.version)
+        self._fn = jax.jit(functools.partial(fn, prof=self.prof, fa=self.fa, cost=self.cost,
+                                             pcp_max=pcp_max))
+        self._topo_w = np.array([t.weight for t in fleet.topologies], np.float64)
+        self._topo_w = self._topo_w / self._topo_w.sum()
+        self.baseline = self.evaluate([{}])
+
+    def evaluate(self, params_list) -> Evaluation:
+        """Objectives of each policy in ``params_list`` (knob -> value mappings; knobs left
+        out keep their baseline value)."""
+        n = len(params_list)
+        size = _bucket(n)
+        values = {}
+        for name in KNOBS:
+            base = self.baseline_values[name]
+            col = np.full(size, base, np.int32)
+            for i, p in enumerate(params_list):
+                if name in p:
+                    col[i] = int(p[name])
+            values[name] = col
+        out = self._fn(values)
+        mem = np.asarray(out.memory, np.float64)[:n]
+        tim = np.asarray(out.time, np.float64)[:n]
+        return Evaluation(memory=mem @ self._topo_w, time=tim @ self._topo_w,
+                          memory_topo=mem, time_topo=tim)
+
+    def regression_excess(self, ev: Evaluation) -> np.ndarray:
+        """Per policy: the worst per-topology regression against the baseline on either
+        objective, minus the allowed fraction (<= 0 is feasible; 0 where unconstrained)."""
+        if self.objective.max_regression is None:
+            return np.zeros(len(ev.memory))
+        rm = ev.memory_topo / self.baseline.memory_topo - 1.0
+        rt = ev.time_topo / self.baseline.time_topo - 1.0
+        return np.maximum(rm, rt).max(axis=1) - self.objective.max_regression
+
+
+def space_check(space: SearchSpace, fleet: Fleet) -> None:
+    """A space and a fleet must target the same profile."""
+    if space.profile.name != fleet.profile.name:
+        raise SlabtuneError(f"search: profile {space.profile.name} differs from fleet.profile "
+                            f"{fleet.profile.name}")

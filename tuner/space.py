@@ -1,0 +1,264 @@
+"""Search spaces over SLUB policies: which knobs a study may turn, over which ranges, and how
+each knob reaches a running kernel.
+
+A knob is one integer the model reads.  Each is marked with its *reach*:
+
+* ``boot``: a kernel command-line parameter (``slub_min_order``, ``slub_max_order``,
+  ``slub_min_objects``; ``slab_*`` aliases from v6.8);
+* ``sysfs``: a per-cache value writable at run time under ``/sys/kernel/slab/<cache>/``
+  (``min_partial``, and ``cpu_partial`` in eras with per-CPU partial lists).  The min_partial
+  clamp and divisor are the kernel's formula for the initial value; a policy that changes
+  them is applied to existing caches by writing the per-cache results;
+* ``kernel``: only a rebuilt kernel changes it (the order heuristic's coefficients, sheaf
+  capacities, barn limits).
+
+The space is read from the ``[search]`` table of a tune spec::
+
+    [search]
+    sampler = "nsga2"          # or "tpe"
+    seed = 0
+    [search.knobs]
+    slub_max_order = { low = 1, high = 5 }
+    slub_min_objects = { choices = [0, 8, 16, 32] }
+    cpu_partial_small = { low = 0, high = 240, step = 8 }
+    min_partial_lo = {}        # the knob's full kernel range
+
+Params are stored in Optuna with plain ``IntDistribution``/``CategoricalDistribution`` under
+the knob names, so a study opens in optuna-dashboard unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Mapping
+
+import optuna
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import profiles as P
+
+Reach = Literal["boot", "sysfs", "kernel"]
+REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel")
+SAMPLERS: tuple[str, ...] = ("nsga2", "tpe")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobDef:
+    """A knob the model understands: its kernel range, reach and what it needs in a profile."""
+
+    name: str
+    reach: Reach
+    low: int
+    high: int
+    #: Profile feature the knob needs to mean anything: None, "cpu_partial", "sheaves", "barns".
+    needs: str | None
+    doc: str
+
+
+#: Every knob, in the order a batch is laid out.  Ranges are what the kernel accepts (boot
+#: parameters: setup_slub_*(); sysfs: the store handlers) or, for kernel-only knobs, what
+#: keeps the formulas meaningful.
+KNOBS: dict[str, KnobDef] = {k.name: k for k in (
+    KnobDef("slub_min_order", "boot", 0, P.MAX_PAGE_ORDER, None,
+            "smallest slab order calculate_order() may pick"),
+    KnobDef("slub_max_order", "boot", 0, P.MAX_PAGE_ORDER, None,
+            "largest slab order calculate_order() tries (min(value, MAX_PAGE_ORDER) at boot)"),
+    KnobDef("slub_min_objects", "boot", 0, 1024, None,
+            "objects a slab should hold; 0 keeps the 4 * (fls(nr_cpus) + 1) heuristic"),
+    KnobDef("order_objects_mul", "kernel", 1, 32, None,
+            "the 4 in min_objects = 4 * (fls(nr_cpus) + 1)"),
+    KnobDef("order_objects_add", "kernel", 0, 8, None,
+            "the 1 in min_objects = 4 * (fls(nr_cpus) + 1)"),
+    KnobDef("min_partial_divisor", "sysfs", 1, 8, None,
+            "min_partial = clamp(ilog2(size) / divisor, lo, hi), written per cache"),
+    KnobDef("min_partial_lo", "sysfs", 0, 32, None, "lower clamp of min_partial"),
+    KnobDef("min_partial_hi", "sysfs", 0, 64, None, "upper clamp of min_partial"),
+    KnobDef("cpu_partial_page", "sysfs", 0, 1024, "cpu_partial",
+            "per-CPU partial objects for objects >= PAGE_SIZE"),
+    KnobDef("cpu_partial_1k", "sysfs", 0, 1024, "cpu_partial",
+            "per-CPU partial objects for objects >= 1024 bytes"),
+    KnobDef("cpu_partial_256", "sysfs", 0, 1024, "cpu_partial",
+            "per-CPU partial objects for objects >= 256 bytes"),
+    KnobDef("cpu_partial_small", "sysfs", 0, 1024, "cpu_partial",
+            "per-CPU partial objects for objects < 256 bytes"),
+    KnobDef("sheaf_page", "kernel", 0, 510, "sheaves",
+            "base sheaf capacity for objects >= PAGE_SIZE (before the kmalloc round-up)"),
+    KnobDef("sheaf_1k", "kernel", 0, 510, "sheaves", "base sheaf capacity for objects >= 1024"),
+    KnobDef("sheaf_256", "kernel", 0, 510, "sheaves", "base sheaf capacity for objects >= 256"),
+    KnobDef("sheaf_small", "kernel", 0, 510, "sheaves",
+            "base sheaf capacity for objects < 256"),
+    KnobDef("barn_max_full", "kernel", 0, 256, "barns",
+            "full sheaves a barn keeps (MAX_FULL_SHEAVES, 10)"),
+    KnobDef("barn_max_empty", "kernel", 0, 256, "barns",
+            "empty sheaves a barn keeps (MAX_EMPTY_SHEAVES, 10)"),
+)}
+
+#: Knobs that map one-to-one onto a ProfileArrays field of the same name.
+PROFILE_FIELD_KNOBS: tuple[str, ...] = (
+    "min_partial_divisor", "min_partial_lo", "min_partial_hi",
+    "cpu_partial_page", "cpu_partial_1k", "cpu_partial_256", "cpu_partial_small",
+    "sheaf_page", "sheaf_1k", "sheaf_256", "sheaf_small",
+)
+
+
+def baseline_values(profile: P.KernelProfile) -> dict[str, int]:
+    """The value of every knob in an unmodified kernel of ``profile`` booted without slub_*
+    parameters (the baseline every candidate is compared against)."""
+    cpp = profile.cpu_partial_objects or (0, 0, 0, 0)
+    sh = profile.sheaf_base_capacity
+    return {
+        "slub_min_order": 0,
+        "slub_max_order": P.DEFAULT_MAX_ORDER,
+        "slub_min_objects": 0,
+        "order_objects_mul": 4,
+        "order_objects_add": 1,
+        "min_partial_divisor": profile.min_partial_divisor,
+        "min_partial_lo": profile.min_partial_lo,
+        "min_partial_hi": profile.min_partial_hi,
+        "cpu_partial_page": cpp[0],
+        "cpu_partial_1k": cpp[1],
+        "cpu_partial_256": cpp[2],
+        "cpu_partial_small": cpp[3],
+        "sheaf_page": sh[0],
+        "sheaf_1k": sh[1],
+        "sheaf_256": sh[2],
+        "sheaf_small": sh[3],
+        "barn_max_full": P.BARN_MAX_FULL,
+        "barn_max_empty": P.BARN_MAX_EMPTY,
+    }
+
+
+def _profile_has(profile: P.KernelProfile, need: str | None) -> bool:
+    if need is None:
+        return True
+    if need == "cpu_partial":
+        return profile.has_cpu_partial
+    if need == "sheaves":
+        return profile.sheaves != "none"
+    if need == "barns":
+        return profile.barns != "none"
+    raise AssertionError(need)
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One searched knob: its definition and the range (or choices) the study samples."""
+
+    name: str
+    reach: Reach
+    low: int
+    high: int
+    step: int = 1
+    choices: tuple[int, ...] | None = None
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        """The plain Optuna distribution (what optuna-dashboard shows)."""
+        if self.choices is not None:
+            return optuna.distributions.CategoricalDistribution(list(self.choices))
+        return optuna.distributions.IntDistribution(self.low, self.high, step=self.step)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """The knobs of a study, the target profile and the sampler settings."""
+
+    profile: P.KernelProfile
+    knobs: tuple[Knob, ...]
+    sampler: str = "nsga2"
+    seed: int | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.knobs)
+
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        return {k.name: k.distribution() for k in self.knobs}
+
+    def full_values(self, params: Mapping[str, int]) -> dict[str, int]:
+        """Baseline values with the searched ``params`` laid over them."""
+        vals = baseline_values(self.profile)
+        for k, v in params.items():
+            if k not in KNOBS:
+                raise SlabtuneError(f"params: unknown knob {k!r}")
+            vals[k] = int(v)
+        return vals
+
+    def reach_of(self, name: str) -> str:
+        return KNOBS[name].reach
+
+
+def _int_field(where: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SlabtuneError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def parse_knob(name: str, table, profile: P.KernelProfile) -> Knob:
+    """Validate one ``[search.knobs]`` entry against the knob's kernel range and the profile."""
+    where = f"search.knobs.{name}"
+    if name not in KNOBS:
+        raise SlabtuneError(f"{where}: unknown knob (known: {', '.join(KNOBS)})")
+    kd = KNOBS[name]
+    if not _profile_has(profile, kd.needs):
+        raise SlabtuneError(f"{where}: profile {profile.name} has no {kd.needs}; the knob means nothing there")
+    if not isinstance(table, Mapping):
+        raise SlabtuneError(f"{where}: expected a table such as {{ low = 0, high = 4 }}")
+    unknown = set(table) - {"low", "high", "step", "choices"}
+    if unknown:
+        raise SlabtuneError(f"{where}.{sorted(unknown)[0]}: unknown field (use low, high, step or choices)")
+    if "choices" in table:
+        if {"low", "high", "step"} & set(table):
+            raise SlabtuneError(f"{where}: give either choices or low/high/step, not both")
+        ch = table["choices"]
+        if not isinstance(ch, list) or not ch:
+            raise SlabtuneError(f"{where}.choices: expected a non-empty list of integers")
+        vals = tuple(_int_field(f"{where}.choices", c) for c in ch)
+        for v in vals:
+            if not kd.low <= v <= kd.high:
+                raise SlabtuneError(f"{where}.choices: {v} is outside the kernel range {kd.low}..{kd.high}")
+        if len(set(vals)) != len(vals):
+            raise SlabtuneError(f"{where}.choices: duplicate values")
+        return Knob(name, kd.reach, min(vals), max(vals), 1, vals)
+    low = _int_field(f"{where}.low", table.get("low", kd.low))
+    high = _int_field(f"{where}.high", table.get("high", kd.high))
+    step = _int_field(f"{where}.step", table.get("step", 1))
+    if not kd.low <= low <= kd.high:
+        raise SlabtuneError(f"{where}.low: {low} is outside the kernel range {kd.low}..{kd.high}")
+    if not kd.low <= high <= kd.high:
+        raise SlabtuneError(f"{where}.high: {high} is outside the kernel range {kd.low}..{kd.high}")
+    if high < low:
+        raise SlabtuneError(f"{where}.high: {high} is below low ({low})")
+    if step < 1:
+        raise SlabtuneError(f"{where}.step: must be >= 1, got {step}")
+    if (high - low) % step:
+        raise SlabtuneError(f"{where}.step: high - low ({high - low}) is not a multiple of {step}")
+    return Knob(name, kd.reach, low, high, step)
+
+
+def parse_search(table, profile: P.KernelProfile) -> SearchSpace:
+    """Build a :class:`SearchSpace` from a spec's ``[search]`` table."""
+    if not isinstance(table, Mapping):
+        raise SlabtuneError("search: expected a [search] table")
+    unknown = set(table) - {"sampler", "seed", "knobs"}
+    if unknown:
+        raise SlabtuneError(f"search.{sorted(unknown)[0]}: unknown field")
+    sampler = table.get("sampler", "nsga2")
+    if sampler not in SAMPLERS:
+        raise SlabtuneError(f"search.sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+    seed = table.get("seed")
+    if seed is not None:
+        seed = _int_field("search.seed", seed)
+    knobs_t = table.get("knobs")
+    if not isinstance(knobs_t, Mapping) or not knobs_t:
+        raise SlabtuneError("search.knobs: expected a table with at least one knob")
+    knobs = tuple(parse_knob(n, t, profile) for n, t in knobs_t.items())
+    return SearchSpace(profile=profile, knobs=knobs, sampler=sampler, seed=seed)
+
+
+def make_sampler(space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """NSGA-II or multi-objective TPE.  Regression limits reach the sampler as Optuna trial
+    constraints (``Trial.set_constraint``), which both samplers and ``best_trials`` honour."""
+    if space.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=space.seed, multivariate=True,
+                                          constant_liar=True)
+    return optuna.samplers.NSGAIISampler(seed=space.seed)

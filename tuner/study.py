@@ -1,0 +1,321 @@
+"""Optuna studies over SLUB policies: spec loading, storage, batched ask -> evaluate -> tell.
+
+A tune spec is a TOML file with ``[fleet]`` (:mod:`slabtune.tuner.objectives`), ``[search]``
+(:mod:`slabtune.tuner.space`) and an optional ``[objectives]`` table.  A study has two
+objectives, both minimised: fleet memory overhead (overhead bytes / live bytes) and modelled
+ns per op.  Trials are asked ``batch`` at a time with the space's plain distributions, the
+batch is evaluated in one vectorised model call, and each trial is told back with its values
+and its per-topology objectives as user attrs.  The study's own user attrs keep the spec
+text and the baseline (the unmodified profile's objectives), so ``pareto``, ``plot`` and
+``export`` need only the study name and storage; the study opens in optuna-dashboard as is.
+
+Storage: a SQLite file ``study.db`` in the run directory (``runs/<study>/``) by default; any
+RDB URL (``sqlite:///...``, ``postgresql://...``), ``journal:PATH`` (or a path ending in
+``.log``/``.journal``) for a journal file, or ``memory:`` for an in-memory study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import tomllib
+import warnings
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import optuna
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams as BP
+from slabtune.tuner import objectives as O
+from slabtune.tuner import space as S
+
+DIRECTIONS = ("minimize", "minimize")
+OBJECTIVE_NAMES = ("memory", "time")
+ATTR_SPEC = "slabtune_spec"
+ATTR_BASELINE = "slabtune_baseline"
+ATTR_TOPOLOGIES = "slabtune_topologies"
+ATTR_PROFILE = "slabtune_profile"
+#: Trial user attrs: per-topology objectives (lists aligned with ATTR_TOPOLOGIES).
+ATTR_MEMORY_TOPO = "memory_topo"
+ATTR_TIME_TOPO = "time_topo"
+ATTR_EXCESS = "regression_excess"
+DEFAULT_RUNS = Path("runs")
+DB_NAME = "study.db"
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneSpec:
+    """A parsed tune spec and its source text (stored with the study)."""
+
+    name: str
+    text: str
+    fleet: O.Fleet
+    space: S.SearchSpace
+    objectives: O.ObjectiveSpec
+
+
+def builtin_spec_path(name: str) -> Path | None:
+    """The path of a built-in spec (``tune_quick`` or ``tune_quick.toml``), or None."""
+    stem = name[:-5] if name.endswith(".toml") else name
+    if "/" in stem:
+        return None
+    p = resources.files("slabtune.sweeps").joinpath(f"{stem}.toml")
+    return Path(str(p)) if p.is_file() else None
+
+
+def parse_spec(text: str, name: str = "spec") -> TuneSpec:
+    """Parse tune-spec text; every error is one line naming the field."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SlabtuneError(f"{name}: not valid TOML ({err})") from None
+    unknown = set(doc) - {"fleet", "search", "objectives", "tune"}
+    if unknown:
+        raise SlabtuneError(f"{name}: unknown table [{sorted(unknown)[0]}] "
+                            "(expected [fleet], [search], [objectives], [tune])")
+    if "fleet" not in doc:
+        raise SlabtuneError(f"{name}: missing the [fleet] table")
+    if "search" not in doc:
+        raise SlabtuneError(f"{name}: missing the [search] table")
+    fleet = O.parse_fleet(doc["fleet"])
+    space = S.parse_search(doc["search"], fleet.profile)
+    objectives = O.parse_objectives(doc.get("objectives"))
+    return TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives)
+
+
+def load_spec(ref: str) -> TuneSpec:
+    """Load a spec from a file path or a built-in name (``tune_quick``)."""
+    path = Path(ref)
+    if not path.exists():
+        builtin = builtin_spec_path(ref)
+        if builtin is None:
+            raise SlabtuneError(f"spec: {ref}: no such file or built-in spec")
+        path = builtin
+    if path.is_dir():
+        raise SlabtuneError(f"spec: {ref}: is a directory")
+    return parse_spec(path.read_text(), path.stem)
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def default_run_dir(study_name: str, runs: Path = DEFAULT_RUNS) -> Path:
+    return runs / study_name
+
+
+def default_storage_url(run_dir: Path) -> str:
+    return f"sqlite:///{run_dir.resolve() / DB_NAME}"
+
+
+def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
+    """Open a storage by URL; a bad URL or unreachable database raises one SlabtuneError
+    line naming the storage."""
+    if not isinstance(url, str) or not url.strip():
+        raise SlabtuneError("storage: empty storage URL")
+    url = url.strip()
+    if url in ("memory:", ":memory:", "inmemory"):
+        return optuna.storages.InMemoryStorage()
+    journal = None
+    if url.startswith("journal:"):
+        journal = url[len("journal:"):]
+        if journal.startswith("//"):
+            journal = journal[2:]
+    elif "://" not in url and url.endswith((".log", ".journal", ".jsonl")):
+        journal = url
+    if journal is not None:
+        path = Path(journal)
+        if not journal or path.is_dir():
+            raise SlabtuneError(f"storage: {url!r}: journal storage needs a file path")
+        if not path.parent.is_dir():
+            raise SlabtuneError(f"storage: {url!r}: directory {path.parent} does not exist")
+        if not create and not path.exists():
+            raise SlabtuneError(f"storage: {url!r}: journal file does not exist")
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        try:
+            return JournalStorage(JournalFileBackend(str(path)))
+        except Exception as err:  # noqa: BLE001 - any backend failure is a bad storage
+            raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+    if "://" not in url:
+        raise SlabtuneError(f"storage: {url!r} is not a storage URL (use sqlite:///PATH, "
+                            "postgresql://..., journal:PATH or memory:)")
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        if str(path) not in ("", ":memory:"):
+            if not path.parent.is_dir():
+                raise SlabtuneError(f"storage: {url!r}: directory {path.parent} does not exist")
+            if not create and not path.exists():
+                raise SlabtuneError(f"storage: {url!r}: database file does not exist")
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
+        raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    msg = str(err).strip() or err.__class__.__name__
+    return msg.splitlines()[0]
+
+
+def resolve_storage(study_name: str | None, storage: str | None, run_dir: str | Path | None,
+                    create: bool) -> tuple[str, Path | None]:
+    """The storage URL to use: ``storage`` if given, else the run directory's study.db (the
+    run directory defaulting to ``runs/<study>``)."""
+    if storage:
+        return storage, Path(run_dir) if run_dir else None
+    if run_dir is None:
+        if study_name is None:
+            raise SlabtuneError("study: give --study NAME or --run RUN_DIR")
+        run_dir = default_run_dir(study_name)
+    run_dir = Path(run_dir)
+    if create:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    elif not (run_dir / DB_NAME).is_file():
+        raise SlabtuneError(f"run: {run_dir} has no {DB_NAME} (not a tune run directory)")
+    return default_storage_url(run_dir), run_dir
+
+
+def load_study(study_name: str | None, storage: str | None,
+               run_dir: str | Path | None = None) -> optuna.Study:
+    """Open an existing slabtune study (read side: pareto, plot, export)."""
+    url, _ = resolve_storage(study_name, storage, run_dir, create=False)
+    st = open_storage(url, create=False)
+    if study_name is None:
+        names = optuna.get_all_study_names(st)
+        if len(names) != 1:
+            raise SlabtuneError(f"study: {url} holds {len(names)} studies; pick one with --study")
+        study_name = names[0]
+    try:
+        study = optuna.load_study(study_name=study_name, storage=st)
+    except KeyError:
+        raise SlabtuneError(f"study: no study named {study_name!r} in {url}") from None
+    if ATTR_SPEC not in study.user_attrs:
+        raise SlabtuneError(f"study: {study_name!r} was not created by slabtune tune")
+    return study
+
+
+def study_spec(study: optuna.Study) -> TuneSpec:
+    return parse_spec(study.user_attrs[ATTR_SPEC], study.user_attrs.get("slabtune_spec_name",
+                                                                       "spec"))
+
+
+# --------------------------------------------------------------------------- running
+
+
+def effective_params(params: Mapping[str, int], spec: TuneSpec) -> dict[str, int]:
+    """Trial params as the kernel sees them: boot parameters applied in command-line order
+    (min_order, max_order, min_objects) with the profile's setup_slub_* semantics, so a
+    min_order above max_order is adjusted as v6.7+ kernels do (earlier kernels keep both)."""
+    out = dict(params)
+    boot = {k: int(v) for k, v in params.items() if S.KNOBS[k].reach == "boot"}
+    if boot:
+        sp = BP.SlubParams()
+        for suffix in BP.PARAM_SUFFIXES:
+            key = f"slub_{suffix}"
+            if key in boot:
+                sp = BP.apply_param(sp, suffix, boot[key], spec.fleet.profile)
+        for suffix, v in zip(BP.PARAM_SUFFIXES, sp):
+            out[f"slub_{suffix}"] = int(v)
+    return out
+
+
+class StudyRunner:
+    """A study bound to its spec and evaluator."""
+
+    def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: O.Evaluator | None = None):
+        self.spec = spec
+        self.study = study
+        self.evaluator = evaluator or O.Evaluator(spec.fleet, spec.objectives)
+        self.distributions = spec.space.distributions()
+
+    def evaluate(self, params_list) -> O.Evaluation:
+        return self.evaluator.evaluate([effective_params(p, self.spec) for p in params_list])
+
+    def run(self, n_trials: int, batch: int = 64) -> int:
+        """Ask ``batch`` trials, evaluate them in one model call, tell them back; repeat
+        until ``n_trials`` more trials are complete.  Returns the number told."""
+        if n_trials < 0:
+            raise SlabtuneError(f"trials: {n_trials} is negative")
+        if batch < 1:
+            raise SlabtuneError(f"batch: {batch} must be at least 1")
+        done = 0
+        constrained = self.spec.objectives.max_regression is not None
+        while done < n_trials:
+            k = min(batch, n_trials - done)
+            trials = [self.study.ask(self.distributions) for _ in range(k)]
+            ev = self.evaluate([t.params for t in trials])
+            excess = self.evaluator.regression_excess(ev)
+            for i, tr in enumerate(trials):
+                tr.set_user_attr(ATTR_MEMORY_TOPO, [float(x) for x in ev.memory_topo[i]])
+                tr.set_user_attr(ATTR_TIME_TOPO, [float(x) for x in ev.time_topo[i]])
+                if constrained:
+                    tr.set_constraint(ATTR_EXCESS, float(excess[i]))
+                self.study.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
+            done += k
+        return done
+
+
+def _baseline_attr(ev: O.Evaluation) -> dict:
+    return {"memory": float(ev.memory[0]), "time": float(ev.time[0]),
+            "memory_topo": [float(x) for x in ev.memory_topo[0]],
+            "time_topo": [float(x) for x in ev.time_topo[0]]}
+
+
+def default_study_name(spec: TuneSpec) -> str:
+    return f"{spec.name}-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+
+
+def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None,
+                     run_dir: str | Path | None = None,
+                     evaluator: O.Evaluator | None = None) -> tuple[StudyRunner, str]:
+    """Create a study (or resume the one called ``study_name``) and return its runner and
+    storage URL.  Resuming requires the same spec the study was created with."""
+    name = study_name or default_study_name(spec)
+    url, _rd = resolve_storage(name, storage, run_dir, create=True)
+    st = open_storage(url, create=True)
+    sampler = S.make_sampler(spec.space)
+    optuna.logging.set_verbosity(logging.WARNING)
+    try:
+        study = optuna.create_study(study_name=name, storage=st, sampler=sampler,
+                                    directions=list(DIRECTIONS), load_if_exists=True)
+    except Exception as err:  # noqa: BLE001 - storage backends fail in many ways
+        raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+    if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
+        raise SlabtuneError(f"study: {name!r} exists with other directions")
+    stored = study.user_attrs.get(ATTR_SPEC)
+    if stored is not None and stored != spec.text:
+        raise SlabtuneError(f"study: {name!r} was created with a different spec; "
+                            "resume it with the same spec file")
+    evaluator = evaluator or O.Evaluator(spec.fleet, spec.objectives)
+    if stored is None:
+        study.set_user_attr(ATTR_SPEC, spec.text)
+        study.set_user_attr("slabtune_spec_name", spec.name)
+        study.set_user_attr(ATTR_PROFILE, spec.fleet.profile.name)
+        study.set_user_attr(ATTR_TOPOLOGIES, list(spec.fleet.topology_names))
+        study.set_user_attr(ATTR_BASELINE, _baseline_attr(evaluator.baseline))
+        study.set_user_attr("slabtune_objectives", {"set": spec.objectives.name,
+                                                    "max_regression": spec.objectives.max_regression,
+                                                    "names": list(OBJECTIVE_NAMES)})
+    if not study.metric_names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(OBJECTIVE_NAMES))
+    return StudyRunner(spec, study, evaluator), url
+
+
+def get_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    """A complete trial by number; unknown or unfinished trials raise one line."""
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number:
+            if t.state != optuna.trial.TrialState.COMPLETE:
+                raise SlabtuneError(f"trial: {number} is {t.state.name.lower()}, not complete")
+            return t
+    raise SlabtuneError(f"trial: no trial {number} in study {study.study_name!r}")
+
+
+def as_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=lambda o: np.asarray(o).tolist())

@@ -1,0 +1,845 @@
+"""Boot a real kernel under qemu, run the static workload inside, snapshot /sys/kernel/slab.
+
+The guest tier of validation (DESIGN.md section 6): a kernel image (by default the Debian
+cloud kernel that ``scripts/install-guest-deps.sh`` unpacks into the cache directory) boots
+with a chosen topology (``-smp``, ``maxcpus``, ``-numa`` nodes with memory, without memory,
+without CPUs) and chosen ``slub_*`` boot parameters, from an initramfs built here: a static
+busybox, the static workload (``native/workload.c``) and a generated ``/init`` that
+
+1. mounts proc and sysfs and quiets the console (console loglevel 1: only KERN_EMERG, so
+   soft lockups and panics still show),
+2. prints the boot identity (release, cmdline, CPU and node masks) and one line per real
+   cache directory of ``/sys/kernel/slab`` (aliases: one line per symlink),
+3. runs the workload(s), each line of output prefixed,
+4. prints the same dump again, an end marker, and powers off (``poweroff -f``).
+
+Every line this module parses starts with ``@@ST`` and a one-letter record type, so kernel
+messages on the same serial console are ignored.  The host reads the serial log from a file,
+parses both dumps into polars frames in the snapshot format (results/snapshot.py), and keeps
+the exact qemu argv, the accelerator, timings and the console tail in a :class:`GuestResult`.
+
+Nothing a user types reaches a shell: the init script is generated from validated integers
+and fixed words only, and qemu runs from an argument list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import polars as pl
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams
+from slabtune.model.profiles import KernelProfile, UnknownProfileError, detect_profile
+from slabtune.model.topology import Topology
+from slabtune.results import snapshot as snap
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NATIVE_DIR = REPO_ROOT / "native"
+INSTALL_HINT = "run scripts/install-guest-deps.sh (as root) to install qemu, a kernel and busybox"
+
+#: Record prefix of every console line the host parses.
+MARK = "@@ST"
+#: Per-cache sysfs attributes the init dumps, in this order.  sheaf_capacity is absent before
+#: v6.18 (dumped as NA, stored as null); slabs/objects/total_objects/partial keep the first
+#: number of their file (the total; per-node counts follow it in the file).
+CACHE_ATTRS: tuple[str, ...] = (
+    "object_size", "slab_size", "order", "objs_per_slab", "min_partial", "cpu_partial",
+    "sheaf_capacity", "slabs", "objects", "total_objects", "partial",
+    "sanity_checks", "red_zone", "poison", "store_user", "trace",
+)
+#: Attributes every real cache directory has on every kernel this module supports.
+_REQUIRED_ATTRS = ("object_size", "slab_size", "order", "objs_per_slab", "min_partial",
+                   "cpu_partial")
+PHASES = ("before", "after")
+#: Columns after SNAPSHOT_COLUMNS in the frames this module returns.
+FRAME_EXTRA: tuple[str, ...] = snap.EXTRA_COLUMNS
+#: Boot identity lines (record ``I``): key in the init script -> snapshot column.
+_INFO_KEYS = {
+    "release": "kernel_release", "cmdline": "cmdline", "cpus_possible": "cpus_possible",
+    "cpus_present": "cpus_present", "cpus_online": "cpus_online",
+    "has_memory": "nodes_with_memory", "has_cpu": "nodes_with_cpu",
+}
+
+DEFAULT_MEMORY_MIB = 512
+DEFAULT_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 30.0
+CONSOLE_TAIL_CHARS = 4000
+
+
+class GuestError(SlabtuneError):
+    """A guest cannot be set up (missing qemu/kernel/busybox, bad parameter, bad topology)."""
+
+
+# --------------------------------------------------------------------------- assets
+
+
+def cache_dir() -> Path:
+    """Where install-guest-deps.sh puts kernels and busybox: $SLABTUNE_CACHE or
+    ~/.cache/slabtune."""
+    env = os.environ.get("SLABTUNE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "slabtune"
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestAssets:
+    """The host-side files one boot needs."""
+
+    qemu: Path
+    kernel: Path
+    busybox: Path
+    workload: Path
+
+
+def _existing(path: Path | str | None, what: str) -> Path:
+    if path is None:
+        raise GuestError(f"{what}: not found; {INSTALL_HINT}")
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise GuestError(f"{what}: {p} is not a file; {INSTALL_HINT}")
+    return p.resolve()
+
+
+def find_assets(kernel: Path | str | None = None, busybox: Path | str | None = None,
+                workload: Path | str | None = None, qemu: Path | str | None = None,
+                build: bool = True) -> GuestAssets:
+    """Locate qemu, a bzImage, a static busybox and the static workload.
+
+    ``kernel`` overrides the cached Debian kernel with any bzImage.  The workload is built
+    from native/workload.c when missing and ``build`` is set.  Raises GuestError naming the
+    first missing piece.
+    """
+    c = cache_dir()
+    qemu_path = qemu or shutil.which("qemu-system-x86_64")
+    kernel_path = kernel if kernel is not None else (c / "bzImage" if (c / "bzImage").exists()
+                                                     else None)
+    busybox_path = busybox if busybox is not None else (c / "busybox" if (c / "busybox").exists()
+                                                        else shutil.which("busybox"))
+    wl = Path(workload) if workload is not None else NATIVE_DIR / "build" / "workload"
+    if workload is None and not wl.exists() and build:
+        wl = build_workload()
+    return GuestAssets(
+        qemu=_existing(qemu_path, "qemu-system-x86_64"),
+        kernel=_existing(kernel_path, "kernel"),
+        busybox=_existing(busybox_path, "busybox"),
+        workload=_existing(wl, "workload"),
+    )
+
+
+def build_workload(out_dir: Path | None = None) -> Path:
+    """Compile native/workload.c statically (``gcc -static -O2``) into native/build/."""
+    out_dir = out_dir or NATIVE_DIR / "build"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "workload"
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise GuestError(f"workload: gcc is not installed; {INSTALL_HINT}")
+    proc = subprocess.run(
+        [gcc, "-static", "-O2", "-Wall", "-o", str(out), str(NATIVE_DIR / "workload.c")],
+        capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise GuestError(f"workload: static build failed: {last}")
+    return out
+
+
+# --------------------------------------------------------------------------- boot parameters
+
+
+def bzimage_release(kernel: Path | str) -> str | None:
+    """The release string a bzImage carries (x86 boot protocol: the 2-byte field at 0x20E,
+    when the header magic "HdrS" sits at 0x202, points at ``version - 0x200``), e.g.
+    ``6.1.0-56-cloud-amd64``; None when the file has no such header."""
+    try:
+        with open(kernel, "rb") as fh:
+            head = fh.read(0x4000)
+            if len(head) < 0x210 or head[0x202:0x206] != b"HdrS":
+                return None
+            off = int.from_bytes(head[0x20E:0x210], "little")
+            if not off:
+                return None
+            fh.seek(off + 0x200)
+            text = fh.read(256).split(b"\0", 1)[0].decode("ascii", "replace")
+    except OSError:
+        return None
+    return text.split(" ", 1)[0] or None
+
+
+def kernel_profile(kernel: Path | str) -> KernelProfile:
+    """The kernel profile of a bzImage, from its embedded release string."""
+    release = bzimage_release(kernel)
+    if release is None:
+        raise GuestError(f"kernel: {kernel} is not a bzImage (no boot header)")
+    try:
+        return detect_profile(release)
+    except UnknownProfileError as exc:
+        raise GuestError(f"kernel: {exc}") from None
+
+
+def validate_boot_params(params: Mapping[str, object], profile: KernelProfile) -> dict[str, int]:
+    """Allow-list and range-check slab boot parameters for the kernel being booted
+    (model/bootparams.py: slub_min_order, slub_max_order, slub_min_objects, and slab_* from
+    v6.8); returns canonical ``slub_*`` names, which every kernel accepts."""
+    return bootparams.validate_params(dict(params), profile)
+
+
+def guest_cmdline(params: Mapping[str, object], topology: Topology,
+                  profile: KernelProfile) -> str:
+    """The kernel command line: serial console, reboot (and so exit qemu) on panic, the
+    validated slab parameters, and ``maxcpus`` when fewer CPUs should come online than are
+    present."""
+    parts = ["console=ttyS0", "panic=-1"]
+    parts += [f"{k}={int(v)}" for k, v in validate_boot_params(params, profile).items()]
+    if topology.online < topology.present:
+        parts.append(f"maxcpus={int(topology.online)}")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- topology
+
+
+def topology_qemu_args(topology: Topology, memory_mib: int = DEFAULT_MEMORY_MIB) -> list[str]:
+    """``-m``, ``-smp`` and ``-numa`` arguments for a topology.
+
+    Each possible CPU is its own socket, so ``-numa cpu,node-id=N,socket-id=S`` places it.
+    Present CPUs go to nodes in order of ``node_cpus``; CPUs beyond ``present`` (hotpluggable
+    ones) go to the first node with CPUs.  Memory is split evenly (2 MiB granules) between
+    the nodes with memory; a node without memory gets no memdev (a memoryless node, or an
+    empty one when it has no CPUs either).
+    """
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or not 128 <= memory_mib <= 65536:
+        raise GuestError(f"memory_mib: {memory_mib!r} is outside 128..65536")
+    if topology.possible > 255:
+        raise GuestError(f"possible: {topology.possible} CPUs is more than qemu's q35/pc "
+                         "machine boots without an IOMMU (255)")
+    args = ["-m", f"{memory_mib}M",
+            "-smp", f"cpus={topology.present},maxcpus={topology.possible},"
+                    f"sockets={topology.possible},cores=1,threads=1"]
+    if topology.nodes == 1:
+        return args
+    mem_nodes = topology.memory_nodes
+    share = (memory_mib // len(mem_nodes)) // 2 * 2
+    sizes = {n: share for n in mem_nodes}
+    sizes[mem_nodes[0]] += memory_mib - share * len(mem_nodes)
+    for n in range(topology.nodes):
+        if n in sizes:
+            args += ["-object", f"memory-backend-ram,id=mem{n},size={sizes[n]}M",
+                     "-numa", f"node,nodeid={n},memdev=mem{n}"]
+        else:
+            args += ["-numa", f"node,nodeid={n}"]
+    socket = 0
+    for n, count in enumerate(topology.node_cpus):
+        for _ in range(count):
+            args += ["-numa", f"cpu,node-id={n},socket-id={socket}"]
+            socket += 1
+    first_cpu_node = topology.cpu_nodes[0]
+    for s in range(socket, topology.possible):
+        args += ["-numa", f"cpu,node-id={first_cpu_node},socket-id={s}"]
+    return args
+
+
+# --------------------------------------------------------------------------- workload spec
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+    """One run of native/workload.c inside the guest (see its header for the modes)."""
+
+    mode: str = "hackbench"
+    transport: str = "socket"
+    groups: int = 2
+    fds: int = 4
+    loops: int = 100
+    msg_size: int = 100
+    cpu_a: int | None = None
+    cpu_b: int | None = None
+
+    def argv(self) -> list[str]:
+        """Validated argument list (fixed words and integers only)."""
+        if self.mode not in ("hackbench", "crosscpu"):
+            raise GuestError(f"workload.mode: {self.mode!r} is not hackbench or crosscpu")
+        if self.transport not in ("socket", "pipe"):
+            raise GuestError(f"workload.transport: {self.transport!r} is not socket or pipe")
+        out = ["--mode", self.mode, "--transport", self.transport]
+        for name, lo, hi in (("groups", 1, 256), ("fds", 1, 64), ("loops", 1, 100_000_000),
+                             ("msg_size", 1, 1 << 20)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise GuestError(f"workload.{name}: {v!r} is outside {lo}..{hi}")
+            out += ["--size" if name == "msg_size" else f"--{name}", str(v)]
+        if (self.cpu_a is None) != (self.cpu_b is None):
+            raise GuestError("workload.cpu_a: cpu_a and cpu_b go together")
+        if self.cpu_a is not None:
+            for name in ("cpu_a", "cpu_b"):
+                v = getattr(self, name)
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 8192:
+                    raise GuestError(f"workload.{name}: {v!r} is outside 0..8191")
+            out += ["--cpu-a", str(self.cpu_a), "--cpu-b", str(self.cpu_b)]
+        return out
+
+
+# --------------------------------------------------------------------------- initramfs
+
+
+@dataclasses.dataclass(frozen=True)
+class CpioEntry:
+    """One member of a newc cpio archive."""
+
+    name: str
+    mode: int
+    data: bytes = b""
+    rdev: tuple[int, int] = (0, 0)
+
+
+def cpio_newc(entries: Iterable[CpioEntry]) -> bytes:
+    """Serialise entries as a "newc" (SVR4, no CRC) cpio archive, the format the kernel
+    unpacks an initramfs from (init/initramfs.c): a 110-byte ASCII-hex header, the
+    NUL-terminated name padded to 4 bytes, the data padded to 4 bytes, and a TRAILER!!!
+    entry.  Symlinks carry their target as data."""
+    out = bytearray()
+
+    def pad4() -> None:
+        out.extend(b"\0" * (-len(out) % 4))
+
+    ino = 1
+    for e in list(entries) + [CpioEntry("TRAILER!!!", 0)]:
+        name = e.name.encode() + b"\0"
+        fields = (ino, e.mode, 0, 0, 2 if stat.S_ISDIR(e.mode) else 1, 0, len(e.data),
+                  0, 0, e.rdev[0], e.rdev[1], len(name), 0)
+        out += b"070701" + b"".join(b"%08X" % f for f in fields)
+        out += name
+        pad4()
+        out += e.data
+        pad4()
+        ino += 1
+    return bytes(out)
+
+
+def _dir(name: str) -> CpioEntry:
+    return CpioEntry(name, stat.S_IFDIR | 0o755)
+
+
+def _file(name: str, data: bytes, mode: int = 0o755) -> CpioEntry:
+    return CpioEntry(name, stat.S_IFREG | mode, data)
+
+
+def _link(name: str, target: str) -> CpioEntry:
+    return CpioEntry(name, stat.S_IFLNK | 0o777, target.encode())
+
+
+_APPLETS = ("sh", "mount", "echo", "cat", "readlink", "poweroff", "sleep", "sync")
+
+
+def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool = True) -> str:
+    """The guest's /init (busybox sh).  ``token`` (hex) tags the start and end markers so a
+    stale log cannot pass for this boot.  Records, one per line, all starting with MARK:
+
+    * ``S <token> <uptime>`` start, ``E <token>`` end;
+    * ``I <phase> <key> <value>`` boot identity (release, cmdline, CPU and node masks);
+    * ``C <phase> <cache> attr=value ...`` one real cache directory (NA: no such file);
+    * ``A <phase> <alias> <cache>`` one /sys/kernel/slab symlink;
+    * ``N <phase> <count>`` number of C records just printed (detects a truncated dump);
+    * ``W <i> begin``, ``J <i> <line>`` workload output, ``W <i> rc <status>``.
+    """
+    if not token.isalnum():
+        raise GuestError("token: must be alphanumeric")
+    attrs = " ".join(CACHE_ATTRS)
+    lines = [
+        "#!/bin/sh",
+        "PATH=/bin",
+        "export PATH",
+        "mount -t proc proc /proc",
+        "mount -t sysfs sysfs /sys",
+        "echo 1 > /proc/sys/kernel/printk",
+        f"M={MARK}",
+        "up=",
+        "read up rest < /proc/uptime",
+        f'echo "$M S {token} $up"',
+        "info() {",
+        '  v=; read v < /proc/sys/kernel/osrelease; echo "$M I $1 release $v"',
+        '  v=; read v < /proc/cmdline; echo "$M I $1 cmdline $v"',
+        "  for f in possible present online; do",
+        '    v=; read v < /sys/devices/system/cpu/$f; echo "$M I $1 cpus_$f $v"',
+        "  done",
+        "  for f in has_memory has_cpu; do",
+        '    v=NA; [ -r /sys/devices/system/node/$f ] && { v=; read v < /sys/devices/system/node/$f; }',
+        '    echo "$M I $1 $f $v"',
+        "  done",
+        "}",
+        "dump() {",
+        "  n=0",
+        "  for d in /sys/kernel/slab/*; do",
+        "    c=${d##*/}",
+        '    if [ -L "$d" ]; then',
+        '      t=$(readlink "$d"); echo "$M A $1 $c ${t##*/}"; continue',
+        "    fi",
+        '    line="$M C $1 $c"',
+        f"    for a in {attrs}; do",
+        '      v=; [ -r "$d/$a" ] && read v < "$d/$a"',
+        '      v=${v%% *}; [ -n "$v" ] || v=NA',
+        '      line="$line $a=$v"',
+        "    done",
+        '    echo "$line"',
+        "    n=$((n+1))",
+        "  done",
+        '  echo "$M N $1 $n"',
+        "}",
+    ]
+    if dump:
+        lines += ["info before", "dump before"]
+    for i, w in enumerate(workloads):
+        args = " ".join(w.argv())
+        lines += [
+            f'echo "$M W {i} begin"',
+            f"/bin/workload {args} > /tmp/w{i}.out 2>&1",
+            "rc=$?",
+            f'while read -r l; do echo "$M J {i} $l"; done < /tmp/w{i}.out',
+            f'echo "$M W {i} rc $rc"',
+        ]
+    if dump:
+        lines += ["info after", "dump after"]
+    lines += [f'echo "$M E {token}"', "sync", "poweroff -f", "sleep 60"]
+    return "\n".join(lines) + "\n"
+
+
+def build_initramfs(busybox: Path, script: str, workload: Path | None = None) -> bytes:
+    """An uncompressed newc initramfs: busybox with applet links, /init, the workload, and
+    /dev/console (so init's output reaches the serial console)."""
+    entries = [_dir(d) for d in ("bin", "dev", "proc", "sys", "tmp")]
+    entries.append(CpioEntry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
+    entries.append(_file("bin/busybox", Path(busybox).read_bytes()))
+    entries += [_link(f"bin/{a}", "busybox") for a in _APPLETS]
+    if workload is not None:
+        entries.append(_file("bin/workload", Path(workload).read_bytes()))
+    entries.append(_file("init", script.encode()))
+    return cpio_newc(entries)
+
+
+# --------------------------------------------------------------------------- console parsing
+
+
+class ConsoleParseError(ValueError):
+    """The console log lacks a record or holds a malformed one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedConsole:
+    """What the host read back from one boot's console."""
+
+    started: bool
+    ended: bool
+    guest_uptime_at_start: float | None
+    info: dict[str, dict[str, str]]
+    caches: dict[str, list[dict[str, object]]]
+    aliases: dict[str, dict[str, str]]
+    counts: dict[str, int]
+    workloads: list[dict]
+    workload_rc: list[int | None]
+    workload_output: list[list[str]]
+
+
+def _console_lines(text: str) -> list[str]:
+    return [ln.rstrip("\r") for ln in text.replace("\r\n", "\n").split("\n")]
+
+
+def parse_console(text: str, token: str) -> ParsedConsole:
+    """Parse the MARK records of a console log (see :func:`init_script`).  Lines not starting
+    with MARK are kernel messages and are skipped; a malformed MARK line raises
+    ConsoleParseError."""
+    started = ended = False
+    uptime = None
+    info: dict[str, dict[str, str]] = {p: {} for p in PHASES}
+    caches: dict[str, list[dict[str, object]]] = {p: [] for p in PHASES}
+    aliases: dict[str, dict[str, str]] = {p: {} for p in PHASES}
+    counts: dict[str, int] = {}
+    outputs: dict[int, list[str]] = {}
+    rcs: dict[int, int | None] = {}
+    for line in _console_lines(text):
+        if not line.startswith(MARK + " "):
+            continue
+        parts = line.split(" ")
+        kind = parts[1] if len(parts) > 1 else ""
+        try:
+            if kind == "S" and parts[2] == token:
+                started = True
+                uptime = float(parts[3]) if len(parts) > 3 and parts[3] else None
+            elif kind == "E" and parts[2] == token:
+                ended = True
+            elif kind == "I":
+                phase, key = parts[2], parts[3]
+                info[phase][key] = " ".join(parts[4:])
+            elif kind == "C":
+                phase, cache = parts[2], parts[3]
+                row: dict[str, object] = {"cache": cache}
+                for kv in parts[4:]:
+                    k, v = kv.split("=", 1)
+                    if k not in CACHE_ATTRS:
+                        raise ConsoleParseError(f"unknown attribute {k!r}")
+                    row[k] = None if v == "NA" else int(v)
+                missing = [a for a in _REQUIRED_ATTRS if row.get(a) is None]
+                if missing:
+                    raise ConsoleParseError(f"cache {cache} lacks {missing[0]}")
+                caches[phase].append(row)
+            elif kind == "A":
+                aliases[parts[2]][parts[3]] = parts[4]
+            elif kind == "N":
+                counts[parts[2]] = int(parts[3])
+            elif kind == "W":
+                i = int(parts[2])
+                if parts[3] == "begin":
+                    outputs.setdefault(i, [])
+                    rcs.setdefault(i, None)
+                elif parts[3] == "rc":
+                    rcs[i] = int(parts[4])
+            elif kind == "J":
+                outputs.setdefault(int(parts[2]), []).append(" ".join(parts[3:]))
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ConsoleParseError(f"malformed console record {line[:120]!r}: {exc}") from None
+    for phase in PHASES:
+        if phase in counts and counts[phase] != len(caches[phase]):
+            raise ConsoleParseError(
+                f"{phase} dump: {len(caches[phase])} cache records, init counted {counts[phase]}")
+    workloads: list[dict] = []
+    order = sorted(set(outputs) | set(rcs))
+    for i in order:
+        found = None
+        for ln in outputs.get(i, []):
+            if ln.startswith("{"):
+                try:
+                    found = json.loads(ln)
+                except json.JSONDecodeError:
+                    raise ConsoleParseError(f"workload {i}: unparseable JSON {ln[:120]!r}") from None
+        workloads.append(found if found is not None else {})
+    return ParsedConsole(
+        started=started, ended=ended, guest_uptime_at_start=uptime, info=info, caches=caches,
+        aliases=aliases, counts=counts, workloads=workloads,
+        workload_rc=[rcs.get(i) for i in order],
+        workload_output=[outputs.get(i, []) for i in order],
+    )
+
+
+def snapshot_frame(parsed: ParsedConsole, phase: str, accelerator: str = "") -> pl.DataFrame:
+    """One dump as a snapshot frame: SNAPSHOT_COLUMNS first (sheaf_capacity null where the
+    kernel has no such file), then FRAME_EXTRA, then ``phase`` and ``accelerator``; sorted
+    by cache name.  ``aliases`` counts the /sys/kernel/slab symlinks naming each cache."""
+    info = parsed.info[phase]
+    missing = [k for k in _INFO_KEYS if k not in info]
+    if missing:
+        raise ConsoleParseError(f"{phase} dump: no {missing[0]} record")
+    boot = {col: ("" if info[k] == "NA" else info[k]) for k, col in _INFO_KEYS.items()}
+    alias_count: dict[str, int] = {}
+    for target in parsed.aliases[phase].values():
+        alias_count[target] = alias_count.get(target, 0) + 1
+    rows = []
+    for c in sorted(parsed.caches[phase], key=lambda r: str(r["cache"])):
+        row = dict(boot)
+        row.update(c)
+        row["aliases"] = alias_count.get(str(c["cache"]), 0)
+        rows.append(row)
+    df = snap.frame_from_rows(rows, extra=FRAME_EXTRA)
+    return df.with_columns(pl.lit(phase).alias("phase"), pl.lit(accelerator).alias("accelerator"))
+
+
+# --------------------------------------------------------------------------- running qemu
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestSpec:
+    """One guest boot: topology, slab boot parameters, workloads, limits."""
+
+    topology: Topology
+    boot_params: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    workloads: tuple[WorkloadSpec, ...] = ()
+    memory_mib: int = DEFAULT_MEMORY_MIB
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retries: int = 1
+    #: "auto" (KVM when a probe boot works, else TCG), "kvm" or "tcg".
+    accel: str = "auto"
+    dump: bool = True
+
+
+@dataclasses.dataclass
+class GuestResult:
+    """Outcome of a guest boot (after retries).  ``ok`` is False with ``error`` and the
+    console tail when the guest never reached its end marker."""
+
+    ok: bool
+    accelerator: str
+    #: seconds from qemu's start to the init's start marker (None if never seen)
+    boot_seconds: float | None
+    #: seconds from qemu's start to its exit (or kill)
+    total_seconds: float
+    returncode: int | None
+    attempts: int
+    console_tail: str
+    error: str
+    before: pl.DataFrame | None
+    after: pl.DataFrame | None
+    workloads: list[dict]
+    qemu_argv: list[str]
+    kernel: str
+    cmdline: str
+    guest_uptime_at_start: float | None = None
+    timed_out: bool = False
+    attempt_errors: list[str] = dataclasses.field(default_factory=list)
+
+
+_PANIC_MARKERS = ("Kernel panic", "BUG: soft lockup", "KVM internal error")
+
+
+def _accel_args(accel: str) -> list[str]:
+    if accel == "kvm":
+        return ["-accel", "kvm", "-cpu", "host"]
+    if accel == "tcg":
+        return ["-accel", "tcg,thread=multi"]
+    raise GuestError(f"accel: {accel!r} is not auto, kvm or tcg")
+
+
+def qemu_argv(assets: GuestAssets, initrd: Path, console_log: Path, cmdline: str,
+              topology: Topology, memory_mib: int, accel: str) -> list[str]:
+    """The full qemu command line (an argument list; nothing goes through a shell)."""
+    for p in (assets.kernel, initrd, console_log):
+        if "," in str(p):
+            raise GuestError(f"path: qemu cannot take a comma in {p}")
+    return [
+        str(assets.qemu), "-machine", "q35", *_accel_args(accel),
+        *topology_qemu_args(topology, memory_mib),
+        "-kernel", str(assets.kernel), "-initrd", str(initrd), "-append", cmdline,
+        "-display", "none", "-monitor", "none", "-nodefaults", "-no-reboot",
+        "-serial", f"file:{console_log}",
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+    returncode: int | None
+    timed_out: bool
+    console: str
+    stderr: str
+    boot_seconds: float | None
+    total_seconds: float
+
+
+def _run_qemu(argv: list[str], console_log: Path, stderr_log: Path, token: str,
+              timeout_s: float) -> _Attempt:
+    """Run qemu in its own process group; poll the console for the start/end markers; kill
+    the whole group at the deadline.  Never waits past ``timeout_s`` (+ kill latency)."""
+    start_mark = f"{MARK} S {token}"
+    end_mark = f"{MARK} E {token}"
+    t0 = time.monotonic()
+    boot_s = None
+    timed_out = False
+    with open(stderr_log, "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                start_new_session=True)
+        try:
+            ended_at = None
+            while True:
+                rc = proc.poll()
+                now = time.monotonic()
+                text = console_log.read_text(errors="replace") if console_log.exists() else ""
+                if boot_s is None and start_mark in text:
+                    boot_s = now - t0
+                if end_mark in text and ended_at is None:
+                    ended_at = now
+                if rc is not None:
+                    break
+                # poweroff -f follows the end marker at once; give it a few seconds.
+                if ended_at is not None and now - ended_at > 10:
+                    _kill_group(proc)
+                    break
+                if now - t0 > timeout_s:
+                    timed_out = True
+                    _kill_group(proc)
+                    break
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+    total = time.monotonic() - t0
+    console = console_log.read_text(errors="replace") if console_log.exists() else ""
+    stderr = stderr_log.read_text(errors="replace") if stderr_log.exists() else ""
+    return _Attempt(proc.returncode, timed_out, console, stderr, boot_s, total)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(text: str, n: int = CONSOLE_TAIL_CHARS) -> str:
+    return text[-n:]
+
+
+def _attempt_error(a: _Attempt, parsed: ParsedConsole | None, parse_err: str) -> str:
+    """Why an attempt failed, or "" when it succeeded.  A guest that printed its end marker
+    and parsed cleanly succeeded even if it logged a soft lockup on the way."""
+    if parse_err:
+        return f"console: {parse_err}"
+    if parsed is not None and parsed.started and parsed.ended and not a.timed_out:
+        return ""
+    cause = next((m for m in _PANIC_MARKERS if m in a.console or m in a.stderr), "")
+    if a.timed_out:
+        return f"timed out after {a.total_seconds:.1f} s" + (f" ({cause})" if cause else "")
+    if cause:
+        return f"guest failed: {cause}"
+    if parsed is None or not parsed.started:
+        last = (a.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"qemu exited with {a.returncode} before init started: {last}"
+    return f"no end marker (qemu exited with {a.returncode})"
+
+
+def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResult:
+    """Boot one guest per :class:`GuestSpec`, retrying ``spec.retries`` times when an
+    attempt times out, panics or never prints its end marker.  Boot parameters are validated
+    (GuestError) before anything starts."""
+    for w in spec.workloads:  # validate before anything starts
+        w.argv()
+    if not isinstance(spec.retries, int) or not 0 <= spec.retries <= 5:
+        raise GuestError(f"retries: {spec.retries!r} is outside 0..5")
+    if not spec.timeout_s > 0:
+        raise GuestError(f"timeout_s: {spec.timeout_s!r} must be positive")
+    topology_qemu_args(spec.topology, spec.memory_mib)  # validate
+    assets = assets or find_assets()
+    cmdline = guest_cmdline(spec.boot_params, spec.topology, kernel_profile(assets.kernel))
+    if spec.accel == "auto":
+        accel = "kvm" if probe_kvm(assets).usable else "tcg"
+    else:
+        _accel_args(spec.accel)
+        accel = spec.accel
+
+    errors: list[str] = []
+    result: GuestResult | None = None
+    with tempfile.TemporaryDirectory(prefix="slabtune-guest-") as tmp:
+        tmpd = Path(tmp)
+        for attempt in range(1, spec.retries + 2):
+            token = secrets.token_hex(6)
+            initrd = tmpd / f"initrd-{attempt}.cpio"
+            initrd.write_bytes(build_initramfs(
+                assets.busybox, init_script(token, spec.workloads, spec.dump),
+                assets.workload if spec.workloads else None))
+            console_log = tmpd / f"console-{attempt}.log"
+            argv = qemu_argv(assets, initrd, console_log, cmdline, spec.topology,
+                             spec.memory_mib, accel)
+            a = _run_qemu(argv, console_log, tmpd / f"qemu-{attempt}.err", token, spec.timeout_s)
+            parsed, parse_err = None, ""
+            try:
+                parsed = parse_console(a.console, token)
+            except ConsoleParseError as exc:
+                parse_err = str(exc)
+            before = after = None
+            err = _attempt_error(a, parsed, parse_err)
+            if not err and spec.dump:
+                try:
+                    before = snapshot_frame(parsed, "before", accel)
+                    after = snapshot_frame(parsed, "after", accel)
+                except ConsoleParseError as exc:
+                    err = f"console: {exc}"
+            if not err and parsed is not None:
+                bad = [i for i, rc in enumerate(parsed.workload_rc) if rc != 0]
+                if bad:
+                    out = " | ".join(parsed.workload_output[bad[0]])[-300:]
+                    err = f"workload {bad[0]} exited with {parsed.workload_rc[bad[0]]}: {out}"
+            tail = _tail(a.console + ("\n[qemu stderr]\n" + a.stderr if a.stderr.strip() else ""))
+            result = GuestResult(
+                ok=not err, accelerator=accel, boot_seconds=a.boot_seconds,
+                total_seconds=a.total_seconds, returncode=a.returncode, attempts=attempt,
+                console_tail=tail, error=err, before=before, after=after,
+                workloads=parsed.workloads if parsed is not None and not err else [],
+                qemu_argv=argv, kernel=str(assets.kernel), cmdline=cmdline,
+                guest_uptime_at_start=parsed.guest_uptime_at_start if parsed else None,
+                timed_out=a.timed_out, attempt_errors=errors + ([err] if err else []),
+            )
+            if not err:
+                break
+            errors.append(err)
+    assert result is not None
+    return result
+
+
+# --------------------------------------------------------------------------- KVM probe
+
+
+@dataclasses.dataclass(frozen=True)
+class KvmProbe:
+    """Whether KVM guests really run here, and why not."""
+
+    usable: bool
+    reason: str
+    seconds: float = 0.0
+
+
+_PROBE_CACHE: dict[str, KvmProbe] = {}
+
+
+def _probe_key(assets: GuestAssets) -> str:
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = "unknown"
+    raw = f"{boot_id}|{assets.qemu}|{assets.kernel}|{assets.kernel.stat().st_mtime_ns}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def probe_kvm(assets: GuestAssets | None = None, timeout_s: float = PROBE_TIMEOUT_S,
+              refresh: bool = False) -> KvmProbe:
+    """Boot a minimal guest (no dump, no workload) with ``-accel kvm``; KVM counts as usable
+    only if that guest reaches its end marker.  /dev/kvm that opens is not enough: without
+    hardware virtualisation under a VM, guests die with "KVM internal error ... emulation
+    failure".  The result is cached in memory and in the cache directory, keyed by the host's
+    boot id, qemu and kernel."""
+    assets = assets or find_assets()
+    key = _probe_key(assets)
+    cache_file = cache_dir() / "kvm-probe.json"
+    if not refresh:
+        if key in _PROBE_CACHE:
+            return _PROBE_CACHE[key]
+        try:
+            stored = json.loads(cache_file.read_text())
+            if stored.get("key") == key:
+                probe = KvmProbe(bool(stored["usable"]), str(stored["reason"]),
+                                 float(stored.get("seconds", 0.0)))
+                _PROBE_CACHE[key] = probe
+                return probe
+        except (OSError, ValueError, KeyError):
+            pass
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR)
+        os.close(fd)
+    except OSError as exc:
+        probe = KvmProbe(False, f"/dev/kvm: {exc.strerror}")
+    else:
+        spec = GuestSpec(topology=Topology.uniform(1), timeout_s=timeout_s, retries=0,
+                         accel="kvm", dump=False)
+        r = boot_guest(spec, assets)
+        if r.ok:
+            probe = KvmProbe(True, "probe guest reached its end marker", r.total_seconds)
+        else:
+            probe = KvmProbe(False, f"probe boot failed: {r.error}", r.total_seconds)
+    _PROBE_CACHE[key] = probe
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, **dataclasses.asdict(probe)}))
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass
+    return probe

@@ -1,0 +1,118 @@
+"""The results store: atomic parts, manifest states, scans, run lookup and locking.
+No JAX, no Ray (the store must not need them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from slabtune.results import store
+
+SPEC = {"name": "s", "chunk_size": 3, "evaluator": "structural"}
+COLUMNS = [("cpus", "int32", None), ("profile", "enum", ["v6.1", "v7.0"]), ("order", "int32", None)]
+
+
+def _run(tmp_path, n_chunks=3):
+    return store.create_run(tmp_path, spec=SPEC, spec_hash="ab" * 32, spec_text="[sweep]",
+                            n_chunks=n_chunks, columns=COLUMNS, versions={"polars": pl.__version__},
+                            git_revision=None)
+
+
+def _df(cpus, profiles, orders):
+    return pl.DataFrame([pl.Series("cpus", cpus, pl.Int32),
+                         pl.Series("profile", profiles, pl.Enum(["v6.1", "v7.0"])),
+                         pl.Series("order", orders, pl.Int32)])
+
+
+def test_store_does_not_import_jax():
+    code = ("import sys; import slabtune.results.store, slabtune.sweeps.spec, "
+            "slabtune.sweeps.grid; print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_parts_manifest_and_scan(tmp_path):
+    run = _run(tmp_path)
+    assert run.path.parent == tmp_path and run.run_id.startswith("s-")
+    assert run.pending_chunks() == [0, 1, 2] and run.rows == 0
+    assert run.scan().collect().schema == pl.Schema({"cpus": pl.Int32,
+                                                     "profile": pl.Enum(["v6.1", "v7.0"]),
+                                                     "order": pl.Int32})
+    run.write_part(1, _df([4, 8], ["v7.0", "v6.1"], [1, 2]))
+    run.write_part(0, _df([1], ["v6.1"], [0]))
+    with pytest.raises(store.StoreError, match="chunk 1: already written"):
+        run.write_part(1, _df([4], ["v7.0"], [1]))
+    with pytest.raises(store.StoreError, match="not done"):
+        run.finish()
+    again = store.open_run(run.path)
+    assert again.done_chunks() == [0, 1] and again.pending_chunks() == [2]
+    assert again.rows == 3
+    df = again.scan().collect()
+    assert df["cpus"].to_list() == [1, 4, 8]  # chunk order, not write order
+    assert df["profile"].to_list() == ["v6.1", "v7.0", "v6.1"]
+    assert not again.complete
+    again.write_part(2, _df([], [], []))
+    again.finish()
+    done = store.open_run(run.path)
+    assert done.complete and done.manifest["rows"] == 3 and done.manifest["ended"]
+    mf = json.loads((run.path / "manifest.json").read_text())
+    assert mf["chunks"]["states"]["0"] == {**mf["chunks"]["states"]["0"], "state": "done",
+                                           "rows": 1, "part": "part-000000.parquet"}
+
+
+def test_unlisted_parts_and_temporaries_are_ignored(tmp_path):
+    run = _run(tmp_path)
+    run.write_part(0, _df([1], ["v6.1"], [0]))
+    # a part written by a killed process before the manifest flipped, and a temp file
+    _df([9, 9], ["v7.0", "v7.0"], [9, 9]).write_parquet(run.path / "part-000001.parquet")
+    (run.path / ".part-000002.parquet.tmp-123").write_bytes(b"half")
+    again = store.open_run(run.path)
+    assert again.scan().collect()["cpus"].to_list() == [1]
+    assert again.clean_temporaries() == 1
+    assert not list(run.path.glob(".*.tmp-*"))
+
+
+def test_resolve_and_list_runs(tmp_path):
+    a = _run(tmp_path)
+    b = _run(tmp_path)  # same second: gets a distinct id
+    assert a.run_id != b.run_id
+    assert store.resolve_run(a.path).run_id == a.run_id
+    assert store.resolve_run(b.run_id, tmp_path).run_id == b.run_id
+    with pytest.raises(store.StoreError, match="matches 2 runs"):
+        store.resolve_run("s-", tmp_path)
+    with pytest.raises(store.StoreError, match="no run 'zz'"):
+        store.resolve_run("zz", tmp_path)
+    (tmp_path / "junk").mkdir()
+    df = store.list_runs(tmp_path)
+    assert df.height == 2 and set(df["state"]) == {"partial"}
+    assert store.list_runs(tmp_path / "absent").height == 0
+
+
+def test_open_run_rejects_non_runs(tmp_path):
+    with pytest.raises(store.StoreError, match="not a run directory"):
+        store.open_run(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(store.StoreError, match="unreadable"):
+        store.open_run(tmp_path)
+
+
+def test_one_writer_at_a_time(tmp_path):
+    run = _run(tmp_path)
+    with run.lock():
+        with pytest.raises(store.StoreError, match="another process is writing it"):
+            with store.open_run(run.path).lock():
+                pass
+    with run.lock():  # released
+        pass
+
+
+def test_package_exports_are_lazy():
+    import slabtune.results as R
+
+    assert R.open_run is store.open_run
+    with pytest.raises(AttributeError):
+        R.nonesuch  # noqa: B018

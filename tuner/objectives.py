@@ -556,3 +556,47 @@ def space_check(space: SearchSpace, fleet: Fleet) -> None:
     if space.profile.name != fleet.profile.name:
         raise SlabtuneError(f"search: profile {space.profile.name} differs from fleet.profile "
                             f"{fleet.profile.name}")
+
+
+def order_grid(profile: P.KernelProfile, params: Mapping[str, int], cpus: list[int],
+               sizes: list[int]) -> dict[str, list[int]]:
+    """Slab order and objects per slab of a policy on single-node machines of each CPU count
+    (possible = present = online) for caches of each stride: columns cpus, size, order,
+    objs_per_slab, one row per cell (for the order heatmap)."""
+    from slabtune.model.caches import anonymous_cache
+
+    topos = tuple(FleetTopology(str(c), Topology.uniform(c), 1.0) for c in cpus)
+    caches = tuple(anonymous_cache(s) for s in sizes)
+    wl = Workload("grid", 1.0, tuple(1.0 for _ in sizes), tuple(1.0 for _ in sizes), 0.5, 0.1)
+    fa = fleet_arrays(Fleet(profile, topos, caches, (wl,)))
+    vals = baseline_values(profile)
+    vals.update({k: int(v) for k, v in params.items()})
+    st, _ = policy_structure({k: np.array([v], np.int32) for k, v in vals.items()},
+                             PL.profile_arrays(profile), fa)
+    order = np.asarray(st.order)[0]
+    objs = np.asarray(st.objs_per_slab)[0]
+    out: dict[str, list[int]] = {"cpus": [], "size": [], "order": [], "objs_per_slab": []}
+    for i, c in enumerate(cpus):
+        for j, s in enumerate(sizes):
+            out["cpus"].append(int(c))
+            out["size"].append(int(s))
+            out["order"].append(int(order[i, j]))
+            out["objs_per_slab"].append(int(objs[i, j]))
+    return out
+
+
+def cache_values(spec_fleet: Fleet, params: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """Per-cache structural values of a policy (order, objs_per_slab, min_partial,
+    cpu_partial objects, sheaf_capacity) on the fleet's first topology; min_partial and
+    cpu_partial do not depend on the topology."""
+    fa = fleet_arrays(spec_fleet)
+    vals = baseline_values(spec_fleet.profile)
+    vals.update({k: int(v) for k, v in params.items()})
+    st, _ = policy_structure({k: np.array([v], np.int32) for k, v in vals.items()},
+                             PL.profile_arrays(spec_fleet.profile), fa)
+    out = {}
+    for j, c in enumerate(spec_fleet.caches):
+        out[c.name] = {f: int(np.asarray(getattr(st, f))[0, 0, j])
+                       for f in ("order", "objs_per_slab", "min_partial", "cpu_partial",
+                                 "sheaf_capacity")}
+    return out

@@ -154,6 +154,28 @@ def _insert_before_dashdash(cmdline: str, extra: str) -> str:
     return f"{head} {extra}{sep}{tail}"
 
 
+GUEST = DATA / "guest-v6.1-4cpu-2node.csv"
+
+
+@pytest.mark.skipif(not GUEST.exists(), reason="no committed guest snapshot")
+def test_real_two_kernel_snapshot(tmp_path, host_df):
+    """Two REAL boots in one file: this host (6.18, 2 CPUs, 1 node) and a qemu guest of
+    Debian's 6.1 kernel (4 CPUs, node 1 memoryless, slub_max_order=2) recorded by the guest
+    validator.  Each boot is detected and checked on its own profile, cmdline and topology."""
+    guest = snap.read_snapshot(GUEST)
+    both = tmp_path / "two-kernels.csv"
+    pl.concat([host_df, guest], how="diagonal_relaxed").write_csv(both)
+    r = check.check_snapshot(snap.read_snapshot(both))
+    assert [(b.profile, b.present, b.nodes, b.params.max_order) for b in r.boots] == [
+        ("v6.18", 2, 1, 3), ("v6.1", 4, 2, 2)]
+    assert r.boots[1].caches == guest.height
+    assert (r.caches, r.comparable) == (235 + guest.height, 233 + guest.height)
+    assert r.ok and r.matched == r.comparable
+    # 6.1 has no sheaf_capacity file: that field is compared for the host's caches only
+    assert r.fields["sheaf_capacity"].total == 233
+    assert r.fields["order"].total == 233 + guest.height
+
+
 def test_two_boots_each_checked_with_its_own_cmdline(host_df):
     line = _insert_before_dashdash(host_df["cmdline"][0], "slub_max_order=1")
     boot1 = with_kernel_values(relabel_boot(host_df, cmdline=line), 2, 2, max_order=1)

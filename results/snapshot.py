@@ -204,16 +204,18 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
             f"{source}: {_row_label(out, i)}: slab_size {out['slab_size'][i]} is smaller than "
             f"object_size {out['object_size'][i]}")
     for c in LIST_COLUMNS:
-        for i, text in enumerate(out[c].to_list()):
+        for text in out[c].unique(maintain_order=True).to_list():
             try:
                 parse_cpulist(text)
             except ValueError as err:
+                i = int((out[c] == text).arg_true()[0])
                 raise SlabtuneError(f"{source}: {_row_label(out, i)}: column {c}: {err}") from None
     dup = out.select(list(BOOT_COLUMNS) + ["cache"]).is_duplicated()
     if dup.any():
         i = int(dup.arg_true()[0])
         raise SlabtuneError(
-            f"{source}: {_row_label(out, i)}: cache {out['cache'][i]} appears twice in one boot")
+            f"{source}: {_row_label(out, i)}: cache {out['cache'][i]} appears twice in one boot "
+            "(two dumps of the same boot belong in separate files)")
     return out
 
 

@@ -180,9 +180,14 @@ def _bucket(n: int) -> int:
     return b
 
 
-def predict_boot(sizes: np.ndarray, names: list[str], info_topology, profile: P.KernelProfile,
+def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: P.KernelProfile,
                  params: bootparams.SlubParams) -> dict[str, np.ndarray]:
-    """Model every cache of one boot in one vectorised call; returns field -> int array."""
+    """Model every cache of one boot in one vectorised (jitted) ``structure`` call.
+
+    ``sizes`` are the caches' slab_size values, ``names`` classify them (early, kmalloc,
+    bootstrap), ``topology`` supplies possible/present/online.  Returns field -> int array
+    for :data:`COMPARED_FIELDS`.  Explicit sheaf capacities are not known (0).
+    """
     from slabtune.model import policy
 
     n = len(sizes)
@@ -191,14 +196,16 @@ def predict_boot(sizes: np.ndarray, names: list[str], info_topology, profile: P.
     size = np.concatenate([np.asarray(sizes, np.int32), np.full(pad, 8, np.int32)])
     flags = [np.concatenate([np.asarray([f(x) for x in names], bool), np.zeros(pad, bool)])
              for f in (is_early, is_kmalloc, is_bootstrap)]
-    t = info_topology
+    t = topology
     out = _structure_fn()(size, np.int32(t.possible), np.int32(t.present), np.int32(t.online),
                           policy.profile_arrays(profile), np.int32(params.min_order),
                           np.int32(params.max_order), np.int32(params.min_objects), *flags)
     return {f: np.asarray(getattr(out, f))[:n] for f in COMPARED_FIELDS}
 
 
-def _resolve_profile(profile: str | P.KernelProfile | None) -> P.KernelProfile | None:
+def resolve_profile(profile: str | P.KernelProfile | None) -> P.KernelProfile | None:
+    """A profile object from a name (None stays None: detect per boot); an unknown name
+    raises SlabtuneError naming --profile."""
     if profile is None or isinstance(profile, P.KernelProfile):
         return profile
     try:
@@ -222,7 +229,7 @@ def check_snapshot(df: pl.DataFrame, profile: str | P.KernelProfile | None = Non
     for an unknown profile, an undetectable release, an impossible topology, or a slub_*
     value out of range in a boot's command line.
     """
-    forced = _resolve_profile(profile)
+    forced = resolve_profile(profile)
     df = snap.validate_snapshot(df, source)
     boots_out: list[BootInfo] = []
     not_comp: list[NotComparable] = []
@@ -246,7 +253,7 @@ def check_snapshot(df: pl.DataFrame, profile: str | P.KernelProfile | None = Non
             raise SlabtuneError(f"{where}: {err}") from None
         params = bootparams.parse_cmdline(cmdline, prof)
         try:
-            topo, node_ids = topology_from_lists(
+            topo, _node_ids = topology_from_lists(
                 first["cpus_possible"], first["cpus_present"], first["cpus_online"],
                 first["nodes_with_memory"], first["nodes_with_cpu"])
         except SlabtuneError as err:

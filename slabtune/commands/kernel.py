@@ -25,7 +25,12 @@ def register(subparsers) -> None:
                    help="read sys/ and proc/ under DIR instead of / (a tree copied from a guest)")
     s.set_defaults(func=_snapshot)
 
-    c = sub.add_parser("check", help="predict every cache of a snapshot and compare")
+    c = sub.add_parser(
+        "check", help="predict every cache of a snapshot and compare",
+        description="Predict order, objs_per_slab, min_partial, cpu_partial and sheaf_capacity "
+                    "of every cache of each boot in a snapshot and compare with the kernel. "
+                    "Exit 0 when every comparable cache matches, 1 on any mismatch (or when no "
+                    "cache is comparable), 2 on bad input.")
     c.add_argument("--snapshot", metavar="FILE",
                    help="snapshot to check (.csv or .parquet); default: a fresh one of this host")
     c.add_argument("--profile", metavar="NAME",
@@ -55,7 +60,7 @@ def _check(args) -> int:
     from slabtune.tuner.host import take_snapshot
 
     if args.profile is not None:  # fail fast, before reading sysfs or compiling anything
-        check._resolve_profile(args.profile)
+        check.resolve_profile(args.profile)
     if args.snapshot:
         df, source = read_snapshot(args.snapshot), args.snapshot
     else:

@@ -32,6 +32,9 @@ from slabtune.tuner.host import topology_from_lists
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "guest-v6.1-4cpu-2node.csv"
 FIXTURE_AFTER = DATA / "guest-v6.1-4cpu-2node-after.csv"
+FIXTURE_612 = DATA / "guest-v6.12-4cpu-2node.csv"
+#: The optional 6.12 kernel (scripts/install-guest-deps.sh --with-6.12).
+KERNEL_612 = g.cache_dir() / "bzImage-6.12"
 
 
 def _assets_or_none():
@@ -298,6 +301,14 @@ def test_committed_guest_snapshot_matches_model():
     assert differs >= 10
 
 
+def test_committed_612_guest_snapshot_matches_model():
+    """A 6.12 guest (same topology, slab_max_order=2): the v6.8+ single-pass order rules."""
+    df = snap.read_snapshot(FIXTURE_612)
+    res = check.check_snapshot(df)
+    assert res.boots[0].profile == "v6.12"
+    assert res.caches == res.comparable == res.matched == df.height > 100
+
+
 def test_committed_guest_snapshot_counters_moved():
     before = snap.read_snapshot(FIXTURE)
     after = snap.read_snapshot(FIXTURE_AFTER)
@@ -417,3 +428,21 @@ def test_kvm_probe_is_cached_and_explains_itself():
     assert first.reason
     if not first.usable:
         assert "/dev/kvm" in first.reason or "probe boot failed" in first.reason
+
+
+@pytest.mark.guest
+@needs_guest
+@pytest.mark.skipif(not KERNEL_612.exists(),
+                    reason="no 6.12 kernel; run scripts/install-guest-deps.sh --with-6.12")
+def test_612_kernel_override_and_slab_spelling():
+    """--kernel style override: boot the 6.12 image; its profile allows the slab_* spelling,
+    which reaches the kernel as slub_max_order (both names work from v6.8)."""
+    assets = g.find_assets(kernel=KERNEL_612)
+    r = g.boot_guest(g.GuestSpec(topology=MEMLESS, boot_params={"slab_max_order": 2},
+                                 timeout_s=180), assets)
+    assert r.ok, f"{r.error}\n{r.console_tail}"
+    assert r.kernel == str(KERNEL_612.resolve())
+    res = check.check_snapshot(r.before)
+    assert res.boots[0].profile == "v6.12"
+    assert res.boots[0].params == bootparams.SlubParams(0, 2, 0)
+    assert res.comparable > 100 and res.matched == res.comparable, res.mismatches[:5]

@@ -19,6 +19,7 @@ from slabtune.errors import SlabtuneError
 COMMAND_MODULES = (
     "main_job",
     "kernel",
+    "guest",
     "sweep",
     "results",
 )

@@ -446,3 +446,42 @@ def test_612_kernel_override_and_slab_spelling():
     assert res.boots[0].profile == "v6.12"
     assert res.boots[0].params == bootparams.SlubParams(0, 2, 0)
     assert res.comparable > 100 and res.matched == res.comparable, res.mismatches[:5]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli(*args):
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "slabtune.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--param", "slub_debug=1"], "boot parameter 'slub_debug' is not allowed"),
+    (["--param", "slub_max_order"], "--param: 'slub_max_order' is not NAME=VALUE"),
+    (["--nodes", "2", "--memoryless", "0,1", "--cpus", "2"], "memoryless_nodes: every node"),
+    (["--kernel", "/nonexistent/bzImage"], "kernel: /nonexistent/bzImage is not a file"),
+])
+def test_cli_guest_boot_bad_input_is_one_line(args, pattern):
+    p = _cli("guest", "boot", *args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slabtune: error: ")
+    assert pattern in lines[0]
+
+
+@pytest.mark.guest
+@needs_guest
+def test_cli_guest_boot_writes_checkable_snapshot(tmp_path):
+    out = tmp_path / "g.parquet"
+    p = _cli("guest", "boot", "--cpus", "2", "--param", "slub_min_objects=8", "--workload",
+             "none", "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    summary = __import__("json").loads(p.stdout)
+    assert summary["ok"] and summary["caches"] > 100
+    assert "slub_min_objects=8" in summary["cmdline"]
+    res = check.check_snapshot(snap.read_snapshot(out))
+    assert res.boots[0].params == bootparams.SlubParams(0, 3, 8)
+    assert res.matched == res.comparable > 100

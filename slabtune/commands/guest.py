@@ -1,0 +1,144 @@
+"""``slabtune guest boot`` and ``slabtune guest probe``: the qemu guest tier.
+
+The handlers parse arguments and print; booting, the initramfs and console parsing live in
+:mod:`slabtune.tuner.guest`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from slabtune.errors import SlabtuneError
+
+
+def register(subparsers) -> None:
+    guest = subparsers.add_parser(
+        "guest", help="boot a real kernel under qemu with a chosen topology and slub_* "
+                      "parameters, run the workload, snapshot /sys/kernel/slab")
+    sub = guest.add_subparsers(dest="guest_command", metavar="ACTION")
+    guest.set_defaults(func=lambda args: _help(guest))
+
+    b = sub.add_parser(
+        "boot", help="boot one guest and write its before/after snapshots",
+        description="Boot a kernel (default: the Debian cloud kernel that "
+                    "scripts/install-guest-deps.sh unpacks) under qemu, dump /sys/kernel/slab "
+                    "before and after the workload, write the snapshot(s). Exit 0 when the "
+                    "guest completed, 1 when it failed after its retries, 2 on bad input.")
+    b.add_argument("--cpus", type=int, default=1, help="present CPUs (default 1)")
+    b.add_argument("--possible", type=int, help="possible CPUs (default: --cpus)")
+    b.add_argument("--online", type=int, help="CPUs brought online at boot (default: --cpus)")
+    b.add_argument("--nodes", type=int, default=1, help="NUMA nodes (default 1)")
+    b.add_argument("--node-cpus", metavar="N,N,...",
+                   help="present CPUs per node (default: spread evenly)")
+    b.add_argument("--memoryless", metavar="NODE,...", default="",
+                   help="nodes without memory")
+    b.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="slab boot parameter (slub_min_order, slub_max_order, "
+                        "slub_min_objects; slab_* from 6.8); repeatable")
+    b.add_argument("--kernel", metavar="BZIMAGE", help="boot this bzImage instead")
+    b.add_argument("--memory", type=int, default=512, metavar="MIB", help="guest memory")
+    b.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="wall-clock limit per boot attempt (default 120)")
+    b.add_argument("--retries", type=int, default=1, help="retries after a failed boot")
+    b.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
+    b.add_argument("--workload", choices=("hackbench", "crosscpu", "none"),
+                   default="hackbench")
+    b.add_argument("--groups", type=int, default=2)
+    b.add_argument("--fds", type=int, default=4)
+    b.add_argument("--loops", type=int, default=100)
+    b.add_argument("--msg-size", type=int, default=100)
+    b.add_argument("--transport", choices=("socket", "pipe"), default="socket")
+    b.add_argument("--out", metavar="FILE", help="snapshot before the workload (.csv/.parquet)")
+    b.add_argument("--after", metavar="FILE", help="snapshot after the workload")
+    b.add_argument("--json", action="store_true", help="print one JSON summary line")
+    b.set_defaults(func=_boot)
+
+    p = sub.add_parser("probe", help="probe whether KVM guests run here (cached)")
+    p.add_argument("--refresh", action="store_true", help="ignore the cached result")
+    p.add_argument("--kernel", metavar="BZIMAGE")
+    p.set_defaults(func=_probe)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _int_list(text: str, field: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SlabtuneError(f"{field}: {text!r} is not a comma-separated list of integers") from None
+
+
+def _params(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise SlabtuneError(f"--param: {item!r} is not NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def _boot(args) -> int:
+    from slabtune.model.topology import Topology
+    from slabtune.results.snapshot import write_snapshot
+    from slabtune.tuner import guest as g
+
+    node_cpus = _int_list(args.node_cpus, "--node-cpus") if args.node_cpus else None
+    topo = Topology.uniform(args.cpus, nodes=args.nodes,
+                            memoryless_nodes=_int_list(args.memoryless, "--memoryless"),
+                            possible=args.possible, online=args.online, node_cpus=node_cpus)
+    workloads = ()
+    if args.workload != "none":
+        workloads = (g.WorkloadSpec(mode=args.workload, transport=args.transport,
+                                    groups=args.groups, fds=args.fds, loops=args.loops,
+                                    msg_size=args.msg_size),)
+    spec = g.GuestSpec(topology=topo, boot_params=_params(args.param), workloads=workloads,
+                       memory_mib=args.memory, timeout_s=args.timeout, retries=args.retries,
+                       accel=args.accel)
+    assets = g.find_assets(kernel=args.kernel)
+    r = g.boot_guest(spec, assets)
+    if r.ok:
+        if args.out:
+            write_snapshot(r.before, args.out)
+        if args.after:
+            write_snapshot(r.after, args.after)
+    summary = {
+        "ok": r.ok, "error": r.error, "accelerator": r.accelerator, "attempts": r.attempts,
+        "boot_seconds": r.boot_seconds, "total_seconds": round(r.total_seconds, 3),
+        "returncode": r.returncode, "kernel": r.kernel, "cmdline": r.cmdline,
+        "caches": r.before.height if r.before is not None else 0,
+        "workloads": r.workloads, "qemu_argv": r.qemu_argv,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    elif r.ok:
+        first = r.before.row(0, named=True)
+        print(f"guest {first['kernel_release']} ({r.accelerator}, attempt {r.attempts}): "
+              f"init after {r.boot_seconds:.1f} s, done after {r.total_seconds:.1f} s; cpus "
+              f"possible {first['cpus_possible']} present {first['cpus_present']} online "
+              f"{first['cpus_online']}; nodes with memory {first['nodes_with_memory'] or '-'}, "
+              f"with cpus {first['nodes_with_cpu'] or '-'}; {r.before.height} caches")
+        for w in r.workloads:
+            print(f"workload {w.get('mode')}: {w.get('messages')} messages in "
+                  f"{w.get('wall_s')} s")
+        for flag, path in (("before", args.out), ("after", args.after)):
+            if path:
+                print(f"wrote {flag} snapshot to {path}")
+    if not r.ok:
+        print(f"slabtune: guest failed after {r.attempts} attempt(s): {r.error}", file=sys.stderr)
+        print(r.console_tail[-2000:], file=sys.stderr)
+        return 1
+    return 0
+
+
+def _probe(args) -> int:
+    from slabtune.tuner import guest as g
+
+    probe = g.probe_kvm(g.find_assets(kernel=args.kernel), refresh=args.refresh)
+    print(f"kvm usable: {'yes' if probe.usable else 'no'} ({probe.reason})")
+    return 0

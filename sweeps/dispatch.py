@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 from typing import Any, Iterable, Iterator
@@ -79,6 +80,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     tmp = None
     try:
         if address:
+            _probe(address)
             try:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as err:
@@ -96,6 +98,23 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             ray.shutdown()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _probe(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` nobody listens on (ray.init would retry for minutes)."""
+    if "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        port_no = int(port)
+    except ValueError:
+        raise SlabtuneError(f"--ray-address: {address!r} is not HOST:PORT") from None
+    try:
+        with socket.create_connection((host, port_no), timeout=timeout):
+            pass
+    except OSError as err:
+        raise SlabtuneError(f"--ray-address: cannot connect to {address}: "
+                            f"{err.strerror or err}") from None
 
 
 def _remote():

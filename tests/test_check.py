@@ -176,6 +176,21 @@ def test_real_two_kernel_snapshot(tmp_path, host_df):
     assert r.fields["order"].total == 233 + guest.height
 
 
+GUEST_612 = DATA / "guest-v6.12-4cpu-2node.csv"
+
+
+@pytest.mark.skipif(not (GUEST.exists() and GUEST_612.exists()), reason="no guest snapshots")
+def test_real_three_kernel_snapshot(tmp_path, host_df):
+    """Three REAL boots (6.18 host, 6.1 and 6.12 guests) in one parquet file."""
+    parts = [host_df, snap.read_snapshot(GUEST), snap.read_snapshot(GUEST_612)]
+    path = tmp_path / "three.parquet"
+    pl.concat(parts, how="diagonal_relaxed").write_parquet(path)
+    r = check.check_snapshot(snap.read_snapshot(path))
+    assert [b.profile for b in r.boots] == ["v6.18", "v6.1", "v6.12"]
+    assert [b.caches for b in r.boots] == [p.height for p in parts]
+    assert r.ok and r.matched == r.comparable == sum(p.height for p in parts) - 2
+
+
 def test_two_boots_each_checked_with_its_own_cmdline(host_df):
     line = _insert_before_dashdash(host_df["cmdline"][0], "slub_max_order=1")
     boot1 = with_kernel_values(relabel_boot(host_df, cmdline=line), 2, 2, max_order=1)

@@ -16,7 +16,6 @@ import stat
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 
@@ -48,7 +47,6 @@ _ASSETS = _assets_or_none()
 needs_guest = pytest.mark.skipif(
     isinstance(_ASSETS, str),
     reason=f"guest stack not installed ({_ASSETS}); run scripts/install-guest-deps.sh")
-guest = [pytest.mark.guest, needs_guest]
 
 #: 4 CPUs on 2 nodes, node 1 memoryless (CPUs 2-3 have no local memory).
 MEMLESS = Topology.uniform(4, nodes=2, memoryless_nodes=(1,))
@@ -336,6 +334,7 @@ def memless_boot():
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 def test_memoryless_guest_matches_model(memless_boot):
     r = memless_boot
@@ -360,6 +359,7 @@ def test_memoryless_guest_matches_model(memless_boot):
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 def test_memoryless_guest_workload_timing_and_counters(memless_boot):
     r = memless_boot
@@ -380,6 +380,7 @@ def test_memoryless_guest_workload_timing_and_counters(memless_boot):
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 def test_hotplug_and_cpuless_node_guest_matches_model():
     """4 of 8 possible CPUs present, 2 brought online (maxcpus=2), node 1 with memory and
@@ -406,6 +407,7 @@ def test_hotplug_and_cpuless_node_guest_matches_model():
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 def test_timeout_fails_cleanly_with_console_tail():
     spec = g.GuestSpec(topology=Topology.uniform(1), timeout_s=1.0, retries=1, accel="tcg")
@@ -420,6 +422,7 @@ def test_timeout_fails_cleanly_with_console_tail():
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 def test_kvm_probe_is_cached_and_explains_itself():
     first = g.probe_kvm()
@@ -431,6 +434,7 @@ def test_kvm_probe_is_cached_and_explains_itself():
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 @pytest.mark.skipif(not KERNEL_612.exists(),
                     reason="no 6.12 kernel; run scripts/install-guest-deps.sh --with-6.12")
@@ -473,6 +477,7 @@ def test_cli_guest_boot_bad_input_is_one_line(args, pattern):
 
 
 @pytest.mark.guest
+@pytest.mark.slow
 @needs_guest
 def test_cli_guest_boot_writes_checkable_snapshot(tmp_path):
     out = tmp_path / "g.parquet"

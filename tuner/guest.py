@@ -118,7 +118,7 @@ def find_assets(kernel: Path | str | None = None, busybox: Path | str | None = N
     """Locate qemu, a bzImage, a static busybox and the static workload.
 
     ``kernel`` overrides the cached Debian kernel with any bzImage.  The workload is built
-    from native/workload.c when missing and ``build`` is set.  Raises GuestError naming the
+    from native/workload.c when missing or older than its source and ``build`` is set.  Raises GuestError naming the
     first missing piece.
     """
     c = cache_dir()
@@ -128,7 +128,9 @@ def find_assets(kernel: Path | str | None = None, busybox: Path | str | None = N
     busybox_path = busybox if busybox is not None else (c / "busybox" if (c / "busybox").exists()
                                                         else shutil.which("busybox"))
     wl = Path(workload) if workload is not None else NATIVE_DIR / "build" / "workload"
-    if workload is None and not wl.exists() and build:
+    src = NATIVE_DIR / "workload.c"
+    stale = not wl.exists() or (src.exists() and src.stat().st_mtime > wl.stat().st_mtime)
+    if workload is None and stale and build:
         wl = build_workload()
     return GuestAssets(
         qemu=_existing(qemu_path, "qemu-system-x86_64"),

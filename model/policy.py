@@ -139,17 +139,6 @@ def order_objects(order, size):
     return slab_bytes(order) // jnp.asarray(size, _I32)
 
 
-def _get_order_of_product(count, size):
-    """get_order(count * size) without forming the product; saturates at _SAFE_ORDER + 1."""
-    count = jnp.asarray(count, _I32)
-    size = jnp.asarray(size, _I32)
-    result = jnp.full(jnp.broadcast_shapes(count.shape, size.shape), _SAFE_ORDER + 1, _I32)
-    for o in reversed(range(_SAFE_ORDER + 1)):
-        fits = count <= order_objects(o, size)
-        result = jnp.where(fits, o, result)
-    return result
-
-
 # --------------------------------------------------------------------------- nr_cpus
 
 
@@ -186,45 +175,108 @@ def default_min_objects(nr_cpus):
 # --------------------------------------------------------------------------- slab order
 
 
-def _leftover_ok(order, size, fraction):
-    """calc_slab_order's acceptance test: (slab % size) <= slab / fraction."""
-    slab = slab_bytes(order)
-    return (slab % size) <= slab // fraction
+class _OrderTable(NamedTuple):
+    """What the kernel's order loops look up, tabulated once per object size.
+
+    ``objs[o]`` is order_objects(o, size) for o = 0..MAX_PAGE_ORDER; ``fits[i]`` is a
+    bitmask whose bit o is set when an order-o slab's leftover passes calc_slab_order's test
+    for the i-th fraction of :data:`_ALL_FRACTIONS` ((slab % size) <= slab / fraction).
+    The kernel revisits the same orders for every fraction and every min_objects; with the
+    table each visit is a bit operation instead of a division.
+    """
+
+    objs: tuple
+    fits: tuple
 
 
-def _first_fitting_order(size, lo, hi, fraction):
-    """Smallest order in [lo, hi] passing the leftover test, or -1 (calc_slab_order's loop)."""
-    best = jnp.full(jnp.broadcast_shapes(jnp.shape(size), jnp.shape(lo), jnp.shape(hi)), -1, _I32)
-    for o in reversed(_ORDERS):
-        ok = (o >= lo) & (o <= hi) & _leftover_ok(o, size, fraction)
-        best = jnp.where(ok, o, best)
-    return best
+def _order_table(size) -> _OrderTable:
+    """Build the :class:`_OrderTable` of ``size`` (one float division per element).
 
-
-def _last_fitting_order(size, lo, hi, fraction):
-    """Largest order in [lo, hi] passing the leftover test, or -1."""
-    best = jnp.full(jnp.broadcast_shapes(jnp.shape(size), jnp.shape(lo), jnp.shape(hi)), -1, _I32)
+    x86 has no vector integer divide, so the object counts come from one float32
+    reciprocal.  PAGE_SIZE << o is a power of two, hence fl(1/size) * 2^(12+o) equals the
+    correctly rounded quotient fl(2^(12+o) / size); for a numerator below 2^24 its floor is
+    the integer quotient (a non-integral a/b lies at least 1/b from an integer, and
+    rounding moves it by at most a/b * 2^-24 < 1/b).  A one-step correction on the
+    remainder keeps the counts exact even under a divide that is off by an ulp.
+    """
+    size = jnp.asarray(size, _I32)
+    recip = 1.0 / size.astype(jnp.float32)
+    objs = []
+    fits = [jnp.zeros(size.shape, _I32) for _ in _ALL_FRACTIONS]
     for o in _ORDERS:
-        ok = (o >= lo) & (o <= hi) & _leftover_ok(o, size, fraction)
-        best = jnp.where(ok, o, best)
-    return best
+        slab = P.PAGE_SIZE << o
+        n = jnp.floor(recip * jnp.float32(slab)).astype(_I32)
+        rem = slab - n * size
+        n = n - (rem < 0).astype(_I32) + (rem >= size).astype(_I32)
+        rem = slab - n * size
+        objs.append(n)
+        for i, f in enumerate(_ALL_FRACTIONS):
+            fits[i] = fits[i] | jnp.where(rem <= slab // f, 1 << o, 0).astype(_I32)
+    return _OrderTable(tuple(objs), tuple(fits))
 
 
-def _fraction_pass(size, start, max_order, n_fractions):
-    """Try fractions 16, 8, 4(, 2) in turn from ``start``; first success wins, else -1."""
-    order = jnp.full(jnp.broadcast_shapes(jnp.shape(size), jnp.shape(start)), -1, _I32)
-    for i, f in enumerate(_ALL_FRACTIONS):
-        cand = _first_fitting_order(size, start, max_order, f)
-        take = (order < 0) & (cand >= 0) & (i < n_fractions)
-        order = jnp.where(take, cand, order)
+def _pick(table, order):
+    """table[order] for an order array in 0..MAX_PAGE_ORDER (larger orders read the last)."""
+    order = jnp.asarray(order, _I32)
+    out = table[-1]
+    for o in reversed(_ORDERS[:-1]):
+        out = jnp.where(order == o, table[o], out)
+    return out
+
+
+def _order_for_objects(t: _OrderTable, count):
+    """get_order(count * size) without forming the product: the number of orders whose
+    slab holds fewer than ``count`` objects (counts grow with the order), so
+    MAX_PAGE_ORDER + 1 when even the largest order is too small; 0 for count <= 0."""
+    count = jnp.asarray(count, _I32)
+    result = jnp.zeros(jnp.broadcast_shapes(count.shape, t.objs[0].shape), _I32)
+    for n in t.objs:
+        result = result + (n < count).astype(_I32)
+    return result
+
+
+def _orders_between(lo, hi):
+    """Bitmask of the orders lo..hi (empty where lo > hi)."""
+    lo = jnp.clip(jnp.asarray(lo, _I32), 0, 30)
+    hi = jnp.clip(jnp.asarray(hi, _I32), -1, 29)
+    one = jnp.asarray(1, _I32)
+    return (jnp.left_shift(one, hi + 1) - 1) & ~(jnp.left_shift(one, lo) - 1)
+
+
+def _lowest_order(mask):
+    """Index of the lowest set bit of ``mask``, or -1 for an empty mask."""
+    low = mask & -mask
+    return jnp.where(mask != 0, 31 - lax.clz(low), -1).astype(_I32)
+
+
+def _highest_order(mask):
+    """Index of the highest set bit of ``mask``, or -1 for an empty mask."""
+    return jnp.where(mask != 0, 31 - lax.clz(mask), -1).astype(_I32)
+
+
+def _fraction_pass(t: _OrderTable, allowed, n_fractions):
+    """calc_slab_order() for fractions 16, 8, 4(, 2) in turn over the ``allowed`` orders:
+    the smallest allowed order passing the first fraction that any passes, else -1."""
+    order = jnp.asarray(-1, _I32)
+    for i in range(len(_ALL_FRACTIONS)):
+        cand = t.fits[i] & allowed
+        take = (order < 0) & (cand != 0) & (i < n_fractions)
+        order = jnp.where(take, _lowest_order(cand), order)
     return order
 
 
-def _too_many_objects_order(size, p: ProfileArrays):
-    """get_order(size * MAX_OBJS_PER_PAGE) - 1: the order used when even the minimum order
-    would hold more objects than page->objects can count."""
-    small = jnp.minimum(jnp.asarray(size, _I32), P.PAGE_SIZE)
-    return _get_order_of_product(p.max_objs_per_slab, small) - 1
+def _too_many_objects_order(t: _OrderTable, p: ProfileArrays):
+    """get_order(size * MAX_OBJS_PER_PAGE) - 1: the order used when the starting order
+    would hold more objects than page->objects can count (only ever taken for sizes whose
+    largest slab exceeds that count, where the table's answer is exact)."""
+    return _order_for_objects(t, p.max_objs_per_slab) - 1
+
+
+def _cap_min_objects(target, cap, p: ProfileArrays):
+    """min(min_objects, order_objects(slub_max_order)) where the era caps it (v2.6.30s on),
+    the cap being at least 1 from v6.8."""
+    cap = jnp.where(p.cap_at_least_one == 1, jnp.maximum(cap, 1), cap)
+    return jnp.where(p.cap_min_objects == 1, jnp.minimum(target, cap), target).astype(_I32)
 
 
 def min_objects_target(size, nr_cpus, p: ProfileArrays, max_order=P.DEFAULT_MAX_ORDER,
@@ -237,9 +289,56 @@ def min_objects_target(size, nr_cpus, p: ProfileArrays, max_order=P.DEFAULT_MAX_
     size = jnp.asarray(size, _I32)
     min_objects = jnp.asarray(min_objects, _I32)
     target = jnp.where(min_objects > 0, min_objects, default_min_objects(nr_cpus))
-    cap = order_objects(max_order, size)
-    cap = jnp.where(p.cap_at_least_one == 1, jnp.maximum(cap, 1), cap)
-    return jnp.where(p.cap_min_objects == 1, jnp.minimum(target, cap), target).astype(_I32)
+    return _cap_min_objects(target, order_objects(max_order, size), p)
+
+
+def _calculate_order(t: _OrderTable, size, target, p: ProfileArrays, min_order, max_order):
+    """calculate_order() from the order table and the capped min_objects ``target``."""
+    too_many = _too_many_objects_order(t, p)
+    fits_loosest = t.fits[0]
+    for i in range(1, len(_ALL_FRACTIONS)):
+        fits_loosest = jnp.where(p.n_fractions == i + 1, t.fits[i], fits_loosest)
+
+    # v6.8 on: one pass over the fractions.
+    start = jnp.maximum(min_order, _order_for_objects(t, target))
+    single = _fraction_pass(t, _orders_between(start, max_order), p.n_fractions)
+    single = jnp.where(single >= 0, single, get_order(size))
+    single = jnp.where(_pick(t.objs, start) > p.max_objs_per_slab, too_many, single)
+
+    # Older eras: the min_objects back-off.  A min_objects value m succeeds iff some order
+    # in [max(min_order, get_order(m*size)), max_order] passes the loosest fraction, i.e.
+    # iff m * size fits in a slab of the largest such order `top`.  So the first m that
+    # succeeds is the first one in the back-off sequence at or below `bound`.
+    top = _highest_order(fits_loosest & _orders_between(min_order, max_order))
+    bound = jnp.where(top >= 0, _pick(t.objs, jnp.maximum(top, 0)), 0)
+    dec_m = jnp.minimum(target, bound)
+    halve_m = jnp.zeros_like(dec_m)
+    found = jnp.zeros(dec_m.shape, bool)
+    for k in range(17):
+        m = jnp.right_shift(target, k)
+        hit = (~found) & (m <= bound)
+        halve_m = jnp.where(hit, m, halve_m)
+        found = found | hit
+    m = jnp.where(p.order_loop == 0, halve_m, dec_m)
+    start_old = jnp.maximum(min_order, _order_for_objects(t, jnp.maximum(m, 1)))
+    looped = _fraction_pass(t, _orders_between(start_old, max_order), p.n_fractions)
+    looped = jnp.where((m > 1) & (top >= 0), looped, -1)
+    old = jnp.where(looped >= 0, looped, jnp.maximum(min_order, get_order(size)))
+    old = jnp.where(_pick(t.objs, min_order) > p.max_objs_per_slab, too_many, old)
+
+    return jnp.where(p.order_loop == 2, single, old).astype(_I32)
+
+
+def _target_and_order(size, nr_cpus, p: ProfileArrays, min_order, max_order, min_objects):
+    """(capped min_objects, order) sharing one order table."""
+    size = jnp.asarray(size, _I32)
+    min_order = jnp.asarray(min_order, _I32)
+    max_order = jnp.asarray(max_order, _I32)
+    min_objects = jnp.asarray(min_objects, _I32)
+    t = _order_table(size)
+    target = jnp.where(min_objects > 0, min_objects, default_min_objects(nr_cpus))
+    target = _cap_min_objects(target, _pick(t.objs, max_order), p)
+    return target, _calculate_order(t, size, target, p, min_order, max_order)
 
 
 def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=P.DEFAULT_MAX_ORDER,
@@ -261,47 +360,10 @@ def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=P.DEFAULT
 
     In every era, when a slub_min_order slab would already hold more than
     MAX_OBJS_PER_PAGE objects the order is get_order(size * MAX_OBJS_PER_PAGE) - 1.
-    ``size`` is the cache's object stride (``slab_size`` in sysfs).
+    ``size`` is the cache's object stride (``slab_size`` in sysfs); boot-parameter orders
+    are 0..MAX_PAGE_ORDER (the kernel clamps slub_max_order to it).
     """
-    size = jnp.asarray(size, _I32)
-    min_order = jnp.asarray(min_order, _I32)
-    max_order = jnp.asarray(max_order, _I32)
-    target = min_objects_target(size, nr_cpus, p, max_order, min_objects)
-    too_many = _too_many_objects_order(size, p)
-
-    # v6.8 on: one pass over the fractions.
-    start = jnp.maximum(min_order, _get_order_of_product(jnp.maximum(target, 0), size))
-    single = _fraction_pass(size, start, max_order, p.n_fractions)
-    single = jnp.where(single >= 0, single, get_order(size))
-    single = jnp.where(order_objects(start, size) > p.max_objs_per_slab, too_many, single)
-
-    # Older eras: the min_objects back-off.  A min_objects value m succeeds iff some order
-    # in [max(min_order, get_order(m*size)), max_order] passes the loosest fraction, i.e.
-    # iff m * size fits in a slab of the largest such order `top`.  So the first m that
-    # succeeds is the first one in the back-off sequence at or below `bound`.
-    loosest = jnp.asarray(_ALL_FRACTIONS, _I32)[p.n_fractions - 1]
-    top = jnp.full(jnp.broadcast_shapes(size.shape, min_order.shape, max_order.shape,
-                                        loosest.shape), -1, _I32)
-    for o in _ORDERS:
-        ok = (o >= min_order) & (o <= max_order) & _leftover_ok(o, size, loosest)
-        top = jnp.where(ok, o, top)
-    bound = jnp.where(top >= 0, order_objects(jnp.maximum(top, 0), size), 0)
-    dec_m = jnp.minimum(target, bound)
-    halve_m = jnp.zeros_like(dec_m)
-    found = jnp.zeros(dec_m.shape, bool)
-    for k in range(17):
-        m = jnp.right_shift(target, k)
-        hit = (~found) & (m <= bound)
-        halve_m = jnp.where(hit, m, halve_m)
-        found = found | hit
-    m = jnp.where(p.order_loop == 0, halve_m, dec_m)
-    start_old = jnp.maximum(min_order, _get_order_of_product(jnp.maximum(m, 1), size))
-    looped = _fraction_pass(size, start_old, max_order, p.n_fractions)
-    looped = jnp.where((m > 1) & (top >= 0), looped, -1)
-    old = jnp.where(looped >= 0, looped, jnp.maximum(min_order, get_order(size)))
-    old = jnp.where(order_objects(min_order, size) > p.max_objs_per_slab, too_many, old)
-
-    return jnp.where(p.order_loop == 2, single, old).astype(_I32)
+    return _target_and_order(size, nr_cpus, p, min_order, max_order, min_objects)[1]
 
 
 def objects_per_slab(size, order, p: ProfileArrays):
@@ -428,11 +490,11 @@ def structure(size, possible, present, online, p: ProfileArrays, min_order=0,
               is_bootstrap=False, explicit_sheaf=0) -> Structure:
     """Every structural field of a cache, broadcasting all arguments together."""
     nr = order_nr_cpus(possible, present, online, p, early)
-    order = slab_order(size, nr, p, min_order, max_order, min_objects)
+    target, order = _target_and_order(size, nr, p, min_order, max_order, min_objects)
     objs = objects_per_slab(size, order, p)
     return Structure(
         nr_cpus=nr,
-        min_objects=min_objects_target(size, nr, p, max_order, min_objects),
+        min_objects=target,
         order=order,
         objs_per_slab=objs,
         leftover=leftover_bytes(size, order, p),

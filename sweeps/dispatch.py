@@ -65,8 +65,10 @@ def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) ->
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[dict]:
-    """Yield a Ray session description; start or connect as the module docstring says."""
+def ray_session(address: str | None = None, num_cpus: int | None = None,
+                resources: dict | None = None) -> Iterator[dict]:
+    """Yield a Ray session description; start or connect as the module docstring says.
+    ``resources`` are custom resources a local instance declares (e.g. ``{"qemu": 1}``)."""
     import ray
 
     if ray.is_initialized():
@@ -90,6 +92,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         else:
             tmp = tempfile.mkdtemp(prefix="slt-ray-", dir="/tmp")
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
+                     resources=dict(resources or {}),
                      include_dashboard=False, log_to_driver=False, configure_logging=False)
             info = {"mode": "local", "address": None}
         yield info

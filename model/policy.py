@@ -366,9 +366,28 @@ def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=P.DEFAULT
     return _target_and_order(size, nr_cpus, p, min_order, max_order, min_objects)[1]
 
 
+def _float_floor_div(a, b):
+    """a // b for a >= 0, b >= 1 through a float32 quotient and a one-step correction
+    (x86 has no vector integer divide).
+
+    Exact whenever the float quotient lies within one of the true one: for every a < 2^24
+    (see :func:`_order_table`), and for a power of two a <= 2^30 while a / b < 2^24.
+    """
+    a = jnp.asarray(a, _I32)
+    b = jnp.asarray(b, _I32)
+    q = jnp.floor(a.astype(jnp.float32) / b.astype(jnp.float32)).astype(_I32)
+    r = a - q * b
+    return q - (r < 0).astype(_I32) + (r >= b).astype(_I32)
+
+
 def objects_per_slab(size, order, p: ProfileArrays):
-    """oo_objects(s->oo): objects in one slab, at most MAX_OBJS_PER_PAGE."""
-    return jnp.minimum(order_objects(order, size), p.max_objs_per_slab).astype(_I32)
+    """oo_objects(s->oo): objects in one slab, at most MAX_OBJS_PER_PAGE.
+
+    The count is exact wherever it is below 2^24, far above any MAX_OBJS_PER_PAGE, so the
+    capped result is exact for every order up to the clip of :func:`slab_bytes`.
+    """
+    objs = _float_floor_div(slab_bytes(order), size)
+    return jnp.minimum(objs, p.max_objs_per_slab).astype(_I32)
 
 
 def leftover_bytes(size, order, p: ProfileArrays):
@@ -414,7 +433,8 @@ def cpu_partial_slabs(size, objs_per_slab, p: ProfileArrays):
     assuming per-CPU partial slabs are half full (v5.16 on; earlier eras counted objects)."""
     objs = cpu_partial_objects(size, p)
     per = jnp.maximum(jnp.asarray(objs_per_slab, _I32), 1)
-    return ((2 * objs + per - 1) // per).astype(_I32)
+    # 2 * 120 + 65535 < 2^24: the float quotient is exact here.
+    return _float_floor_div(2 * objs + per - 1, per).astype(_I32)
 
 
 # --------------------------------------------------------------------------- sheaves

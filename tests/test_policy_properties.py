@@ -249,6 +249,34 @@ def test_bit_helpers_match_reference():
                                       [ref.order_objects(order, int(s)) for s in np.asarray(sz)])
 
 
+def test_objects_per_slab_and_leftover_match_reference_for_every_order():
+    """Object counts (computed in float32 by the model) equal integer division, for every
+    order 0..MAX_PAGE_ORDER, on word-aligned and odd sizes up to 2 MiB."""
+    sz = np.unique(np.concatenate([np.arange(8, 70000, 7), np.arange(8, 1 << 21, 4093),
+                                   (1 << np.arange(3, 22)) - 1, 1 << np.arange(3, 22),
+                                   (1 << np.arange(3, 22)) + 1])).astype(np.int32)
+    for prof in (PROFILES["v2.6.27"], PROFILES["v6.1"]):
+        p = policy.profile_arrays(prof)
+        for order in range(MAX_PAGE_ORDER + 1):
+            got = np.asarray(policy.objects_per_slab(jnp.asarray(sz), order, p))
+            want = [ref.objects_per_slab(int(s), order, prof) for s in sz]
+            np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} order {order}")
+            got = np.asarray(policy.leftover_bytes(jnp.asarray(sz), order, p))
+            want = [ref.leftover_bytes(int(s), order, prof) for s in sz]
+            np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} order {order}")
+
+
+def test_cpu_partial_slabs_matches_reference_for_every_slab_size():
+    """DIV_ROUND_UP(2 * cpu_partial, objs_per_slab) for objs_per_slab 1..65535."""
+    per = np.arange(1, 65536, dtype=np.int32)
+    for prof in PROFILE_LIST:
+        p = policy.profile_arrays(prof)
+        for size in (64, 256, 1024, 4096):
+            got = np.asarray(policy.cpu_partial_slabs(size, jnp.asarray(per), p))
+            want = np.array([ref.cpu_partial_slabs(size, int(n), prof) for n in per])
+            np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} size {size}")
+
+
 def test_kmalloc_size_roundup_matches_reference_on_every_size():
     """Every request 1..3 pages (all the small buckets, including kmalloc-96 and -192), and
     page-allocator sizes above KMALLOC_MAX_CACHE_SIZE."""

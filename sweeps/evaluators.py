@@ -13,6 +13,7 @@ inside :meth:`Evaluator.evaluate`, so specs can be validated and planned without
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -92,6 +93,35 @@ def profile_index(spec: "SweepSpec", cols: dict) -> np.ndarray:
     return lut[cols["profile"]]
 
 
+#: Environment variable naming the persistent compilation cache ("off" disables it).
+CACHE_ENV = "SLABTUNE_JAX_CACHE"
+
+
+def compile_cache_dir() -> str | None:
+    """Where compiled evaluators persist between processes (each Ray worker compiles the
+    same functions; with the cache only the first process on a machine pays)."""
+    path = os.environ.get(CACHE_ENV)
+    if path is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "slabtune", "jax")
+    return None if path in ("", "0", "off") else path
+
+
+@functools.lru_cache(maxsize=1)
+def configure_jax() -> None:
+    """Turn on JAX's persistent compilation cache once per process (see compile_cache_dir)."""
+    import jax
+
+    path = compile_cache_dir()
+    if path and jax.config.jax_compilation_cache_dir is None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError:
+            return
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 @functools.lru_cache(maxsize=1)
 def _stacked_profiles():
     from slabtune.model import policy
@@ -104,6 +134,8 @@ def _structural_fn():
     import jax
 
     from slabtune.model import policy
+
+    configure_jax()
 
     def run(stack, pidx, size, possible, present, online, min_order, max_order, min_objects,
             early, is_kmalloc, is_bootstrap, explicit):

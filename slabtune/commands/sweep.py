@@ -65,7 +65,11 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps({"run_dir": str(res.run_dir), "rows": res.rows,
                           "chunks_run": res.chunks_run, "chunks": res.chunks_total,
-                          "seconds": round(res.seconds, 3), "devices": res.devices}))
+                          "seconds": round(res.seconds, 3), "devices": res.devices,
+                          "timings": {"ray_start_s": round(res.ray_start_s, 3),
+                                      "model_s": round(res.model_s, 3),
+                                      "grid_s": round(res.grid_s, 3),
+                                      "write_s": round(res.write_s, 3)}}))
     else:
         print(f"run_dir: {res.run_dir}")
         print(f"rows: {res.rows}")

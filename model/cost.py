@@ -238,20 +238,27 @@ def wait_excluding_own(hold, rho, own, rho_max):
 class Solution(NamedTuple):
     """The contention fixed point."""
 
-    t: jnp.ndarray          # (R,) ns per op of each rep CPU, everything included
-    wait: jnp.ndarray       # (R, L) mean wait of rep r per acquisition of lock class l
-    rho: jnp.ndarray        # (L,) utilisation of each lock class
-    residual: jnp.ndarray   # () max |U(rho) - rho| at the solution
+    t: jnp.ndarray           # (R,) ns per op of each rep CPU, everything included
+    wait: jnp.ndarray        # (R, L) mean wait of rep r per acquisition of lock class l
+    rho: jnp.ndarray         # (L,) utilisation of each lock class
+    tau: jnp.ndarray         # () ns per simulated step: the pace of the busiest rep
+    throughput: jnp.ndarray  # () machine-wide ops per ns
+    residual: jnp.ndarray    # () max |U(rho) - rho| at the solution
 
 
-def solve(base, acq, hold, line, weight, multiplicity, rho_max, sweeps: int = 6,
+def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweeps: int = 6,
           steps: int = 32) -> Solution:
     """Solve t = base + acq @ (hold + line + W(t)) for the per-op times ``t``.
 
     ``base`` (R,): ns per op outside locks.  ``acq`` (R, L): acquisitions per op of each
     lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): cache-line transfer cost of
     rep r taking lock l.  ``weight`` (R,): real CPUs per rep.  ``multiplicity`` (L,): real
-    locks per class (arrivals spread evenly over them).
+    locks per class (arrivals spread evenly over them).  ``duty`` (R,): ops per simulated
+    step of each rep (default 1).
+
+    Pacing: the reps of a workload are coupled (a receiver frees what a sender allocated),
+    so the machine advances one simulated step in ``tau = max_r duty_r * t_r`` ns and rep
+    ``r`` does ``duty_r / tau`` ops per ns; with one rep, or equal reps, that is ``1 / t``.
 
     In terms of the utilisations, the fixed point is ``rho = U(rho)`` with ``U`` decreasing
     in every argument (more waiting slows every CPU, which lowers every arrival rate), so
@@ -265,13 +272,18 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, sweeps: int = 6,
     line = jnp.asarray(line, _F32)
     weight = jnp.asarray(weight, _F32)
     rho_max = jnp.asarray(rho_max, _F32)
+    duty = jnp.ones_like(base) if duty is None else jnp.asarray(duty, _F32)
+    active = weight > 0
     mult = jnp.maximum(jnp.asarray(multiplicity, _F32), 1.0)
     fixed = base + jnp.sum(acq * (hold[None, :] + line), axis=1)
     n_locks = hold.shape[-1]
 
+    def pace(t):
+        return jnp.maximum(jnp.max(jnp.where(active, duty * t, 0.0)), 1e-3)
+
     # A CPU does not queue behind itself: its own share of a lock's utilisation (bounded
-    # above by its share when it never waits) is taken out of the queue it sees.
-    own = acq * hold[None, :] / jnp.maximum(fixed, 1e-3)[:, None]
+    # above by its share when nobody waits) is taken out of the queue it sees.
+    own = acq * hold[None, :] * (duty / pace(fixed))[:, None]
 
     def waits(rho):
         return wait_excluding_own(hold, rho, own, rho_max)
@@ -280,7 +292,8 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, sweeps: int = 6,
         return fixed + jnp.sum(acq * waits(rho), axis=1)
 
     def utilisation(t):
-        lam = jnp.sum(weight[:, None] * acq / jnp.maximum(t, 1e-3)[:, None], axis=0) / mult
+        rate = duty / pace(t)
+        lam = jnp.sum(weight[:, None] * acq * rate[:, None], axis=0) / mult
         return jnp.minimum(lam * hold, rho_max)
 
     def solve_one(rho, l):
@@ -301,5 +314,8 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, sweeps: int = 6,
 
     rho = lax.fori_loop(0, sweeps, sweep, jnp.zeros_like(hold))
     t = times(rho)
+    tau = pace(t)
     resid = jnp.max(jnp.abs(utilisation(t) - rho))
-    return Solution(t=t, wait=waits(rho), rho=rho, residual=resid)
+    return Solution(t=t, wait=waits(rho), rho=rho, tau=tau,
+                    throughput=jnp.sum(jnp.where(active, weight * duty, 0.0)) / tau,
+                    residual=resid)

@@ -120,8 +120,23 @@ def test_two_coupled_locks_converge():
     s = C.solve(base, acq, hold, line, jnp.array([20.0, 30.0]), jnp.array([1.0, 1.0]), 0.999999)
     assert float(s.residual) < 1e-3
     t = np.asarray(s.t)
-    rho = (np.array([20.0, 30.0])[:, None] * np.asarray(acq) / t[:, None]).sum(0) * np.asarray(hold)
+    tau = t.max()  # both reps do one op per step: the slower sets the pace
+    assert float(s.tau) == pytest.approx(tau)
+    rho = (np.array([20.0, 30.0])[:, None] * np.asarray(acq) / tau).sum(0) * np.asarray(hold)
     np.testing.assert_allclose(rho, np.asarray(s.rho), rtol=2e-3)
+    assert float(s.throughput) == pytest.approx(50.0 / tau, rel=1e-5)
+
+
+def test_idle_steps_lower_a_reps_arrivals():
+    # Rep 0 (slow, lock-free work) sets the pace; rep 1 does an op every other step: half
+    # the arrivals of the same CPUs at full duty.
+    args = (jnp.array([2000.0, 100.0]), jnp.array([[0.0], [1.0]]), jnp.array([80.0]),
+            jnp.zeros((2, 1)), jnp.array([1.0, 8.0]), jnp.array([1.0]), 0.999999)
+    full = C.solve(*args, duty=jnp.array([1.0, 1.0]))
+    half = C.solve(*args, duty=jnp.array([1.0, 0.5]))
+    assert float(full.rho[0]) == pytest.approx(8 * 80.0 / 2000.0, rel=1e-3)
+    assert float(half.rho[0]) == pytest.approx(4 * 80.0 / 2000.0, rel=1e-3)
+    assert float(half.t[1]) < float(full.t[1])
 
 
 def test_solve_vmaps_over_configurations():

@@ -8,7 +8,8 @@ notebook) that instance is used as is.
 
 Each chunk is one Ray task, retried on failure (``max_retries``; exceptions included); the
 driver collects results as they finish, with a bounded number in flight, so memory stays at
-a few chunks whatever the grid size.
+a few chunks whatever the grid size.  On a cluster with GPUs each task asks for one GPU
+(Ray hides GPUs from tasks that do not), unless ``SLABTUNE_DEVICE=cpu``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any, Iterable, Iterator
 
 from slabtune.errors import SlabtuneError
 
+#: Set to "cpu" to keep chunk tasks off the cluster's GPUs (default "auto": use them).
+DEVICE_ENV = "SLABTUNE_DEVICE"
 #: Attempts beyond the first for a failing chunk task.
 MAX_RETRIES = 3
 
@@ -132,9 +135,15 @@ def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | Non
     import ray
 
     task = _remote()
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if gpus > 0 and os.environ.get(DEVICE_ENV, "auto") != "cpu":
+        # Ray hides GPUs from tasks that do not ask for one; a chunk takes a whole GPU.
+        task = task.options(num_gpus=1)
     if max_in_flight is None:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        max_in_flight = max(2, 2 * cpus)
+        slots = gpus if gpus > 0 and os.environ.get(DEVICE_ENV, "auto") != "cpu" else \
+            int(resources.get("CPU", 1))
+        max_in_flight = max(2, 2 * slots)
     spec_ref = ray.put(spec_dict)
     it = iter(indices)
     refs: dict = {}

@@ -162,6 +162,21 @@ def test_resume_with_another_spec_is_refused(ray_local, small_run):
                          progress=False)
 
 
+def test_one_compiled_evaluator_per_chunk_shape():
+    from slabtune.sweeps import evaluators as E
+
+    spec = S.load("seeds")  # 6 chunks, the last one partly padding and exclusions
+    fn = E._structural_fn()
+    before = fn._cache_size()
+    shapes = set()
+    for i in range(G.n_chunks(spec)):
+        ch = G.chunk(spec, i)
+        shapes.add(len(ch.keep))
+        E.EVALUATORS["structural"].evaluate(spec, ch)
+    assert shapes == {G.bucket(spec.chunk_size)}
+    assert fn._cache_size() - before <= 1  # at most one new compilation for the whole sweep
+
+
 # --------------------------------------------------------------------------- CLI
 
 

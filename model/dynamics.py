@@ -1,0 +1,758 @@
+"""SLUB dynamics: per-CPU alloc/free streams through slabs, partial lists and sheaves.
+
+The simulation is a pure ``step(draws, state, cfg)`` over a :class:`State` pytree, run with
+``lax.scan`` (:func:`simulate`) and vmapped over configurations (:func:`simulate_batch`).
+Everything is int32 masked array code: no Python control flow on traced values, static
+loops over the ``R`` representative CPUs ("reps") and ``N`` node classes only.
+
+What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the short form:
+
+* Each rep owns a per-CPU slab (``cs_free`` objects on the lockless freelist, ``cs_inuse``
+  allocated, ``cs_rfree`` freed into it by other CPUs), a per-CPU partial list (v3.2..v6.18)
+  and a main and spare sheaf (v6.18 opt-in, v7.0 on).
+* Each node class keeps a partial list (``part_slabs`` slabs holding ``part_inuse``
+  objects), a count of full slabs and a barn (full and empty sheaves).
+* Objects in flight are counted by (allocating rep, freeing rep) in ``pend``; ``pend_fast``
+  are those that the allocating rep will free itself and that sit in its current CPU slab.
+
+Partial lists are counts, not lists: the model assumes objects are packed (every partial
+slab but one holds ``objs - 1`` objects), which fixes which free empties a slab and what a
+refill takes without storing slabs.  The same rules, written as plain branches over
+Python ints, are :mod:`slabtune.model.reference_sim`; with the same random bits both give
+identical counters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from slabtune.model import policy as PL
+from slabtune.model import profiles as P
+from slabtune.model import workloads as W
+from slabtune.model.topology import Topology
+
+R = W.R
+N = W.N
+#: Random 32-bit words drawn per rep per step: op choice, freer/origin choice, slab choice.
+K = 3
+_I32 = jnp.int32
+_U32 = jnp.uint32
+
+BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
+
+
+# --------------------------------------------------------------------------- public types
+
+
+class SimConfig(NamedTuple):
+    """Everything fixed for one run (arrays; vmappable).
+
+    Scalars: ``objs_per_slab``, ``order``, ``min_partial``, ``cpu_partial_slabs`` (0: no
+    per-CPU partial list), ``sheaf_capacity`` (0: no sheaves), ``cpu_slab`` (1: the cache
+    allocates through a per-CPU slab when it has no sheaf), ``barns`` (0 none, 1 on nodes
+    with memory, 2 on every node), ``remote_free_bypasses_sheaf``,
+    ``memoryless_cpus_use_sheaves``, ``memoryless_fallback``, ``barn_max_full``,
+    ``barn_max_empty``.  Per rep (R,): ``rep_weight`` (float), ``rep_node``,
+    ``rep_mem_node``, ``rep_memoryless``; per node class (N,): ``node_has_memory``,
+    ``node_weight`` (float); and the :class:`~slabtune.model.workloads.Workload`.
+    """
+
+    objs_per_slab: Any
+    order: Any
+    min_partial: Any
+    cpu_partial_slabs: Any
+    sheaf_capacity: Any
+    cpu_slab: Any
+    barns: Any
+    remote_free_bypasses_sheaf: Any
+    memoryless_cpus_use_sheaves: Any
+    memoryless_fallback: Any
+    barn_max_full: Any
+    barn_max_empty: Any
+    rep_weight: Any
+    rep_node: Any
+    rep_mem_node: Any
+    rep_memoryless: Any
+    node_has_memory: Any
+    node_weight: Any
+    workload: W.Workload
+
+
+#: Event counters, one int32 per rep (what that rep's CPU did).
+COUNTER_FIELDS = (
+    "ops", "allocs", "frees", "alloc_fast", "alloc_slow", "free_fast", "free_slow",
+    "remote_free", "list_lock", "list_lock_remote", "slab_alloc", "slab_free",
+    "sheaf_alloc_hit", "sheaf_free_hit", "sheaf_refill", "sheaf_flush", "barn_get",
+    "barn_put", "barn_get_fail", "barn_put_fail", "cpu_partial_drain",
+)
+#: Gauges averaged over the steps: (name, axis) with axis "rep" (R,) or "node" (N,).
+GAUGE_FIELDS = (
+    ("slabs_total", "node"), ("objects_inuse", "rep"), ("empty_slabs_kept", "node"),
+    ("cpu_partial_slabs_held", "rep"), ("sheaf_objects_held", "rep"),
+    ("barn_objects_held", "node"),
+)
+
+
+class Counters(NamedTuple):
+    """What a run did.  Event counts are (R,) int32 per rep (multiply by ``rep_weight`` for
+    the machine); ``list_lock_node`` (N,) counts list_lock acquisitions per node class;
+    gauges are float32 time averages (per node class or per rep, see GAUGE_FIELDS);
+    ``outstanding`` (R,) is the objects each rep had allocated and not freed at the end."""
+
+    ops: Any
+    allocs: Any
+    frees: Any
+    alloc_fast: Any
+    alloc_slow: Any
+    free_fast: Any
+    free_slow: Any
+    remote_free: Any
+    list_lock: Any
+    list_lock_remote: Any
+    slab_alloc: Any
+    slab_free: Any
+    sheaf_alloc_hit: Any
+    sheaf_free_hit: Any
+    sheaf_refill: Any
+    sheaf_flush: Any
+    barn_get: Any
+    barn_put: Any
+    barn_get_fail: Any
+    barn_put_fail: Any
+    cpu_partial_drain: Any
+    list_lock_node: Any
+    slabs_total: Any
+    objects_inuse: Any
+    empty_slabs_kept: Any
+    cpu_partial_slabs_held: Any
+    sheaf_objects_held: Any
+    barn_objects_held: Any
+    outstanding: Any
+
+
+class State(NamedTuple):
+    """What evolves: per rep (R,), per node class (N,), ``pend`` (R, R) and counters.
+
+    In the scan carry every field is unstacked into a tuple of scalars (see
+    :func:`_unstack`), so that the step is elementwise code over the batch.
+    """
+
+    pend: Any          # (R, R) objects allocated by rep i, to be freed by rep j
+    pend_fast: Any     # (R,) of pend[r, r]: in rep r's current CPU slab
+    out: Any           # (R,) objects allocated by r and not yet freed
+    pend_tot: Any      # (R,) objects rep r has to free
+    cs_free: Any       # (R,) objects on r's CPU freelist
+    cs_inuse: Any      # (R,) allocated objects of r's CPU slab
+    cs_rfree: Any      # (R,) objects other CPUs freed into r's CPU slab
+    pc_slabs: Any      # (R,) slabs on r's per-CPU partial list
+    pc_inuse: Any      # (R,) allocated objects in them
+    main: Any          # (R,) objects in r's main sheaf
+    spare: Any         # (R,) objects in r's spare sheaf
+    phase: Any         # (R,) burst phase: 0 allocating, 1 freeing
+    phase_left: Any    # (R,) ops left in this phase
+    part_slabs: Any    # (N,) slabs on the node's partial list (empty ones included)
+    part_inuse: Any    # (N,) allocated objects in them
+    full_slabs: Any    # (N,) slabs with every object allocated, on no list
+    barn_full: Any     # (N,) full sheaves in the node's barn
+    barn_empty: Any    # (N,) empty sheaves in the node's barn
+    counts: Any        # (len(COUNTER_FIELDS), R) event counters
+    lock_node: Any     # (N,) list_lock acquisitions per node class
+    gsum_rep: Any      # (3, R) gauge sums: objects_inuse, cpu_partial_slabs, sheaf objects
+    gsum_node: Any     # (3, N) gauge sums: slabs_total, empty slabs kept, barn objects
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _scalar(x, dtype=np.int32):
+    return np.asarray(x, dtype)
+
+
+def config_from(structure, profile: P.KernelProfile, topology: Topology, workload,
+                *, memoryless_fallback: bool | None = None, barns: str | None = None,
+                min_partial: int | None = None, cpu_partial_slabs: int | None = None,
+                sheaf_capacity: int | None = None,
+                barn_max_full: int = P.BARN_MAX_FULL,
+                barn_max_empty: int = P.BARN_MAX_EMPTY) -> SimConfig:
+    """Build a :class:`SimConfig` for one configuration.
+
+    ``structure``: a :class:`slabtune.model.policy.Structure` of scalars (order,
+    objs_per_slab, min_partial, cpu_partial_slabs, sheaf_capacity).  ``workload``: a
+    ``(Workload, RepLayout)`` pair from :mod:`slabtune.model.workloads`, or a dict
+    ``{"kind": ..., **params}`` built on ``topology``.  Keyword overrides stand for sysfs
+    writes and boot-time switches (``barns``: "none", "memory_nodes" or "all_nodes").
+    """
+    if isinstance(workload, dict):
+        params = dict(workload)
+        kind = params.pop("kind")
+        workload = W.build(kind, topology, **params)
+    wl, lay = workload
+    cap = int(np.asarray(structure.sheaf_capacity)) if sheaf_capacity is None else int(sheaf_capacity)
+    cps = int(np.asarray(structure.cpu_partial_slabs)) if cpu_partial_slabs is None else int(cpu_partial_slabs)
+    if not profile.has_cpu_partial:
+        cps = 0
+    mp = int(np.asarray(structure.min_partial)) if min_partial is None else int(min_partial)
+    fb = profile.memoryless_fallback if memoryless_fallback is None else bool(memoryless_fallback)
+    barn_name = profile.barns if barns is None else barns
+    if barn_name not in P.BARN_NODES:
+        raise ValueError(f"barns: {barn_name!r} is not one of {', '.join(P.BARN_NODES)}")
+    objs = int(np.asarray(structure.objs_per_slab))
+    if objs < 1:
+        raise ValueError(f"objs_per_slab: {objs} < 1")
+    return SimConfig(
+        objs_per_slab=_scalar(objs),
+        order=_scalar(np.asarray(structure.order)),
+        min_partial=_scalar(mp),
+        cpu_partial_slabs=_scalar(cps),
+        sheaf_capacity=_scalar(cap),
+        cpu_slab=_scalar(1 if cap == 0 else 0),
+        barns=_scalar(P.BARN_NODES.index(barn_name)),
+        remote_free_bypasses_sheaf=_scalar(int(profile.remote_free_bypasses_sheaf)),
+        memoryless_cpus_use_sheaves=_scalar(int(profile.memoryless_cpus_use_sheaves)),
+        memoryless_fallback=_scalar(int(fb)),
+        barn_max_full=_scalar(barn_max_full),
+        barn_max_empty=_scalar(barn_max_empty),
+        rep_weight=np.asarray(lay.weight, np.float32),
+        rep_node=np.asarray(lay.node, np.int32),
+        rep_mem_node=np.asarray(lay.mem_node, np.int32),
+        rep_memoryless=np.asarray(lay.memoryless, np.int32),
+        node_has_memory=np.asarray(lay.node_has_memory, np.int32),
+        node_weight=np.asarray(lay.node_weight, np.float32),
+        workload=W.Workload(*(np.asarray(f, np.int32) for f in wl)),
+    )
+
+
+def stack_configs(cfgs) -> SimConfig:
+    """Stack configurations along a new leading axis (for :func:`simulate_batch`)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *cfgs)
+
+
+# --------------------------------------------------------------------------- random bits
+
+
+def _mix32(x):
+    """lowbias32 integer hash on uint32 (wraps mod 2**32)."""
+    x = x ^ (x >> 16)
+    x = x * _U32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * _U32(0x846CA68B)
+    x = x ^ (x >> 16)
+    return x
+
+
+def seed_of(key) -> jnp.ndarray:
+    """The 32-bit stream seed of a run, drawn from its jax.random key."""
+    return jax.random.bits(key, (), jnp.uint32)
+
+
+def _draws_at(seed, t):
+    """The (R, K) uint32 words of step ``t``: a counter-based hash of (seed, t, rep, k)."""
+    ctr = (jnp.asarray(t, _U32) * _U32(R * K) + jnp.arange(R * K, dtype=_U32))
+    s = _mix32(jnp.asarray(seed, _U32) ^ _U32(0x5BD1E995))
+    return _mix32((ctr * _U32(0x9E3779B9)) ^ s).reshape(R, K)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def draws(key, steps: int) -> jnp.ndarray:
+    """All random words of a run, shape (steps, R, K) uint32: what :func:`simulate` uses
+    step by step, for feeding the reference simulator the same numbers."""
+    seed = seed_of(key)
+    return jax.vmap(lambda t: _draws_at(seed, t))(jnp.arange(steps, dtype=_U32))
+
+
+# --------------------------------------------------------------------------- helpers
+# Per-config code below works on tuples of scalars (one per rep or node class); under
+# vmap every scalar is a vector over the batch, so the whole step is elementwise.
+
+
+def _get(xs, idx):
+    """xs[idx] for a traced index (a chain of selects)."""
+    v = xs[0]
+    for k in range(1, len(xs)):
+        v = jnp.where(idx == k, xs[k], v)
+    return v
+
+
+def _add(xs, idx, v):
+    """xs with v added at a traced index."""
+    return tuple(x + jnp.where(idx == k, v, 0) for k, x in enumerate(xs))
+
+
+def _set(xs, idx, v, cond=True):
+    return tuple(jnp.where((idx == k) & cond, v, x) for k, x in enumerate(xs))
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _nonempty(slabs, inuse, cap1):
+    """Non-empty slabs of a partial list under the packing rule: ceil(inuse / (objs-1))."""
+    return jnp.minimum(slabs, _cdiv(inuse, cap1))
+
+
+def _i(x):
+    return jnp.asarray(x, _I32)
+
+
+class _C:
+    """Field indices into the counter rows."""
+
+
+for _k, _name in enumerate(COUNTER_FIELDS):
+    setattr(_C, _name, _k)
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict):
+    """One allocator op of rep ``r`` (static): workload choice, then allocation or free."""
+    wl = cfg.workload
+    objs = d["objs"]
+    cap1 = d["cap1"]
+    cap = cfg.sheaf_capacity
+    sheaves = cap > 0
+    w0, w1, w2 = w[r, 0], w[r, 1], w[r, 2]
+    m = d["mem_node"][r]
+    own = d["node"][r]
+    has_barn = d["has_barn"][r]
+    inc = [_i(0)] * len(COUNTER_FIELDS)
+
+    def bump(name, v):
+        inc[getattr(_C, name)] = inc[getattr(_C, name)] + _i(v)
+
+    def lock(node, cond):
+        bump("list_lock", cond)
+        bump("list_lock_remote", cond & (node != own))
+        st["lock_node"] = _add(st["lock_node"], node, _i(cond))
+
+    # ---- workload: allocate or free?
+    active = wl.active[r] > 0
+    can_a = active & (wl.alloc_p[r] > 0) & (st["out"][r] < wl.live_target[r])
+    can_f = active & (st["pend_tot"][r] > 0)
+    bursty = wl.burst[r] > 0
+    want_a = jnp.where(bursty, st["phase"][r] == 0, _i(w0 >> 16) < wl.alloc_p[r])
+    do_a = can_a & (want_a | ~can_f)
+    do_f = can_f & ~do_a
+    did = do_a | do_f
+    left = st["phase_left"][r] - jnp.where(bursty & did, 1, 0)
+    flip = bursty & did & (left <= 0)
+    st["phase"] = _set(st["phase"], r, 1 - st["phase"][r], flip)
+    st["phase_left"] = _set(st["phase_left"], r, jnp.where(flip, wl.burst[r], left))
+    bump("ops", did)
+
+    # ================================================================ allocation
+    lo16 = _i(w1 & _U32(0xFFFF))
+    j = _i(0)
+    for k in range(R - 1, -1, -1):
+        j = jnp.where(lo16 < wl.free_cum[r, k], k, j)
+    bump("allocs", do_a)
+
+    # -- sheaf path (alloc_from_pcs / __pcs_replace_empty_main)
+    a_sh = do_a & sheaves
+    main_r, spare_r = st["main"][r], st["spare"][r]
+    hit = a_sh & (main_r > 0)
+    swap = a_sh & ~hit & (spare_r > 0)
+    bfull = _get(st["barn_full"], own)
+    bget = a_sh & ~hit & ~swap & has_barn & (bfull > 0)
+    refill = a_sh & ~hit & ~swap & ~bget
+    bump("sheaf_alloc_hit", hit)
+    bump("barn_get", bget)
+    bump("barn_get_fail", refill & has_barn)
+    bump("sheaf_refill", refill)
+    new_main = jnp.where(hit, main_r - 1, jnp.where(swap, spare_r - 1, cap - 1))
+    st["main"] = _set(st["main"], r, new_main, a_sh)
+    st["spare"] = _set(st["spare"], r, 0, swap)
+    st["barn_full"] = _add(st["barn_full"], own, -_i(bget))
+    bempty = _get(st["barn_empty"], own)
+    st["barn_empty"] = _add(st["barn_empty"], own, _i(bget & (bempty < cfg.barn_max_empty)))
+
+    # -- direct allocation from the node's partial list: a CPU on a memoryless node without
+    #    the numa_mem_id() fix never finds a "local" CPU slab and takes the node's lock for
+    #    every object (one object per lock).
+    direct = do_a & ~sheaves & (d["alloc_local"][r] == 0)
+
+    # -- CPU slab path (slab_alloc fast path, ___slab_alloc)
+    a_cs = do_a & ~sheaves & ~direct
+    fast = a_cs & (st["cs_free"][r] > 0)
+    slow = a_cs & ~fast
+    rf = slow & (st["cs_rfree"][r] > 0)
+    newslab = slow & ~rf
+    deact_full = newslab & (st["cs_inuse"][r] > 0)
+    from_pc = newslab & (st["pc_slabs"][r] > 0)
+    S_m = _get(st["part_slabs"], m)
+    U_m = _get(st["part_inuse"], m)
+    from_node = newslab & ~from_pc & (S_m > 0)
+    from_page = newslab & ~from_pc & ~from_node
+    # slab taken from the per-CPU partial list: an empty one if any, else the emptiest
+    pcs, pcu = st["pc_slabs"][r], st["pc_inuse"][r]
+    pc_h = jnp.where(pcs > _nonempty(pcs, pcu, cap1), 0, pcu - (pcs - 1) * cap1)
+    nd_h = jnp.where(S_m > _nonempty(S_m, U_m, cap1), 0, U_m - (S_m - 1) * cap1)
+    took_inuse = jnp.where(from_pc, pc_h, jnp.where(from_node, nd_h, 0))
+    st["pc_slabs"] = _add(st["pc_slabs"], r, -_i(from_pc))
+    st["pc_inuse"] = _add(st["pc_inuse"], r, -jnp.where(from_pc, pc_h, 0))
+    st["full_slabs"] = _add(st["full_slabs"], m, _i(deact_full))
+    st["part_slabs"] = _add(st["part_slabs"], m, -_i(from_node))
+    st["part_inuse"] = _add(st["part_inuse"], m, -jnp.where(from_node, nd_h, 0))
+    cs_free = jnp.where(rf, st["cs_rfree"][r], jnp.where(newslab, objs - took_inuse,
+                                                            st["cs_free"][r]))
+    cs_inuse = jnp.where(newslab, took_inuse, st["cs_inuse"][r])
+    cs_rfree = jnp.where(slow, 0, st["cs_rfree"][r])
+    pf = jnp.where(newslab, 0, st["pend_fast"][r])
+    st["cs_free"] = _set(st["cs_free"], r, cs_free - _i(a_cs))
+    st["cs_inuse"] = _set(st["cs_inuse"], r, cs_inuse + _i(a_cs))
+    st["cs_rfree"] = _set(st["cs_rfree"], r, cs_rfree)
+    st["pend_fast"] = _set(st["pend_fast"], r, pf + _i(a_cs & (j == r)))
+    lock(m, from_node)
+
+    # -- bulk take from node m: sheaf refill (cap objects) or a direct allocation (1)
+    take = jnp.where(refill, cap, jnp.where(direct, 1, 0))
+    _bulk_take(st, m, take, d, bump)
+    lock(m, refill | direct)
+
+    bump("alloc_fast", hit | fast)
+    bump("alloc_slow", do_a & ~(hit | fast))
+    bump("slab_alloc", from_page)
+    st["pend"] = tuple(
+        tuple(x + _i(do_a & (j == jj)) for jj, x in enumerate(row)) if i == r else row
+        for i, row in enumerate(st["pend"]))
+    st["out"] = _add(st["out"], r, _i(do_a))
+    st["pend_tot"] = _add(st["pend_tot"], j, _i(do_a))
+
+    # ================================================================ free
+    bump("frees", do_f)
+    col = [st["pend"][i][r] for i in range(R)]
+    pf = st["pend_fast"][r]
+    c = _i(w1 >> 1) % jnp.maximum(st["pend_tot"][r], 1)
+    in_cs = do_f & (c < pf) & (cfg.cpu_slab > 0)
+    c2 = c - pf
+    origin = _i(r)
+    acc = _i(0)
+    first = jnp.bool_(True)
+    for i in range(R):
+        q = col[i] - (pf if i == r else 0)
+        acc = acc + q
+        hit_i = first & (c2 < acc)
+        origin = jnp.where(hit_i, i, origin)
+        first = first & ~hit_i
+    origin = jnp.where(c < pf, r, origin)
+    n = _get(d["mem_node"], origin)
+    remote = n != d["local_node"][r]
+    bump("remote_free", do_f & remote)
+    st["pend"] = tuple(
+        tuple(x - _i(do_f & (origin == i)) if jj == r else x for jj, x in enumerate(row))
+        for i, row in enumerate(st["pend"]))
+    st["out"] = _add(st["out"], origin, -_i(do_f))
+    st["pend_tot"] = _add(st["pend_tot"], r, -_i(do_f))
+    st["pend_fast"] = _add(st["pend_fast"], r, -_i(in_cs))
+
+    # -- sheaf free (free_to_pcs / __pcs_replace_full_main)
+    f_sh = do_f & sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & remote)
+    main_r, spare_r = st["main"][r], st["spare"][r]
+    fhit = f_sh & (main_r < cap)
+    fswap = f_sh & ~fhit & (spare_r == 0)
+    bfull = _get(st["barn_full"], own)
+    bput = f_sh & ~fhit & ~fswap & has_barn & (bfull < cfg.barn_max_full)
+    flush = f_sh & ~fhit & ~fswap & ~bput
+    bump("sheaf_free_hit", fhit)
+    bump("barn_put", bput)
+    bump("barn_put_fail", flush & has_barn)
+    bump("sheaf_flush", flush)
+    st["main"] = _set(st["main"], r, jnp.where(fhit, main_r + 1, 1), f_sh)
+    st["spare"] = _set(st["spare"], r, cap, fswap)
+    bempty = _get(st["barn_empty"], own)
+    st["barn_full"] = _add(st["barn_full"], own, _i(bput))
+    st["barn_empty"] = _add(st["barn_empty"], own, -_i(bput & (bempty > 0)))
+    _bulk_free(st, m, jnp.where(flush, cap, 0), d, bump)
+    lock(m, flush)
+
+    # -- slab free (do_slab_free fast path, __slab_free)
+    f_sl = do_f & ~f_sh
+    own_cs = f_sl & in_cs
+    other = f_sl & ~in_cs
+    # which slab: by allocated objects on node n, frozen slabs (other CPUs' slabs and
+    # per-CPU partial slabs) first, then the node's partial list, then full slabs
+    zc = []
+    zp = []
+    for k in range(R):
+        on_n = d["mem_node"][k] == n
+        zc.append(jnp.where(on_n, st["cs_inuse"][k] - st["pend_fast"][k], 0))
+        zp.append(jnp.where(on_n, st["pc_inuse"][k], 0))
+    Un = _get(st["part_inuse"], n)
+    Sn = _get(st["part_slabs"], n)
+    Fn = _get(st["full_slabs"], n)
+    ztot = sum(zc) + sum(zp)
+    tot = ztot + Un + Fn * objs
+    dd = _i(w2 >> 1) % jnp.maximum(tot, 1)
+    kk = _i(0)
+    in_pc = jnp.bool_(False)
+    acc = _i(0)
+    first = jnp.bool_(True)
+    for k in range(R):
+        a1 = acc + zc[k]
+        a2 = a1 + zp[k]
+        h1 = first & (dd < a1)
+        h2 = first & ~h1 & (dd < a2)
+        kk = jnp.where(h1 | h2, k, kk)
+        in_pc = in_pc | h2
+        first = first & ~(h1 | h2)
+        acc = a2
+    to_frozen = other & (dd < ztot)
+    to_part = other & ~to_frozen & (dd < ztot + Un)
+    to_full = other & ~to_frozen & ~to_part
+    fz_cs = to_frozen & ~in_pc
+    own_hit = fz_cs & (kk == r)
+    ffast = own_cs | own_hit
+    # own CPU slab: back on the lockless freelist
+    st["cs_free"] = _add(st["cs_free"], r, _i(ffast))
+    st["cs_inuse"] = _add(st["cs_inuse"], kk, -_i(fz_cs))
+    st["cs_inuse"] = _add(st["cs_inuse"], r, -_i(own_cs))
+    st["cs_rfree"] = _add(st["cs_rfree"], kk, _i(fz_cs & ~own_hit))
+    st["pc_inuse"] = _add(st["pc_inuse"], kk, -_i(to_frozen & in_pc))
+    # node partial list: the free that takes a slab's last object takes the list_lock and
+    # discards the slab if the node already keeps min_partial partial slabs
+    empties = to_part & (((Un - 1) % cap1) == 0)
+    discard = empties & (Sn >= cfg.min_partial)
+    st["part_inuse"] = _add(st["part_inuse"], n, -_i(to_part))
+    st["part_slabs"] = _add(st["part_slabs"], n, -_i(discard))
+    lock(n, empties)
+    bump("slab_free", discard)
+    # full slab: becomes partial; frozen onto this CPU's partial list if it has one (and
+    # the slab is on its memory node), else onto the node's partial list under the lock
+    to_cpp = to_full & (cfg.cpu_partial_slabs > 0) & (cfg.cpu_slab > 0) & (n == m)
+    to_np = to_full & ~to_cpp
+    st["full_slabs"] = _add(st["full_slabs"], n, -_i(to_full))
+    drain = to_cpp & (st["pc_slabs"][r] >= cfg.cpu_partial_slabs)
+    _drain(st, r, m, drain, d, bump, lock)
+    st["pc_slabs"] = _add(st["pc_slabs"], r, _i(to_cpp))
+    st["pc_inuse"] = _add(st["pc_inuse"], r, jnp.where(to_cpp, objs - 1, 0))
+    lock(n, to_np)
+    Sn2 = _get(st["part_slabs"], n)
+    np_discard = to_np & (objs == 1) & (Sn2 >= cfg.min_partial)
+    np_keep = to_np & ~np_discard
+    st["part_slabs"] = _add(st["part_slabs"], n, _i(np_keep))
+    st["part_inuse"] = _add(st["part_inuse"], n, jnp.where(np_keep, objs - 1, 0))
+    bump("slab_free", np_discard)
+
+    bump("free_fast", fhit | ffast)
+    bump("free_slow", do_f & ~(fhit | ffast))
+    st["counts"] = tuple(tuple(row[k] + (inc[f] if k == r else 0) for k in range(R))
+                         for f, row in enumerate(st["counts"]))
+
+
+def _bulk_take(st, m, t, d, bump):
+    """Allocate ``t`` objects from node ``m``: free objects on its partial list first, then
+    new slabs from the page allocator (the last one partial goes on the list)."""
+    objs = d["objs"]
+    S = _get(st["part_slabs"], m)
+    U = _get(st["part_inuse"], m)
+    avail = S * objs - U
+    x = jnp.minimum(t, avail)
+    U = U + x
+    f = jnp.maximum(U - S * (objs - 1), 0)   # slabs that became full leave the list
+    S = S - f
+    U = U - f * objs
+    rem = t - x
+    g = _cdiv(rem, objs)
+    last = rem - jnp.maximum(g - 1, 0) * objs
+    partial_last = (g > 0) & (last < objs)
+    full_new = jnp.where(partial_last, g - 1, g)
+    S = S + _i(partial_last)
+    U = U + jnp.where(partial_last, last, 0)
+    st["part_slabs"] = _set(st["part_slabs"], m, S)
+    st["part_inuse"] = _set(st["part_inuse"], m, U)
+    st["full_slabs"] = _add(st["full_slabs"], m, f + full_new)
+    bump("slab_alloc", g)
+
+
+def _discard_empties(st, m, d, bump, cond):
+    """Free empty partial slabs of node ``m`` beyond min_partial to the page allocator."""
+    S = _get(st["part_slabs"], m)
+    U = _get(st["part_inuse"], m)
+    e = S - _nonempty(S, U, d["cap1"])
+    drop = jnp.where(cond, jnp.clip(S - d["min_partial"], 0, e), 0)
+    st["part_slabs"] = _add(st["part_slabs"], m, -drop)
+    bump("slab_free", drop)
+
+
+def _bulk_free(st, m, k, d, bump):
+    """Free ``k`` objects (a flushed sheaf) into node ``m``'s slabs: partial slabs first,
+    then full ones (which become partial); empties beyond min_partial are discarded."""
+    objs = d["objs"]
+    U = _get(st["part_inuse"], m)
+    F = _get(st["full_slabs"], m)
+    x = jnp.minimum(k, U)
+    y = jnp.minimum(k - x, F * objs)
+    g = _cdiv(y, objs)
+    st["part_inuse"] = _add(st["part_inuse"], m, -x + g * objs - y)
+    st["part_slabs"] = _add(st["part_slabs"], m, g)
+    st["full_slabs"] = _add(st["full_slabs"], m, -g)
+    _discard_empties(st, m, d, bump, k > 0)
+
+
+def _drain(st, r, m, cond, d, bump, lock):
+    """unfreeze_partials(): move rep ``r``'s per-CPU partial slabs to node ``m``'s list
+    under one lock; empty ones beyond min_partial go back to the page allocator."""
+    s = jnp.where(cond, st["pc_slabs"][r], 0)
+    u = jnp.where(cond, st["pc_inuse"][r], 0)
+    ne = _nonempty(s, u, d["cap1"])
+    e = s - ne
+    S = _get(st["part_slabs"], m) + ne
+    keep = jnp.clip(d["min_partial"] - S, 0, e)
+    st["part_slabs"] = _set(st["part_slabs"], m, S + keep)
+    st["part_inuse"] = _add(st["part_inuse"], m, u)
+    st["pc_slabs"] = _set(st["pc_slabs"], r, 0, cond)
+    st["pc_inuse"] = _set(st["pc_inuse"], r, 0, cond)
+    bump("slab_free", e - keep)
+    bump("cpu_partial_drain", cond)
+    lock(m, cond)
+
+
+def _derived(cfg: SimConfig) -> dict:
+    """Per-run constants of the step (computed once, outside the scan)."""
+    objs = _i(cfg.objs_per_slab)
+    node = tuple(_i(cfg.rep_node[r]) for r in range(R))
+    mem = tuple(_i(cfg.rep_mem_node[r]) for r in range(R))
+    memless = tuple(cfg.rep_memoryless[r] > 0 for r in range(R))
+    barn_at = tuple(
+        (cfg.barns == BARNS_ALL) | ((cfg.barns == BARNS_MEMORY) & (cfg.node_has_memory[n] > 0))
+        for n in range(N))
+    use_sh = cfg.memoryless_cpus_use_sheaves > 0
+    return dict(
+        objs=objs,
+        cap1=jnp.maximum(objs - 1, 1),
+        min_partial=_i(cfg.min_partial),
+        node=node,
+        mem_node=mem,
+        # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
+        # the profile lets memoryless CPUs use sheaves (v7.1)
+        local_node=tuple(jnp.where(memless[r] & ~use_sh, node[r], mem[r]) for r in range(R)),
+        alloc_local=tuple(_i(~memless[r] | (cfg.memoryless_fallback > 0)) for r in range(R)),
+        has_barn=tuple(_get(barn_at, node[r]) & (cfg.sheaf_capacity > 0) for r in range(R)),
+    )
+
+
+def _gauges(st, d, cfg):
+    """Per-step gauge values: (rep rows, node rows)."""
+    cap1 = d["cap1"]
+    rep = (st["out"], st["pc_slabs"], tuple(a + b for a, b in zip(st["main"], st["spare"])))
+    slabs = []
+    empty = []
+    barn = []
+    for n in range(N):
+        S, U = st["part_slabs"][n], st["part_inuse"][n]
+        held = sum(jnp.where(d["mem_node"][k] == n,
+                             _i((st["cs_free"][k] + st["cs_inuse"][k] + st["cs_rfree"][k]) > 0)
+                             + st["pc_slabs"][k], 0) for k in range(R))
+        slabs.append(S + st["full_slabs"][n] + held)
+        empty.append(S - _nonempty(S, U, cap1))
+        barn.append(st["barn_full"][n] * cfg.sheaf_capacity)
+    return rep, (tuple(slabs), tuple(empty), tuple(barn))
+
+
+def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
+    """Advance one step: every rep, in order 0..R-1, does at most one allocator op.
+
+    ``w``: the step's (R, K) uint32 random words; ``st``: the unstacked state (a dict of
+    tuples of scalars, see :func:`_unstack`).  Pure: returns the new state.
+    """
+    if d is None:
+        d = _derived(cfg)
+    st = dict(st)
+    for r in range(R):
+        _rep_op(r, w, st, cfg, d)
+    rep, node = _gauges(st, d, cfg)
+    st["gsum_rep"] = tuple(tuple(a + b for a, b in zip(acc, g))
+                           for acc, g in zip(st["gsum_rep"], rep))
+    st["gsum_node"] = tuple(tuple(a + b for a, b in zip(acc, g))
+                            for acc, g in zip(st["gsum_node"], node))
+    return st
+
+
+def _unstack(x):
+    x = jnp.asarray(x)
+    if x.ndim == 0:
+        return x
+    return tuple(_unstack(x[i]) for i in range(x.shape[0]))
+
+
+def _restack(t):
+    if isinstance(t, tuple):
+        return jnp.stack([_restack(e) for e in t])
+    return t
+
+
+def init_state(cfg: SimConfig) -> State:
+    """Empty caches: no slabs, empty sheaves, nothing allocated."""
+    z = lambda *s: jnp.zeros(s, _I32)
+    return State(
+        pend=z(R, R), pend_fast=z(R), out=z(R), pend_tot=z(R), cs_free=z(R), cs_inuse=z(R),
+        cs_rfree=z(R), pc_slabs=z(R), pc_inuse=z(R), main=z(R), spare=z(R), phase=z(R),
+        phase_left=jnp.asarray(cfg.workload.burst, _I32), part_slabs=z(N), part_inuse=z(N),
+        full_slabs=z(N), barn_full=z(N), barn_empty=z(N),
+        counts=z(len(COUNTER_FIELDS), R), lock_node=z(N), gsum_rep=z(3, R), gsum_node=z(3, N),
+    )
+
+
+def _finish(st: State, steps: int) -> Counters:
+    c = {name: st.counts[k] for k, name in enumerate(COUNTER_FIELDS)}
+    den = jnp.float32(max(steps, 1))
+    g = st.gsum_rep.astype(jnp.float32) / den
+    gn = st.gsum_node.astype(jnp.float32) / den
+    return Counters(
+        **c, list_lock_node=st.lock_node,
+        slabs_total=gn[0], objects_inuse=g[0], empty_slabs_kept=gn[1],
+        cpu_partial_slabs_held=g[1], sheaf_objects_held=g[2], barn_objects_held=gn[2],
+        outstanding=st.out,
+    )
+
+
+def _run(seed_or_draws, cfg: SimConfig, steps: int, pre_drawn: bool) -> State:
+    cfg = jax.tree_util.tree_map(jnp.asarray, cfg)
+    d = _derived(cfg)
+    st0 = {k: _unstack(v) for k, v in init_state(cfg)._asdict().items()}
+
+    if pre_drawn:
+        def body(st, w):
+            return step(w, st, cfg, d), None
+        xs = seed_or_draws
+    else:
+        seed = seed_or_draws
+
+        def body(st, t):
+            return step(_draws_at(seed, t), st, cfg, d), None
+        xs = jnp.arange(steps, dtype=_U32)
+    st, _ = lax.scan(body, st0, xs)
+    return State(**{k: _restack(v) for k, v in st.items()})
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def simulate(key, cfg: SimConfig, steps: int) -> Counters:
+    """Run ``steps`` steps of configuration ``cfg`` from empty caches; the random stream is
+    fixed by ``key`` (see :func:`draws`)."""
+    return _finish(_run(seed_of(key), cfg, steps, False), steps)
+
+
+@jax.jit
+def simulate_draws(w, cfg: SimConfig) -> Counters:
+    """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)."""
+    return _finish(_run(w, cfg, w.shape[0], True), w.shape[0])
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def simulate_batch(keys, cfgs: SimConfig, steps: int) -> Counters:
+    """:func:`simulate` vmapped over configurations (leading axis of ``keys`` and of every
+    field of ``cfgs``, see :func:`stack_configs`)."""
+    return jax.vmap(lambda k, c: _finish(_run(seed_of(k), c, steps, False), steps))(keys, cfgs)
+
+
+def counters_numpy(c: Counters) -> dict:
+    """Counters as a dict of NumPy arrays."""
+    return {k: np.asarray(v) for k, v in c._asdict().items()}

@@ -1,0 +1,357 @@
+"""Workloads as data: who allocates, who frees, how many objects are live.
+
+A workload is not code: it is a :class:`Workload` pytree of int32 arrays over the ``R``
+representative CPUs ("reps") of :mod:`slabtune.model.dynamics`, plus a :class:`RepLayout`
+saying which CPUs each rep stands for.  The four constructors build both from a
+:class:`~slabtune.model.topology.Topology`:
+
+* :func:`local`: each CPU allocates and frees its own objects (a live set per CPU, in
+  bursts or randomly interleaved).
+* :func:`producer_consumer`: hackbench-like groups; senders allocate, receivers free,
+  on the same node or, with ``cross_node``, on another one.
+* :func:`request_response`: netperf TCP_RR with ``threads`` on the machine; one CPU takes
+  the network interrupt and frees most objects the application threads allocate (and
+  allocates the receive buffers they free).
+* :func:`block_io`: ublk/io_uring-like; submitting CPUs allocate, one completion CPU frees,
+  possibly on another node, on machines where some nodes have no memory.
+
+Probabilities are quantised to 1/65536 here (with NumPy, once), so that the JAX model and
+the reference simulator compare the same integers against the same random bits.
+
+Node classes
+------------
+The model keeps ``N`` node classes, each standing for one typical node of a kind:
+class 0 is the first node with memory that has CPUs, class 1 any other node with memory
+(a representative of ``node_weight[1]`` such nodes), class 2 a memoryless node with CPUs
+(representing ``node_weight[2]`` such nodes), class 3 is unused padding.  A CPU on a
+memoryless node gets its slabs from its nearest node with memory, taken here as class 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import numpy as np
+
+from slabtune.model.topology import Topology
+
+#: Representative CPUs per configuration.
+R = 8
+#: Node classes per configuration.
+N = 4
+#: Probabilities are integers out of this.
+PROB_ONE = 1 << 16
+
+NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS, NODE_PAD = 0, 1, 2, 3
+
+
+class WorkloadError(ValueError):
+    """A workload parameter out of range; the message names the parameter."""
+
+
+class Workload(NamedTuple):
+    """Per-rep workload parameters (int32 arrays; a pytree, so it vmaps).
+
+    ``alloc_p[r]``: probability (out of 65536) that an op of rep ``r`` is an allocation when
+    it could both allocate and free (used when ``burst[r] == 0``).
+    ``free_cum[r, j]``: cumulative probability (out of 65536) that an object rep ``r``
+    allocates is freed by rep ``<= j``; the last column is 65536 for reps that allocate.
+    ``live_target[r]``: at most this many objects allocated by ``r`` are outstanding.
+    ``burst[r]``: > 0 makes rep ``r`` alternate ``burst`` allocations and ``burst`` frees
+    (each falling back to the other kind when impossible); 0 interleaves them at random.
+    ``active[r]``: 1 if rep ``r`` stands for at least one CPU.
+    """
+
+    alloc_p: np.ndarray
+    free_cum: np.ndarray
+    live_target: np.ndarray
+    burst: np.ndarray
+    active: np.ndarray
+
+
+class RepLayout(NamedTuple):
+    """Which CPUs each rep stands for (arrays; a pytree).
+
+    ``weight[r]``: real CPUs rep ``r`` stands for (float; 0 for an unused rep).
+    ``node[r]``: node class of rep ``r``'s CPU; ``mem_node[r]``: node class its slabs come
+    from (its own for a memory node, the nearest memory node for a memoryless one).
+    ``memoryless[r]``: 1 if its CPU sits on a node without memory.
+    ``node_has_memory[n]``, ``node_weight[n]``: per node class, whether it has memory and
+    how many real nodes it stands for.
+    """
+
+    weight: np.ndarray
+    node: np.ndarray
+    mem_node: np.ndarray
+    memoryless: np.ndarray
+    node_has_memory: np.ndarray
+    node_weight: np.ndarray
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _prob(name: str, p: float) -> int:
+    if not 0.0 <= float(p) <= 1.0:
+        raise WorkloadError(f"{name}: {p} is not a probability in [0, 1]")
+    return int(round(float(p) * PROB_ONE))
+
+
+def _count(name: str, v, lo: int = 0, hi: int = 1 << 24) -> int:
+    if isinstance(v, bool) or int(v) != v or not lo <= int(v) <= hi:
+        raise WorkloadError(f"{name}: {v!r} is not an integer in {lo}..{hi}")
+    return int(v)
+
+
+def node_groups(topology: Topology) -> dict:
+    """CPU counts and node counts per node class of ``topology``.
+
+    Returns ``cpus[N]``, ``nodes[N]`` and ``has_memory[N]`` (lists).
+    """
+    mem_with_cpu = [i for i in topology.memory_nodes if topology.node_cpus[i] > 0]
+    first = mem_with_cpu[0] if mem_with_cpu else topology.memory_nodes[0]
+    cpus = [0] * N
+    nodes = [0] * N
+    for i, c in enumerate(topology.node_cpus):
+        if topology.node_has_memory[i]:
+            k = NODE_MEM0 if i == first else NODE_MEM_OTHER
+        else:
+            k = NODE_MEMLESS
+        if k != NODE_MEM0 and c == 0:
+            continue  # nodes without CPUs take no part in a CPU-driven workload
+        cpus[k] += c
+        nodes[k] += 1
+    return dict(cpus=cpus, nodes=nodes, has_memory=[True, True, False, True])
+
+
+def _layout(topology: Topology, slots: list[tuple[int, float]]) -> RepLayout:
+    """Build a layout from ``slots``: one (node class, weight) per rep (padded to R)."""
+    g = node_groups(topology)
+    slots = list(slots) + [(NODE_MEM0, 0.0)] * (R - len(slots))
+    node = np.array([s[0] for s in slots], np.int32)
+    weight = np.array([s[1] for s in slots], np.float32)
+    memless = (node == NODE_MEMLESS).astype(np.int32)
+    mem_node = np.where(memless == 1, NODE_MEM0, node).astype(np.int32)
+    return RepLayout(
+        weight=weight,
+        node=node,
+        mem_node=mem_node,
+        memoryless=memless,
+        node_has_memory=np.array(g["has_memory"], np.int32),
+        node_weight=np.array([max(n, 0) for n in g["nodes"]], np.float32),
+    )
+
+
+def _spread(total_reps: int, groups: list[tuple[int, int]]) -> list[tuple[int, float]]:
+    """Share ``total_reps`` reps among CPU groups ``(node class, cpus)`` in proportion to
+    their CPUs (each non-empty group gets at least one rep, never more reps than CPUs);
+    each rep's weight is its group's CPUs over the group's reps."""
+    groups = [(k, c) for k, c in groups if c > 0]
+    if not groups:
+        return []
+    total_reps = max(total_reps, len(groups))
+    alloc = [1] * len(groups)
+    left = total_reps - len(groups)
+    tot = sum(c for _, c in groups)
+    # largest remainder, deterministic
+    want = [total_reps * c / tot for _, c in groups]
+    while left > 0:
+        i = max(range(len(groups)), key=lambda i: (want[i] - alloc[i], -i))
+        alloc[i] += 1
+        left -= 1
+    out = []
+    for (k, c), a in zip(groups, alloc):
+        a = min(a, c)
+        out += [(k, c / a)] * a
+    return out
+
+
+def _free_cum(rows: list[list[float]]) -> np.ndarray:
+    """Quantise row-stochastic free_to rows to cumulative int32 thresholds out of 65536."""
+    out = np.zeros((R, R), np.int32)
+    for r, row in enumerate(rows):
+        row = list(row) + [0.0] * (R - len(row))
+        s = sum(row)
+        if s <= 0:
+            continue
+        acc = 0.0
+        for j in range(R):
+            acc += row[j] / s
+            out[r, j] = int(round(acc * PROB_ONE))
+        out[r, R - 1] = PROB_ONE
+        # columns after the last positive entry stay at 65536
+        last = max(j for j in range(R) if row[j] > 0)
+        out[r, last:] = PROB_ONE
+    return out
+
+
+def _workload(alloc_p, rows, live, burst, layout: RepLayout) -> Workload:
+    active = (layout.weight > 0).astype(np.int32)
+    pad = R - len(alloc_p)
+    return Workload(
+        alloc_p=np.array(list(alloc_p) + [0] * pad, np.int32) * active,
+        free_cum=_free_cum(list(rows) + [[]] * pad) * active[:, None],
+        live_target=np.array(list(live) + [0] * pad, np.int32) * active,
+        burst=np.array(list(burst) + [0] * pad, np.int32),
+        active=active,
+    )
+
+
+# --------------------------------------------------------------------------- constructors
+
+
+def local(topology: Topology, live: int = 32, burst: int = 0, alloc_prob: float = 0.5):
+    """Per-CPU churn: every CPU allocates and frees its own objects.
+
+    ``live``: objects each CPU keeps allocated at most; ``burst``: allocate this many then
+    free this many (0: interleave at random with ``alloc_prob``).  Reps are spread over the
+    CPUs of every node class in proportion to their CPU counts.
+    """
+    live = _count("live", live, 1)
+    burst = _count("burst", burst, 0)
+    ap = _prob("alloc_prob", alloc_prob)
+    g = node_groups(topology)
+    slots = _spread(R, [(k, g["cpus"][k]) for k in (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)])
+    lay = _layout(topology, slots)
+    n = len(slots)
+    rows = [[1.0 if j == r else 0.0 for j in range(R)] for r in range(n)]
+    return _workload([ap] * n, rows, [live] * n, [burst] * n, lay), lay
+
+
+def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0.0):
+    """hackbench-like message passing: senders allocate, receivers free.
+
+    Reps 0..3 are senders, 4..7 receivers (half the CPUs each, over every node class).
+    ``depth``: messages a sender may have in flight; ``cross_node``: fraction of messages
+    received on another node class than the sender's (when the machine has one).
+    """
+    depth = _count("depth", depth, 1)
+    cross = _prob("cross_node", cross_node) / PROB_ONE
+    g = node_groups(topology)
+    groups = [(k, g["cpus"][k]) for k in (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)]
+    if sum(c for _, c in groups) < 2:
+        raise WorkloadError("producer_consumer: needs at least 2 CPUs")
+    half = [(k, c / 2.0) for k, c in groups]
+    send = _spread(R // 2, [(k, max(int(c), 1) if c > 0 else 0) for k, c in half])
+    recv = _spread(R // 2, [(k, max(int(c), 1) if c > 0 else 0) for k, c in half])
+    # exact weights: each side stands for half the CPUs of its group
+    def reweight(side):
+        cnt = {}
+        for k, _ in side:
+            cnt[k] = cnt.get(k, 0) + 1
+        return [(k, g["cpus"][k] / 2.0 / cnt[k]) for k, _ in side]
+    send, recv = reweight(send), reweight(recv)
+    send += [(NODE_MEM0, 0.0)] * (R // 2 - len(send))
+    slots = send + recv
+    lay = _layout(topology, slots)
+    rows = []
+    for s in range(R // 2):
+        sk = slots[s][0]
+        same = [R // 2 + i for i, (k, w) in enumerate(recv) if k == sk and w > 0]
+        other = [R // 2 + i for i, (k, w) in enumerate(recv) if k != sk and w > 0]
+        row = [0.0] * R
+        if not same:
+            same, other = other, []
+        c = cross if other else 0.0
+        for j in same:
+            row[j] += (1.0 - c) / len(same)
+        for j in other:
+            row[j] += c / len(other)
+        rows.append(row)
+    rows += [[0.0] * R for _ in range(len(recv))]
+    ap = [PROB_ONE] * (R // 2) + [0] * len(recv)
+    live = [depth] * (R // 2) + [0] * len(recv)
+    return _workload(ap, rows, live, [0] * len(slots), lay), lay
+
+
+def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.9,
+                     live: int = 16):
+    """netperf TCP_RR with ``threads`` threads: rep 0 is the CPU taking the network
+    interrupt (on node class 0); reps 1..7 the CPUs running threads (min(threads, CPUs-1)
+    of them, over every node class).  ``irq_free``: fraction of the objects the threads
+    allocate (transmit buffers) that the interrupt CPU frees; it allocates the receive
+    buffers, which the threads free.  ``live``: objects in flight per thread CPU.
+    """
+    threads = _count("threads", threads, 1)
+    live = _count("live", live, 1)
+    f = _prob("irq_free", irq_free) / PROB_ONE
+    g = node_groups(topology)
+    total = sum(g["cpus"])
+    app = min(threads, max(total - 1, 1))
+    groups = []
+    left = app
+    for k in (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS):
+        c = g["cpus"][k] - (1 if k == NODE_MEM0 and total > 1 else 0)
+        share = min(c, left) if k != NODE_MEMLESS else min(c, left)
+        groups.append((k, share))
+        left -= share
+    if total == 1:
+        groups = [(NODE_MEM0, 1)]
+    slots = [(NODE_MEM0, 1.0)] + _spread(R - 1, groups)
+    lay = _layout(topology, slots)
+    n = len(slots)
+    rows = [[0.0] + [1.0 / (n - 1)] * (n - 1)] if n > 1 else [[1.0]]
+    for r in range(1, n):
+        row = [0.0] * R
+        row[0] += f
+        row[r] += 1.0 - f
+        rows.append(row)
+    ap = [PROB_ONE // 2] * n
+    lv = [live * max(app // max(n - 1, 1), 1)] + [live] * (n - 1)
+    return _workload(ap, rows, lv, [0] * n, lay), lay
+
+
+def block_io(topology: Topology, depth: int = 32, completion_remote: bool = False):
+    """ublk/io_uring-like block I/O: reps 1..7 submit (allocate a request object), rep 0 is
+    the completion CPU that frees them.  With ``completion_remote`` the completion CPU sits
+    on another node class than the first memory node (a memoryless node if the machine has
+    one, else another memory node).  ``depth``: requests in flight per submitting CPU.
+    """
+    depth = _count("depth", depth, 1)
+    g = node_groups(topology)
+    comp = NODE_MEM0
+    if completion_remote:
+        if g["cpus"][NODE_MEMLESS] > 0:
+            comp = NODE_MEMLESS
+        elif g["cpus"][NODE_MEM_OTHER] > 0:
+            comp = NODE_MEM_OTHER
+    cpus = list(g["cpus"])
+    if sum(cpus) < 2:
+        raise WorkloadError("block_io: needs at least 2 CPUs")
+    cpus[comp] -= 1
+    slots = [(comp, 1.0)] + _spread(R - 1, [(k, cpus[k]) for k in
+                                            (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)])
+    lay = _layout(topology, slots)
+    n = len(slots)
+    rows = [[0.0] * R] + [[1.0] + [0.0] * (R - 1) for _ in range(1, n)]
+    ap = [0] + [PROB_ONE] * (n - 1)
+    lv = [0] + [depth] * (n - 1)
+    return _workload(ap, rows, lv, [0] * n, lay), lay
+
+
+BUILDERS = {
+    "local": local,
+    "producer_consumer": producer_consumer,
+    "request_response": request_response,
+    "block_io": block_io,
+}
+
+
+def spec_params(kind: str) -> tuple[str, ...]:
+    """Parameter names (besides the topology) of the constructor of workload ``kind``."""
+    if kind not in BUILDERS:
+        raise WorkloadError(f"kind: {kind!r} is not one of {', '.join(BUILDERS)}")
+    sig = inspect.signature(BUILDERS[kind])
+    return tuple(p for p in sig.parameters if p != "topology")
+
+
+def build(kind: str, topology: Topology, **params):
+    """Build ``(Workload, RepLayout)`` of ``kind`` on ``topology``; unknown parameters raise
+    :class:`WorkloadError` naming them."""
+    allowed = spec_params(kind)
+    for k in params:
+        if k not in allowed:
+            raise WorkloadError(f"{k}: not a parameter of workload {kind!r} "
+                                f"(known: {', '.join(allowed)})")
+    return BUILDERS[kind](topology, **params)

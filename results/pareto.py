@@ -67,8 +67,8 @@ def study_pareto(study: optuna.Study) -> dict:
     best = sorted(best, key=lambda t: (t.values[0], t.values[1], t.number))
     points = []
     for t in best:
-        mem_t = t.user_attrs.get("memory_topo", [])
-        time_t = t.user_attrs.get("time_topo", [])
+        topo = t.user_attrs.get("per_topology", {})
+        mem_t, time_t = topo.get("memory", []), topo.get("time", [])
         gm = gains(mem_t, base["memory_topo"])
         gt = gains(time_t, base["time_topo"])
         points.append({

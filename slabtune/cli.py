@@ -22,6 +22,11 @@ COMMAND_MODULES = (
     "guest",
     "sweep",
     "results",
+    "tune",
+    "pareto",
+    "plot",
+    "export",
+    "validate",
 )
 
 #: Exceptions from the libraries below the CLI that mean "bad input", not "bug".

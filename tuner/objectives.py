@@ -498,9 +498,14 @@ class Evaluation(NamedTuple):
     time_topo: np.ndarray
 
 
+#: Smallest padded batch: the baseline, one-at-a-time trials and batches up to this size
+#: share one compiled shape.
+MIN_BUCKET = 64
+
+
 def _bucket(n: int) -> int:
-    """Pad batch sizes to powers of two (at least 8) so a study compiles a few shapes."""
-    return max(8, 1 << (max(n, 1) - 1).bit_length())
+    """Pad batch sizes to powers of two (at least MIN_BUCKET) so a study compiles few shapes."""
+    return max(MIN_BUCKET, 1 << (max(n, 1) - 1).bit_length())
 
 
 class Evaluator:

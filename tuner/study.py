@@ -40,9 +40,9 @@ ATTR_SPEC = "slabtune_spec"
 ATTR_BASELINE = "slabtune_baseline"
 ATTR_TOPOLOGIES = "slabtune_topologies"
 ATTR_PROFILE = "slabtune_profile"
-#: Trial user attrs: per-topology objectives (lists aligned with ATTR_TOPOLOGIES).
-ATTR_MEMORY_TOPO = "memory_topo"
-ATTR_TIME_TOPO = "time_topo"
+#: Trial user attr: per-topology objectives {"memory": [...], "time": [...]} (lists aligned
+#: with the study's ATTR_TOPOLOGIES).
+ATTR_TOPO = "per_topology"
 ATTR_EXCESS = "regression_excess"
 DEFAULT_RUNS = Path("runs")
 DB_NAME = "study.db"
@@ -151,9 +151,29 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
             if not create and not path.exists():
                 raise SlabtuneError(f"storage: {url!r}: database file does not exist")
     try:
-        return optuna.storages.RDBStorage(url)
+        storage = optuna.storages.RDBStorage(url)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
         raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+    if url.startswith("sqlite:"):
+        _sqlite_wal(storage)
+    return storage
+
+
+def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
+    """Put a SQLite study database in WAL mode with synchronous=NORMAL: every ask, param,
+    attr and tell is its own transaction, and the default rollback journal syncs each one
+    to disk several times.  The file stays a plain SQLite database (optuna-dashboard and
+    other readers open it unchanged; WAL also lets them read while a study runs)."""
+    import sqlalchemy
+
+    def on_connect(dbapi_conn, _record):
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    sqlalchemy.event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()
 
 
 def _first_line(err: BaseException) -> str:
@@ -223,13 +243,24 @@ def effective_params(params: Mapping[str, int], spec: TuneSpec) -> dict[str, int
     return out
 
 
+_EVALUATORS: dict[tuple[str, str], O.Evaluator] = {}
+
+
+def evaluator_for(spec: TuneSpec) -> O.Evaluator:
+    """One evaluator (one compiled model) per spec text in a process."""
+    key = (spec.text, spec.objectives.name)
+    if key not in _EVALUATORS:
+        _EVALUATORS[key] = O.Evaluator(spec.fleet, spec.objectives)
+    return _EVALUATORS[key]
+
+
 class StudyRunner:
     """A study bound to its spec and evaluator."""
 
     def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: O.Evaluator | None = None):
         self.spec = spec
         self.study = study
-        self.evaluator = evaluator or O.Evaluator(spec.fleet, spec.objectives)
+        self.evaluator = evaluator or evaluator_for(spec)
         self.distributions = spec.space.distributions()
 
     def evaluate(self, params_list) -> O.Evaluation:
@@ -250,8 +281,8 @@ class StudyRunner:
             ev = self.evaluate([t.params for t in trials])
             excess = self.evaluator.regression_excess(ev)
             for i, tr in enumerate(trials):
-                tr.set_user_attr(ATTR_MEMORY_TOPO, [float(x) for x in ev.memory_topo[i]])
-                tr.set_user_attr(ATTR_TIME_TOPO, [float(x) for x in ev.time_topo[i]])
+                tr.set_user_attr(ATTR_TOPO, {"memory": [float(x) for x in ev.memory_topo[i]],
+                                             "time": [float(x) for x in ev.time_topo[i]]})
                 if constrained:
                     tr.set_constraint(ATTR_EXCESS, float(excess[i]))
                 self.study.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
@@ -290,7 +321,7 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
     if stored is not None and stored != spec.text:
         raise SlabtuneError(f"study: {name!r} was created with a different spec; "
                             "resume it with the same spec file")
-    evaluator = evaluator or O.Evaluator(spec.fleet, spec.objectives)
+    evaluator = evaluator or evaluator_for(spec)
     if stored is None:
         study.set_user_attr(ATTR_SPEC, spec.text)
         study.set_user_attr("slabtune_spec_name", spec.name)
@@ -319,3 +350,44 @@ def get_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
 
 def as_json(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=lambda o: np.asarray(o).tolist())
+
+
+def candidate(study: optuna.Study, number: int):
+    """Everything :mod:`slabtune.results.export` needs about trial ``number``: effective boot
+    parameters that differ from the kernel defaults, per-cache sysfs values of the searched
+    sysfs knob families (from the model), knobs that need a kernel change, and gains."""
+    from slabtune.results import export as X
+
+    spec = study_spec(study)
+    ft = get_trial(study, number)
+    eff = effective_params(ft.params, spec)
+    profile = spec.fleet.profile
+    base = S.baseline_values(profile)
+    boot = {k: int(eff[k]) for k in S.KNOBS if S.KNOBS[k].reach == "boot"
+            and k in eff and int(eff[k]) != base[k]}
+    searched = set(ft.params)
+    per_cache = None
+    sysfs: dict[str, dict[str, int]] = {}
+    for attr, family in X.SYSFS_FAMILIES.items():
+        if not searched & set(family):
+            continue
+        if attr == "cpu_partial" and not profile.has_cpu_partial:
+            continue
+        if per_cache is None:
+            per_cache = O.cache_values(spec.fleet, eff)
+        for cache, vals in per_cache.items():
+            sysfs.setdefault(cache, {})[attr] = vals[attr]
+    kernel = tuple(X.KernelChange(k, int(eff[k]), base[k], S.KNOBS[k].doc)
+                   for k in ft.params if S.KNOBS[k].reach == "kernel" and int(eff[k]) != base[k])
+    b = study.user_attrs[ATTR_BASELINE]
+    topos = study.user_attrs[ATTR_TOPOLOGIES]
+    topo = ft.user_attrs.get(ATTR_TOPO, {})
+    mt, tt = topo.get("memory", []), topo.get("time", [])
+    gains = {name: {"memory": 1.0 - mt[i] / b["memory_topo"][i],
+                    "time": 1.0 - tt[i] / b["time_topo"][i]}
+             for i, name in enumerate(topos) if i < len(mt) and i < len(tt)}
+    return X.Candidate(study=study.study_name, trial=number, profile=profile,
+                       memory=float(ft.values[0]), time=float(ft.values[1]),
+                       baseline={"memory": b["memory"], "time": b["time"]}, boot=boot,
+                       sysfs=sysfs, kernel_change=kernel, gains=gains,
+                       params={k: int(v) for k, v in ft.params.items()})

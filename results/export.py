@@ -1,0 +1,145 @@
+"""Export a tuned policy as what an administrator applies: a kernel command-line fragment, a
+GRUB drop-in, a systemd-tmpfiles.d file for the sysfs knobs, or a JSON report.
+
+Boot parameters go through :mod:`slabtune.model.bootparams` (allow-list, kernel ranges, the
+``slub_*``/``slab_*`` spelling of the target profile).  Per-cache sysfs values are written
+as ``w /sys/kernel/slab/<cache>/<attr> - - - - <value>`` lines.  Knobs that only a kernel
+change reaches are listed as such in every format (comments, stderr notes, a JSON field),
+never dropped silently.  Pure Python; never imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Mapping
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams as BP
+from slabtune.model import profiles as P
+
+FORMATS = ("cmdline", "grub", "tmpfiles", "json")
+SYSFS_ROOT = "/sys/kernel/slab"
+#: Knob families whose per-cache result is written to sysfs, by attribute.
+SYSFS_FAMILIES = {
+    "min_partial": ("min_partial_divisor", "min_partial_lo", "min_partial_hi"),
+    "cpu_partial": ("cpu_partial_page", "cpu_partial_1k", "cpu_partial_256", "cpu_partial_small"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChange:
+    knob: str
+    value: int
+    baseline: int
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """Everything an export needs about one trial, as plain data."""
+
+    study: str
+    trial: int
+    profile: P.KernelProfile
+    memory: float
+    time: float
+    baseline: Mapping[str, float]
+    #: Effective boot parameters the trial sets, canonical ``slub_*`` names.
+    boot: Mapping[str, int]
+    #: cache -> {attribute: value} for sysfs attributes the trial changes.
+    sysfs: Mapping[str, Mapping[str, int]]
+    kernel_change: tuple[KernelChange, ...]
+    #: topology -> {"memory": gain, "time": gain} (fractions, positive = better).
+    gains: Mapping[str, Mapping[str, float]]
+    params: Mapping[str, int]
+
+
+def boot_fragment(c: Candidate, prefix: str | None = None) -> str:
+    """The command-line fragment: validated against the profile's allow-list and ranges,
+    spelled ``slab_*`` where the profile accepts it (v6.8 on), else ``slub_*``."""
+    validated = BP.validate_params(dict(c.boot), c.profile)
+    return BP.render(validated, c.profile, prefix)
+
+
+def _sysfs_attr_ok(name: str) -> bool:
+    return bool(name) and "/" not in name and name not in (".", "..") and name.isprintable() \
+        and not any(ch.isspace() for ch in name)
+
+
+def tmpfiles_lines(c: Candidate) -> list[str]:
+    """``w`` lines of tmpfiles.d(5) writing each changed attribute under /sys/kernel/slab."""
+    lines = []
+    for cache in sorted(c.sysfs):
+        if not _sysfs_attr_ok(cache):
+            raise SlabtuneError(f"sysfs: cache name {cache!r} cannot be a sysfs path component")
+        for attr, value in sorted(c.sysfs[cache].items()):
+            if attr not in SYSFS_FAMILIES:
+                raise SlabtuneError(f"sysfs: {attr!r} is not a writable slab attribute here")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SlabtuneError(f"sysfs: {cache}/{attr} value {value!r} must be a "
+                                    "non-negative integer")
+            lines.append(f"w {SYSFS_ROOT}/{cache}/{attr} - - - - {value}")
+    return lines
+
+
+def _header(c: Candidate, comment: str = "#") -> list[str]:
+    out = [f"{comment} slabtune: study {c.study}, trial {c.trial}, kernel profile {c.profile.name}",
+           f"{comment} modelled fleet memory overhead {c.memory:.4f} (baseline "
+           f"{c.baseline['memory']:.4f}), time {c.time:.2f} ns/op (baseline {c.baseline['time']:.2f})"]
+    for k in c.kernel_change:
+        out.append(f"{comment} needs a kernel change (not applied here): {k.knob}={k.value} "
+                   f"(kernel default {k.baseline}; {k.doc})")
+    return out
+
+
+def kernel_change_notes(c: Candidate) -> list[str]:
+    """One line per knob that only a kernel change applies."""
+    return [f"note: {k.knob}={k.value} needs a kernel change (default {k.baseline}): {k.doc}"
+            for k in c.kernel_change]
+
+
+def render(c: Candidate, fmt: str, prefix: str | None = None) -> str:
+    """The exported text in format ``fmt`` (cmdline, grub, tmpfiles or json)."""
+    if fmt == "cmdline":
+        return boot_fragment(c, prefix) + "\n"
+    if fmt == "grub":
+        frag = boot_fragment(c, prefix)
+        lines = _header(c) + [
+            "# Drop into /etc/default/grub.d/ and run update-grub (grub-mkconfig).",
+        ]
+        if c.sysfs:
+            lines.append("# Per-cache sysfs values are not boot parameters: export --format tmpfiles.")
+        if frag:
+            lines.append(f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {frag}"')
+        else:
+            lines.append("# This policy sets no boot parameter (the kernel defaults apply).")
+        return "\n".join(lines) + "\n"
+    if fmt == "tmpfiles":
+        lines = _header(c) + ["# systemd-tmpfiles.d(5): install as /etc/tmpfiles.d/slabtune.conf"]
+        body = tmpfiles_lines(c)
+        if not body:
+            lines.append("# This policy changes no sysfs attribute.")
+        if c.boot:
+            lines.append(f"# Boot parameters are not set here: {boot_fragment(c, prefix)}")
+        return "\n".join(lines + body) + "\n"
+    if fmt == "json":
+        return json.dumps(report(c, prefix), indent=2) + "\n"
+    raise SlabtuneError(f"format: {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def report(c: Candidate, prefix: str | None = None) -> dict:
+    """The JSON report: objectives, what to apply where, and expected gains per topology."""
+    return {
+        "study": c.study,
+        "trial": c.trial,
+        "profile": c.profile.name,
+        "objectives": {"memory": c.memory, "time": c.time},
+        "baseline": {"memory": float(c.baseline["memory"]), "time": float(c.baseline["time"])},
+        "params": dict(c.params),
+        "cmdline": boot_fragment(c, prefix),
+        "boot_params": dict(BP.validate_params(dict(c.boot), c.profile)),
+        "sysfs": {cache: dict(v) for cache, v in c.sysfs.items()},
+        "kernel_change": [dataclasses.asdict(k) for k in c.kernel_change],
+        "gains": {t: dict(g) for t, g in c.gains.items()},
+    }

@@ -1,0 +1,46 @@
+"""``slabtune export --study NAME --trial ID --format cmdline|grub|tmpfiles|json``: turn a
+tuned policy into boot parameters, a GRUB drop-in, a tmpfiles.d file or a JSON report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("export", help="export a trial as boot parameters or sysfs settings")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--study", metavar="NAME", help="tune study name")
+    src.add_argument("--run", metavar="RUN_DIR", help="tune run directory (with study.db)")
+    p.add_argument("--storage", metavar="URL", help="storage URL (default: the run's study.db)")
+    p.add_argument("--trial", type=int, required=True, metavar="ID", help="trial number")
+    p.add_argument("--format", required=True, choices=("cmdline", "grub", "tmpfiles", "json"))
+    p.add_argument("--prefix", choices=("slub", "slab"),
+                   help="boot parameter spelling (default: slab_* where the profile accepts it)")
+    p.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=_export)
+
+
+def _export(args) -> int:
+    from slabtune.errors import SlabtuneError
+    from slabtune.results import export as X
+    from slabtune.tuner import study as ST
+
+    study = ST.load_study(args.study, args.storage, args.run)
+    cand = ST.candidate(study, args.trial)
+    text = X.render(cand, args.format, args.prefix)
+    if args.format == "cmdline":
+        for line in X.kernel_change_notes(cand):
+            print(line, file=sys.stderr)
+        if cand.sysfs:
+            print("note: this policy also sets sysfs values: export --format tmpfiles",
+                  file=sys.stderr)
+    if args.out:
+        out = Path(args.out)
+        if not out.parent.is_dir():
+            raise SlabtuneError(f"--out: directory {out.parent} does not exist")
+        out.write_text(text)
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,45 @@
+"""``slabtune pareto``: the non-dominated policies of a tune study (or configurations of a
+sweep run) with both objectives and per-topology gains against the baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pareto", help="print the Pareto front of a study or sweep run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--study", metavar="NAME", help="tune study name")
+    src.add_argument("--run", metavar="RUN_DIR",
+                     help="a tune run directory (with study.db) or a sweep run directory")
+    p.add_argument("--storage", metavar="URL", help="storage URL (default: the run's study.db)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"baseline": {...}, "points": [{trial, memory, time, params}]}')
+    p.set_defaults(func=_pareto)
+
+
+def _pareto(args) -> int:
+    from slabtune.errors import SlabtuneError
+    from slabtune.results import pareto as PR
+
+    if args.run and not args.storage and not (Path(args.run) / "study.db").is_file():
+        if not Path(args.run).is_dir():
+            raise SlabtuneError(f"run: {args.run} is not a directory")
+        df = PR.run_pareto(args.run)
+        if args.json:
+            print(json.dumps({"run": str(args.run), "points": df.to_dicts()}, default=str))
+        else:
+            print(df)
+        return 0
+    from slabtune.tuner import study as ST
+
+    study = ST.load_study(args.study, args.storage, args.run)
+    rep = PR.study_pareto(study)
+    if args.json:
+        print(json.dumps({"study": rep["study"], "baseline": rep["baseline"],
+                          "points": [{k: p[k] for k in ("trial", "memory", "time", "params", "gains")}
+                                     for p in rep["points"]]}))
+    else:
+        print(PR.format_table(rep))
+    return 0

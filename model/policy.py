@@ -8,6 +8,10 @@ fractions, at most 17 halvings of min_objects).
 
 Products such as ``min_objects * size`` overflow int32 for large objects, so the formulas
 never form them: ``a * b <= PAGE_SIZE << o`` is tested as ``a <= (PAGE_SIZE << o) // b``.
+Those quotients are tabulated once per size for orders 0..MAX_PAGE_ORDER (see
+:func:`_order_table`), and quotients come from float32 with a one-step integer correction
+where that is exact, since integer division does not vectorise on x86.  The scalar
+reference in :mod:`slabtune.model.reference` checks every formula here in the tests.
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 
 from slabtune.model import policy
 from slabtune.model import reference as ref
-from slabtune.model.profiles import MAX_PAGE_ORDER, PROFILES
+from slabtune.model.profiles import MAX_PAGE_ORDER, PROFILES, detect_profile
 
-PROFILE_LIST = list(PROFILES.values())
+#: Every named profile, plus a 6.12 kernel (v6.1's rules with v6.8's single-pass order loop,
+#: per-CPU partial lists still present): a combination no named profile has.
+PROFILE_LIST = list(PROFILES.values()) + [detect_profile("6.12.0-27-cloud-amd64")]
 STACKED = policy.stack_profiles(PROFILE_LIST)
 MAX_SIZE = 2 << 20  # 2 MiB
 MAX_CPUS = 8192

@@ -1,0 +1,113 @@
+"""``slabtune validate``: check candidate policies against real kernels, and
+``slabtune validate report RUN``: the error report of such a run.
+
+Dispatch and the validators live in :mod:`slabtune.tuner.validate`, the report in
+:mod:`slabtune.tuner.report`; this module parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "validate", help="run candidates against real kernels (qemu guests, the host, the "
+                         "native allocator) and store measured beside predicted values",
+        description="Validate candidates: every (candidate, topology) pair becomes a Ray task "
+                    "per target (guest: qemu boots with the candidate's boot parameters; host: "
+                    "this machine's kernel, baseline only; native: the userspace allocator). "
+                    "The baseline (kernel defaults) is always included. "
+                    "'slabtune validate report RUN [--json]' prints the error report of a run. "
+                    "Exit 0 when every task completed, 1 when some failed, 2 on bad input.")
+    p.add_argument("action", nargs="?", choices=("report",),
+                   help="'report': print the error report of RUN")
+    p.add_argument("run_ref", nargs="?", metavar="RUN",
+                   help="(report) a validation run directory, run id or unique prefix")
+    src = p.add_argument_group("candidates (one of)")
+    src.add_argument("--study", metavar="NAME", help="take the top K trials of this study")
+    src.add_argument("--run", metavar="RUN_DIR", dest="tune_run",
+                     help="take the top K trials of the study in this tune run directory")
+    src.add_argument("--candidate", metavar="FILE",
+                     help="candidates from a TOML/JSON file ([[candidate]] id, boot, knobs)")
+    p.add_argument("--top", type=int, metavar="K", help="how many Pareto trials (with --study/--run)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage URL of the study")
+    p.add_argument("--topologies", metavar="SPEC",
+                   help="validation spec file or built-in name (validate_quick)")
+    p.add_argument("--target", metavar="guest|native|host",
+                   help="target(s), comma separated (default: every target this machine can run)")
+    p.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address (default: a local "
+                   "instance, or RAY_ADDRESS)")
+    p.add_argument("--out", default="runs", metavar="DIR", help="where run directories go")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="override the spec's guest boot timeout (seconds)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_validate)
+
+
+def _validate(args) -> int:
+    from slabtune.errors import SlabtuneError
+
+    if args.action == "report":
+        return _report(args)
+    if args.run_ref is not None:
+        raise SlabtuneError(f"validate: unexpected argument {args.run_ref!r} "
+                            "(did you mean 'validate report RUN'?)")
+    from slabtune.tuner import validate as V
+
+    if bool(args.candidate) + bool(args.study or args.tune_run) != 1:
+        raise SlabtuneError("candidates: give exactly one of --study NAME --top K, "
+                            "--run RUN_DIR --top K, --candidate FILE")
+    if args.topologies is None:
+        raise SlabtuneError("--topologies: required (a spec file or validate_quick)")
+    if args.timeout is not None and not 0 < args.timeout <= 3600:
+        raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
+    spec = V.load_spec(args.topologies)
+    targets = V.parse_targets(args.target)
+    if args.candidate:
+        if args.top is not None:
+            raise SlabtuneError("--top: only with --study or --run")
+        cands = V.load_candidate_file(args.candidate)
+        source = f"file {args.candidate}"
+    else:
+        if args.top is None:
+            raise SlabtuneError("--top: required with --study or --run")
+        from slabtune.tuner import study as ST
+
+        study = ST.load_study(args.study, args.storage, args.tune_run)
+        cands = V.candidates_from_study(study, args.top)
+        source = f"study {study.study_name} top {args.top}"
+    res = V.validate(cands, spec, targets, out_dir=args.out, ray_address=args.ray_address,
+                     timeout_s=args.timeout, source=source)
+    if args.json:
+        print(json.dumps({"run_dir": str(res.run_dir), "tasks": res.tasks,
+                          "failed": res.failed}))
+    else:
+        print(f"validated {len(V.with_baseline(cands))} candidates on "
+              f"{len(spec.fleet.topologies)} topologies ({', '.join(targets)}): "
+              f"{res.tasks} tasks, {res.failed} failed")
+        print(f"run {res.run_dir}")
+        print(f"next: slabtune validate report {res.run_dir}", file=sys.stderr)
+    return 1 if res.failed else 0
+
+
+def _report(args) -> int:
+    from slabtune.errors import SlabtuneError
+    from slabtune.results import store
+    from slabtune.tuner import report as R
+
+    if args.run_ref is None:
+        raise SlabtuneError("validate report: give RUN (a validation run directory)")
+    extra = [n for n, v in (("--study", args.study), ("--run", args.tune_run),
+                            ("--candidate", args.candidate), ("--top", args.top),
+                            ("--topologies", args.topologies), ("--target", args.target)) if v]
+    if extra:
+        raise SlabtuneError(f"validate report: {extra[0]} does not apply to a report")
+    run = store.resolve_run(args.run_ref, args.out)
+    rep = R.report(run)
+    if args.json:
+        print(json.dumps(rep, default=str))
+    else:
+        print(R.format_report(rep))
+    return 0

@@ -1,0 +1,275 @@
+"""The error report of a validation run (``slabtune validate report RUN``).
+
+Everything is recomputed from the rows the run stored (:mod:`slabtune.tuner.validate`), so
+the report can be re-derived from the parquet parts alone.  Figures and where they come from:
+
+* **structural match rate**: comparable structural rows (order, objs_per_slab, min_partial,
+  cpu_partial, sheaf_capacity per cache) of *guest* snapshots whose measured value equals
+  the prediction, over all such rows; mismatches are listed.  The host's rate is reported
+  beside it, separately.
+* **memory**: per (candidate, topology) guest pair, the relative error
+  ``|sum predicted - sum measured| / sum measured`` of the slab bytes of the caches the
+  workload drove (after-dump ``slabs << order`` pages against the structural memory model
+  holding the same live objects); the median over pairs.
+* **speed**: Spearman rank correlation between predicted cost and measured time over
+  (candidate, topology) pairs.  Guest timings count only when the guest ran under KVM (under
+  TCG they are emulation artefacts); native-allocator timings count always and are preferred
+  when present.  ``speed_source`` says which (``native``, ``guest-kvm`` or null when neither
+  produced comparable timings).
+* **native fast path**: the largest absolute difference, in percentage points, between the
+  model's and the native allocator's fast-path fractions (allocs and frees).
+
+This module never imports JAX.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Sequence
+
+import polars as pl
+
+from slabtune.errors import SlabtuneError
+
+STRUCTURAL_FIELDS = ("order", "objs_per_slab", "min_partial", "cpu_partial", "sheaf_capacity")
+MEMORY_FIELD = "slab_bytes"
+COST_FIELD = "cost"
+NATIVE_COST_FIELD = "native_cost"
+NATIVE_FASTPATH_FIELDS = ("alloc_fastpath_pct", "free_fastpath_pct")
+MAX_LISTED = 200
+
+
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing the mean of the ranks they span (as Spearman's rho with
+    ties requires)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        mean = (i + j) / 2.0 + 1.0
+        for k in range(i, j + 1):
+            ranks[order[k]] = mean
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation: Pearson's correlation of the average ranks.  None for
+    fewer than 3 pairs or when either side is constant (undefined)."""
+    if len(x) != len(y):
+        raise ValueError("spearman: x and y differ in length")
+    if len(x) < 3:
+        return None
+    rx, ry = average_ranks(list(x)), average_ranks(list(y))
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def _ok(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows.filter(pl.col("status") == "ok")
+
+
+def structural(rows: pl.DataFrame, target: str) -> dict:
+    """Matched/total comparable structural rows of one target, and the mismatches."""
+    s = _ok(rows).filter((pl.col("target") == target) & pl.col("comparable")
+                         & pl.col("field").is_in(list(STRUCTURAL_FIELDS)))
+    total = s.height
+    bad = s.filter(pl.col("predicted") != pl.col("measured"))
+    mism = [{k: r[k] for k in ("candidate", "topology", "cache", "field")}
+            | {"predicted": int(r["predicted"]), "measured": int(r["measured"])}
+            for r in bad.sort("candidate", "topology", "cache", "field").head(MAX_LISTED)
+            .iter_rows(named=True)]
+    return {"total": total, "matched": total - bad.height,
+            "rate": (total - bad.height) / total if total else None,
+            "mismatches": bad.height, "mismatch_list": mism}
+
+
+def memory_pairs(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per guest (candidate, topology): summed predicted and measured slab bytes of the
+    driven caches, how many caches, and the relative error."""
+    m = _ok(rows).filter((pl.col("target") == "guest") & (pl.col("field") == MEMORY_FIELD))
+    return (m.group_by("candidate", "topology")
+            .agg(pl.col("predicted").sum().alias("mem_predicted"),
+                 pl.col("measured").sum().alias("mem_measured"),
+                 pl.len().alias("mem_caches"))
+            .with_columns(((pl.col("mem_predicted") - pl.col("mem_measured")).abs()
+                           / pl.col("mem_measured")).alias("mem_rel_err"))
+            .sort("candidate", "topology"))
+
+
+def per_cache_mem_err(rows: pl.DataFrame) -> float | None:
+    """Median over single (pair, cache) rows of |predicted - measured| / measured: small
+    caches weigh as much as large ones here, unlike the per-pair sums."""
+    m = _ok(rows).filter((pl.col("target") == "guest") & (pl.col("field") == MEMORY_FIELD)
+                         & (pl.col("measured") > 0))
+    if m.is_empty():
+        return None
+    return float(((m["predicted"] - m["measured"]).abs() / m["measured"]).median())
+
+
+def speed(rows: pl.DataFrame) -> dict:
+    """Spearman of predicted cost against measured time, from the preferred source."""
+    ok = _ok(rows)
+    native = ok.filter((pl.col("target") == "native") & (pl.col("field") == NATIVE_COST_FIELD))
+    kvm = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
+                    & (pl.col("accelerator") == "kvm"))
+    tcg = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
+                    & (pl.col("accelerator") != "kvm"))
+    if native.height:
+        src, use = "native", native
+    elif kvm.height:
+        src, use = "guest-kvm", kvm
+    else:
+        src, use = None, native
+    rho = spearman(use["predicted"].to_list(), use["measured"].to_list()) if src else None
+    tcg_rho = spearman(tcg["predicted"].to_list(), tcg["measured"].to_list())
+    return {"spearman_time": rho, "speed_source": src, "pairs": use.height,
+            "guest_tcg_spearman_not_counted": tcg_rho, "guest_tcg_pairs": tcg.height}
+
+
+def native_fastpath(rows: pl.DataFrame) -> float | None:
+    """Largest |model - native| fast-path fraction difference in percentage points."""
+    n = _ok(rows).filter((pl.col("target") == "native")
+                         & pl.col("field").is_in(list(NATIVE_FASTPATH_FIELDS)))
+    if n.is_empty():
+        return None
+    return float((n["predicted"] - n["measured"]).abs().max())
+
+
+def pairs(rows: pl.DataFrame, tasks: list[dict]) -> list[dict]:
+    """One entry per task: its pair, status and per-pair figures."""
+    out = []
+    mem = {(r["candidate"], r["topology"]): r for r in memory_pairs(rows).iter_rows(named=True)}
+    for t in tasks:
+        r = rows.filter(pl.col("task") == t["task"])
+        first = r.row(0, named=True) if r.height else {}
+        s = r.filter(pl.col("comparable") & pl.col("field").is_in(list(STRUCTURAL_FIELDS)))
+        e: dict[str, Any] = {
+            "task": t["task"], "candidate": t["candidate"], "topology": t["topology"],
+            "target": t["target"], "status": first.get("status", t["state"]),
+            "accelerator": first.get("accelerator"), "attempts": first.get("attempts"),
+            "structural_matched": int((s["predicted"] == s["measured"]).sum()) if s.height else 0,
+            "structural_total": s.height,
+        }
+        if t["target"] == "guest" and (t["candidate"], t["topology"]) in mem:
+            m = mem[(t["candidate"], t["topology"])]
+            e.update(mem_predicted=m["mem_predicted"], mem_measured=m["mem_measured"],
+                     mem_caches=m["mem_caches"], mem_rel_err=m["mem_rel_err"])
+        for field, key in ((COST_FIELD, "cost"), (NATIVE_COST_FIELD, "cost")):
+            c = r.filter(pl.col("field") == field)
+            if c.height:
+                e[f"{key}_predicted"] = c["predicted"][0]
+                e["time_measured"] = c["measured"][0]
+                e["time_counts"] = bool(c["comparable"][0])
+        if e["status"] == "failed":
+            e["error"] = first.get("error") or t.get("error")
+            e["console_tail"] = (first.get("console_tail") or "")[-1000:]
+        out.append(e)
+    return out
+
+
+def report(run) -> dict:
+    """The report of a validation run (a :class:`slabtune.results.store.Run`)."""
+    from slabtune.tuner.validate import is_validate_run, task_table
+
+    if not is_validate_run(run):
+        raise SlabtuneError(f"run: {run.path} is not a validation run")
+    rows = run.collect()
+    if rows.is_empty():
+        from slabtune.tuner.validate import ROW_SCHEMA
+        rows = pl.DataFrame(schema=ROW_SCHEMA)
+    tasks = task_table(run)
+    g = structural(rows, "guest")
+    h = structural(rows, "host")
+    mp = memory_pairs(rows)
+    errs = [x for x in mp["mem_rel_err"].to_list() if x is not None and not math.isnan(x)]
+    sp = speed(rows)
+    failed = [t for t in tasks if t["status"] == "failed"]
+    accels = sorted(set(rows.filter(pl.col("target") == "guest")["accelerator"].drop_nulls()))
+    return {
+        "run_dir": str(run.path),
+        "run_id": run.run_id,
+        "complete": run.complete,
+        "tasks": len(tasks),
+        "failed": len(failed),
+        "candidates": [c["id"] for c in run.manifest["spec"].get("candidates", [])],
+        "topologies": run.manifest["spec"].get("topologies", []),
+        "targets": run.manifest["spec"].get("targets", []),
+        "guest_accelerators": accels,
+        "structural_match_rate": g["rate"],
+        "structural": {"guest": g, "host": h},
+        "median_mem_rel_err": statistics.median(errs) if errs else None,
+        "memory_pairs": len(errs),
+        "median_mem_rel_err_per_cache": per_cache_mem_err(rows),
+        "spearman_time": sp["spearman_time"],
+        "speed_source": sp["speed_source"],
+        "speed": sp,
+        "native_fastpath_max_abs_diff_pp": native_fastpath(rows),
+        "sources": {
+            "structural_match_rate": "guest /sys/kernel/slab before the workload vs "
+                                     "tuner.check.predict_boot (guest kernel profile, boot params)",
+            "median_mem_rel_err": "guest after-dump slabs << order of the driven caches vs "
+                                  "tuner.objectives.structural_memory at the measured live objects",
+            "spearman_time": {"native": "native allocator ns/op vs modelled ns/op",
+                              "guest-kvm": "guest workload wall time under KVM vs modelled ns/op",
+                              None: "no comparable timings (guest timings under TCG do not "
+                                    "count and no native run)"}[sp["speed_source"]],
+            "native_fastpath_max_abs_diff_pp": "native allocator counters vs model dynamics",
+        },
+        "failed_tasks": [{k: t[k] for k in ("task", "candidate", "topology", "target", "error")}
+                         for t in failed],
+        "pairs": pairs(rows, tasks),
+    }
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
+
+
+def format_report(rep: dict) -> str:
+    """Plain-text report."""
+    g, h = rep["structural"]["guest"], rep["structural"]["host"]
+    sp = rep["speed"]
+    lines = [
+        f"validation run {rep['run_id']}: {rep['tasks']} tasks, {rep['failed']} failed; "
+        f"targets {', '.join(rep['targets'])}; guest accelerator "
+        f"{', '.join(rep['guest_accelerators']) or '-'}",
+        f"structural (guest snapshots): {g['matched']}/{g['total']} fields match "
+        f"({_fmt(g['rate'], True)}); host: {h['matched']}/{h['total']} ({_fmt(h['rate'], True)})",
+        f"memory (guest, {rep['memory_pairs']} pairs): median relative error "
+        f"{_fmt(rep['median_mem_rel_err'], True)} (per cache: "
+        f"{_fmt(rep['median_mem_rel_err_per_cache'], True)})",
+        f"speed: Spearman {_fmt(rep['spearman_time'])} over {sp['pairs']} pairs, source "
+        f"{rep['speed_source'] or 'none'} ({rep['sources']['spearman_time']})",
+    ]
+    if sp["guest_tcg_pairs"]:
+        lines.append(f"  (guest TCG timings, not counted: Spearman "
+                     f"{_fmt(sp['guest_tcg_spearman_not_counted'])} over {sp['guest_tcg_pairs']} pairs)")
+    lines.append(f"native fast path: max |model - native| "
+                 f"{'n/a' if rep['native_fastpath_max_abs_diff_pp'] is None else format(rep['native_fastpath_max_abs_diff_pp'], '.2f') + ' pp'}")
+    for m in g["mismatch_list"][:20]:
+        lines.append(f"  mismatch {m['candidate']} {m['topology']} {m['cache']} {m['field']}: "
+                     f"kernel {m['measured']} model {m['predicted']}")
+    lines.append("")
+    lines.append(f"{'candidate':<14} {'topology':<16} {'target':<7} {'status':<7} "
+                 f"{'struct':>9} {'mem err':>8} {'cost ns':>8} {'time s':>8}")
+    for p in rep["pairs"]:
+        st = f"{p['structural_matched']}/{p['structural_total']}"
+        lines.append(f"{p['candidate']:<14} {p['topology']:<16} {p['target']:<7} "
+                     f"{p['status']:<7} {st:>9} {_fmt(p.get('mem_rel_err'), True):>8} "
+                     f"{_fmt(p.get('cost_predicted')):>8} {_fmt(p.get('time_measured')):>8}")
+    for f in rep["failed_tasks"]:
+        lines.append(f"failed task {f['task']} ({f['candidate']}, {f['topology']}, "
+                     f"{f['target']}): {f['error']}")
+    return "\n".join(lines)

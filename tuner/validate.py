@@ -1,0 +1,781 @@
+"""Validate candidate policies against real kernels: one Ray task per (candidate, topology,
+target), measured values stored beside the model's prediction for the same configuration.
+
+Targets (DESIGN.md section 6):
+
+* ``guest``: boot the cached kernel under qemu (:mod:`slabtune.tuner.guest`) with the
+  candidate's slab boot parameters and the topology, run the spec's workload inside, dump
+  /sys/kernel/slab before and after.  A guest applies only the *boot* part of a candidate
+  (sysfs and kernel-only knobs need a writable sysfs or a rebuilt kernel), so every guest
+  prediction is made for exactly what the guest ran: its own kernel's profile (detected
+  from the bzImage) and the candidate's boot parameters.  Rows:
+
+  - structural (``order``, ``objs_per_slab``, ``min_partial``, ``cpu_partial``,
+    ``sheaf_capacity``) for every cache of the before-dump, predicted by
+    :func:`slabtune.tuner.check.predict_boot`; ``comparable`` is False for the caches
+    :func:`~slabtune.tuner.check.check_snapshot` sets aside (debug flags, explicit sheaves);
+  - ``slab_bytes`` for every cache the workload drives (objects or total_objects moved
+    between the dumps, comparable, no debug flags): measured is the after-dump's
+    ``slabs * (PAGE_SIZE << order)``; predicted is the model's memory for the same cache
+    holding the after-dump's live ``objects`` (the structural memory model of
+    :func:`slabtune.tuner.objectives.structural_memory`: live bytes, slab leftovers, the
+    per-CPU slab and per-CPU partial slabs, min_partial empty slabs per node with memory,
+    sheaves).  The live-object count is an input taken from the guest: the model does not
+    know how many objects hackbench leaves behind, so this compares how the model packs and
+    retains slabs around a live set, not the live set itself;
+  - ``cost``: predicted ns per op of the spec's model workload (the cost model via
+    :class:`slabtune.tuner.objectives.Evaluator`) against the measured workload wall time
+    (seconds).  Only the rank correlation of these two is meaningful, and only under KVM.
+
+* ``host``: this machine's running kernel (``/sys/kernel/slab``).  It was booted with its
+  own command line, so only the ``baseline`` candidate runs here, on topology ``host``;
+  structural rows as for a guest (the host's profile and boot parameters).
+
+* ``native``: :mod:`slabtune.tuner.native` (the userspace allocator), when importable.
+
+Infrastructure failures are retried at two levels: a guest boot that times out, panics or
+loses its end marker is rebooted (``[validate] retries``), and a task whose worker dies or
+raises an OSError is re-run by Ray (``MAX_RETRIES``).  A task that still fails is stored as
+one ``status = "failed"`` row with its error and console tail, never dropped.
+
+The store is :mod:`slabtune.results.store`: one run directory, one atomic parquet part per
+task, the manifest listing each task's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams as BP
+from slabtune.model import profiles as P
+from slabtune.model.topology import Topology
+
+#: Every target, in the order tasks are planned.
+TARGETS: tuple[str, ...] = ("guest", "host", "native")
+#: Attempts beyond the first Ray makes for a task whose worker died or raised OSError.
+MAX_RETRIES = 2
+#: The custom Ray resource guest tasks ask for (a node with qemu and a kernel to boot).
+QEMU_RESOURCE = "qemu"
+BASELINE_ID = "baseline"
+#: Structural fields compared (same as ``kernel check``).
+STRUCTURAL_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "min_partial", "cpu_partial",
+                                      "sheaf_capacity")
+MEMORY_FIELD = "slab_bytes"
+COST_FIELD = "cost"
+TASK_FIELD = "task"
+#: Row columns of a validation run, in order.
+ROW_SCHEMA: dict[str, pl.DataType] = {
+    "task": pl.Int64, "candidate": pl.String, "params": pl.String, "applied": pl.String,
+    "topology": pl.String, "target": pl.String, "status": pl.String,
+    "accelerator": pl.String, "kernel_release": pl.String, "profile": pl.String,
+    "cache": pl.String, "field": pl.String, "predicted": pl.Float64, "measured": pl.Float64,
+    "unit": pl.String, "comparable": pl.Boolean, "note": pl.String, "attempts": pl.Int64,
+    "seconds": pl.Float64, "error": pl.String, "console_tail": pl.String,
+}
+CONSOLE_TAIL_CHARS = 3000
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A policy to validate: boot parameters (canonical ``slub_*`` names) and knobs of
+    :data:`slabtune.tuner.space.KNOBS` that are not boot parameters."""
+
+    id: str
+    boot: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    knobs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    source: str = ""
+
+    def params(self) -> dict[str, int]:
+        return {**dict(self.boot), **dict(self.knobs)}
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "boot": dict(self.boot), "knobs": dict(self.knobs),
+                "source": self.source}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Candidate":
+        return cls(str(d["id"]), dict(d.get("boot", {})), dict(d.get("knobs", {})),
+                   str(d.get("source", "")))
+
+
+BASELINE = Candidate(BASELINE_ID, {}, {}, "the kernel's defaults")
+
+#: Profile that accepts every boot parameter spelling (slub_* and slab_*), for checking a
+#: candidate file before the target kernel is known.
+_SPELLING_PROFILE = "v7.1"
+
+
+def _check_knobs(where: str, knobs: Mapping) -> dict[str, int]:
+    from slabtune.tuner.space import KNOBS
+
+    out = {}
+    for name, value in knobs.items():
+        k = KNOBS.get(str(name))
+        if k is None:
+            raise SlabtuneError(f"{where}.knobs.{name}: unknown knob (known: {', '.join(KNOBS)})")
+        if k.reach == "boot":
+            raise SlabtuneError(f"{where}.knobs.{name}: a boot parameter; put it under boot")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SlabtuneError(f"{where}.knobs.{name}: {value!r} is not an integer")
+        if not k.low <= value <= k.high:
+            raise SlabtuneError(f"{where}.knobs.{name}: {value} is outside {k.low}..{k.high}")
+        out[k.name] = int(value)
+    return out
+
+
+def parse_candidates(doc: Any, source: str) -> list[Candidate]:
+    """Candidates from a parsed candidate file.
+
+    Format (TOML, or the same structure as JSON)::
+
+        [[candidate]]
+        id = "order1"                               # unique; "baseline" is reserved
+        boot = { slub_max_order = 1 }               # slub_*/slab_* boot parameters
+        knobs = { min_partial_lo = 3 }              # other knobs of tuner/space.py
+
+    JSON may also be a bare list of such tables.  Boot parameters are checked against the
+    allow-list here (every spelling) and again against the target kernel's profile before
+    anything boots.  Every error names the field.
+    """
+    if isinstance(doc, list):
+        doc = {"candidate": doc}
+    if not isinstance(doc, Mapping):
+        raise SlabtuneError(f"{source}: expected a table with [[candidate]] entries")
+    unknown = set(doc) - {"candidate"}
+    if unknown:
+        raise SlabtuneError(f"{source}: unknown key {sorted(unknown)[0]!r} (expected candidate)")
+    items = doc.get("candidate")
+    if not isinstance(items, list) or not items:
+        raise SlabtuneError(f"{source}: candidate: expected at least one [[candidate]]")
+    out: list[Candidate] = []
+    seen = {BASELINE_ID}
+    for i, c in enumerate(items):
+        where = f"{source}: candidate[{i}]"
+        if not isinstance(c, Mapping):
+            raise SlabtuneError(f"{where}: expected a table")
+        bad = set(c) - {"id", "boot", "knobs"}
+        if bad:
+            raise SlabtuneError(f"{where}.{sorted(bad)[0]}: unknown field (expected id, boot, knobs)")
+        cid = c.get("id", f"c{i}")
+        if not isinstance(cid, str) or not cid or len(cid) > 64 or not all(
+                ch.isalnum() or ch in "-_." for ch in cid):
+            raise SlabtuneError(f"{where}.id: {cid!r} must be 1-64 letters, digits, '-', '_', '.'")
+        if cid in seen:
+            raise SlabtuneError(f"{where}.id: {cid!r} is "
+                                + ("reserved" if cid == BASELINE_ID else "used twice"))
+        seen.add(cid)
+        boot = c.get("boot", {})
+        knobs = c.get("knobs", {})
+        for name, val in (("boot", boot), ("knobs", knobs)):
+            if not isinstance(val, Mapping):
+                raise SlabtuneError(f"{where}.{name}: expected a table")
+        try:
+            canon = BP.validate_params(dict(boot), P.get_profile(_SPELLING_PROFILE))
+        except SlabtuneError as err:
+            raise SlabtuneError(f"{where}.boot: {err}") from None
+        out.append(Candidate(cid, canon, _check_knobs(where, knobs), source))
+    return out
+
+
+def load_candidate_file(path: str | os.PathLike) -> list[Candidate]:
+    """Read a candidate file (``.toml`` or ``.json``; see :func:`parse_candidates`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SlabtuneError(f"--candidate: {p}: no such file")
+    text = p.read_text(errors="replace")
+    if p.suffix.lower() == ".json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SlabtuneError(f"--candidate: {p}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    else:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise SlabtuneError(f"--candidate: {p}: not valid TOML ({err})") from None
+    return parse_candidates(doc, f"--candidate {p.name}")
+
+
+def candidate_rank(points: Sequence[dict]) -> list[dict]:
+    """Order Pareto points for ``--top K``: by the sum of the fleet-level relative gains over
+    the baseline on both objectives (memory overhead and ns per op), largest first; ties by
+    trial number.  ``points`` are :func:`slabtune.results.pareto.study_pareto` points with
+    ``gain`` added."""
+    return sorted(points, key=lambda p: (-p["gain"], p["trial"]))
+
+
+def candidates_from_study(study, top: int) -> list[Candidate]:
+    """The ``top`` best Pareto-front trials of a slabtune study (see :func:`candidate_rank`)
+    as candidates: their effective boot parameters that differ from the defaults, and their
+    other knobs."""
+    from slabtune.results import pareto as PA
+    from slabtune.tuner import space as S
+    from slabtune.tuner import study as ST
+
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise SlabtuneError(f"--top: {top!r} must be a positive integer")
+    rep = PA.study_pareto(study)
+    base = rep["baseline"]
+    pts = [{**p, "gain": PA.gains([p["memory"], p["time"]], [base["memory"], base["time"]])}
+           for p in rep["points"]]
+    for p in pts:
+        p["gain"] = float(sum(p["gain"]))
+    spec = ST.study_spec(study)
+    defaults = S.baseline_values(spec.fleet.profile)
+    out = []
+    for p in candidate_rank(pts)[:top]:
+        eff = ST.effective_params(p["params"], spec)
+        boot = {k: int(v) for k, v in eff.items()
+                if S.KNOBS[k].reach == "boot" and int(v) != defaults[k]}
+        knobs = {k: int(v) for k, v in p["params"].items() if S.KNOBS[k].reach != "boot"}
+        out.append(Candidate(f"trial-{p['trial']}", boot, knobs,
+                             f"study {study.study_name} trial {p['trial']}"))
+    return out
+
+
+def with_baseline(cands: Sequence[Candidate]) -> list[Candidate]:
+    """The baseline first, then the candidates (the baseline is always validated)."""
+    return [BASELINE] + [c for c in cands if c.id != BASELINE_ID]
+
+
+# --------------------------------------------------------------------------- spec
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidateSpec:
+    """A validation spec: topologies (+ model workload) and how guests run."""
+
+    name: str
+    text: str
+    fleet: Any                     # slabtune.tuner.objectives.Fleet
+    workloads: tuple               # guest.WorkloadSpec
+    timeout_s: float = 180.0
+    retries: int = 1
+    memory_mib: int = 512
+    accel: str = "auto"
+
+    def topology(self, name: str) -> Topology:
+        for t in self.fleet.topologies:
+            if t.name == name:
+                return t.topology
+        raise SlabtuneError(f"topology: {name!r} is not in spec {self.name}")
+
+
+def builtin_spec_path(name: str) -> Path | None:
+    from slabtune.tuner.study import builtin_spec_path as _b
+
+    return _b(name)
+
+
+def parse_spec(text: str, name: str) -> ValidateSpec:
+    """Parse a validation spec (see sweeps/validate_quick.toml); errors name the field."""
+    from slabtune.tuner import guest as G
+    from slabtune.tuner.objectives import parse_fleet
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SlabtuneError(f"--topologies {name}: not valid TOML ({err})") from None
+    bad = set(doc) - {"validate", "fleet"}
+    if bad:
+        raise SlabtuneError(f"--topologies {name}: unknown table [{sorted(bad)[0]}]")
+    if "fleet" not in doc:
+        raise SlabtuneError(f"--topologies {name}: missing the [fleet] table")
+    fleet = parse_fleet(doc["fleet"])
+    v = doc.get("validate", {})
+    if not isinstance(v, Mapping):
+        raise SlabtuneError(f"--topologies {name}: validate: expected a table")
+    bad = set(v) - {"timeout_s", "retries", "memory_mib", "accel", "workload"}
+    if bad:
+        raise SlabtuneError(f"validate.{sorted(bad)[0]}: unknown field")
+    timeout = v.get("timeout_s", 180.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise SlabtuneError(f"validate.timeout_s: {timeout!r} is outside (0, 3600]")
+    retries = v.get("retries", 1)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 5:
+        raise SlabtuneError(f"validate.retries: {retries!r} is outside 0..5")
+    mem = v.get("memory_mib", 512)
+    if isinstance(mem, bool) or not isinstance(mem, int) or not 128 <= mem <= 65536:
+        raise SlabtuneError(f"validate.memory_mib: {mem!r} is outside 128..65536")
+    accel = v.get("accel", "auto")
+    if accel not in ("auto", "kvm", "tcg"):
+        raise SlabtuneError(f"validate.accel: {accel!r} is not auto, kvm or tcg")
+    wls = []
+    fields = {f.name for f in dataclasses.fields(G.WorkloadSpec)}
+    for i, w in enumerate(v.get("workload", [{}])):
+        if not isinstance(w, Mapping):
+            raise SlabtuneError(f"validate.workload[{i}]: expected a table")
+        bad = set(w) - fields
+        if bad:
+            raise SlabtuneError(f"validate.workload[{i}].{sorted(bad)[0]}: unknown field")
+        ws = G.WorkloadSpec(**w)
+        try:
+            ws.argv()
+        except SlabtuneError as err:
+            raise SlabtuneError(f"validate.workload[{i}]: {err}") from None
+        wls.append(ws)
+    for t in fleet.topologies:
+        try:
+            G.topology_qemu_args(t.topology, mem)
+        except SlabtuneError as err:
+            raise SlabtuneError(f"fleet.topology {t.name}: {err}") from None
+    return ValidateSpec(name, text, fleet, tuple(wls), float(timeout), retries, mem, accel)
+
+
+def load_spec(ref: str) -> ValidateSpec:
+    """A spec from a path or a built-in name (``validate_quick``)."""
+    p = Path(ref)
+    if not p.exists():
+        b = builtin_spec_path(ref)
+        if b is None:
+            raise SlabtuneError(f"--topologies: {ref}: no such file or built-in spec")
+        p = b
+    if p.is_dir():
+        raise SlabtuneError(f"--topologies: {ref}: is a directory")
+    return parse_spec(p.read_text(), p.stem)
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def native_available() -> str | None:
+    """None when the native allocator can run here, else why not."""
+    try:
+        import importlib
+
+        importlib.import_module("slabtune.tuner.native")
+    except ImportError as err:
+        return f"tuner/native.py is not available ({err})"
+    if shutil.which("gcc") is None:
+        return "gcc is not installed"
+    return None
+
+
+def guest_available() -> str | None:
+    """None when qemu, a kernel and busybox are installed here, else why not."""
+    from slabtune.tuner import guest as G
+
+    try:
+        G.find_assets(build=False)
+    except SlabtuneError as err:
+        return str(err)
+    return None
+
+
+def available_targets() -> dict[str, str | None]:
+    """target -> None (runs here) or the reason it cannot."""
+    host = None if Path("/sys/kernel/slab").is_dir() else "/sys/kernel/slab is missing"
+    return {"guest": guest_available(), "host": host, "native": native_available()}
+
+
+def parse_targets(text: str | None) -> tuple[str, ...]:
+    """``--target`` (one name or a comma list); None means every target available here."""
+    avail = available_targets()
+    if text is None:
+        chosen = tuple(t for t in TARGETS if avail[t] is None)
+        if not chosen:
+            raise SlabtuneError("--target: no target can run here: "
+                                + "; ".join(f"{k}: {v}" for k, v in avail.items()))
+        return chosen
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise SlabtuneError("--target: empty")
+    for t in names:
+        if t not in TARGETS:
+            raise SlabtuneError(f"--target: {t!r} is not one of {', '.join(TARGETS)}")
+    return tuple(t for t in TARGETS if t in names)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    index: int
+    candidate: Candidate
+    topology: str
+    target: str
+
+
+def plan_tasks(cands: Sequence[Candidate], spec: ValidateSpec,
+               targets: Sequence[str]) -> list[Task]:
+    """Every (candidate, topology) pair per target: guest and native over the spec's
+    topologies, host for the baseline only (the host cannot reboot with other parameters)."""
+    tasks: list[Task] = []
+    for target in TARGETS:
+        if target not in targets:
+            continue
+        for c in cands:
+            if target == "host":
+                if c.id == BASELINE_ID:
+                    tasks.append(Task(len(tasks), c, "host", target))
+                continue
+            for t in spec.fleet.topologies:
+                tasks.append(Task(len(tasks), c, t.name, target))
+    return tasks
+
+
+def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str]) -> dict:
+    """Refuse bad input before any qemu starts: every candidate's boot parameters against
+    the guest kernel's profile, the guest assets present.  Returns facts for the manifest."""
+    info: dict[str, Any] = {}
+    if "guest" in targets:
+        from slabtune.tuner import guest as G
+
+        assets = G.find_assets()
+        prof = G.kernel_profile(assets.kernel)
+        info["guest_kernel"] = str(assets.kernel)
+        info["guest_profile"] = prof.name
+        for c in cands:
+            try:
+                BP.validate_params(dict(c.boot), prof)
+            except SlabtuneError as err:
+                raise SlabtuneError(f"candidate {c.id}: {err}") from None
+    if "native" in targets:
+        why = native_available()
+        if why is not None:
+            raise SlabtuneError(f"--target native: {why}")
+    return info
+
+
+# --------------------------------------------------------------------------- model side
+
+
+@functools.lru_cache(maxsize=64)
+def _evaluator(profile_name: str, spec_text: str, topology_name: str):
+    """A cost/memory Evaluator for one topology of the spec under one profile (cached per
+    worker process: building one compiles the objective)."""
+    from slabtune.tuner import objectives as O
+
+    spec = parse_spec(spec_text, "spec")
+    topo = next(t for t in spec.fleet.topologies if t.name == topology_name)
+    fleet = dataclasses.replace(spec.fleet, profile=P.get_profile(profile_name),
+                                topologies=(O.FleetTopology(topo.name, topo.topology, 1.0),))
+    return O.Evaluator(fleet)
+
+
+def predicted_cost(profile: P.KernelProfile, spec_text: str, topology_name: str,
+                   params: Mapping[str, int]) -> float:
+    """Modelled ns per op of the spec's model workload for a policy on one topology."""
+    ev = _evaluator(profile.name, spec_text, topology_name)
+    return float(ev.evaluate([dict(params)]).time_topo[0, 0])
+
+
+def predicted_slab_bytes(profile: P.KernelProfile, topology: Topology, boot: Mapping[str, int],
+                         caches: Sequence, live_objects: Sequence[int]) -> np.ndarray:
+    """The structural memory model's slab bytes (live + overhead) per cache when each holds
+    ``live_objects`` objects spread over the topology's CPUs (see the module docstring).
+    ``caches`` are :class:`slabtune.model.caches.CacheInfo`."""
+    from slabtune.model import policy as PL
+    from slabtune.tuner import objectives as O
+    from slabtune.tuner.space import baseline_values
+
+    cpus = max(topology.present, 1)
+    wl = O.Workload("measured", 1.0, tuple(float(n) / cpus for n in live_objects),
+                    tuple(1.0 for _ in caches), 0.5, 0.0)
+    fleet = O.Fleet(profile, (O.FleetTopology("t", topology, 1.0),), tuple(caches), (wl,))
+    fa = O.fleet_arrays(fleet)
+    vals = baseline_values(profile)
+    vals.update({k: int(v) for k, v in boot.items()})
+    prof = PL.profile_arrays(profile)
+    st, _ = O.policy_structure({k: np.array([v], np.int32) for k, v in vals.items()}, prof, fa)
+    overhead, live = O.structural_memory(st, fa, np.array([vals["barn_max_full"]], np.float32),
+                                         np.array([vals["barn_max_empty"]], np.float32),
+                                         prof.barns)
+    return np.asarray(overhead + live, np.float64)[0, 0, 0, :]
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _row(task: dict, **kw) -> dict:
+    base = {k: None for k in ROW_SCHEMA}
+    c = task["candidate"]
+    base.update(task=task["index"], candidate=c["id"],
+                params=json.dumps({**c["boot"], **c["knobs"]}, sort_keys=True),
+                topology=task["topology"], target=task["target"], status="ok")
+    base.update(kw)
+    return base
+
+
+def frame(rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=ROW_SCHEMA, orient="row") if rows else pl.DataFrame(
+        schema=ROW_SCHEMA)
+
+
+def failed_rows(task: dict, error: str, console_tail: str = "", attempts: int | None = None,
+                seconds: float | None = None, accelerator: str | None = None) -> list[dict]:
+    """The one row a failed task leaves."""
+    return [_row(task, status="failed", field=TASK_FIELD, error=error or "failed",
+                 console_tail=(console_tail or "")[-CONSOLE_TAIL_CHARS:], attempts=attempts,
+                 seconds=seconds, accelerator=accelerator, comparable=False)]
+
+
+def structural_rows(task: dict, df: pl.DataFrame, common: dict) -> tuple[list[dict], dict]:
+    """Predicted beside measured structural fields for every cache of a one-boot snapshot.
+    Returns the rows and facts about the boot (profile, params, topology)."""
+    from slabtune.results import snapshot as snap
+    from slabtune.tuner import check
+    from slabtune.tuner.host import topology_from_lists
+
+    df = df.select([c for c in df.columns if c not in ("phase", "accelerator")])
+    res = check.check_snapshot(df)
+    boot = res.boots[0]
+    df = snap.validate_snapshot(df, "validate")
+    first = df.row(0, named=True)
+    topo, _ = topology_from_lists(first["cpus_possible"], first["cpus_present"],
+                                  first["cpus_online"], first["nodes_with_memory"],
+                                  first["nodes_with_cpu"])
+    prof = P.get_profile(boot.profile)
+    names = df["cache"].to_list()
+    pred = check.predict_boot(df["slab_size"].to_numpy(), names, topo, prof, boot.params)
+    aside = {n.cache: n.reason for n in res.not_comparable}
+    rows = []
+    for i, r in enumerate(df.iter_rows(named=True)):
+        for f in STRUCTURAL_FIELDS:
+            if r[f] is None:
+                continue
+            rows.append(_row(task, **common, kernel_release=boot.kernel_release,
+                             profile=boot.profile, cache=r["cache"], field=f,
+                             predicted=float(pred[f][i]), measured=float(r[f]), unit="count",
+                             comparable=r["cache"] not in aside, note=aside.get(r["cache"])))
+    # the rows must agree with kernel check's own verdict
+    mism = sum(1 for x in rows if x["comparable"] and x["predicted"] != x["measured"])
+    if mism != len(res.mismatches):
+        raise SlabtuneError(f"validate: {mism} row mismatches but kernel check found "
+                            f"{len(res.mismatches)}")
+    facts = {"profile": prof, "params": boot.params, "topology": topo, "aside": aside,
+             "release": boot.kernel_release}
+    return rows, facts
+
+
+def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: dict,
+                common: dict, boot: Mapping[str, int]) -> list[dict]:
+    """Predicted beside measured slab bytes of the caches the workload drove."""
+    from slabtune.model.caches import CacheInfo
+    from slabtune.tuner import check
+
+    j = before.join(after, on="cache", suffix="_after")
+    driven = j.filter(((pl.col("objects") != pl.col("objects_after"))
+                       | (pl.col("total_objects") != pl.col("total_objects_after")))
+                      & pl.col("slabs_after").is_not_null()
+                      & (pl.col("order") == pl.col("order_after")))
+    driven = driven.filter(~pl.col("cache").is_in(list(facts["aside"])))
+    if driven.is_empty():
+        return []
+    rows_in = driven.sort("cache").to_dicts()
+    infos = [CacheInfo(r["cache"], int(r["object_size"]), int(r["slab_size"]),
+                       is_kmalloc=check.is_kmalloc(r["cache"]), early=check.is_early(r["cache"]),
+                       is_bootstrap=check.is_bootstrap(r["cache"])) for r in rows_in]
+    live = [int(r["objects_after"] or 0) for r in rows_in]
+    pred = predicted_slab_bytes(facts["profile"], facts["topology"], boot, infos, live)
+    out = []
+    for r, p in zip(rows_in, pred):
+        meas = float(r["slabs_after"]) * float(P.PAGE_SIZE << int(r["order_after"]))
+        out.append(_row(task, **common, kernel_release=facts["release"],
+                        profile=facts["profile"].name, cache=r["cache"], field=MEMORY_FIELD,
+                        predicted=float(p), measured=meas, unit="bytes", comparable=True,
+                        note=f"live objects {int(r['objects_after'] or 0)}"))
+    return out
+
+
+def run_guest_task(task: dict) -> list[dict]:
+    """Boot one guest for a (candidate, topology) and return its rows."""
+    from slabtune.tuner import guest as G
+
+    spec = parse_spec(task["spec_text"], task["spec_name"])
+    cand = Candidate.from_json(task["candidate"])
+    topo = spec.topology(task["topology"])
+    assets = G.find_assets()
+    prof = G.kernel_profile(assets.kernel)
+    boot = BP.validate_params(dict(cand.boot), prof)
+    gs = G.GuestSpec(topology=topo, boot_params=boot, workloads=spec.workloads,
+                     memory_mib=spec.memory_mib,
+                     timeout_s=float(task.get("timeout_s") or spec.timeout_s),
+                     retries=spec.retries, accel=spec.accel)
+    r = G.boot_guest(gs, assets)
+    if not r.ok:
+        return failed_rows(task, r.error, r.console_tail, r.attempts, r.total_seconds,
+                           r.accelerator)
+    applied = json.dumps({"boot": boot, "not_applied": dict(cand.knobs)}, sort_keys=True)
+    common = {"accelerator": r.accelerator, "attempts": r.attempts, "seconds": r.total_seconds,
+              "applied": applied}
+    rows, facts = structural_rows(task, r.before, common)
+    rows += memory_rows(task, r.before, r.after, facts, common, boot)
+    wall = sum(float(w.get("wall_s") or 0.0) for w in r.workloads)
+    if r.workloads and wall > 0:
+        cost = predicted_cost(facts["profile"], task["spec_text"], task["topology"], boot)
+        rows.append(_row(task, **common, kernel_release=facts["release"],
+                         profile=facts["profile"].name, field=COST_FIELD, predicted=cost,
+                         measured=wall, unit="predicted ns/op; measured workload s",
+                         comparable=r.accelerator == "kvm",
+                         note=None if r.accelerator == "kvm" else
+                         "TCG: guest timing is an emulation artefact"))
+    return rows
+
+
+def run_host_task(task: dict) -> list[dict]:
+    """Snapshot this machine's running kernel and compare it with the model."""
+    from slabtune.tuner.host import take_snapshot
+
+    t0 = time.monotonic()
+    df = take_snapshot("/")
+    common = {"accelerator": "host", "attempts": 1, "seconds": time.monotonic() - t0,
+              "applied": json.dumps({"boot": "the host's own command line"})}
+    rows, _ = structural_rows(task, df, common)
+    return rows
+
+
+def run_native_task(task: dict) -> list[dict]:
+    """Placeholder until the native target is wired (see the module docstring)."""
+    raise SlabtuneError("native target: not wired in this build")
+
+
+_RUNNERS = {"guest": run_guest_task, "host": run_host_task, "native": run_native_task}
+
+
+def run_task(task: dict) -> dict:
+    """Body of one Ray task: run it, return ``{"index", "rows", "failed"}``.
+
+    A SlabtuneError (bad configuration on this node, a guest that did not complete after
+    its reboots) is a failed task with its message; OSError and subprocess errors propagate
+    so that Ray retries the task.
+    """
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    t0 = time.monotonic()
+    try:
+        rows = _RUNNERS[task["target"]](task)
+    except SlabtuneError as err:
+        rows = failed_rows(task, str(err), seconds=time.monotonic() - t0)
+    failed = any(r["status"] == "failed" for r in rows)
+    return {"index": task["index"], "rows": rows, "failed": failed, "pid": os.getpid(),
+            "host": os.uname().nodename}
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidateResult:
+    run_dir: Path
+    tasks: int
+    failed: int
+
+
+def _task_dict(t: Task, spec: ValidateSpec, timeout_s: float | None) -> dict:
+    return {"index": t.index, "candidate": t.candidate.to_json(), "topology": t.topology,
+            "target": t.target, "spec_text": spec.text, "spec_name": spec.name,
+            "timeout_s": timeout_s}
+
+
+def _guest_options(task: dict, spec: ValidateSpec, use_resource: bool, node_cpus: int) -> dict:
+    present = spec.topology(task["topology"]).present
+    opts: dict[str, Any] = {"num_cpus": max(1, min(present, node_cpus))}
+    if use_resource:
+        opts["resources"] = {QEMU_RESOURCE: 1}
+    return opts
+
+
+def local_resources() -> dict[str, float]:
+    """Custom resources to declare on a local Ray instance: ``qemu`` (one guest at a time
+    per two cores) when qemu and a kernel are installed."""
+    if guest_available() is not None:
+        return {}
+    return {QEMU_RESOURCE: float(max(1, (os.cpu_count() or 1) // 2))}
+
+
+def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str],
+             out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
+             timeout_s: float | None = None, source: str = "") -> ValidateResult:
+    """Run every task on Ray (a local instance unless an address is given, or the instance
+    already initialised in this process) and store the rows; see the module docstring."""
+    import ray
+
+    from slabtune.results import store
+    from slabtune.sweeps.dispatch import ray_session
+    from slabtune.sweeps.runner import git_revision, package_versions
+
+    cands = with_baseline(cands)
+    info = preflight(cands, spec, targets)
+    tasks = plan_tasks(cands, spec, targets)
+    if not tasks:
+        raise SlabtuneError("--target: no task to run (host runs only the baseline)")
+    meta = {"name": f"validate-{spec.name}", "evaluator": "validate", "chunk_size": 1,
+            "targets": list(targets), "topologies": [t.name for t in spec.fleet.topologies],
+            "candidates": [c.to_json() for c in cands], "source": source, **info}
+    spec_hash = hashlib.sha256(json.dumps([meta, spec.text], sort_keys=True).encode()).hexdigest()
+    run = store.create_run(out_dir, spec=meta, spec_hash=spec_hash, spec_text=spec.text,
+                           n_chunks=len(tasks), columns=[], versions=package_versions(),
+                           git_revision=git_revision(), extra={"kind": "validate"})
+    failed = 0
+    with run.lock(), ray_session(ray_address, resources=local_resources()) as sess:
+        run.start_attempt(ray=sess)
+        res = ray.cluster_resources()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
+        use_qemu = QEMU_RESOURCE in res
+        if "guest" in targets and not use_qemu and len(nodes) > 1:
+            raise SlabtuneError(f"--target guest: no Ray node offers the {QEMU_RESOURCE!r} "
+                                "resource (start workers with --resources='{\"qemu\": 1}')")
+        remote = ray.remote(max_retries=MAX_RETRIES,
+                            retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
+        refs = {}
+        for t in tasks:
+            td = _task_dict(t, spec, timeout_s)
+            opts = (_guest_options(td, spec, use_qemu, node_cpus) if t.target == "guest"
+                    else {"num_cpus": 1})
+            refs[remote.options(**opts).remote(td)] = td
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                td = refs.pop(ref)
+                try:
+                    out = ray.get(ref)
+                    rows, bad = out["rows"], out["failed"]
+                except ray.exceptions.RayError as err:
+                    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                    msg = (f"failed after {MAX_RETRIES + 1} attempts: "
+                           + (lines[-1] if lines else err.__class__.__name__))
+                    rows, bad = failed_rows(td, msg, console_tail="\n".join(lines[-20:])), True
+                failed += bool(bad)
+                st = next((r for r in rows if r["status"] == "failed"), None)
+                run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
+                               candidate=td["candidate"]["id"], topology=td["topology"],
+                               target=td["target"], error=st["error"] if st else None)
+        run.finish()
+    return ValidateResult(run.path, len(tasks), failed)
+
+
+def is_validate_run(run) -> bool:
+    return run.manifest.get("kind") == "validate"
+
+
+def task_table(run) -> list[dict]:
+    """One entry per task from the manifest (state, status, error)."""
+    out = []
+    for i in range(run.n_chunks):
+        st = run.manifest["chunks"]["states"].get(str(i), {})
+        out.append({"task": i, "state": st.get("state", "pending"), "status": st.get("status"),
+                    "candidate": st.get("candidate"), "topology": st.get("topology"),
+                    "target": st.get("target"), "error": st.get("error")})
+    return out
+
+

@@ -268,6 +268,30 @@ def test_objects_per_slab_and_leftover_match_reference_for_every_order():
             np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} order {order}")
 
 
+def test_order_table_is_exact_for_every_size_to_2mib():
+    """The model's per-size order table and objects_per_slab (float32 quotients) equal
+    integer arithmetic for every object size 1..2 MiB: object counts per order and the
+    leftover verdicts per fraction, checked against numpy's integer division."""
+    sz = np.arange(1, (2 << 20) + 1, dtype=np.int64)
+    t = jax.jit(policy._order_table)(jnp.asarray(sz, jnp.int32))
+    fits_want = [np.zeros(sz.shape, np.int64) for _ in t.fits]
+    for order in range(MAX_PAGE_ORDER + 1):
+        slab = 4096 << order
+        np.testing.assert_array_equal(np.asarray(t.objs[order]), slab // sz,
+                                      err_msg=f"order {order}")
+        for i, fraction in enumerate((16, 8, 4, 2)):
+            fits_want[i] |= np.where(slab % sz <= slab // fraction, 1 << order, 0)
+    for got, want in zip(t.fits, fits_want):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    # objects_per_slab divides in float32 too (capped at MAX_OBJS_PER_PAGE = 32767 in v6.1).
+    per_order = jax.jit(lambda s, o, p: policy.objects_per_slab(s, o, p))
+    p61 = policy.profile_arrays(PROFILES["v6.1"])
+    for order in range(MAX_PAGE_ORDER + 1):
+        got = np.asarray(per_order(jnp.asarray(sz, jnp.int32), order, p61))
+        np.testing.assert_array_equal(got, np.minimum((4096 << order) // sz, 32767),
+                                      err_msg=f"objects_per_slab order {order}")
+
+
 def test_cpu_partial_slabs_matches_reference_for_every_slab_size():
     """DIV_ROUND_UP(2 * cpu_partial, objs_per_slab) for objs_per_slab 1..65535."""
     per = np.arange(1, 65536, dtype=np.int32)

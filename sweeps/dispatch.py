@@ -15,6 +15,7 @@ a few chunks whatever the grid size.  On a cluster with GPUs each task asks for 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import socket
@@ -93,7 +94,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                                     f"{str(err).splitlines()[0] if str(err) else err}") from None
             info = {"mode": "cluster", "address": address}
         else:
-            tmp = tempfile.mkdtemp(prefix="slt-ray-", dir="/tmp")
+            _remove_stale_temp_dirs()
+            tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir="/tmp")
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
                      resources=dict(resources or {}),
                      include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -104,6 +106,24 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
             ray.shutdown()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+_TMP_PREFIX = "slt-ray-"
+
+
+def _remove_stale_temp_dirs() -> None:
+    """Remove local-Ray temp dirs of drivers that died without cleaning up (SIGKILL): their
+    names carry the driver's pid, and Ray's own processes share the driver's fate."""
+    for d in glob.glob(f"/tmp/{_TMP_PREFIX}*-*"):
+        pid = os.path.basename(d)[len(_TMP_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            continue
 
 
 def _probe(address: str, timeout: float = 5.0) -> None:

@@ -139,8 +139,7 @@ class Counters(NamedTuple):
 class State(NamedTuple):
     """What evolves: per rep (R,), per node class (N,), ``pend`` (R, R) and counters.
 
-    In the scan carry every field is unstacked into a tuple of scalars (see
-    :func:`_unstack`), so that the step is elementwise code over the batch.
+    The scan carries it as a dict of these arrays.
     """
 
     pend: Any          # (R, R) objects allocated by rep i, to be freed by rep j
@@ -267,25 +266,24 @@ def draws(key, steps: int) -> jnp.ndarray:
 
 
 # --------------------------------------------------------------------------- helpers
-# Per-config code below works on tuples of scalars (one per rep or node class); under
-# vmap every scalar is a vector over the batch, so the whole step is elementwise.
+# The step works on one configuration's arrays; under vmap every array gains a leading
+# batch axis.  Node-class and traced rep indices go through one-hot selects (N and R are
+# small); the rep being stepped is the fori_loop counter, the same for the whole batch.
+
+_NODES = np.arange(N, dtype=np.int32)
+_REPS = np.arange(R, dtype=np.int32)
 
 
-def _get(xs, idx):
-    """xs[idx] for a traced index (a chain of selects)."""
-    v = xs[0]
-    for k in range(1, len(xs)):
-        v = jnp.where(idx == k, xs[k], v)
-    return v
+def _get(x, idx):
+    """x[idx] for a traced index, as a one-hot select and sum."""
+    ar = _NODES if x.shape[0] == N else _REPS
+    return jnp.sum(jnp.where(ar == idx, x, 0))
 
 
-def _add(xs, idx, v):
-    """xs with v added at a traced index."""
-    return tuple(x + jnp.where(idx == k, v, 0) for k, x in enumerate(xs))
-
-
-def _set(xs, idx, v, cond=True):
-    return tuple(jnp.where((idx == k) & cond, v, x) for k, x in enumerate(xs))
+def _add(x, idx, v):
+    """x with v added at a traced index."""
+    ar = _NODES if x.shape[0] == N else _REPS
+    return x + jnp.where(ar == idx, v, 0)
 
 
 def _cdiv(a, b):
@@ -301,85 +299,106 @@ def _i(x):
     return jnp.asarray(x, _I32)
 
 
-class _C:
-    """Field indices into the counter rows."""
+_CI = {name: k for k, name in enumerate(COUNTER_FIELDS)}
 
 
-for _k, _name in enumerate(COUNTER_FIELDS):
-    setattr(_C, _name, _k)
+class _Ctx:
+    """Mutable view of one rep op: the state dict and the rep's counter increments."""
+
+    def __init__(self, st: dict, r, d: dict):
+        self.st = st
+        self.r = r
+        self.d = d
+        self.inc = [_i(0)] * len(COUNTER_FIELDS)
+
+    def bump(self, name, v):
+        self.inc[_CI[name]] = self.inc[_CI[name]] + _i(v)
+
+    def lock(self, node, cond):
+        """A list_lock acquisition on node class ``node`` (where ``cond``)."""
+        self.bump("list_lock", cond)
+        self.bump("list_lock_remote", cond & (node != self.d["node"][self.r]))
+        self.st["lock_node"] = _add(self.st["lock_node"], node, _i(cond))
+
+    def rset(self, name, v, cond=True):
+        """Set this rep's entry of a per-rep field (where ``cond``)."""
+        x = self.st[name]
+        self.st[name] = x.at[self.r].set(jnp.where(cond, v, x[self.r]))
+
+    def radd(self, name, v):
+        x = self.st[name]
+        self.st[name] = x.at[self.r].add(_i(v))
+
+    def nadd(self, name, n, v):
+        """Add ``v`` at node class ``n`` of a per-node field (or rep ``n`` of a per-rep
+        field when ``n`` is traced)."""
+        self.st[name] = _add(self.st[name], n, _i(v))
 
 
 # --------------------------------------------------------------------------- the step
 
 
-def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict):
-    """One allocator op of rep ``r`` (static): workload choice, then allocation or free."""
+def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
+    """One allocator op of rep ``r``: the workload's choice, then an allocation or a free.
+
+    ``w``: this rep's K random words.  Allocation and free are computed as masked updates
+    (``do_a``/``do_f`` exclude each other), in the order of the reference's branches.
+    """
+    st = dict(st)
+    cx = _Ctx(st, r, d)
     wl = cfg.workload
-    objs = d["objs"]
-    cap1 = d["cap1"]
-    cap = cfg.sheaf_capacity
+    objs, cap1 = d["objs"], d["cap1"]
+    cap = _i(cfg.sheaf_capacity)
     sheaves = cap > 0
-    w0, w1, w2 = w[r, 0], w[r, 1], w[r, 2]
+    w0, w1, w2 = w[0], w[1], w[2]
     m = d["mem_node"][r]
     own = d["node"][r]
     has_barn = d["has_barn"][r]
-    inc = [_i(0)] * len(COUNTER_FIELDS)
-
-    def bump(name, v):
-        inc[getattr(_C, name)] = inc[getattr(_C, name)] + _i(v)
-
-    def lock(node, cond):
-        bump("list_lock", cond)
-        bump("list_lock_remote", cond & (node != own))
-        st["lock_node"] = _add(st["lock_node"], node, _i(cond))
 
     # ---- workload: allocate or free?
-    active = wl.active[r] > 0
-    can_a = active & (wl.alloc_p[r] > 0) & (st["out"][r] < wl.live_target[r])
-    can_f = active & (st["pend_tot"][r] > 0)
-    bursty = wl.burst[r] > 0
-    want_a = jnp.where(bursty, st["phase"][r] == 0, _i(w0 >> 16) < wl.alloc_p[r])
+    alloc_p = wl.alloc_p[r]
+    burst = wl.burst[r]
+    can_a = (wl.active[r] > 0) & (alloc_p > 0) & (st["out"][r] < wl.live_target[r])
+    can_f = (wl.active[r] > 0) & (st["pend_tot"][r] > 0)
+    bursty = burst > 0
+    want_a = jnp.where(bursty, st["phase"][r] == 0, _i(w0 >> 16) < alloc_p)
     do_a = can_a & (want_a | ~can_f)
     do_f = can_f & ~do_a
     did = do_a | do_f
-    left = st["phase_left"][r] - jnp.where(bursty & did, 1, 0)
+    left = st["phase_left"][r] - _i(bursty & did)
     flip = bursty & did & (left <= 0)
-    st["phase"] = _set(st["phase"], r, 1 - st["phase"][r], flip)
-    st["phase_left"] = _set(st["phase_left"], r, jnp.where(flip, wl.burst[r], left))
-    bump("ops", did)
+    cx.rset("phase", 1 - st["phase"][r], flip)
+    cx.rset("phase_left", jnp.where(flip, burst, left))
+    cx.bump("ops", did)
 
     # ================================================================ allocation
     lo16 = _i(w1 & _U32(0xFFFF))
-    j = _i(0)
-    for k in range(R - 1, -1, -1):
-        j = jnp.where(lo16 < wl.free_cum[r, k], k, j)
-    bump("allocs", do_a)
+    j = jnp.sum(_i(lo16 >= wl.free_cum[r]))  # first rep whose cumulative share exceeds it
+    j = jnp.minimum(j, R - 1)
+    cx.bump("allocs", do_a)
 
-    # -- sheaf path (alloc_from_pcs / __pcs_replace_empty_main)
+    # -- sheaf path (alloc_from_pcs, __pcs_replace_empty_main)
     a_sh = do_a & sheaves
     main_r, spare_r = st["main"][r], st["spare"][r]
     hit = a_sh & (main_r > 0)
     swap = a_sh & ~hit & (spare_r > 0)
-    bfull = _get(st["barn_full"], own)
-    bget = a_sh & ~hit & ~swap & has_barn & (bfull > 0)
+    bget = a_sh & ~hit & ~swap & has_barn & (_get(st["barn_full"], own) > 0)
     refill = a_sh & ~hit & ~swap & ~bget
-    bump("sheaf_alloc_hit", hit)
-    bump("barn_get", bget)
-    bump("barn_get_fail", refill & has_barn)
-    bump("sheaf_refill", refill)
-    new_main = jnp.where(hit, main_r - 1, jnp.where(swap, spare_r - 1, cap - 1))
-    st["main"] = _set(st["main"], r, new_main, a_sh)
-    st["spare"] = _set(st["spare"], r, 0, swap)
-    st["barn_full"] = _add(st["barn_full"], own, -_i(bget))
-    bempty = _get(st["barn_empty"], own)
-    st["barn_empty"] = _add(st["barn_empty"], own, _i(bget & (bempty < cfg.barn_max_empty)))
+    cx.bump("sheaf_alloc_hit", hit)
+    cx.bump("barn_get", bget)
+    cx.bump("barn_get_fail", refill & has_barn)
+    cx.bump("sheaf_refill", refill)
+    cx.rset("main", jnp.where(hit, main_r - 1, jnp.where(swap, spare_r - 1, cap - 1)), a_sh)
+    cx.rset("spare", 0, swap)
+    cx.nadd("barn_full", own, -_i(bget))
+    cx.nadd("barn_empty", own,
+            _i(bget & (_get(st["barn_empty"], own) < cfg.barn_max_empty)))
 
-    # -- direct allocation from the node's partial list: a CPU on a memoryless node without
-    #    the numa_mem_id() fix never finds a "local" CPU slab and takes the node's lock for
-    #    every object (one object per lock).
+    # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
+    #    "local": every object comes from the node's partial list under its lock
     direct = do_a & ~sheaves & (d["alloc_local"][r] == 0)
 
-    # -- CPU slab path (slab_alloc fast path, ___slab_alloc)
+    # -- CPU slab (slab_alloc fast path, ___slab_alloc)
     a_cs = do_a & ~sheaves & ~direct
     fast = a_cs & (st["cs_free"][r] > 0)
     slow = a_cs & ~fast
@@ -391,239 +410,198 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict):
     U_m = _get(st["part_inuse"], m)
     from_node = newslab & ~from_pc & (S_m > 0)
     from_page = newslab & ~from_pc & ~from_node
-    # slab taken from the per-CPU partial list: an empty one if any, else the emptiest
     pcs, pcu = st["pc_slabs"][r], st["pc_inuse"][r]
     pc_h = jnp.where(pcs > _nonempty(pcs, pcu, cap1), 0, pcu - (pcs - 1) * cap1)
     nd_h = jnp.where(S_m > _nonempty(S_m, U_m, cap1), 0, U_m - (S_m - 1) * cap1)
-    took_inuse = jnp.where(from_pc, pc_h, jnp.where(from_node, nd_h, 0))
-    st["pc_slabs"] = _add(st["pc_slabs"], r, -_i(from_pc))
-    st["pc_inuse"] = _add(st["pc_inuse"], r, -jnp.where(from_pc, pc_h, 0))
-    st["full_slabs"] = _add(st["full_slabs"], m, _i(deact_full))
-    st["part_slabs"] = _add(st["part_slabs"], m, -_i(from_node))
-    st["part_inuse"] = _add(st["part_inuse"], m, -jnp.where(from_node, nd_h, 0))
-    cs_free = jnp.where(rf, st["cs_rfree"][r], jnp.where(newslab, objs - took_inuse,
-                                                            st["cs_free"][r]))
-    cs_inuse = jnp.where(newslab, took_inuse, st["cs_inuse"][r])
-    cs_rfree = jnp.where(slow, 0, st["cs_rfree"][r])
+    took = jnp.where(from_pc, pc_h, jnp.where(from_node, nd_h, 0))
+    cx.radd("pc_slabs", -_i(from_pc))
+    cx.radd("pc_inuse", -jnp.where(from_pc, pc_h, 0))
+    cx.nadd("full_slabs", m, _i(deact_full))
+    cx.nadd("part_slabs", m, -_i(from_node))
+    cx.nadd("part_inuse", m, -jnp.where(from_node, nd_h, 0))
+    cs_free = jnp.where(rf, st["cs_rfree"][r],
+                        jnp.where(newslab, objs - took, st["cs_free"][r]))
+    cs_inuse = jnp.where(newslab, took, st["cs_inuse"][r])
+    cx.rset("cs_free", cs_free - _i(a_cs))
+    cx.rset("cs_inuse", cs_inuse + _i(a_cs))
+    cx.rset("cs_rfree", 0, slow)
     pf = jnp.where(newslab, 0, st["pend_fast"][r])
-    st["cs_free"] = _set(st["cs_free"], r, cs_free - _i(a_cs))
-    st["cs_inuse"] = _set(st["cs_inuse"], r, cs_inuse + _i(a_cs))
-    st["cs_rfree"] = _set(st["cs_rfree"], r, cs_rfree)
-    st["pend_fast"] = _set(st["pend_fast"], r, pf + _i(a_cs & (j == r)))
-    lock(m, from_node)
+    cx.rset("pend_fast", pf + _i(a_cs & (j == r)))
+    cx.lock(m, from_node)
 
-    # -- bulk take from node m: sheaf refill (cap objects) or a direct allocation (1)
-    take = jnp.where(refill, cap, jnp.where(direct, 1, 0))
-    _bulk_take(st, m, take, d, bump)
-    lock(m, refill | direct)
+    # -- bulk allocation from node m: a sheaf refill (cap objects) or a direct one (1)
+    _bulk_take(cx, m, jnp.where(refill, cap, jnp.where(direct, 1, 0)))
+    cx.lock(m, refill | direct)
 
-    bump("alloc_fast", hit | fast)
-    bump("alloc_slow", do_a & ~(hit | fast))
-    bump("slab_alloc", from_page)
-    st["pend"] = tuple(
-        tuple(x + _i(do_a & (j == jj)) for jj, x in enumerate(row)) if i == r else row
-        for i, row in enumerate(st["pend"]))
-    st["out"] = _add(st["out"], r, _i(do_a))
-    st["pend_tot"] = _add(st["pend_tot"], j, _i(do_a))
+    cx.bump("alloc_fast", hit | fast)
+    cx.bump("alloc_slow", do_a & ~(hit | fast))
+    cx.bump("slab_alloc", from_page)
+    st["pend"] = st["pend"].at[r].add(jnp.where((_REPS == j) & do_a, 1, 0))
+    cx.radd("out", do_a)
+    cx.nadd("pend_tot", j, do_a)
 
     # ================================================================ free
-    bump("frees", do_f)
-    col = [st["pend"][i][r] for i in range(R)]
+    cx.bump("frees", do_f)
+    col = st["pend"][:, r]
     pf = st["pend_fast"][r]
     c = _i(w1 >> 1) % jnp.maximum(st["pend_tot"][r], 1)
     in_cs = do_f & (c < pf) & (cfg.cpu_slab > 0)
-    c2 = c - pf
-    origin = _i(r)
-    acc = _i(0)
-    first = jnp.bool_(True)
-    for i in range(R):
-        q = col[i] - (pf if i == r else 0)
-        acc = acc + q
-        hit_i = first & (c2 < acc)
-        origin = jnp.where(hit_i, i, origin)
-        first = first & ~hit_i
-    origin = jnp.where(c < pf, r, origin)
+    q = col - jnp.where(_REPS == r, pf, 0)
+    origin = jnp.sum(_i(jnp.cumsum(q) <= c - pf))   # first origin whose share covers it
+    origin = jnp.where(c < pf, r, jnp.minimum(origin, R - 1))
     n = _get(d["mem_node"], origin)
     remote = n != d["local_node"][r]
-    bump("remote_free", do_f & remote)
-    st["pend"] = tuple(
-        tuple(x - _i(do_f & (origin == i)) if jj == r else x for jj, x in enumerate(row))
-        for i, row in enumerate(st["pend"]))
-    st["out"] = _add(st["out"], origin, -_i(do_f))
-    st["pend_tot"] = _add(st["pend_tot"], r, -_i(do_f))
-    st["pend_fast"] = _add(st["pend_fast"], r, -_i(in_cs))
+    cx.bump("remote_free", do_f & remote)
+    st["pend"] = st["pend"].at[:, r].add(-jnp.where((_REPS == origin) & do_f, 1, 0))
+    cx.nadd("out", origin, -_i(do_f))
+    cx.radd("pend_tot", -_i(do_f))
+    cx.radd("pend_fast", -_i(in_cs))
 
-    # -- sheaf free (free_to_pcs / __pcs_replace_full_main)
+    # -- sheaf free (free_to_pcs, __pcs_replace_full_main)
     f_sh = do_f & sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & remote)
     main_r, spare_r = st["main"][r], st["spare"][r]
     fhit = f_sh & (main_r < cap)
     fswap = f_sh & ~fhit & (spare_r == 0)
-    bfull = _get(st["barn_full"], own)
-    bput = f_sh & ~fhit & ~fswap & has_barn & (bfull < cfg.barn_max_full)
+    bput = f_sh & ~fhit & ~fswap & has_barn & (_get(st["barn_full"], own) < cfg.barn_max_full)
     flush = f_sh & ~fhit & ~fswap & ~bput
-    bump("sheaf_free_hit", fhit)
-    bump("barn_put", bput)
-    bump("barn_put_fail", flush & has_barn)
-    bump("sheaf_flush", flush)
-    st["main"] = _set(st["main"], r, jnp.where(fhit, main_r + 1, 1), f_sh)
-    st["spare"] = _set(st["spare"], r, cap, fswap)
-    bempty = _get(st["barn_empty"], own)
-    st["barn_full"] = _add(st["barn_full"], own, _i(bput))
-    st["barn_empty"] = _add(st["barn_empty"], own, -_i(bput & (bempty > 0)))
-    _bulk_free(st, m, jnp.where(flush, cap, 0), d, bump)
-    lock(m, flush)
+    cx.bump("sheaf_free_hit", fhit)
+    cx.bump("barn_put", bput)
+    cx.bump("barn_put_fail", flush & has_barn)
+    cx.bump("sheaf_flush", flush)
+    cx.rset("main", jnp.where(fhit, main_r + 1, 1), f_sh)
+    cx.rset("spare", cap, fswap)
+    cx.nadd("barn_full", own, _i(bput))
+    cx.nadd("barn_empty", own, -_i(bput & (_get(st["barn_empty"], own) > 0)))
+    _bulk_free(cx, m, jnp.where(flush, cap, 0))
+    cx.lock(m, flush)
 
     # -- slab free (do_slab_free fast path, __slab_free)
     f_sl = do_f & ~f_sh
     own_cs = f_sl & in_cs
     other = f_sl & ~in_cs
-    # which slab: by allocated objects on node n, frozen slabs (other CPUs' slabs and
-    # per-CPU partial slabs) first, then the node's partial list, then full slabs
-    zc = []
-    zp = []
-    for k in range(R):
-        on_n = d["mem_node"][k] == n
-        zc.append(jnp.where(on_n, st["cs_inuse"][k] - st["pend_fast"][k], 0))
-        zp.append(jnp.where(on_n, st["pc_inuse"][k], 0))
+    # which slab holds it, by allocated objects on node n: frozen slabs (CPU slabs and
+    # per-CPU partial slabs, rep by rep), then the node's partial list, then full slabs
+    on_n = d["mem_node"] == n
+    zc = jnp.where(on_n, st["cs_inuse"] - st["pend_fast"], 0)
+    zp = jnp.where(on_n, st["pc_inuse"], 0)
     Un = _get(st["part_inuse"], n)
     Sn = _get(st["part_slabs"], n)
     Fn = _get(st["full_slabs"], n)
-    ztot = sum(zc) + sum(zp)
+    z2 = jnp.stack([zc, zp], axis=-1).reshape(2 * R)    # (cs_0, pc_0, cs_1, pc_1, ...)
+    zcum = jnp.cumsum(z2)
+    ztot = zcum[-1]
     tot = ztot + Un + Fn * objs
     dd = _i(w2 >> 1) % jnp.maximum(tot, 1)
-    kk = _i(0)
-    in_pc = jnp.bool_(False)
-    acc = _i(0)
-    first = jnp.bool_(True)
-    for k in range(R):
-        a1 = acc + zc[k]
-        a2 = a1 + zp[k]
-        h1 = first & (dd < a1)
-        h2 = first & ~h1 & (dd < a2)
-        kk = jnp.where(h1 | h2, k, kk)
-        in_pc = in_pc | h2
-        first = first & ~(h1 | h2)
-        acc = a2
+    slot = jnp.minimum(jnp.sum(_i(zcum <= dd)), 2 * R - 1)
+    kk = slot // 2
+    in_pc = (slot % 2) == 1
     to_frozen = other & (dd < ztot)
     to_part = other & ~to_frozen & (dd < ztot + Un)
     to_full = other & ~to_frozen & ~to_part
     fz_cs = to_frozen & ~in_pc
     own_hit = fz_cs & (kk == r)
     ffast = own_cs | own_hit
-    # own CPU slab: back on the lockless freelist
-    st["cs_free"] = _add(st["cs_free"], r, _i(ffast))
-    st["cs_inuse"] = _add(st["cs_inuse"], kk, -_i(fz_cs))
-    st["cs_inuse"] = _add(st["cs_inuse"], r, -_i(own_cs))
-    st["cs_rfree"] = _add(st["cs_rfree"], kk, _i(fz_cs & ~own_hit))
-    st["pc_inuse"] = _add(st["pc_inuse"], kk, -_i(to_frozen & in_pc))
-    # node partial list: the free that takes a slab's last object takes the list_lock and
-    # discards the slab if the node already keeps min_partial partial slabs
+    cx.radd("cs_free", ffast)
+    cx.nadd("cs_inuse", kk, -_i(fz_cs))
+    cx.radd("cs_inuse", -_i(own_cs))
+    cx.nadd("cs_rfree", kk, _i(fz_cs & ~own_hit))
+    cx.nadd("pc_inuse", kk, -_i(to_frozen & in_pc))
+    # the free that takes a partial slab's last object takes the list_lock and discards
+    # the slab if the node already keeps min_partial partial slabs
     empties = to_part & (((Un - 1) % cap1) == 0)
     discard = empties & (Sn >= cfg.min_partial)
-    st["part_inuse"] = _add(st["part_inuse"], n, -_i(to_part))
-    st["part_slabs"] = _add(st["part_slabs"], n, -_i(discard))
-    lock(n, empties)
-    bump("slab_free", discard)
-    # full slab: becomes partial; frozen onto this CPU's partial list if it has one (and
-    # the slab is on its memory node), else onto the node's partial list under the lock
+    cx.nadd("part_inuse", n, -_i(to_part))
+    cx.nadd("part_slabs", n, -_i(discard))
+    cx.lock(n, empties)
+    cx.bump("slab_free", discard)
+    # a full slab becomes partial: frozen onto this CPU's partial list if it has one (and
+    # the slab is on its memory node), else onto the node's list under the lock
     to_cpp = to_full & (cfg.cpu_partial_slabs > 0) & (cfg.cpu_slab > 0) & (n == m)
     to_np = to_full & ~to_cpp
-    st["full_slabs"] = _add(st["full_slabs"], n, -_i(to_full))
-    drain = to_cpp & (st["pc_slabs"][r] >= cfg.cpu_partial_slabs)
-    _drain(st, r, m, drain, d, bump, lock)
-    st["pc_slabs"] = _add(st["pc_slabs"], r, _i(to_cpp))
-    st["pc_inuse"] = _add(st["pc_inuse"], r, jnp.where(to_cpp, objs - 1, 0))
-    lock(n, to_np)
-    Sn2 = _get(st["part_slabs"], n)
-    np_discard = to_np & (objs == 1) & (Sn2 >= cfg.min_partial)
+    cx.nadd("full_slabs", n, -_i(to_full))
+    _drain(cx, m, to_cpp & (st["pc_slabs"][r] >= cfg.cpu_partial_slabs))
+    cx.radd("pc_slabs", to_cpp)
+    cx.radd("pc_inuse", jnp.where(to_cpp, objs - 1, 0))
+    cx.lock(n, to_np)
+    np_discard = to_np & (objs == 1) & (_get(st["part_slabs"], n) >= cfg.min_partial)
     np_keep = to_np & ~np_discard
-    st["part_slabs"] = _add(st["part_slabs"], n, _i(np_keep))
-    st["part_inuse"] = _add(st["part_inuse"], n, jnp.where(np_keep, objs - 1, 0))
-    bump("slab_free", np_discard)
+    cx.nadd("part_slabs", n, np_keep)
+    cx.nadd("part_inuse", n, jnp.where(np_keep, objs - 1, 0))
+    cx.bump("slab_free", np_discard)
 
-    bump("free_fast", fhit | ffast)
-    bump("free_slow", do_f & ~(fhit | ffast))
-    st["counts"] = tuple(tuple(row[k] + (inc[f] if k == r else 0) for k in range(R))
-                         for f, row in enumerate(st["counts"]))
+    cx.bump("free_fast", fhit | ffast)
+    cx.bump("free_slow", do_f & ~(fhit | ffast))
+    st["counts"] = st["counts"].at[:, r].add(jnp.stack(cx.inc))
+    return st
 
 
-def _bulk_take(st, m, t, d, bump):
-    """Allocate ``t`` objects from node ``m``: free objects on its partial list first, then
-    new slabs from the page allocator (the last one partial goes on the list)."""
-    objs = d["objs"]
+def _bulk_take(cx: _Ctx, m, t):
+    """Allocate ``t`` objects from node ``m``: free objects on its partial list first
+    (slabs that fill up leave the list), then new slabs from the page allocator (a last,
+    partly used one goes on the list)."""
+    st, objs = cx.st, cx.d["objs"]
     S = _get(st["part_slabs"], m)
     U = _get(st["part_inuse"], m)
-    avail = S * objs - U
-    x = jnp.minimum(t, avail)
+    x = jnp.minimum(t, S * objs - U)
     U = U + x
-    f = jnp.maximum(U - S * (objs - 1), 0)   # slabs that became full leave the list
-    S = S - f
-    U = U - f * objs
+    f = jnp.maximum(U - S * (objs - 1), 0)
     rem = t - x
     g = _cdiv(rem, objs)
     last = rem - jnp.maximum(g - 1, 0) * objs
     partial_last = (g > 0) & (last < objs)
-    full_new = jnp.where(partial_last, g - 1, g)
-    S = S + _i(partial_last)
-    U = U + jnp.where(partial_last, last, 0)
-    st["part_slabs"] = _set(st["part_slabs"], m, S)
-    st["part_inuse"] = _set(st["part_inuse"], m, U)
-    st["full_slabs"] = _add(st["full_slabs"], m, f + full_new)
-    bump("slab_alloc", g)
+    dS = -f + _i(partial_last)
+    dU = x - f * objs + jnp.where(partial_last, last, 0)
+    cx.nadd("part_slabs", m, dS)
+    cx.nadd("part_inuse", m, dU)
+    cx.nadd("full_slabs", m, f + jnp.where(partial_last, g - 1, g))
+    cx.bump("slab_alloc", g)
 
 
-def _discard_empties(st, m, d, bump, cond):
-    """Free empty partial slabs of node ``m`` beyond min_partial to the page allocator."""
-    S = _get(st["part_slabs"], m)
-    U = _get(st["part_inuse"], m)
-    e = S - _nonempty(S, U, d["cap1"])
-    drop = jnp.where(cond, jnp.clip(S - d["min_partial"], 0, e), 0)
-    st["part_slabs"] = _add(st["part_slabs"], m, -drop)
-    bump("slab_free", drop)
-
-
-def _bulk_free(st, m, k, d, bump):
+def _bulk_free(cx: _Ctx, m, k):
     """Free ``k`` objects (a flushed sheaf) into node ``m``'s slabs: partial slabs first,
-    then full ones (which become partial); empties beyond min_partial are discarded."""
-    objs = d["objs"]
+    then full ones (which become partial); empty slabs beyond min_partial are discarded."""
+    st, objs = cx.st, cx.d["objs"]
     U = _get(st["part_inuse"], m)
     F = _get(st["full_slabs"], m)
     x = jnp.minimum(k, U)
     y = jnp.minimum(k - x, F * objs)
     g = _cdiv(y, objs)
-    st["part_inuse"] = _add(st["part_inuse"], m, -x + g * objs - y)
-    st["part_slabs"] = _add(st["part_slabs"], m, g)
-    st["full_slabs"] = _add(st["full_slabs"], m, -g)
-    _discard_empties(st, m, d, bump, k > 0)
+    S = _get(st["part_slabs"], m) + g
+    U = U - x + g * objs - y
+    e = S - _nonempty(S, U, cx.d["cap1"])
+    drop = jnp.where(k > 0, jnp.clip(S - cx.d["min_partial"], 0, e), 0)
+    cx.nadd("part_inuse", m, -x + g * objs - y)
+    cx.nadd("part_slabs", m, g - drop)
+    cx.nadd("full_slabs", m, -g)
+    cx.bump("slab_free", drop)
 
 
-def _drain(st, r, m, cond, d, bump, lock):
-    """unfreeze_partials(): move rep ``r``'s per-CPU partial slabs to node ``m``'s list
-    under one lock; empty ones beyond min_partial go back to the page allocator."""
+def _drain(cx: _Ctx, m, cond):
+    """unfreeze_partials(): move this rep's per-CPU partial slabs to node ``m``'s list under
+    one lock; empty ones beyond min_partial go back to the page allocator."""
+    st, r = cx.st, cx.r
     s = jnp.where(cond, st["pc_slabs"][r], 0)
     u = jnp.where(cond, st["pc_inuse"][r], 0)
-    ne = _nonempty(s, u, d["cap1"])
+    ne = _nonempty(s, u, cx.d["cap1"])
     e = s - ne
     S = _get(st["part_slabs"], m) + ne
-    keep = jnp.clip(d["min_partial"] - S, 0, e)
-    st["part_slabs"] = _set(st["part_slabs"], m, S + keep)
-    st["part_inuse"] = _add(st["part_inuse"], m, u)
-    st["pc_slabs"] = _set(st["pc_slabs"], r, 0, cond)
-    st["pc_inuse"] = _set(st["pc_inuse"], r, 0, cond)
-    bump("slab_free", e - keep)
-    bump("cpu_partial_drain", cond)
-    lock(m, cond)
+    keep = jnp.clip(cx.d["min_partial"] - S, 0, e)
+    cx.nadd("part_slabs", m, ne + keep)
+    cx.nadd("part_inuse", m, u)
+    cx.rset("pc_slabs", 0, cond)
+    cx.rset("pc_inuse", 0, cond)
+    cx.bump("slab_free", e - keep)
+    cx.bump("cpu_partial_drain", cond)
+    cx.lock(m, cond)
 
 
 def _derived(cfg: SimConfig) -> dict:
     """Per-run constants of the step (computed once, outside the scan)."""
     objs = _i(cfg.objs_per_slab)
-    node = tuple(_i(cfg.rep_node[r]) for r in range(R))
-    mem = tuple(_i(cfg.rep_mem_node[r]) for r in range(R))
-    memless = tuple(cfg.rep_memoryless[r] > 0 for r in range(R))
-    barn_at = tuple(
-        (cfg.barns == BARNS_ALL) | ((cfg.barns == BARNS_MEMORY) & (cfg.node_has_memory[n] > 0))
-        for n in range(N))
+    node = _i(cfg.rep_node)
+    mem = _i(cfg.rep_mem_node)
+    memless = cfg.rep_memoryless > 0
+    barn_at = (cfg.barns == BARNS_ALL) | ((cfg.barns == BARNS_MEMORY) & (cfg.node_has_memory > 0))
     use_sh = cfg.memoryless_cpus_use_sheaves > 0
     return dict(
         objs=objs,
@@ -633,60 +611,38 @@ def _derived(cfg: SimConfig) -> dict:
         mem_node=mem,
         # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
         # the profile lets memoryless CPUs use sheaves (v7.1)
-        local_node=tuple(jnp.where(memless[r] & ~use_sh, node[r], mem[r]) for r in range(R)),
-        alloc_local=tuple(_i(~memless[r] | (cfg.memoryless_fallback > 0)) for r in range(R)),
-        has_barn=tuple(_get(barn_at, node[r]) & (cfg.sheaf_capacity > 0) for r in range(R)),
+        local_node=jnp.where(memless & ~use_sh, node, mem),
+        alloc_local=_i(~memless | (cfg.memoryless_fallback > 0)),
+        has_barn=jnp.any((node[:, None] == _NODES[None, :]) & barn_at[None, :], axis=1)
+        & (cfg.sheaf_capacity > 0),
     )
 
 
 def _gauges(st, d, cfg):
-    """Per-step gauge values: (rep rows, node rows)."""
-    cap1 = d["cap1"]
-    rep = (st["out"], st["pc_slabs"], tuple(a + b for a, b in zip(st["main"], st["spare"])))
-    slabs = []
-    empty = []
-    barn = []
-    for n in range(N):
-        S, U = st["part_slabs"][n], st["part_inuse"][n]
-        held = sum(jnp.where(d["mem_node"][k] == n,
-                             _i((st["cs_free"][k] + st["cs_inuse"][k] + st["cs_rfree"][k]) > 0)
-                             + st["pc_slabs"][k], 0) for k in range(R))
-        slabs.append(S + st["full_slabs"][n] + held)
-        empty.append(S - _nonempty(S, U, cap1))
-        barn.append(st["barn_full"][n] * cfg.sheaf_capacity)
-    return rep, (tuple(slabs), tuple(empty), tuple(barn))
+    """Per-step gauge values: rows (R,) and rows (N,)."""
+    cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + st["pc_slabs"]
+    held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None, :], cs_held[:, None], 0),
+                   axis=0)
+    S, U = st["part_slabs"], st["part_inuse"]
+    rep = jnp.stack([st["out"], st["pc_slabs"], st["main"] + st["spare"]])
+    node = jnp.stack([S + st["full_slabs"] + held, S - _nonempty(S, U, d["cap1"]),
+                      st["barn_full"] * _i(cfg.sheaf_capacity)])
+    return rep, node
 
 
 def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
     """Advance one step: every rep, in order 0..R-1, does at most one allocator op.
 
-    ``w``: the step's (R, K) uint32 random words; ``st``: the unstacked state (a dict of
-    tuples of scalars, see :func:`_unstack`).  Pure: returns the new state.
+    ``w``: the step's (R, K) uint32 random words; ``st``: the state as a dict of arrays
+    (the fields of :class:`State`).  Pure: returns the new state.
     """
     if d is None:
         d = _derived(cfg)
-    st = dict(st)
-    for r in range(R):
-        _rep_op(r, w, st, cfg, d)
+    st = lax.fori_loop(0, R, lambda r, s: _rep_op(r, w[r], s, cfg, d), dict(st))
     rep, node = _gauges(st, d, cfg)
-    st["gsum_rep"] = tuple(tuple(a + b for a, b in zip(acc, g))
-                           for acc, g in zip(st["gsum_rep"], rep))
-    st["gsum_node"] = tuple(tuple(a + b for a, b in zip(acc, g))
-                            for acc, g in zip(st["gsum_node"], node))
+    st["gsum_rep"] = st["gsum_rep"] + rep
+    st["gsum_node"] = st["gsum_node"] + node
     return st
-
-
-def _unstack(x):
-    x = jnp.asarray(x)
-    if x.ndim == 0:
-        return x
-    return tuple(_unstack(x[i]) for i in range(x.shape[0]))
-
-
-def _restack(t):
-    if isinstance(t, tuple):
-        return jnp.stack([_restack(e) for e in t])
-    return t
 
 
 def init_state(cfg: SimConfig) -> State:
@@ -714,11 +670,11 @@ def _finish(st: State, steps: int) -> Counters:
     )
 
 
-def _run(seed_or_draws, cfg: SimConfig, steps: int, pre_drawn: bool) -> State:
+def run_state(seed_or_draws, cfg: SimConfig, steps: int, pre_drawn: bool) -> State:
+    """The final :class:`State` of a run (traceable; ``steps`` static)."""
     cfg = jax.tree_util.tree_map(jnp.asarray, cfg)
     d = _derived(cfg)
-    st0 = {k: _unstack(v) for k, v in init_state(cfg)._asdict().items()}
-
+    st0 = init_state(cfg)._asdict()
     if pre_drawn:
         def body(st, w):
             return step(w, st, cfg, d), None
@@ -730,27 +686,28 @@ def _run(seed_or_draws, cfg: SimConfig, steps: int, pre_drawn: bool) -> State:
             return step(_draws_at(seed, t), st, cfg, d), None
         xs = jnp.arange(steps, dtype=_U32)
     st, _ = lax.scan(body, st0, xs)
-    return State(**{k: _restack(v) for k, v in st.items()})
+    return State(**st)
 
 
 @functools.partial(jax.jit, static_argnums=2)
 def simulate(key, cfg: SimConfig, steps: int) -> Counters:
     """Run ``steps`` steps of configuration ``cfg`` from empty caches; the random stream is
     fixed by ``key`` (see :func:`draws`)."""
-    return _finish(_run(seed_of(key), cfg, steps, False), steps)
+    return _finish(run_state(seed_of(key), cfg, steps, False), steps)
 
 
 @jax.jit
 def simulate_draws(w, cfg: SimConfig) -> Counters:
     """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)."""
-    return _finish(_run(w, cfg, w.shape[0], True), w.shape[0])
+    return _finish(run_state(w, cfg, w.shape[0], True), w.shape[0])
 
 
 @functools.partial(jax.jit, static_argnums=2)
 def simulate_batch(keys, cfgs: SimConfig, steps: int) -> Counters:
     """:func:`simulate` vmapped over configurations (leading axis of ``keys`` and of every
     field of ``cfgs``, see :func:`stack_configs`)."""
-    return jax.vmap(lambda k, c: _finish(_run(seed_of(k), c, steps, False), steps))(keys, cfgs)
+    return jax.vmap(lambda k, c: _finish(run_state(seed_of(k), c, steps, False), steps))(
+        keys, cfgs)
 
 
 def counters_numpy(c: Counters) -> dict:

@@ -1,0 +1,389 @@
+"""Event-by-event reference of the dynamics model, in plain Python (used only by tests).
+
+Same semantics as :mod:`slabtune.model.dynamics`, written as ordinary branches over Python
+ints, one allocator operation at a time.  Fed the same random words (``dynamics.draws``)
+and the same :class:`~slabtune.model.dynamics.SimConfig` (one configuration, NumPy or JAX
+arrays), :func:`run` returns counters equal to the JAX model's exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slabtune.model.dynamics import (COUNTER_FIELDS, BARNS_ALL, BARNS_MEMORY, K, N, R,
+                                     SimConfig)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class RefSim:
+    """One configuration's allocator state and counters."""
+
+    def __init__(self, cfg: SimConfig):
+        c = {k: np.asarray(v) for k, v in cfg._asdict().items() if k != "workload"}
+        wl = {k: np.asarray(v) for k, v in cfg.workload._asdict().items()}
+        self.objs = int(c["objs_per_slab"])
+        self.cap1 = max(self.objs - 1, 1)
+        self.cap = int(c["sheaf_capacity"])
+        self.cpu_slab = int(c["cpu_slab"]) > 0
+        self.min_partial = int(c["min_partial"])
+        self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
+        self.bypass = int(c["remote_free_bypasses_sheaf"]) > 0
+        self.max_full = int(c["barn_max_full"])
+        self.max_empty = int(c["barn_max_empty"])
+        self.node = [int(x) for x in c["rep_node"]]
+        self.mem = [int(x) for x in c["rep_mem_node"]]
+        memless = [int(x) > 0 for x in c["rep_memoryless"]]
+        use_sh = int(c["memoryless_cpus_use_sheaves"]) > 0
+        fallback = int(c["memoryless_fallback"]) > 0
+        self.local_node = [self.node[r] if (memless[r] and not use_sh) else self.mem[r]
+                           for r in range(R)]
+        self.alloc_local = [(not memless[r]) or fallback for r in range(R)]
+        barns = int(c["barns"])
+        has_mem = [int(x) > 0 for x in c["node_has_memory"]]
+        barn_at = [barns == BARNS_ALL or (barns == BARNS_MEMORY and has_mem[n])
+                   for n in range(N)]
+        self.has_barn = [barn_at[self.node[r]] and self.cap > 0 for r in range(R)]
+        self.alloc_p = [int(x) for x in wl["alloc_p"]]
+        self.free_cum = [[int(x) for x in row] for row in wl["free_cum"]]
+        self.live = [int(x) for x in wl["live_target"]]
+        self.burst = [int(x) for x in wl["burst"]]
+        self.active = [int(x) > 0 for x in wl["active"]]
+
+        self.pend = [[0] * R for _ in range(R)]
+        self.pend_fast = [0] * R
+        self.out = [0] * R
+        self.pend_tot = [0] * R
+        self.cs_free = [0] * R
+        self.cs_inuse = [0] * R
+        self.cs_rfree = [0] * R
+        self.pc_slabs = [0] * R
+        self.pc_inuse = [0] * R
+        self.main = [0] * R
+        self.spare = [0] * R
+        self.phase = [0] * R
+        self.phase_left = list(self.burst)
+        self.S = [0] * N
+        self.U = [0] * N
+        self.F = [0] * N
+        self.barn_full = [0] * N
+        self.barn_empty = [0] * N
+        self.counts = {f: [0] * R for f in COUNTER_FIELDS}
+        self.lock_node = [0] * N
+        self.g_rep = [[0] * R for _ in range(3)]
+        self.g_node = [[0] * N for _ in range(3)]
+
+    # ------------------------------------------------------------------ small helpers
+
+    def _bump(self, name: str, r: int, v: int = 1):
+        self.counts[name][r] += v
+
+    def _lock(self, r: int, node: int):
+        self._bump("list_lock", r)
+        if node != self.node[r]:
+            self._bump("list_lock_remote", r)
+        self.lock_node[node] += 1
+
+    def _nonempty(self, slabs: int, inuse: int) -> int:
+        return min(slabs, _ceil_div(inuse, self.cap1))
+
+    def _head_inuse(self, slabs: int, inuse: int) -> int:
+        """In-use objects of the slab a refill takes: an empty one if the list has one,
+        else the emptiest under the packing rule."""
+        if slabs > self._nonempty(slabs, inuse):
+            return 0
+        return inuse - (slabs - 1) * self.cap1
+
+    # ------------------------------------------------------------------ node lists
+
+    def _bulk_take(self, r: int, m: int, t: int):
+        objs = self.objs
+        avail = self.S[m] * objs - self.U[m]
+        x = min(t, avail)
+        self.U[m] += x
+        f = max(self.U[m] - self.S[m] * (objs - 1), 0)
+        self.S[m] -= f
+        self.U[m] -= f * objs
+        self.F[m] += f
+        rem = t - x
+        if rem > 0:
+            g = _ceil_div(rem, objs)
+            self._bump("slab_alloc", r, g)
+            last = rem - (g - 1) * objs
+            if last < objs:
+                self.S[m] += 1
+                self.U[m] += last
+                self.F[m] += g - 1
+            else:
+                self.F[m] += g
+
+    def _bulk_free(self, r: int, m: int, k: int):
+        objs = self.objs
+        x = min(k, self.U[m])
+        y = min(k - x, self.F[m] * objs)
+        g = _ceil_div(y, objs)
+        self.U[m] += -x + g * objs - y
+        self.S[m] += g
+        self.F[m] -= g
+        empties = self.S[m] - self._nonempty(self.S[m], self.U[m])
+        drop = max(0, min(self.S[m] - self.min_partial, empties))
+        self.S[m] -= drop
+        self._bump("slab_free", r, drop)
+
+    def _drain(self, r: int, m: int):
+        s, u = self.pc_slabs[r], self.pc_inuse[r]
+        ne = self._nonempty(s, u)
+        e = s - ne
+        self.S[m] += ne
+        keep = max(0, min(self.min_partial - self.S[m], e))
+        self.S[m] += keep
+        self.U[m] += u
+        self.pc_slabs[r] = 0
+        self.pc_inuse[r] = 0
+        self._bump("slab_free", r, e - keep)
+        self._bump("cpu_partial_drain", r)
+        self._lock(r, m)
+
+    # ------------------------------------------------------------------ operations
+
+    def _choose(self, r: int, w0: int) -> str | None:
+        if not self.active[r]:
+            return None
+        can_a = self.alloc_p[r] > 0 and self.out[r] < self.live[r]
+        can_f = self.pend_tot[r] > 0
+        if self.burst[r] > 0:
+            want_a = self.phase[r] == 0
+        else:
+            want_a = (w0 >> 16) < self.alloc_p[r]
+        if can_a and (want_a or not can_f):
+            op = "alloc"
+        elif can_f:
+            op = "free"
+        else:
+            return None
+        if self.burst[r] > 0:
+            self.phase_left[r] -= 1
+            if self.phase_left[r] <= 0:
+                self.phase[r] = 1 - self.phase[r]
+                self.phase_left[r] = self.burst[r]
+        self._bump("ops", r)
+        return op
+
+    def alloc(self, r: int, w1: int):
+        lo16 = w1 & 0xFFFF
+        j = next(k for k in range(R) if lo16 < self.free_cum[r][k])
+        self._bump("allocs", r)
+        m = self.mem[r]
+        if self.cap > 0:
+            if self.main[r] > 0:
+                self.main[r] -= 1
+                self._bump("sheaf_alloc_hit", r)
+                self._bump("alloc_fast", r)
+            else:
+                self._bump("alloc_slow", r)
+                own = self.node[r]
+                if self.spare[r] > 0:
+                    self.main[r], self.spare[r] = self.spare[r] - 1, 0
+                elif self.has_barn[r] and self.barn_full[own] > 0:
+                    self._bump("barn_get", r)
+                    self.barn_full[own] -= 1
+                    if self.barn_empty[own] < self.max_empty:
+                        self.barn_empty[own] += 1
+                    self.main[r] = self.cap - 1
+                else:
+                    if self.has_barn[r]:
+                        self._bump("barn_get_fail", r)
+                    self._bump("sheaf_refill", r)
+                    self._bulk_take(r, m, self.cap)
+                    self._lock(r, m)
+                    self.main[r] = self.cap - 1
+        elif not self.alloc_local[r]:
+            self._bump("alloc_slow", r)
+            self._bulk_take(r, m, 1)
+            self._lock(r, m)
+        else:
+            if self.cs_free[r] > 0:
+                self._bump("alloc_fast", r)
+            else:
+                self._bump("alloc_slow", r)
+                if self.cs_rfree[r] > 0:
+                    self.cs_free[r] = self.cs_rfree[r]
+                    self.cs_rfree[r] = 0
+                else:
+                    if self.cs_inuse[r] > 0:
+                        self.F[m] += 1          # the exhausted CPU slab is full
+                    self.pend_fast[r] = 0
+                    if self.pc_slabs[r] > 0:
+                        h = self._head_inuse(self.pc_slabs[r], self.pc_inuse[r])
+                        self.pc_slabs[r] -= 1
+                        self.pc_inuse[r] -= h
+                    elif self.S[m] > 0:
+                        h = self._head_inuse(self.S[m], self.U[m])
+                        self.S[m] -= 1
+                        self.U[m] -= h
+                        self._lock(r, m)
+                    else:
+                        h = 0
+                        self._bump("slab_alloc", r)
+                    self.cs_free[r] = self.objs - h
+                    self.cs_inuse[r] = h
+            self.cs_free[r] -= 1
+            self.cs_inuse[r] += 1
+            if j == r:
+                self.pend_fast[r] += 1
+        self.pend[r][j] += 1
+        self.out[r] += 1
+        self.pend_tot[j] += 1
+
+    def free(self, r: int, w1: int, w2: int):
+        self._bump("frees", r)
+        pf = self.pend_fast[r]
+        c = (w1 >> 1) % max(self.pend_tot[r], 1)
+        if c < pf:
+            origin = r
+        else:
+            acc = 0
+            origin = r
+            for i in range(R):
+                acc += self.pend[i][r] - (pf if i == r else 0)
+                if c - pf < acc:
+                    origin = i
+                    break
+        in_cs = c < pf and self.cpu_slab
+        n = self.mem[origin]
+        m = self.mem[r]
+        remote = n != self.local_node[r]
+        if remote:
+            self._bump("remote_free", r)
+        self.pend[origin][r] -= 1
+        self.out[origin] -= 1
+        self.pend_tot[r] -= 1
+        if in_cs:
+            self.pend_fast[r] -= 1
+
+        if self.cap > 0 and not (self.bypass and remote):
+            own = self.node[r]
+            if self.main[r] < self.cap:
+                self.main[r] += 1
+                self._bump("sheaf_free_hit", r)
+                self._bump("free_fast", r)
+                return
+            self._bump("free_slow", r)
+            if self.spare[r] == 0:
+                self.spare[r] = self.cap
+            elif self.has_barn[r] and self.barn_full[own] < self.max_full:
+                self._bump("barn_put", r)
+                self.barn_full[own] += 1
+                if self.barn_empty[own] > 0:
+                    self.barn_empty[own] -= 1
+            else:
+                if self.has_barn[r]:
+                    self._bump("barn_put_fail", r)
+                self._bump("sheaf_flush", r)
+                self._bulk_free(r, m, self.cap)
+                self._lock(r, m)
+            self.main[r] = 1
+            return
+
+        if in_cs:
+            self.cs_free[r] += 1
+            self.cs_inuse[r] -= 1
+            self._bump("free_fast", r)
+            return
+        # which slab holds it: by allocated objects on node n
+        zc = [(self.cs_inuse[k] - self.pend_fast[k]) if self.mem[k] == n else 0
+              for k in range(R)]
+        zp = [self.pc_inuse[k] if self.mem[k] == n else 0 for k in range(R)]
+        ztot = sum(zc) + sum(zp)
+        Un, Sn, Fn = self.U[n], self.S[n], self.F[n]
+        tot = ztot + Un + Fn * self.objs
+        dd = (w2 >> 1) % max(tot, 1)
+        if dd < ztot:
+            acc = 0
+            for k in range(R):
+                if dd < acc + zc[k]:
+                    self.cs_inuse[k] -= 1
+                    if k == r:          # a slab this CPU holds: its own freelist
+                        self.cs_free[r] += 1
+                        self._bump("free_fast", r)
+                        return
+                    self.cs_rfree[k] += 1
+                    break
+                acc += zc[k]
+                if dd < acc + zp[k]:
+                    self.pc_inuse[k] -= 1
+                    break
+                acc += zp[k]
+            self._bump("free_slow", r)
+            return
+        self._bump("free_slow", r)
+        if dd < ztot + Un:
+            self.U[n] -= 1
+            if (Un - 1) % self.cap1 == 0:       # its last object: the slab is empty
+                self._lock(r, n)
+                if Sn >= self.min_partial:
+                    self.S[n] -= 1
+                    self._bump("slab_free", r)
+            return
+        # a full slab becomes partial
+        self.F[n] -= 1
+        if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m:
+            if self.pc_slabs[r] >= self.cpu_partial_slabs:
+                self._drain(r, m)
+            self.pc_slabs[r] += 1
+            self.pc_inuse[r] += self.objs - 1
+            return
+        self._lock(r, n)
+        if self.objs == 1 and self.S[n] >= self.min_partial:
+            self._bump("slab_free", r)
+        else:
+            self.S[n] += 1
+            self.U[n] += self.objs - 1
+
+    # ------------------------------------------------------------------ steps
+
+    def step(self, w):
+        for r in range(R):
+            w0, w1, w2 = (int(x) for x in w[r])
+            op = self._choose(r, w0)
+            if op == "alloc":
+                self.alloc(r, w1)
+            elif op == "free":
+                self.free(r, w1, w2)
+        self._gauge()
+
+    def _gauge(self):
+        for r in range(R):
+            self.g_rep[0][r] += self.out[r]
+            self.g_rep[1][r] += self.pc_slabs[r]
+            self.g_rep[2][r] += self.main[r] + self.spare[r]
+        for n in range(N):
+            held = sum(int(self.cs_free[k] + self.cs_inuse[k] + self.cs_rfree[k] > 0)
+                       + self.pc_slabs[k] for k in range(R) if self.mem[k] == n)
+            self.g_node[0][n] += self.S[n] + self.F[n] + held
+            self.g_node[1][n] += self.S[n] - self._nonempty(self.S[n], self.U[n])
+            self.g_node[2][n] += self.barn_full[n] * self.cap
+
+    def counters(self, steps: int) -> dict:
+        out = {f: np.array(v, np.int32) for f, v in self.counts.items()}
+        out["list_lock_node"] = np.array(self.lock_node, np.int32)
+        den = np.float32(max(steps, 1))
+        g = np.array(self.g_rep, np.int32).astype(np.float32) / den
+        gn = np.array(self.g_node, np.int32).astype(np.float32) / den
+        out.update(slabs_total=gn[0], objects_inuse=g[0], empty_slabs_kept=gn[1],
+                   cpu_partial_slabs_held=g[1], sheaf_objects_held=g[2],
+                   barn_objects_held=gn[2], outstanding=np.array(self.out, np.int32))
+        return out
+
+
+def run(draws, cfg: SimConfig) -> dict:
+    """Simulate one configuration over ``draws`` (steps, R, K) uint32; counters as a dict
+    of NumPy arrays with the fields of :class:`~slabtune.model.dynamics.Counters`."""
+    w = np.asarray(draws, np.uint32)
+    assert w.shape[1:] == (R, K), w.shape
+    sim = RefSim(cfg)
+    for t in range(w.shape[0]):
+        sim.step(w[t])
+    return sim.counters(w.shape[0])

@@ -316,13 +316,11 @@ def _calculate_order(t: _OrderTable, size, target, p: ProfileArrays, min_order, 
     top = _highest_order(fits_loosest & _orders_between(min_order, max_order))
     bound = jnp.where(top >= 0, _pick(t.objs, jnp.maximum(top, 0)), 0)
     dec_m = jnp.minimum(target, bound)
-    halve_m = jnp.zeros_like(dec_m)
-    found = jnp.zeros(dec_m.shape, bool)
-    for k in range(17):
-        m = jnp.right_shift(target, k)
-        hit = (~found) & (m <= bound)
-        halve_m = jnp.where(hit, m, halve_m)
-        found = found | hit
+    # Halving: the first target >> k at or below bound.  Shifting target down to bound's bit
+    # length (k0) leaves it at most one halving short; a bound of 0 needs every bit gone.
+    k0 = jnp.maximum(fls(target) - fls(bound), 0)
+    k = k0 + (jnp.right_shift(target, k0) > bound).astype(_I32)
+    halve_m = jnp.right_shift(target, jnp.where(bound > 0, k, fls(target)))
     m = jnp.where(p.order_loop == 0, halve_m, dec_m)
     start_old = jnp.maximum(min_order, _order_for_objects(t, jnp.maximum(m, 1)))
     looped = _fraction_pass(t, _orders_between(start_old, max_order), p.n_fractions)

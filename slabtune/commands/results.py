@@ -57,10 +57,10 @@ def _show(args) -> int:
     run = store.resolve_run(args.run, args.out)
     summary = run.summary()
     lf = run.scan()
-    schema = run.schema()
+    schema = dict(lf.collect_schema()) if run.done_chunks() else run.schema()
     ranges = {}
     if run.rows:
-        ints = [c for c, t in schema.items() if t == pl.Int32]
+        ints = [c for c, t in schema.items() if t.is_numeric()]
         if ints:
             agg = lf.select([pl.col(c).min().alias(f"{c}:min") for c in ints]
                             + [pl.col(c).max().alias(f"{c}:max") for c in ints]).collect().row(0)
@@ -82,7 +82,7 @@ def _show(args) -> int:
         if isinstance(t, pl.Enum):
             cats = list(t.categories)
             extra = f"  {len(cats)} values: {', '.join(cats[:6])}{' ...' if len(cats) > 6 else ''}"
-        print(f"  {c}: {'enum' if isinstance(t, pl.Enum) else 'int32'}{extra}")
+        print(f"  {c}: {'enum' if isinstance(t, pl.Enum) else str(t).lower()}{extra}")
     if run.rows and args.head > 0:
         with pl.Config(tbl_rows=args.head, tbl_cols=-1, tbl_width_chars=160):
             print(lf.head(args.head).collect())

@@ -1,0 +1,319 @@
+"""Native validator: build and run ``native/slubsim.c``, a userspace SLUB-like allocator.
+
+The binary takes every policy number as a flag and derives none: this module computes them
+with the model (:func:`slabtune.model.policy.structure` for order, objects per slab,
+min_partial, cpu_partial_slabs and sheaf capacity; :func:`slabtune.model.dynamics.config_from`
+and the workload constructors of :mod:`slabtune.model.workloads` for the CPU -> node mapping
+and the workload's probabilities), so each formula lives in one place.
+
+One thread runs per active representative CPU ("rep") of the model's workload; with
+``sync_every = 1`` the threads meet at a barrier after every step, as the model's reps each
+do one operation per step.  The binary prints one JSON object (see :class:`NativeResult`).
+
+Interface for other modules:
+
+* :func:`build` -> path of the binary (rebuilt when the source or flags change);
+* :func:`config_for_spec` (a :class:`~slabtune.sweeps.simconfig.SimSpec`) or
+  :func:`config_from_sim` (a model :class:`~slabtune.model.dynamics.SimConfig`) ->
+  :class:`NativeConfig`;
+* :func:`run` -> :class:`NativeResult` with ``counters``, ``per_thread``, ``wall_seconds``,
+  ``ns_per_op``, ``peak_slab_bytes`` ...; :func:`fastpath_fractions` of a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slabtune.errors import SlabtuneError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NATIVE_DIR = REPO_ROOT / "native"
+SOURCE = NATIVE_DIR / "slubsim.c"
+BUILD_DIR = NATIVE_DIR / "build"
+BINARY = BUILD_DIR / "slubsim"
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-pthread")
+#: Counters the binary prints (SLUB_STATS-style names where the kernel has one).
+COUNTERS = (
+    "ops", "allocs", "frees", "alloc_fastpath", "alloc_slowpath", "free_fastpath",
+    "free_slowpath", "alloc_refill", "alloc_slab", "free_slab", "free_frozen",
+    "cpu_partial_alloc", "cpu_partial_free", "cpu_partial_node", "cpu_partial_drain",
+    "deactivate_full", "sheaf_swap", "sheaf_refill", "sheaf_flush", "barn_get",
+    "barn_get_fail", "barn_put", "barn_put_fail", "remote_free", "list_lock",
+    "list_lock_remote", "zone_lock", "direct_alloc",
+)
+_TAIL = 600
+
+
+class NativeError(SlabtuneError):
+    """The native allocator failed to build or run; the message names the step."""
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _stamp_of(source: Path, cc: str) -> str:
+    h = hashlib.sha256()
+    h.update(source.read_bytes())
+    h.update(" ".join((cc,) + CFLAGS).encode())
+    return h.hexdigest()
+
+
+def build(force: bool = False, out: Path | None = None) -> Path:
+    """Compile native/slubsim.c (``gcc -O2 -pthread``) into native/build/ unless the binary
+    there was built from the same source and flags (a stamp file records their hash)."""
+    out = Path(out) if out is not None else BINARY
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
+    if cc is None:
+        raise NativeError("native build: gcc is not installed")
+    stamp = out.with_suffix(".stamp")
+    want = _stamp_of(SOURCE, Path(cc).name)
+    if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip()[-_TAIL:]
+        raise NativeError(f"native build: gcc failed on {SOURCE.name}: {tail}")
+    os.replace(tmp, out)
+    stamp.write_text(want)
+    return out
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeConfig:
+    """Every flag of the binary.  Per-rep tuples have ``reps`` entries, ``free_cum`` has
+    ``reps * reps`` (row-major: row r is the cumulative free_to distribution of rep r's
+    objects, out of 65536).  ``rep_barn`` is the node whose barn a rep uses, -1 for none;
+    ``rep_local_node`` is what the sheaf's remote-free test takes as numa_mem_id();
+    ``rep_alloc_local`` 0 makes a rep allocate one object per list_lock (no numa_mem_id()
+    fix on a memoryless node).  ``rep_weight`` is not passed: it is the number of real CPUs
+    each rep stands for, used to weight per-thread counters like the model's."""
+
+    size: int
+    order: int
+    objs: int
+    min_partial: int
+    cpu_partial_slabs: int
+    sheaf_capacity: int
+    cpu_slab: int
+    barn_max_full: int
+    barn_max_empty: int
+    remote_free_bypasses_sheaf: int
+    nodes: int
+    rep_node: tuple[int, ...]
+    rep_mem_node: tuple[int, ...]
+    rep_local_node: tuple[int, ...]
+    rep_barn: tuple[int, ...]
+    rep_alloc_local: tuple[int, ...]
+    alloc_p: tuple[int, ...]
+    live_target: tuple[int, ...]
+    burst: tuple[int, ...]
+    active: tuple[int, ...]
+    free_cum: tuple[int, ...]
+    rep_weight: tuple[float, ...] = ()
+    steps: int = 1000
+    seed: int = 0
+    sync_every: int = 1
+    partial_fill: int = 1
+
+    @property
+    def reps(self) -> int:
+        return len(self.rep_node)
+
+    def args(self) -> list[str]:
+        """The binary's argument list (``--key=value``; lists comma separated)."""
+        out = []
+        for f in dataclasses.fields(self):
+            if f.name == "rep_weight":
+                continue
+            v = getattr(self, f.name)
+            if isinstance(v, tuple):
+                v = ",".join(str(int(x)) for x in v)
+            out.append(f"--{f.name}={int(v) if not isinstance(v, str) else v}")
+        out.append(f"--reps={self.reps}")
+        return out
+
+
+def _ints(x) -> tuple[int, ...]:
+    return tuple(int(v) for v in np.asarray(x).reshape(-1))
+
+
+def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: int = 1,
+                    partial_fill: int = 1) -> NativeConfig:
+    """Flags for one model :class:`~slabtune.model.dynamics.SimConfig` of a cache of object
+    stride ``size``.  The per-rep switches (numa_mem_id() for the sheaf test, direct node
+    allocation without the memoryless fix, which barn a rep sees) come from the model's own
+    derivation (``dynamics._derived``), not re-derived here."""
+    import jax
+    import jax.numpy as jnp
+
+    from slabtune.model import dynamics as D
+
+    d = D._derived(jax.tree_util.tree_map(jnp.asarray, sim))
+    node = _ints(sim.rep_node)
+    has_barn = tuple(bool(np.asarray(x)) for x in d["has_barn"])
+    wl = sim.workload
+    return NativeConfig(
+        size=int(size),
+        order=int(np.asarray(sim.order)),
+        objs=int(np.asarray(sim.objs_per_slab)),
+        min_partial=int(np.asarray(sim.min_partial)),
+        cpu_partial_slabs=int(np.asarray(sim.cpu_partial_slabs)),
+        sheaf_capacity=int(np.asarray(sim.sheaf_capacity)),
+        cpu_slab=int(np.asarray(sim.cpu_slab)),
+        barn_max_full=int(np.asarray(sim.barn_max_full)),
+        barn_max_empty=int(np.asarray(sim.barn_max_empty)),
+        remote_free_bypasses_sheaf=int(np.asarray(sim.remote_free_bypasses_sheaf)),
+        nodes=len(np.asarray(sim.node_has_memory)),
+        rep_node=node,
+        rep_mem_node=_ints(sim.rep_mem_node),
+        rep_local_node=tuple(int(np.asarray(x)) for x in d["local_node"]),
+        rep_barn=tuple(n if b else -1 for n, b in zip(node, has_barn)),
+        rep_alloc_local=tuple(int(np.asarray(x)) for x in d["alloc_local"]),
+        alloc_p=_ints(wl.alloc_p),
+        live_target=_ints(wl.live_target),
+        burst=_ints(wl.burst),
+        active=_ints(wl.active),
+        free_cum=_ints(wl.free_cum),
+        rep_weight=tuple(float(w) for w in np.asarray(sim.rep_weight)),
+        steps=int(steps),
+        seed=int(seed),
+        sync_every=int(sync_every),
+        partial_fill=int(partial_fill),
+    )
+
+
+def sim_config_for_spec(spec, profile_patch: dict | None = None):
+    """The model's SimConfig of a :class:`~slabtune.sweeps.simconfig.SimSpec`: structure
+    from :func:`slabtune.model.policy.structure` under the spec's profile (with
+    ``profile_patch`` applied, e.g. a scenario's kernel patch) and boot parameters, knobs as
+    sysfs overrides.  A ``cpu_partial`` knob (objects) becomes a profile whose table holds
+    that value in every size class, so the slab count comes from the model's formula."""
+    from slabtune.model import dynamics as D
+    from slabtune.model import policy as PL
+
+    profile = spec.profile
+    if profile_patch:
+        profile = dataclasses.replace(profile, **profile_patch)
+    knobs = dict(spec.knobs)
+    if "cpu_partial" in knobs:
+        v = int(knobs["cpu_partial"])
+        profile = dataclasses.replace(profile, cpu_partial_objects=(v, v, v, v))
+    t, c, b = spec.topology, spec.cache, spec.boot
+    st = PL.structure(c.size, t.possible, t.present, t.online, PL.profile_arrays(profile),
+                      min_order=b.min_order, max_order=b.max_order, min_objects=b.min_objects,
+                      early=c.early, is_kmalloc=c.is_kmalloc, is_bootstrap=c.is_bootstrap,
+                      explicit_sheaf=c.explicit_sheaf)
+    st = PL.Structure(*(np.asarray(x) for x in st))
+    wl = {"kind": spec.workload_kind, **spec.workload_params}
+    return D.config_from(st, profile, t, wl, min_partial=knobs.get("min_partial"),
+                         sheaf_capacity=knobs.get("sheaf_capacity"))
+
+
+def config_for_spec(spec, profile_patch: dict | None = None, *, sync_every: int = 1,
+                    steps: int | None = None) -> NativeConfig:
+    """Flags for a validated simulation spec (topology, cache, profile, boot parameters,
+    knobs, workload, steps, seed)."""
+    sim = sim_config_for_spec(spec, profile_patch)
+    return config_from_sim(sim, spec.cache.size, steps=steps or spec.steps, seed=spec.seed,
+                           sync_every=sync_every)
+
+
+# --------------------------------------------------------------------------- run
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeResult:
+    """What one run of the binary printed."""
+
+    counters: dict[str, int]
+    per_thread: list[dict[str, Any]]
+    wall_seconds: float
+    ns_per_op: float
+    threads: int
+    peak_slab_bytes: int
+    final_slab_bytes: int
+    live_object_bytes: int
+    peak_live_object_bytes: int
+    raw: dict[str, Any]
+
+
+def run_args(args: list[str], timeout: float = 300.0, binary: Path | None = None) -> dict:
+    """Run the binary with an argument list (no shell) and return its parsed JSON."""
+    exe = Path(binary) if binary is not None else build()
+    try:
+        proc = subprocess.run([str(exe), *args], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NativeError(f"native run: slubsim exceeded its {timeout:g} s timeout") from None
+    if proc.returncode != 0:
+        tail = proc.stderr.strip()[-_TAIL:] or "(no stderr)"
+        raise NativeError(f"native run: slubsim exited {proc.returncode}: {tail}")
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError as err:
+        raise NativeError(f"native run: output is not JSON ({err})") from None
+
+
+def run(cfg: NativeConfig, timeout: float = 300.0, binary: Path | None = None) -> NativeResult:
+    """Run one configuration."""
+    out = run_args(cfg.args(), timeout=timeout, binary=binary)
+    return NativeResult(
+        counters={k: int(v) for k, v in out["counters"].items()},
+        per_thread=list(out.get("per_thread", [])),
+        wall_seconds=float(out["wall_seconds"]),
+        ns_per_op=float(out["ns_per_op"]),
+        threads=int(out["threads"]),
+        peak_slab_bytes=int(out["peak_slab_bytes"]),
+        final_slab_bytes=int(out["final_slab_bytes"]),
+        live_object_bytes=int(out["live_object_bytes"]),
+        peak_live_object_bytes=int(out["peak_live_object_bytes"]),
+        raw=out,
+    )
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den > 0 else float("nan")
+
+
+def fastpath_fractions(res: NativeResult, weights=None) -> tuple[float, float]:
+    """(alloc, free) fast-path fractions.  With ``weights`` (one per rep: the CPUs each rep
+    stands for) per-thread counts are weighted as the model weights its reps."""
+    if weights is None:
+        c = res.counters
+        return _ratio(c["alloc_fastpath"], c["allocs"]), _ratio(c["free_fastpath"], c["frees"])
+    sums = {k: 0.0 for k in ("alloc_fastpath", "allocs", "free_fastpath", "frees")}
+    for row in res.per_thread:
+        w = float(weights[int(row["rep"])])
+        for k in sums:
+            sums[k] += w * row["counters"][k]
+    return (_ratio(sums["alloc_fastpath"], sums["allocs"]),
+            _ratio(sums["free_fastpath"], sums["frees"]))
+
+
+def model_fastpath_fractions(sim, steps: int, seed: int = 0,
+                             weighted: bool = True) -> tuple[float, float]:
+    """(alloc, free) fast-path fractions the model's dynamics predict for ``sim``, reps
+    weighted by the CPUs they stand for (or not)."""
+    import jax
+
+    from slabtune.model import dynamics as D
+
+    c = D.counters_numpy(D.simulate(jax.random.key(seed), sim, steps))
+    w = np.asarray(sim.rep_weight, np.float64) if weighted else np.ones(len(c["allocs"]))
+    return (_ratio((w * c["alloc_fast"]).sum(), (w * c["allocs"]).sum()),
+            _ratio((w * c["free_fast"]).sum(), (w * c["frees"]).sum()))

@@ -1,0 +1,142 @@
+"""The JAX dynamics model equals the event-by-event reference simulator exactly.
+
+Both get the same configuration and the same random words (``dynamics.draws``); every
+event counter must be equal, and every gauge's underlying integer sum (gauge * steps).
+The reference also lets us check allocator invariants after every single step.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from slabtune.model import dynamics as D
+from slabtune.model import policy as PL
+from slabtune.model import profiles as P
+from slabtune.model import reference_sim as RS
+from slabtune.model.topology import Topology
+
+STEPS = 300
+GAUGES = {name for name, _ in D.GAUGE_FIELDS}
+
+TOPOS = {
+    "1node16": Topology.uniform(16, 1),
+    "2node_memless": Topology.uniform(64, 2, memoryless_nodes=(1,)),
+    "3node": Topology.uniform(24, 3, memoryless_nodes=(2,)),
+}
+WORKLOADS = {
+    "local": {"kind": "local", "live": 40},
+    "local_burst": {"kind": "local", "live": 70, "burst": 20},
+    "producer_consumer": {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3},
+    "request_response": {"kind": "request_response", "threads": 6, "irq_free": 0.8},
+    "block_io": {"kind": "block_io", "depth": 20, "completion_remote": True},
+}
+
+
+def _cfg(profile, topo, wl, size=256, explicit_sheaf=0, **kw):
+    prof = P.get_profile(profile)
+    st = PL.structure(size, topo.possible, topo.present, topo.online,
+                      PL.profile_arrays(prof), explicit_sheaf=explicit_sheaf)
+    return D.config_from(st, prof, topo, wl, **kw)
+
+
+def _assert_equal(cfg, seed):
+    w = D.draws(jax.random.key(seed), STEPS)
+    got = D.counters_numpy(D.simulate_draws(w, cfg))
+    want = RS.run(w, cfg)
+    assert set(got) == set(want)
+    for k in want:
+        if k in GAUGES:
+            np.testing.assert_array_equal(np.rint(got[k] * STEPS), np.rint(want[k] * STEPS),
+                                          err_msg=k)
+        else:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert want["ops"].sum() > 0
+    return want
+
+
+@pytest.mark.parametrize("profile", ["v2.6.27", "v3.1", "v5.10", "v6.1", "v6.18", "v7.0",
+                                     "v7.1"])
+@pytest.mark.parametrize("wl", list(WORKLOADS))
+def test_equal_every_profile_and_workload(profile, wl):
+    topo = TOPOS["2node_memless"] if wl != "local" else TOPOS["3node"]
+    _assert_equal(_cfg(profile, topo, WORKLOADS[wl]), seed=hash((profile, wl)) & 0xFFFF)
+
+
+@pytest.mark.parametrize("case", [
+    # tiny slabs: one object per slab (4 KiB objects at order 0), no cpu partial room
+    dict(profile="v6.1", size=4096, topo="1node16", wl="local_burst",
+         kw=dict(min_partial=0)),
+    # many frees of full slabs with a 1-slab per-CPU partial limit: frequent drains
+    dict(profile="v6.1", size=512, topo="2node_memless", wl="producer_consumer",
+         kw=dict(cpu_partial_slabs=1, min_partial=2)),
+    # sheaves tighter than a slab, barns that fill up (flushes, barn put failures)
+    dict(profile="v7.0", size=64, topo="1node16", wl="producer_consumer",
+         kw=dict(sheaf_capacity=3, barn_max_full=1, barn_max_empty=1, min_partial=1)),
+    dict(profile="v7.1", size=1024, topo="3node", wl="block_io",
+         kw=dict(sheaf_capacity=5, barn_max_full=2)),
+    # memoryless CPUs without the numa_mem_id() fix: direct allocations under the lock
+    dict(profile="v6.1", size=192, topo="2node_memless", wl="local",
+         kw=dict(memoryless_fallback=False)),
+    dict(profile="v7.0", size=256, topo="2node_memless", wl="request_response",
+         kw=dict(barns="all_nodes")),
+    # v6.18 opt-in sheaves next to per-CPU partial lists
+    dict(profile="v6.18", size=256, topo="2node_memless", wl="block_io",
+         kw=dict(), explicit_sheaf=32),
+])
+def test_equal_edge_configs(case):
+    cfg = _cfg(case["profile"], TOPOS[case["topo"]], WORKLOADS[case["wl"]],
+               size=case["size"], explicit_sheaf=case.get("explicit_sheaf", 0), **case["kw"])
+    want = _assert_equal(cfg, seed=7)
+    assert want["allocs"].sum() > 100
+
+
+def test_simulate_from_key_equals_its_draws():
+    """simulate(key) draws its words in the scan; they are the words draws(key) returns."""
+    cfg = _cfg("v7.0", TOPOS["2node_memless"], WORKLOADS["block_io"])
+    key = jax.random.key(11)
+    a = D.counters_numpy(D.simulate(key, cfg, STEPS))
+    b = D.counters_numpy(D.simulate_draws(D.draws(key, STEPS), cfg))
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _slab_inuse(sim: RS.RefSim) -> int:
+    cs = sum(sim.cs_inuse)
+    pc = sum(sim.pc_inuse)
+    return cs + pc + sum(sim.U) + sum(sim.F) * sim.objs
+
+
+def _held(sim: RS.RefSim) -> int:
+    return sum(sim.main) + sum(sim.spare) + sum(sim.barn_full) * sim.cap
+
+
+@pytest.mark.parametrize("profile,wl,kw", [
+    ("v3.1", "producer_consumer", dict(min_partial=2)),
+    ("v6.1", "local_burst", dict(min_partial=3)),
+    ("v6.1", "request_response", dict(cpu_partial_slabs=2)),
+    ("v7.0", "block_io", dict(sheaf_capacity=4)),
+    ("v7.1", "producer_consumer", dict(sheaf_capacity=6, barn_max_full=1)),
+])
+def test_invariants_every_step(profile, wl, kw):
+    """After every step: objects allocated from slabs = objects in flight + objects parked
+    in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
+    per slab; a node never keeps more than min_partial empty slabs; nothing negative."""
+    cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], **kw)
+    sim = RS.RefSim(cfg)
+    w = np.asarray(D.draws(jax.random.key(3), 600))
+    for t in range(w.shape[0]):
+        sim.step(w[t])
+        assert _slab_inuse(sim) == sum(sim.out) + _held(sim), t
+        assert sum(sim.out) == sum(sim.pend_tot) == sum(map(sum, sim.pend))
+        for r in range(D.R):
+            tot = sim.cs_free[r] + sim.cs_inuse[r] + sim.cs_rfree[r]
+            assert tot in (0, sim.objs), (t, r)
+            assert 0 <= sim.pend_fast[r] <= min(sim.pend[r][r], sim.cs_inuse[r])
+        for n in range(D.N):
+            assert sim.S[n] >= 0 and sim.U[n] >= 0 and sim.F[n] >= 0
+            assert sim.U[n] <= sim.S[n] * max(sim.objs - 1, 0)
+            empties = sim.S[n] - sim._nonempty(sim.S[n], sim.U[n])
+            assert empties <= sim.min_partial, (t, n)
+            assert sim.barn_full[n] <= sim.max_full and sim.barn_empty[n] <= sim.max_empty

@@ -14,7 +14,8 @@ broadcast axes, in three ways:
 Each is timed as the median of ``--runs`` calls after a compile call.  The scalar
 reference (``slabtune.model.reference``) runs on a random sample of the same grid and its
 per-configuration rate is extrapolated.  The sample's JAX values must equal the reference's
-(the run fails otherwise).  Targets: >= 1e7 configs/s and >= 100x the reference.
+(the run fails otherwise).  Targets, for the plain jitted broadcast call (``jax fresh``):
+>= 1e7 configs/s and >= 100x the reference; the other modes are printed beside it.
 
     .venv/bin/python benchmarks/bench_structural.py [--runs 7] [--sample 3000]
 
@@ -41,6 +42,8 @@ from slabtune.model import policy
 from slabtune.model import reference as ref
 from slabtune.model.profiles import PROFILES
 
+#: The mode the targets are stated for: a plain jitted call on the broadcast grid.
+HEADLINE = "jax fresh"
 TARGET_RATE = 1e7
 TARGET_RATIO = 100.0
 
@@ -269,6 +272,10 @@ def main(argv=None) -> int:
               f"{m['cpu_rate']:>15.3g}{m['cpu_rate'] / reference['cpu_rate']:>8.0f}x"
               + ("" if per == n else f"   ({per} sampled configurations)"))
     best = max(modes, key=lambda k: modes[k]["rate"])
+    head = modes[HEADLINE]
+    print(f"headline ({HEADLINE}: jax.jit(policy.structure) on the broadcast grid): "
+          f"{head['rate']:.3g} configs/s, {head['rate'] / reference['rate']:.0f}x the "
+          f"reference")
     for name, m in modes.items():
         ok_rate = m["rate"] >= TARGET_RATE
         ok_ratio = m["rate"] / reference["rate"] >= TARGET_RATIO
@@ -287,6 +294,10 @@ def main(argv=None) -> int:
         "cpu_ratio": {k: round(m["cpu_rate"] / reference["cpu_rate"], 1)
                       for k, m in modes.items()},
         "best_mode": best,
+        "headline": {"mode": HEADLINE, "rate": head["rate"],
+                     "ratio": round(head["rate"] / reference["rate"], 1),
+                     "meets_targets": head["rate"] >= TARGET_RATE
+                     and head["rate"] / reference["rate"] >= TARGET_RATIO},
         "targets": {"rate": TARGET_RATE, "ratio": TARGET_RATIO},
         "mismatches": mismatches,
         "cores": len(os.sched_getaffinity(0)),

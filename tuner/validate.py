@@ -358,6 +358,8 @@ def load_spec(ref: str) -> ValidateSpec:
 
 def native_available() -> str | None:
     """None when the native allocator can run here, else why not."""
+    if run_native_task is _native_not_wired:
+        return "the native target is not wired in this build"
     try:
         import importlib
 
@@ -644,9 +646,12 @@ def run_host_task(task: dict) -> list[dict]:
     return rows
 
 
-def run_native_task(task: dict) -> list[dict]:
+def _native_not_wired(task: dict) -> list[dict]:
     """Placeholder until the native target is wired (see the module docstring)."""
     raise SlabtuneError("native target: not wired in this build")
+
+
+run_native_task = _native_not_wired
 
 
 _RUNNERS = {"guest": run_guest_task, "host": run_host_task, "native": run_native_task}
@@ -707,8 +712,6 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
              timeout_s: float | None = None, source: str = "") -> ValidateResult:
     """Run every task on Ray (a local instance unless an address is given, or the instance
     already initialised in this process) and store the rows; see the module docstring."""
-    import ray
-
     from slabtune.results import store
     from slabtune.sweeps.dispatch import ray_session
     from slabtune.sweeps.runner import git_revision, package_versions
@@ -722,46 +725,58 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
             "targets": list(targets), "topologies": [t.name for t in spec.fleet.topologies],
             "candidates": [c.to_json() for c in cands], "source": source, **info}
     spec_hash = hashlib.sha256(json.dumps([meta, spec.text], sort_keys=True).encode()).hexdigest()
-    run = store.create_run(out_dir, spec=meta, spec_hash=spec_hash, spec_text=spec.text,
-                           n_chunks=len(tasks), columns=[], versions=package_versions(),
-                           git_revision=git_revision(), extra={"kind": "validate"})
-    failed = 0
-    with run.lock(), ray_session(ray_address, resources=local_resources()) as sess:
-        run.start_attempt(ray=sess)
-        res = ray.cluster_resources()
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
-        use_qemu = QEMU_RESOURCE in res
-        if "guest" in targets and not use_qemu and len(nodes) > 1:
-            raise SlabtuneError(f"--target guest: no Ray node offers the {QEMU_RESOURCE!r} "
-                                "resource (start workers with --resources='{\"qemu\": 1}')")
-        remote = ray.remote(max_retries=MAX_RETRIES,
-                            retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
-        refs = {}
-        for t in tasks:
-            td = _task_dict(t, spec, timeout_s)
-            opts = (_guest_options(td, spec, use_qemu, node_cpus) if t.target == "guest"
-                    else {"num_cpus": 1})
-            refs[remote.options(**opts).remote(td)] = td
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            for ref in ready:
-                td = refs.pop(ref)
-                try:
-                    out = ray.get(ref)
-                    rows, bad = out["rows"], out["failed"]
-                except ray.exceptions.RayError as err:
-                    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                    msg = (f"failed after {MAX_RETRIES + 1} attempts: "
-                           + (lines[-1] if lines else err.__class__.__name__))
-                    rows, bad = failed_rows(td, msg, console_tail="\n".join(lines[-20:])), True
-                failed += bool(bad)
-                st = next((r for r in rows if r["status"] == "failed"), None)
-                run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
-                               candidate=td["candidate"]["id"], topology=td["topology"],
-                               target=td["target"], error=st["error"] if st else None)
-        run.finish()
+    # the run directory is made once Ray is up, so a bad --ray-address leaves nothing behind
+    with ray_session(ray_address, resources=local_resources()) as sess:
+        run = store.create_run(out_dir, spec=meta, spec_hash=spec_hash, spec_text=spec.text,
+                               n_chunks=len(tasks), columns=[], versions=package_versions(),
+                               git_revision=git_revision(), extra={"kind": "validate"})
+        with run.lock():
+            run.start_attempt(ray=sess)
+            failed = _dispatch(run, tasks, spec, targets, timeout_s)
+            run.finish()
     return ValidateResult(run.path, len(tasks), failed)
+
+
+def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[str],
+              timeout_s: float | None) -> int:
+    """Submit every task to the current Ray session, store each as it finishes; returns the
+    number of failed tasks."""
+    import ray
+
+    failed = 0
+    res = ray.cluster_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
+    use_qemu = QEMU_RESOURCE in res
+    if "guest" in targets and not use_qemu and len(nodes) > 1:
+        raise SlabtuneError(f"--target guest: no Ray node offers the {QEMU_RESOURCE!r} "
+                            "resource (start workers with --resources='{\"qemu\": 1}')")
+    remote = ray.remote(max_retries=MAX_RETRIES,
+                        retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
+    refs = {}
+    for t in tasks:
+        td = _task_dict(t, spec, timeout_s)
+        opts = (_guest_options(td, spec, use_qemu, node_cpus) if t.target == "guest"
+                else {"num_cpus": 1})
+        refs[remote.options(**opts).remote(td)] = td
+    while refs:
+        ready, _ = ray.wait(list(refs), num_returns=1)
+        for ref in ready:
+            td = refs.pop(ref)
+            try:
+                out = ray.get(ref)
+                rows, bad = out["rows"], out["failed"]
+            except ray.exceptions.RayError as err:
+                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                msg = (f"failed after {MAX_RETRIES + 1} attempts: "
+                       + (lines[-1] if lines else err.__class__.__name__))
+                rows, bad = failed_rows(td, msg, console_tail="\n".join(lines[-20:])), True
+            failed += bool(bad)
+            st = next((r for r in rows if r["status"] == "failed"), None)
+            run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
+                           candidate=td["candidate"]["id"], topology=td["topology"],
+                           target=td["target"], error=st["error"] if st else None)
+    return failed
 
 
 def is_validate_run(run) -> bool:

@@ -1,0 +1,342 @@
+"""``slabtune validate``: real guest and host validation on the session's Ray instance, the
+stored rows, the error report recomputed from them, and refusal of bad input.
+
+Guest boots need qemu, a bzImage and busybox (scripts/install-guest-deps.sh); those tests are
+marked ``guest`` and skip with the reason when the pieces are missing.  The module boots
+three guests in all: the baseline and one candidate on a 2-CPU topology whose node 1 has no
+memory, and one guest that is made to time out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slabtune import cli
+from slabtune.errors import SlabtuneError
+from slabtune.results import store
+from slabtune.tuner import report as R
+from slabtune.tuner import validate as V
+
+
+def _guest_missing() -> str | None:
+    return V.guest_available()
+
+
+_GUEST_WHY = _guest_missing()
+needs_guest = pytest.mark.skipif(_GUEST_WHY is not None,
+                                 reason=f"guest stack not installed ({_GUEST_WHY})")
+
+#: One memoryless topology (node 1 has CPUs, no memory) and a short hackbench.
+SMALL_SPEC = """
+[validate]
+timeout_s = 240
+retries = 1
+memory_mib = 384
+
+[[validate.workload]]
+mode = "hackbench"
+groups = 1
+fds = 2
+loops = 50
+
+[fleet]
+profile = "v6.18"
+
+[[fleet.topology]]
+name = "memoryless-2x2"
+cpus = 2
+nodes = 2
+memoryless_nodes = [1]
+
+[[fleet.workload]]
+name = "hackbench-socket"
+foreign_free = 0.5
+[fleet.workload.caches]
+skbuff_head_cache = { live_per_cpu = 64, ops = 1.0 }
+"kmalloc-512" = { live_per_cpu = 64, ops = 1.0 }
+"""
+
+CANDIDATES = """
+[[candidate]]
+id = "order1"
+boot = { slub_max_order = 1, slub_min_objects = 8 }
+knobs = { min_partial_lo = 3 }
+"""
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_spearman_matches_scipy_with_ties():
+    stats = pytest.importorskip("scipy.stats")
+    x = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    y = [2.0, 7.0, 1.0, 8.0, 2.0, 8.0, 1.0, 8.0]
+    assert R.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert R.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert R.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert R.average_ranks([5, 1, 5, 2]) == [3.5, 1.0, 3.5, 2.0]
+    assert R.spearman([1, 2], [2, 1]) is None          # too few pairs
+    assert R.spearman([1, 1, 1], [1, 2, 3]) is None    # constant side
+
+
+def test_validate_quick_spec_has_four_small_topologies_one_memoryless():
+    spec = V.load_spec("validate_quick")
+    topos = [t.topology for t in spec.fleet.topologies]
+    assert len(topos) == 4
+    assert all(t.present <= 4 for t in topos)
+    assert sum(1 for t in topos if t.memoryless_nodes and t.cpus_on_memoryless_nodes) == 1
+    assert spec.workloads and spec.workloads[0].mode == "hackbench"
+
+
+def test_plan_always_includes_baseline_and_host_only_runs_it():
+    spec = V.load_spec("validate_quick")
+    cands = V.with_baseline(V.parse_candidates(
+        {"candidate": [{"id": "a", "boot": {"slab_max_order": 2}}]}, "t"))
+    assert [c.id for c in cands] == ["baseline", "a"]
+    assert cands[1].boot == {"slub_max_order": 2}      # canonical spelling
+    tasks = V.plan_tasks(cands, spec, ("guest", "host"))
+    guest = [t for t in tasks if t.target == "guest"]
+    host = [t for t in tasks if t.target == "host"]
+    assert len(guest) == 2 * 4
+    assert {(t.candidate.id, t.topology) for t in host} == {("baseline", "host")}
+    assert [t.index for t in tasks] == list(range(len(tasks)))
+
+
+@pytest.mark.parametrize("name, text, field", [
+    ("bad.toml", "[[candidate]\nid = 1", "not valid TOML"),
+    ("bad.json", "{\"candidate\": [", "not valid JSON"),
+    ("unknown.toml", "[[candidate]]\nid = \"a\"\ncolour = 1", "candidate[0].colour"),
+    ("knob.toml", "[[candidate]]\nid = \"a\"\nknobs = { min_partial_lo = 99 }",
+     "candidate[0].knobs.min_partial_lo"),
+    ("noknob.toml", "[[candidate]]\nid = \"a\"\nknobs = { frobnicate = 1 }",
+     "candidate[0].knobs.frobnicate"),
+    ("dup.json", json.dumps([{"id": "a"}, {"id": "a"}]), "candidate[1].id"),
+    ("reserved.toml", "[[candidate]]\nid = \"baseline\"", "candidate[0].id"),
+    ("range.toml", "[[candidate]]\nid = \"a\"\nboot = { slub_max_order = 11 }",
+     "candidate[0].boot"),
+    ("empty.toml", "", "at least one [[candidate]]"),
+])
+def test_malformed_candidate_file_is_one_line(tmp_path, capsys, name, text, field):
+    f = tmp_path / name
+    f.write_text(text)
+    rc, out, err = _cli(["validate", "--candidate", str(f), "--topologies", "validate_quick",
+                         "--target", "host", "--out", str(tmp_path / "runs")], capsys)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slabtune: error: ")
+    assert field in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_disallowed_boot_parameter_refused_before_anything_runs(tmp_path, capsys):
+    f = tmp_path / "c.toml"
+    f.write_text("[[candidate]]\nid = \"dbg\"\nboot = { slub_debug = 1 }\n")
+    rc, _, err = _cli(["validate", "--candidate", str(f), "--topologies", "validate_quick",
+                       "--target", "guest", "--out", str(tmp_path / "runs")], capsys)
+    assert rc == 2
+    assert "slub_debug" in err and "not allowed" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+@needs_guest
+def test_spelling_the_guest_kernel_lacks_is_refused_before_qemu(tmp_path):
+    """slab_max_order is a v6.8+ alias: fine in a candidate file, refused for the 6.1 guest
+    by the preflight, before the run directory (and so any task) exists."""
+    from slabtune.tuner import guest as G
+
+    prof = G.kernel_profile(G.find_assets().kernel)
+    if "slab" in prof.boot_param_prefixes:
+        pytest.skip(f"guest kernel {prof.name} accepts slab_* names")
+    cands = V.parse_candidates({"candidate": [{"id": "a", "boot": {"slab_max_order": 1}}]}, "t")
+    # the file parser canonicalises to slub_*; a spelling check happens on the raw names
+    assert cands[0].boot == {"slub_max_order": 1}
+    bad = V.Candidate("raw", {"slab_max_order": 1})
+    with pytest.raises(SlabtuneError, match="candidate raw: boot parameter 'slab_max_order'"):
+        V.validate([bad], V.load_spec("validate_quick"), ("guest",), out_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_refuses_a_sweep_run(tmp_path, capsys):
+    run = store.create_run(tmp_path, spec={"name": "s", "chunk_size": 1, "evaluator": "x"},
+                           spec_hash="0" * 16, spec_text="", n_chunks=0, columns=[],
+                           versions={}, git_revision=None)
+    rc, _, err = _cli(["validate", "report", str(run.path), "--out", str(tmp_path)], capsys)
+    assert rc == 2 and "is not a validation run" in err
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def guest_run(ray_local, tmp_path_factory):
+    """The baseline and one candidate on a memoryless 2-CPU guest, and the host."""
+    tmp = tmp_path_factory.mktemp("validate")
+    spec = V.parse_spec(SMALL_SPEC, "small")
+    cf = tmp / "cands.toml"
+    cf.write_text(CANDIDATES)
+    cands = V.load_candidate_file(cf)
+    res = V.validate(cands, spec, ("guest", "host"), out_dir=tmp / "runs")
+    return res
+
+
+@pytest.mark.guest
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_guest
+def test_guest_and_host_rows_match_the_model(guest_run):
+    res = guest_run
+    assert res.tasks == 3 and res.failed == 0
+    run = store.open_run(res.run_dir)
+    assert run.complete and V.is_validate_run(run)
+    rows = run.collect()
+    assert set(rows["status"]) == {"ok"}
+    for (cand, target), g in rows.group_by("candidate", "target"):
+        s = g.filter(pl.col("field").is_in(list(V.STRUCTURAL_FIELDS)) & pl.col("comparable"))
+        assert s.height > 300, (cand, target)
+        # every structural field of every comparable cache: predicted == measured
+        bad = s.filter(pl.col("predicted") != pl.col("measured"))
+        assert bad.is_empty(), bad.head(5)
+    guest = rows.filter(pl.col("target") == "guest")
+    assert set(guest["topology"]) == {"memoryless-2x2"}
+    assert set(guest["kernel_release"].str.slice(0, 2)) == {"6."}
+    order = guest.filter((pl.col("field") == "order") & pl.col("comparable"))
+    # the candidate's slub_max_order=1 reached the kernel; the baseline has higher orders
+    assert order.filter(pl.col("candidate") == "order1")["measured"].max() <= 1
+    assert order.filter(pl.col("candidate") == "baseline")["measured"].max() >= 2
+    p = json.loads(guest.filter(pl.col("candidate") == "order1")["params"][0])
+    assert p == {"slub_max_order": 1, "slub_min_objects": 8, "min_partial_lo": 3}
+    applied = json.loads(guest.filter(pl.col("candidate") == "order1")["applied"][0])
+    assert applied["boot"] == {"slub_max_order": 1, "slub_min_objects": 8}
+    assert applied["not_applied"] == {"min_partial_lo": 3}
+
+
+@pytest.mark.guest
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_guest
+def test_guest_memory_and_cost_rows(guest_run):
+    rows = store.open_run(guest_run.run_dir).collect().filter(pl.col("target") == "guest")
+    for cand in ("baseline", "order1"):
+        r = rows.filter(pl.col("candidate") == cand)
+        mem = r.filter(pl.col("field") == V.MEMORY_FIELD)
+        # hackbench over sockets drives skbuff_head_cache
+        assert "skbuff_head_cache" in mem["cache"].to_list()
+        orders = dict(r.filter(pl.col("field") == "order").select("cache", "measured").iter_rows())
+        for c, m, pred in mem.select("cache", "measured", "predicted").iter_rows():
+            slab = 4096 << int(orders[c])
+            assert m > 0 and m % slab == 0, c        # whole slabs of the measured order
+            assert pred > 0
+        cost = r.filter(pl.col("field") == V.COST_FIELD)
+        assert cost.height == 1 and cost["measured"][0] > 0 and cost["predicted"][0] > 0
+        acc = cost["accelerator"][0]
+        assert cost["comparable"][0] == (acc == "kvm")
+
+
+@pytest.mark.guest
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_guest
+def test_report_json_recomputed_from_rows(guest_run, capsys):
+    rc, out, _ = _cli(["validate", "report", str(guest_run.run_dir), "--json"], capsys)
+    assert rc == 0
+    rep = json.loads(out)
+    for key in ("structural_match_rate", "spearman_time", "speed_source",
+                "median_mem_rel_err", "native_fastpath_max_abs_diff_pp", "pairs"):
+        assert key in rep
+    rows = pl.concat([pl.read_parquet(p) for p in sorted(Path(guest_run.run_dir)
+                                                         .glob("part-*.parquet"))])
+    s = [r for r in rows.iter_rows(named=True) if r["target"] == "guest" and r["comparable"]
+         and r["field"] in V.STRUCTURAL_FIELDS]
+    assert rep["structural_match_rate"] == sum(r["predicted"] == r["measured"] for r in s) / len(s)
+    assert rep["structural_match_rate"] == 1.0
+    sums: dict = {}
+    for r in rows.iter_rows(named=True):
+        if r["target"] == "guest" and r["field"] == V.MEMORY_FIELD:
+            p, m = sums.get((r["candidate"], r["topology"]), (0.0, 0.0))
+            sums[(r["candidate"], r["topology"])] = (p + r["predicted"], m + r["measured"])
+    errs = [abs(p - m) / m for p, m in sums.values()]
+    assert rep["median_mem_rel_err"] == pytest.approx(statistics.median(errs), rel=1e-12)
+    assert rep["memory_pairs"] == 2
+    accels = set(rows.filter(pl.col("target") == "guest")["accelerator"])
+    if accels == {"tcg"}:
+        # TCG timings do not count and there is no native run here
+        assert rep["speed_source"] is None and rep["spearman_time"] is None
+        assert rep["speed"]["guest_tcg_pairs"] == 2
+    assert rep["native_fastpath_max_abs_diff_pp"] is None
+    assert len(rep["pairs"]) == 3 and rep["failed"] == 0
+    host = [p for p in rep["pairs"] if p["target"] == "host"][0]
+    assert host["candidate"] == "baseline" and host["structural_total"] > 100
+    assert host["structural_matched"] == host["structural_total"]
+    assert not math.isnan(rep["median_mem_rel_err"])
+    rc, text, _ = _cli(["validate", "report", str(guest_run.run_dir)], capsys)
+    assert rc == 0 and "structural (guest snapshots): " in text and "100.0%" in text
+
+
+@pytest.mark.guest
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_guest
+def test_failing_task_is_recorded_with_its_console_tail(ray_local, tmp_path, capsys):
+    spec_text = SMALL_SPEC.replace("timeout_s = 240", "timeout_s = 1").replace(
+        "retries = 1", "retries = 0")
+    f = tmp_path / "spec.toml"
+    f.write_text(spec_text)
+    cf = tmp_path / "none.json"
+    cf.write_text(json.dumps({"candidate": [{"id": "order2", "boot": {"slub_max_order": 2}}]}))
+    rc, out, _ = _cli(["validate", "--candidate", str(cf), "--topologies", str(f),
+                       "--target", "guest", "--out", str(tmp_path / "runs"), "--json"], capsys)
+    assert rc == 1
+    res = json.loads(out)
+    assert res["tasks"] == 2 and res["failed"] == 2
+    run = store.open_run(res["run_dir"])
+    assert run.complete                       # failed tasks are stored, not dropped
+    rows = run.collect()
+    assert rows.height == 2 and set(rows["status"]) == {"failed"}
+    assert set(rows["candidate"]) == {"baseline", "order2"}
+    for r in rows.iter_rows(named=True):
+        assert r["error"].startswith("timed out after")
+        assert isinstance(r["console_tail"], str)
+        assert r["attempts"] == 1
+    states = [run.manifest["chunks"]["states"][str(i)] for i in range(2)]
+    assert {s["status"] for s in states} == {"failed"}
+    rep = R.report(run)
+    assert [t["candidate"] for t in rep["failed_tasks"]] == ["baseline", "order2"]
+    assert rep["structural_match_rate"] is None
+    assert all(p["status"] == "failed" and p["error"] for p in rep["pairs"])
+
+
+@pytest.mark.slow
+def test_top_k_candidates_from_a_study():
+    from slabtune.results import pareto as PA
+    from slabtune.tuner import space as S
+    from slabtune.tuner import study as ST
+
+    spec = ST.load_spec("tune_quick")
+    runner, _ = ST.create_or_resume(spec, "v-test", "memory:")
+    runner.run(32, 32)
+    cands = V.candidates_from_study(runner.study, 3)
+    front = PA.study_pareto(runner.study)
+    assert 1 <= len(cands) == min(3, len(front["points"]))
+    b = front["baseline"]
+    gain = {p["trial"]: (1 - p["memory"] / b["memory"]) + (1 - p["time"] / b["time"])
+            for p in front["points"]}
+    ranked = sorted(gain, key=lambda t: (-gain[t], t))[:3]
+    assert [c.id for c in cands] == [f"trial-{t}" for t in ranked]
+    defaults = S.baseline_values(spec.fleet.profile)
+    for c in cands:
+        assert all(S.KNOBS[k].reach == "boot" and v != defaults[k] for k, v in c.boot.items())
+        assert all(S.KNOBS[k].reach != "boot" for k in c.knobs)
+    with pytest.raises(SlabtuneError, match="--top"):
+        V.candidates_from_study(runner.study, 0)

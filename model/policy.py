@@ -407,7 +407,7 @@ def min_partial(size, p: ProfileArrays):
     slub-dynamic-min-partial-2008, which clamped ilog2(size) to [MIN_PARTIAL, MAX_PARTIAL] =
     [5, 10]); current kernels clamp ilog2(size) / 2 to [5, 10]; v2.6.27 kept a static 5.
     """
-    raw = ilog2(size) // p.min_partial_divisor
+    raw = _float_floor_div(ilog2(size), p.min_partial_divisor)  # ilog2 < 2^24: exact
     return jnp.clip(raw, p.min_partial_lo, p.min_partial_hi).astype(_I32)
 
 

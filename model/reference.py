@@ -13,6 +13,9 @@ products that could wrap there (``min_objects * size`` in the uncapped v2.6.2x b
 only decide whether an order beyond ``slub_max_order`` is needed, which exact arithmetic
 answers correctly.
 
+The domain is the kernel's: object sizes up to PAGE_SIZE << MAX_PAGE_ORDER (beyond that
+calculate_order() returns -ENOSYS and no cache exists) and boot-parameter orders 0..10.
+
 Nothing outside ``tests/`` and ``benchmarks/`` should import this module: the model's one
 place for each formula is :mod:`slabtune.model.policy`.
 """

@@ -1,0 +1,205 @@
+"""Kernel-semantics properties of the dynamics model (mm/slub.c behaviour, by era).
+
+All runs share one compiled simulate (same shapes, same ``STEPS``).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from slabtune.model import dynamics as D
+from slabtune.model import policy as PL
+from slabtune.model import profiles as P
+from slabtune.model import workloads as W
+from slabtune.model.topology import Topology
+
+STEPS = 2000
+ONE_NODE = Topology.uniform(16, 1)
+MEMLESS = Topology.uniform(64, 2, memoryless_nodes=(1,))
+
+
+def _struct(profile, size=256, topo=ONE_NODE, explicit_sheaf=0):
+    return PL.structure(size, topo.possible, topo.present, topo.online,
+                        PL.profile_arrays(P.get_profile(profile)), explicit_sheaf=explicit_sheaf)
+
+
+def _run(profile, topo, wl, size=256, seed=0, structure=None, **kw):
+    prof = P.get_profile(profile)
+    st = structure if structure is not None else _struct(profile, size, topo)
+    cfg = D.config_from(st, prof, topo, wl, **kw)
+    return D.counters_numpy(D.simulate(jax.random.key(seed), cfg, STEPS)), cfg
+
+
+def _frac(c, part, whole):
+    return c[part].sum() / max(c[whole].sum(), 1)
+
+
+@pytest.mark.parametrize("profile", ["v3.1", "v6.1", "v7.0"])
+def test_local_churn_fitting_a_slab_stays_on_the_fast_paths(profile):
+    """A live set smaller than a slab: allocations come from the CPU's freelist (or main
+    sheaf) and frees go back to it, so after warm-up nothing takes a slow path."""
+    c, cfg = _run(profile, ONE_NODE, {"kind": "local", "live": 8})
+    assert int(cfg.objs_per_slab) > 8
+    assert c["allocs"].sum() > 7_000
+    assert _frac(c, "alloc_fast", "allocs") > 0.99
+    assert _frac(c, "free_fast", "frees") > 0.99
+    assert c["list_lock"].sum() <= 2 * D.R      # at most the first refills
+    assert c["slab_free"].sum() == 0
+
+
+def test_remote_frees_without_cpu_partial_never_take_the_fast_path():
+    """v3.1 (no per-CPU partial lists): receivers free objects of the senders' CPU slabs,
+    never of their own, so every free is a slow path; full slabs that get a free go back
+    on the node's partial list under its lock."""
+    c, _ = _run("v3.1", ONE_NODE, {"kind": "producer_consumer", "depth": 64})
+    assert c["frees"].sum() > 7_000
+    assert c["free_fast"].sum() == 0
+    assert c["free_slow"].sum() == c["frees"].sum()
+    assert c["cpu_partial_drain"].sum() == 0
+    assert c["list_lock"][4:].sum() > 0          # receivers take node locks
+
+
+def test_more_cpus_change_weights_not_per_rep_counts():
+    """The state has R reps whatever the CPU count: 64 or 8192 CPUs (same cache geometry)
+    give identical per-rep counters; only the weights scale."""
+    st = _struct("v6.1", 512, Topology.uniform(64, 1))
+    a, ca = _run("v6.1", Topology.uniform(64, 1), {"kind": "local", "live": 100}, structure=st)
+    b, cb = _run("v6.1", Topology.uniform(8192, 1), {"kind": "local", "live": 100},
+                 structure=st)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    np.testing.assert_allclose(cb.rep_weight, 128 * ca.rep_weight)
+    assert cb.rep_weight.sum() == 8192
+
+
+def test_sheaves_absorb_local_frees():
+    """A live set of several slabs: without sheaves (v6.1) frees of objects in slabs that
+    are no longer the CPU slab are slow paths; with sheaves (v7.0) local frees land in the
+    main sheaf (or its spare / the barn) and almost never reach a slab."""
+    wl = {"kind": "local", "live": 300}
+    old, _ = _run("v6.1", ONE_NODE, wl)
+    new, _ = _run("v7.0", ONE_NODE, wl)
+    assert _frac(old, "free_fast", "frees") < 0.8
+    assert _frac(new, "sheaf_free_hit", "frees") > 0.95
+    assert new["sheaf_free_hit"].sum() == new["free_fast"].sum()
+    assert new["free_slow"].sum() * 5 < old["free_slow"].sum()
+
+
+def test_v70_memoryless_cpus_bypass_sheaves_v71_does_not():
+    """Completion CPU on a memoryless node (seed sheaves-cross-cpu-regression-2026): in v7.0
+    its numa_mem_id() never equals the slab's node, so every free bypasses the sheaf and
+    goes to the slab (remote free); v7.1 lets it free into its sheaves, with a barn on its
+    node."""
+    wl = {"kind": "block_io", "depth": 32, "completion_remote": True}
+    v70, cfg = _run("v7.0", MEMLESS, wl)
+    v71, _ = _run("v7.1", MEMLESS, wl)
+    assert int(cfg.rep_memoryless[0]) == 1 and int(cfg.rep_node[0]) == W.NODE_MEMLESS
+    assert v70["frees"][0] > 1000
+    assert v70["sheaf_free_hit"][0] == 0
+    assert v70["remote_free"][0] == v70["frees"][0]
+    assert v71["sheaf_free_hit"][0] / v71["frees"][0] > 0.9
+    assert v71["remote_free"][0] == 0
+    assert v71["list_lock"].sum() < v70["list_lock"].sum() / 3
+    # the v7.0 completion CPU has no barn on its node, v7.1 uses one
+    assert v70["barn_put"][0] == 0 and v71["barn_put"][0] + v71["barn_put_fail"][0] > 0
+
+
+def test_slabs_are_freed_only_beyond_min_partial():
+    """An emptied slab goes back to the page allocator only when its node already keeps
+    min_partial partial slabs: with a huge min_partial nothing is freed and empty slabs
+    pile up on the list; with min_partial 0 every emptied slab is freed."""
+    wl = {"kind": "local", "live": 400, "burst": 400}
+    keep, _ = _run("v3.1", ONE_NODE, wl, min_partial=1000)
+    drop, _ = _run("v3.1", ONE_NODE, wl, min_partial=0)
+    assert keep["slab_free"].sum() == 0
+    assert keep["empty_slabs_kept"].sum() > 1
+    assert drop["slab_free"].sum() > 10
+    assert drop["empty_slabs_kept"].sum() == 0
+    assert drop["slabs_total"].sum() < keep["slabs_total"].sum()
+
+
+@pytest.mark.parametrize("profile,wl", [
+    ("v3.1", {"kind": "producer_consumer"}),
+    ("v6.1", {"kind": "request_response", "threads": 32}),
+    ("v7.0", {"kind": "block_io", "completion_remote": True}),
+    ("v7.1", {"kind": "local", "live": 50, "burst": 10}),
+])
+def test_conservation(profile, wl):
+    """allocs - frees = objects still allocated, and ops = allocs + frees."""
+    c, _ = _run(profile, MEMLESS, wl)
+    assert c["allocs"].sum() - c["frees"].sum() == c["outstanding"].sum()
+    np.testing.assert_array_equal(c["ops"], c["allocs"] + c["frees"])
+    np.testing.assert_array_equal(c["allocs"], c["alloc_fast"] + c["alloc_slow"])
+    np.testing.assert_array_equal(c["frees"], c["free_fast"] + c["free_slow"])
+    assert c["list_lock_remote"].sum() <= c["list_lock"].sum() == c["list_lock_node"].sum()
+
+
+def test_reproducible_from_seed():
+    wl = {"kind": "request_response", "threads": 12}
+    a, _ = _run("v6.1", MEMLESS, wl, seed=5)
+    b, _ = _run("v6.1", MEMLESS, wl, seed=5)
+    c, _ = _run("v6.1", MEMLESS, wl, seed=6)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert any(not np.array_equal(a[k], c[k]) for k in a)
+
+
+def test_memoryless_penalty_grows_with_cpus_and_vanishes_with_the_fix():
+    """Without the numa_mem_id() fix every allocation of a CPU on a memoryless node takes the
+    memory node's list_lock; the machine-wide count (weights x per-rep) grows with the
+    CPUs on memoryless nodes.  With the fix those CPUs use their CPU slabs."""
+    def remote_locks(memless_cpus, fallback):
+        topo = Topology.uniform(8 + memless_cpus, 2, memoryless_nodes=(1,),
+                                node_cpus=(8, memless_cpus))
+        st = _struct("v6.1", 256, topo)
+        c, cfg = _run("v6.1", topo, {"kind": "local", "live": 8}, structure=st,
+                      memoryless_fallback=fallback)
+        return float((c["list_lock_remote"] * cfg.rep_weight).sum()), c
+    small, cs = remote_locks(8, False)
+    big, cb = remote_locks(64, False)
+    fixed, cf = remote_locks(64, True)
+    assert big > 4 * small > 0
+    assert _frac(cb, "alloc_fast", "allocs") < 0.6
+    assert fixed == 0
+    assert _frac(cf, "alloc_fast", "allocs") > 0.99
+
+
+def test_batch_equals_single_runs():
+    topo = MEMLESS
+    cfgs = []
+    for profile, wl in [("v3.1", {"kind": "local"}), ("v7.0", {"kind": "block_io"}),
+                        ("v6.1", {"kind": "producer_consumer", "cross_node": 0.5})]:
+        prof = P.get_profile(profile)
+        cfgs.append(D.config_from(_struct(profile, 256, topo), prof, topo, wl))
+    keys = jax.random.split(jax.random.key(9), len(cfgs))
+    batch = D.counters_numpy(D.simulate_batch(keys, D.stack_configs(cfgs), STEPS))
+    for i, cfg in enumerate(cfgs):
+        one = D.counters_numpy(D.simulate(keys[i], cfg, STEPS))
+        for k in one:
+            np.testing.assert_array_equal(batch[k][i], one[k], err_msg=k)
+
+
+def test_workload_parameters_are_checked():
+    with pytest.raises(W.WorkloadError, match="live"):
+        W.local(ONE_NODE, live=0)
+    with pytest.raises(W.WorkloadError, match="cross_node"):
+        W.producer_consumer(ONE_NODE, cross_node=1.5)
+    with pytest.raises(W.WorkloadError, match="bogus"):
+        W.build("local", ONE_NODE, bogus=1)
+    assert W.spec_params("block_io") == ("depth", "completion_remote")
+
+
+@pytest.mark.parametrize("kind", list(W.BUILDERS))
+def test_workload_layouts_cover_the_machine(kind):
+    """Rep weights add up to the CPUs the workload runs on; free_to rows are stochastic."""
+    wl, lay = W.build(kind, MEMLESS)
+    assert lay.weight.shape == (W.R,) and lay.node_has_memory.shape == (W.N,)
+    if kind in ("local", "producer_consumer", "block_io"):
+        assert lay.weight.sum() == pytest.approx(64)
+    allocs = wl.alloc_p > 0
+    assert (wl.free_cum[allocs, -1] == W.PROB_ONE).all()
+    assert (np.diff(wl.free_cum, axis=1) >= 0).all()
+    # memoryless CPUs get slabs from a node with memory
+    assert all(lay.node_has_memory[m] for m in lay.mem_node)

@@ -34,6 +34,7 @@ from slabtune.errors import SlabtuneError
 MANIFEST = "manifest.json"
 FORMAT = 1
 _PART = "part-{:06d}.parquet"
+_DTYPES = {"int32": pl.Int32, "int64": pl.Int64, "float32": pl.Float32, "float64": pl.Float64}
 
 
 class StoreError(SlabtuneError):
@@ -111,7 +112,7 @@ class Run:
         """Column names and polars types, from the manifest."""
         out = {}
         for name, kind, cats in self.manifest["columns"]:
-            out[name] = pl.Enum(cats) if kind == "enum" else pl.Int32
+            out[name] = pl.Enum(cats) if kind == "enum" else _DTYPES.get(kind, pl.Int32)
         return out
 
     # ------------------------------------------------------------------ writing
@@ -212,7 +213,8 @@ def create_run(out_dir, *, spec: dict, spec_hash: str, spec_text: str, n_chunks:
                extra: dict | None = None) -> Run:
     """Create a fresh run directory under ``out_dir`` with an initial manifest.
 
-    ``columns`` is ``[(name, "int32"|"enum", categories|None), ...]`` in output order.
+    ``columns`` is ``[(name, "int32"|"int64"|"float32"|"float64"|"enum", categories|None),
+    ...]`` in output order.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

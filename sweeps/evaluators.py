@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,10 +35,16 @@ class Evaluator:
     """Base class: a named model evaluation over chunks."""
 
     name = ""
+    #: Whether [sweep] steps means anything to this evaluator.
+    uses_steps = False
 
     def metrics(self) -> tuple[str, ...]:
         """Every metric column this evaluator can produce, in output order."""
         raise NotImplementedError
+
+    def metric_dtype(self, name: str) -> str:
+        """Column type of a metric: "int32" or "float32"."""
+        return "int32"
 
     def extra_axes(self) -> dict[str, "AxisDef"]:
         """Axes this evaluator understands beyond :data:`spec.COMMON_AXES`."""
@@ -170,8 +177,214 @@ class Structural(Evaluator):
         return res
 
 
+# --------------------------------------------------------------------------- dynamics
+
+#: Workload parameters a dynamics spec may sweep: axis name -> (constructor parameter,
+#: divisor).  Probabilities are given in percent (integers) and divided by 100.  A parameter
+#: applies to the workload kinds whose constructor takes it and is ignored by the others.
+WORKLOAD_PARAMS = {
+    "live": ("live", 1), "depth": ("depth", 1), "threads": ("threads", 1),
+    "burst": ("burst", 1), "completion_remote": ("completion_remote", 1),
+    "alloc_prob_pct": ("alloc_prob", 100), "cross_node_pct": ("cross_node", 100),
+    "irq_free_pct": ("irq_free", 100),
+}
+_PARAM_BOUNDS = {"live": (1, 1 << 20), "depth": (1, 1 << 20), "threads": (1, 1 << 16),
+                 "burst": (0, 1 << 20), "completion_remote": (0, 1),
+                 "alloc_prob_pct": (0, 100), "cross_node_pct": (0, 100),
+                 "irq_free_pct": (0, 100)}
+
+
+def _dynamics_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(f"slabtune.model.{m}") is not None
+               for m in ("dynamics", "metrics", "workloads", "cost"))
+
+
+def memoryless_node_ids(nodes: int, memoryless: int) -> tuple[int, ...]:
+    """The spec's convention: the highest-numbered ``memoryless`` nodes have no memory."""
+    return tuple(range(nodes - memoryless, nodes))
+
+
+class Dynamics(Evaluator):
+    """Per-CPU alloc/free streams simulated for ``[sweep] steps`` steps
+    (:func:`slabtune.model.dynamics.simulate_batch`) on the structural prediction, then
+    machine-wide metrics (:func:`slabtune.model.metrics.compute`) with the packaged cost
+    constants.  Each configuration's random stream is fixed by the spec's seed and the
+    configuration's index in the grid, so a chunk's rows do not depend on the chunking."""
+
+    name = "dynamics"
+    uses_steps = True
+
+    def metrics(self):
+        from slabtune.model import metrics as M
+
+        return ("slab_size",) + STRUCTURE_FIELDS + tuple(M.SCALAR_METRICS)
+
+    def metric_dtype(self, name):
+        return "int32" if name == "slab_size" or name in STRUCTURE_FIELDS else "float32"
+
+    def extra_axes(self):
+        from slabtune.model import workloads as W
+        from slabtune.sweeps.spec import AxisDef, ChoiceAxis
+
+        axes = {"workload": ChoiceAxis("workload", str, default=None, doc="workload kind",
+                                       values=tuple(W.BUILDERS))}
+        for name, (lo, hi) in _PARAM_BOUNDS.items():
+            axes[name] = AxisDef("workload", int, lo, hi, None, f"workload parameter {name}")
+        return axes
+
+    def required_axes(self):
+        return ("workload",)
+
+    def check(self, spec):
+        """Build every (topology, workload) combination of the grid once, so that a
+        workload a topology cannot run (e.g. producer_consumer on one CPU) fails at load
+        time naming the axes, not in a Ray task."""
+        from slabtune.sweeps import grid as G
+        from slabtune.sweeps.spec import SpecError
+
+        keys = [a.name for a in spec.axes if a.name in (
+            "cpus", "cpus_per_node", "nodes", "memoryless_nodes", "possible", "workload",
+            *WORKLOAD_PARAMS)]
+        combos = 1
+        for k in keys:
+            combos *= len(spec.axis(k))
+        if combos > 20000:
+            return  # too many to pre-build; tasks report failures instead
+        import itertools
+
+        defaults = dict(spec.defaults)
+        for values in itertools.product(*(spec.axis(k).values for k in keys)):
+            row = {**defaults, **dict(zip(keys, values))}
+            cols = {k: np.asarray([v]) for k, v in row.items() if not isinstance(v, str)}
+            if G.impossible_topology(cols)[0]:
+                continue
+            row["cpus"] = int(G.present_cpus(cols)[0])
+            try:
+                _build_workload(row)
+            except ValueError as err:
+                where = ", ".join(f"{k}={row[k]}" for k in keys)
+                raise SpecError(f"workload.{row['workload']}: {err} (at {where}; exclude "
+                                f"these combinations with [[exclude]])") from None
+
+    def evaluate(self, spec, chunk):
+        import jax
+
+        from slabtune.model import cost as CO
+        from slabtune.model import dynamics as D
+        from slabtune.model import policy
+
+        cols = chunk.columns
+        n = len(chunk.keep)
+        cache = cache_inputs(spec, cols)
+        topo = topology_inputs(cols)
+        st = _structural_fn()(
+            _stacked_profiles(), profile_index(spec, cols), cache["size"], topo["possible"],
+            topo["present"], topo["online"], cols["min_order"], cols["max_order"],
+            cols["min_objects"], cache["early"], cache["is_kmalloc"], cache["is_bootstrap"],
+            cache["explicit_sheaf"])
+        st = {f: np.asarray(getattr(st, f), np.int32) for f in STRUCTURE_FIELDS}
+        kept = np.flatnonzero(chunk.keep)
+        res = {"slab_size": cache["size"], **st}
+        names = self.metrics()[1 + len(STRUCTURE_FIELDS):]
+        if kept.size == 0:
+            for m in names:
+                res[m] = np.zeros(n, np.float32)
+            return res
+        rows = np.where(chunk.keep, np.arange(n), kept[0])  # excluded rows copy a kept one
+        wl_names = spec.axis("workload").values
+        prof_names = spec.axis("profile").values
+        object_size = _object_sizes(spec, cols)
+        defaults = dict(spec.defaults)
+        built: dict = {}
+        cfgs = []
+        for r in rows:
+            row = {k: (int(cols[k][r]) if k in cols else defaults.get(k)) for k in (
+                "nodes", "memoryless_nodes", "possible", *WORKLOAD_PARAMS)}
+            row["cpus"] = int(topo["present"][r])
+            row["workload"] = wl_names[cols["workload"][r]]
+            key = tuple(sorted((k, v) for k, v in row.items() if v is not None))
+            if key not in built:
+                built[key] = _build_workload(row)
+            t, wl = built[key]
+            s_r = policy.Structure(*(st[f][r] for f in STRUCTURE_FIELDS))
+            cfgs.append(D.config_from(s_r, P.get_profile(prof_names[cols["profile"][r]]), t, wl))
+        stacked = D.stack_configs(cfgs)
+        pcp = np.asarray([CO.pcp_max_order(P.get_profile(p).version) for p in prof_names],
+                         np.int32)[cols["profile"][rows]]
+        index = (chunk.start + rows).astype(np.uint32)
+        out = _dynamics_fn(spec.steps)(np.uint32(spec.seed), index, stacked, _default_cost(),
+                                        pcp, object_size[rows].astype(np.float32))
+        met = out._asdict()
+        for m in names:
+            res[m] = np.asarray(met[m], np.float32)
+        return res
+
+
+def _object_sizes(spec, cols) -> np.ndarray:
+    """Bytes of one object per row (live bytes), from the cache table or the size axis."""
+    if "cache" in cols:
+        lut = np.asarray([C.get_cache(n).object_size for n in spec.axis("cache").values])
+        return lut[cols["cache"]]
+    return cols["size"]
+
+
+def _build_workload(row: dict):
+    """(Topology, (Workload, RepLayout)) of one row: a uniform topology whose
+    highest-numbered ``memoryless_nodes`` nodes have no memory, and the workload kind built
+    on it with the parameters the row sets (those the kind takes)."""
+    from slabtune.model import workloads as W
+    from slabtune.model.topology import Topology
+
+    nodes = row.get("nodes") or 1
+    ml = row.get("memoryless_nodes") or 0
+    cpus = row["cpus"]
+    t = Topology.uniform(cpus, nodes, memoryless_nodes=memoryless_node_ids(nodes, ml),
+                         possible=max(row.get("possible") or 0, cpus))
+    kind = row["workload"]
+    accepted = W.spec_params(kind)
+    params = {}
+    for axis, (param, div) in WORKLOAD_PARAMS.items():
+        v = row.get(axis)
+        if v is None or param not in accepted:
+            continue
+        params[param] = bool(v) if param == "completion_remote" else (v / div if div > 1 else v)
+    return t, W.build(kind, t, **params)
+
+
+@functools.lru_cache(maxsize=1)
+def _default_cost():
+    from slabtune.model import cost as CO
+
+    text = resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
+    return CO.parse_cost_toml(text, "cost_default.toml")[0]
+
+
+@functools.lru_cache(maxsize=8)
+def _dynamics_fn(steps: int):
+    import jax
+
+    from slabtune.model import dynamics as D
+    from slabtune.model import metrics as M
+
+    configure_jax()
+
+    def run(seed, index, cfgs, cost, pcp, object_size):
+        base = jax.random.key(seed)
+        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
+        counters = D.simulate_batch(keys, cfgs, steps)
+        return jax.vmap(lambda cnt, cfg, pm, osz: M.compute(
+            cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
+                counters, cfgs, pcp, object_size)
+
+    return jax.jit(run)
+
+
 #: Registered evaluators by name.
 EVALUATORS: dict[str, Evaluator] = {"structural": Structural()}
+if _dynamics_available():
+    EVALUATORS["dynamics"] = Dynamics()
 
 
 def device_name() -> str:

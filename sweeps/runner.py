@@ -62,10 +62,12 @@ class Plan:
 
 
 def output_columns(spec: SweepSpec) -> list:
-    """``[(name, "int32"|"enum", categories|None)]``: axes in order, then the metrics."""
+    """``[(name, "int32"|"float32"|"enum", categories|None)]``: axes in order, then the
+    metrics."""
+    ev = EVALUATORS[spec.evaluator]
     cols = [(a.name, "int32", None) if a.kind is int else (a.name, "enum", list(a.values))
             for a in spec.axes]
-    cols += [(m, "int32", None) for m in spec.metrics]
+    cols += [(m, ev.metric_dtype(m), None) for m in spec.metrics]
     return cols
 
 
@@ -97,8 +99,10 @@ def frame(spec: SweepSpec, columns: dict) -> pl.DataFrame:
         else:
             cats = pl.Series(a.name, list(a.values), dtype=pl.Enum(list(a.values)))
             series.append(cats.gather(np.asarray(col, np.int64)))
+    ev = EVALUATORS[spec.evaluator]
     for m in spec.metrics:
-        series.append(pl.Series(m, columns[m], dtype=pl.Int32))
+        dtype = pl.Float32 if ev.metric_dtype(m) == "float32" else pl.Int32
+        series.append(pl.Series(m, columns[m], dtype=dtype))
     return pl.DataFrame(series)
 
 

@@ -8,6 +8,7 @@ A spec looks like::
     chunk_size = 4096               # configurations per chunk (one Ray task each)
     seed = 0
     metrics = ["order", "objs_per_slab"]   # optional; every metric when absent
+    steps = 2000                    # dynamics evaluator only: simulated steps per config
 
     [topology]                      # topology generator
     cpus = { logrange = [1, 8192], factor = 2 }
@@ -64,6 +65,9 @@ BUILTIN_SPECS: tuple[str, ...] = ("quick", "fleet", "seeds", "memoryless")
 MAX_SIZE = 2 * 1024 * 1024
 #: Largest chunk a spec may ask for.
 MAX_CHUNK = 1 << 22
+#: Simulated steps per configuration of a dynamics sweep ([sweep] steps).
+DEFAULT_STEPS = 2000
+MAX_STEPS = 1_000_000
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 
 
@@ -157,6 +161,7 @@ class SweepSpec:
     evaluator: str
     chunk_size: int
     seed: int
+    steps: int
     metrics: tuple[str, ...]
     axes: tuple[Axis, ...]
     exclude: tuple[Exclusion, ...]
@@ -186,6 +191,7 @@ class SweepSpec:
             "evaluator": self.evaluator,
             "chunk_size": self.chunk_size,
             "seed": self.seed,
+            "steps": self.steps,
             "metrics": list(self.metrics),
             "axes": [[a.name, "int" if a.kind is int else "str", list(a.values)] for a in self.axes],
             "exclude": [[list(t) if not isinstance(t[2], tuple) else [t[0], t[1], list(t[2])]
@@ -215,7 +221,8 @@ def from_dict(d: dict) -> SweepSpec:
         excl.append(Exclusion(tuple(ts)))
     return SweepSpec(
         name=d["name"], description=d.get("description", ""), evaluator=d["evaluator"],
-        chunk_size=int(d["chunk_size"]), seed=int(d["seed"]), metrics=tuple(d["metrics"]),
+        chunk_size=int(d["chunk_size"]), seed=int(d["seed"]),
+        steps=int(d.get("steps", DEFAULT_STEPS)), metrics=tuple(d["metrics"]),
         axes=axes, exclude=tuple(excl), defaults=tuple((k, v) for k, v in d["defaults"]),
     )
 
@@ -228,9 +235,17 @@ def builtin_path(name: str):
     return resources.files("slabtune.sweeps").joinpath(f"{name}.toml")
 
 
+def _is_builtin(name: str) -> bool:
+    """A bare name of a spec shipped in sweeps/ (the documented ones are BUILTIN_SPECS;
+    benchmark specs such as ``dynamics_bench`` live there too)."""
+    if not name or "/" in name or name.endswith(".toml") or name.startswith("."):
+        return False
+    return name in BUILTIN_SPECS or builtin_path(name).is_file()
+
+
 def load(spec: str) -> SweepSpec:
     """Load a spec from a path or a built-in name and validate it."""
-    if spec in BUILTIN_SPECS and not os.path.exists(spec):
+    if _is_builtin(spec) and not os.path.exists(spec):
         text = builtin_path(spec).read_text()
         where = f"{spec}.toml"
     else:
@@ -382,7 +397,7 @@ def validate(doc: dict) -> SweepSpec:
     sweep = doc.get("sweep")
     if not isinstance(sweep, dict):
         raise SpecError("sweep: missing [sweep] section")
-    known_sweep = {"name", "description", "evaluator", "chunk_size", "seed", "metrics"}
+    known_sweep = {"name", "description", "evaluator", "chunk_size", "seed", "metrics", "steps"}
     for key in sweep:
         if key not in known_sweep:
             raise SpecError(f"sweep.{key}: unknown key (allowed: {', '.join(sorted(known_sweep))})")
@@ -404,6 +419,11 @@ def validate(doc: dict) -> SweepSpec:
     seed = sweep.get("seed", 0)
     if not _is_int(seed) or not 0 <= seed < 2**32:
         raise SpecError(f"sweep.seed: must be an integer in 0..2**32-1, got {seed!r}")
+    steps = sweep.get("steps", DEFAULT_STEPS)
+    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
+        raise SpecError(f"sweep.steps: must be an integer in 1..{MAX_STEPS}, got {steps!r}")
+    if "steps" in sweep and not ev.uses_steps:
+        raise SpecError(f"sweep.steps: the {ev_name} evaluator simulates no steps")
     all_metrics = ev.metrics()
     metrics = sweep.get("metrics", list(all_metrics))
     if not isinstance(metrics, list) or not metrics:
@@ -449,7 +469,8 @@ def validate(doc: dict) -> SweepSpec:
     defaults = tuple((k, d.default) for k, d in schema.items()
                      if k not in names and d.default is not None)
     spec = SweepSpec(name=name, description=desc, evaluator=ev_name, chunk_size=chunk,
-                     seed=seed, metrics=tuple(metrics), axes=tuple(axes), exclude=exclude,
+                     seed=seed, steps=steps, metrics=tuple(metrics), axes=tuple(axes),
+                     exclude=exclude,
                      defaults=defaults)
     ev.check(spec)
     return spec

@@ -257,3 +257,93 @@ def test_terminal_progress_redraws_one_line():
 
 def test_eta_format():
     assert [format_eta(x) for x in (5, 75, 7300, float("nan"))] == ["5s", "1m15s", "2h01m", "?"]
+
+
+# --------------------------------------------------------------------------- dynamics
+
+DYN = """
+[sweep]
+name = "dyn"
+evaluator = "dynamics"
+chunk_size = 8
+seed = 7
+steps = 300
+
+[topology]
+cpus = [8]
+nodes = [2]
+memoryless_nodes = [0, 1]
+
+[cache]
+cache = ["maple_node", "kmalloc-256"]
+
+[kernel]
+profile = ["v6.1", "v7.0", "v7.1"]
+
+[workload]
+workload = ["local", "block_io"]
+"""
+
+needs_dynamics = pytest.mark.skipif("dynamics" not in __import__(
+    "slabtune.sweeps.evaluators", fromlist=["EVALUATORS"]).EVALUATORS,
+    reason="the dynamics model is not installed")
+
+
+def _in_process(spec) -> pl.DataFrame:
+    from slabtune.sweeps.dispatch import chunk_task
+
+    d = {**spec.to_dict(), "_hash": spec.hash}
+    return pl.concat([runner.frame(spec, chunk_task(d, i)["columns"])
+                      for i in range(G.n_chunks(spec))])
+
+
+@pytest.fixture(scope="module")
+def dyn_frame():
+    return _in_process(S.parse(DYN))
+
+
+@needs_dynamics
+def test_dynamics_rows_do_not_depend_on_chunking(dyn_frame):
+    other = _in_process(S.parse(DYN.replace("chunk_size = 8", "chunk_size = 5")))
+    assert dyn_frame.height == 24 and other.equals(dyn_frame)
+    assert dyn_frame.schema["ns_per_op"] == pl.Float32
+    assert dyn_frame.schema["order"] == pl.Int32
+
+
+@needs_dynamics
+def test_dynamics_shows_the_sheaves_memoryless_regression(dyn_frame):
+    """seed sheaves-cross-cpu-regression-2026: with CPUs on a memoryless node, v7.0 frees
+    of maple_node objects bypass the sheaves (remote frees); v7.1 lets them use sheaves."""
+    def one(**kw):
+        sel = dyn_frame.filter(cache="maple_node", workload="local", **kw)
+        assert sel.height == 1
+        return sel.row(0, named=True)
+
+    v70, v71 = one(memoryless_nodes=1, profile="v7.0"), one(memoryless_nodes=1, profile="v7.1")
+    assert v70["remote_frees_per_kop"] > 100 and v71["remote_frees_per_kop"] == 0
+    assert v70["free_fastpath_frac"] < 0.9 <= v71["free_fastpath_frac"]
+    assert v70["ns_per_op"] > 2 * v71["ns_per_op"]
+    assert one(memoryless_nodes=0, profile="v7.0")["remote_frees_per_kop"] == 0
+    no_sheaf = dyn_frame.filter(pl.col("sheaf_capacity") == 0)
+    assert no_sheaf.height > 0 and (no_sheaf["sheaf_bytes"] == 0).all()
+
+
+@needs_dynamics
+def test_dynamics_sweep_on_ray_matches_in_process(ray_local, dyn_frame, tmp_path):
+    res = runner.run_sweep(S.parse(DYN), tmp_path, progress=False)
+    assert store.open_run(res.run_dir).collect().equals(dyn_frame)
+
+
+def test_steps_belong_to_the_dynamics_evaluator():
+    with pytest.raises(S.SpecError, match="sweep.steps: the structural evaluator"):
+        S.parse(SMALL.replace("chunk_size = 100", "chunk_size = 100\nsteps = 10"))
+
+
+@needs_dynamics
+def test_dynamics_spec_names_a_workload_the_topology_cannot_run():
+    bad = DYN.replace("cpus = [8]", "cpus = [1, 8]").replace("nodes = [2]", "nodes = [1]") \
+        .replace("memoryless_nodes = [0, 1]", "memoryless_nodes = [0]") \
+        .replace('["local", "block_io"]', '["local", "producer_consumer"]')
+    with pytest.raises(S.SpecError, match=r"workload.producer_consumer: .*needs at least 2 "
+                                          r"CPUs \(at cpus=1"):
+        S.parse(bad, "bad.toml")

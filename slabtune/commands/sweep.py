@@ -47,7 +47,7 @@ def _load(ref: str):
     from slabtune.sweeps import spec as S
 
     spec = S.load(ref)
-    if ref in S.BUILTIN_SPECS:
+    if S._is_builtin(ref):
         import os
 
         if not os.path.exists(ref):

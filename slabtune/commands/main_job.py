@@ -23,12 +23,18 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "main", help="run the whole pipeline on embedded defaults (README's first command)",
         description="Check the model against this host's kernel, run the built-in quick sweep "
-                    "on an in-process Ray and print its slab orders; every file written is "
-                    "listed at the end.")
+                    "on an in-process Ray and print its slab orders, run the built-in "
+                    "tune_quick Optuna study (SQLite in the run directory), print its Pareto "
+                    "front, draw it, and export the chosen policy's boot parameters; every "
+                    "file written is listed at the end.")
     p.add_argument("--out", default="runs", metavar="DIR",
                    help="directory for run outputs (default: ./runs)")
     p.add_argument("--ray-address", metavar="ADDR", default=os.environ.get("RAY_ADDRESS"),
                    help="join this Ray cluster instead of starting one in-process")
+    p.add_argument("--trials", type=int, default=256, metavar="N",
+                   help="trials of the quick study (default 256)")
+    p.add_argument("--batch", type=int, default=64, metavar="B",
+                   help="trials evaluated per vectorised model call (default 64)")
     p.set_defaults(func=run)
 
 
@@ -84,8 +90,84 @@ def order_table(run_dir: Path) -> str:
     return "\n".join(out)
 
 
+def pick_candidate(rep: dict, deployable=lambda point: True) -> dict | None:
+    """The Pareto point to export.
+
+    Users leave with boot parameters and sysfs values they can apply today, so points that
+    ``deployable`` rejects (they need a kernel change) come last.  Among the rest: the
+    fastest point that holds no more memory than the baseline, else the fastest one.
+    ``None`` for an empty front.
+    """
+    points = rep["points"]
+    if not points:
+        return None
+    base_mem = rep["baseline"]["memory"]
+    return min(points, key=lambda p: (not deployable(p), p["memory"] > base_mem, p["time"],
+                                      p["memory"], p["trial"]))
+
+
+def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
+    """Stages 3-6: the quick study, its Pareto table, a chart, the exported policy."""
+    import datetime as _dt
+
+    from slabtune.results import charts as CH
+    from slabtune.results import export as X
+    from slabtune.results import pareto as PR
+    from slabtune.tuner import study as ST
+
+    spec = ST.load_spec("tune_quick")
+    name = f"main-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out / name
+    t0 = _stage(3, f"tuning: {trials} trials of the built-in 'tune_quick' study, "
+                   f"{batch} per model call, SQLite storage in {run_dir}")
+    runner, url = ST.create_or_resume(spec, name, None, run_dir)
+    done = 0
+    while done < trials:
+        k = min(batch, trials - done)
+        done += runner.run(k, batch)
+        print(f"    progress: {done}/{trials} trials, "
+              f"{len(runner.study.best_trials)} on the Pareto front", flush=True)
+    written.append(("Optuna study (SQLite)", run_dir / ST.DB_NAME))
+    _done(t0, f"study {name} in {url}")
+
+    _stage(4, "Pareto front of memory overhead against modelled time per operation")
+    rep = PR.study_pareto(runner.study)
+    print(PR.format_table(rep))
+
+    t0 = _stage(5, "drawing the Pareto front")
+    chart = CH.pareto_chart(PR.all_points(runner.study), rep["baseline"],
+                            title=f"{name}: memory against time per op")
+    for suffix in ("html", "png"):
+        written.append((f"Pareto chart ({suffix})", CH.save(chart, run_dir / f"pareto.{suffix}")))
+    _done(t0, "chart written")
+
+    t0 = _stage(6, "exporting the chosen policy's boot parameters")
+    cands = {p["trial"]: ST.candidate(runner.study, p["trial"]) for p in rep["points"]}
+    chosen = pick_candidate(rep, lambda p: not X.kernel_change_notes(cands[p["trial"]]))
+    if chosen is None:
+        _done(t0, "no Pareto point to export")
+        return
+    cand = cands[chosen["trial"]]
+    for fmt, fname in (("cmdline", "cmdline.txt"), ("grub", "99-slabtune.cfg"),
+                       ("tmpfiles", "slabtune.conf"), ("json", "report.json")):
+        path = run_dir / fname
+        path.write_text(X.render(cand, fmt))
+        written.append((f"export ({fmt})", path))
+    print("    kernel command line: " + (run_dir / "cmdline.txt").read_text().strip())
+    for line in X.kernel_change_notes(cand):
+        print(f"    {line}")
+    _done(t0, f"trial {chosen['trial']}: memory {chosen['memory']:.4g}, time {chosen['time']:.4g} "
+              f"(baseline {rep['baseline']['memory']:.4g}, {rep['baseline']['time']:.4g})")
+
+
 def run(args) -> int:
+    from slabtune.errors import SlabtuneError
     from slabtune.sweeps import runner, spec as sweep_spec
+
+    if args.trials < 1:
+        raise SlabtuneError(f"--trials: {args.trials} must be at least 1")
+    if args.batch < 1:
+        raise SlabtuneError(f"--batch: {args.batch} must be at least 1")
 
     out = Path(args.out)
     written: list[tuple[str, Path]] = []
@@ -107,6 +189,8 @@ def run(args) -> int:
     _done(t0, f"{res.rows} configurations in {res.run_dir}")
     print()
     print(order_table(res.run_dir))
+
+    tune_and_export(out, args.trials, args.batch, written)
 
     print("wrote:")
     for what, path in written:

@@ -340,3 +340,56 @@ def test_top_k_candidates_from_a_study():
         assert all(S.KNOBS[k].reach != "boot" for k in c.knobs)
     with pytest.raises(SlabtuneError, match="--top"):
         V.candidates_from_study(runner.study, 0)
+
+
+_NATIVE_WHY = V.native_available()
+needs_native = pytest.mark.skipif(_NATIVE_WHY is not None,
+                                  reason=f"native target unavailable ({_NATIVE_WHY})")
+
+NATIVE_SPEC = SMALL_SPEC + """
+[[fleet.topology]]
+name = "smp-2"
+cpus = 2
+
+[validate.native]
+cache = "kmalloc-512"
+steps = 400
+workload = { kind = "local", live = 32, burst = 16 }
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@needs_native
+def test_native_rows_and_speed_figures(ray_local, tmp_path):
+    """Baseline and one candidate whose sysfs knobs reach the native allocator, on two
+    topologies: fast-path fractions from the binary's counters against the model's, the
+    measured ns per op beside the modelled one, and the report's native figures."""
+    spec = V.parse_spec(NATIVE_SPEC, "native")
+    cands = V.parse_candidates({"candidate": [
+        {"id": "mp", "boot": {"slub_max_order": 1},
+         "knobs": {"min_partial_lo": 1, "min_partial_hi": 1, "cpu_partial_256": 8,
+                   "order_objects_mul": 2}}]}, "t")
+    res = V.validate(cands, spec, ("native",), out_dir=tmp_path / "runs")
+    assert res.tasks == 4 and res.failed == 0
+    run = store.open_run(res.run_dir)
+    rows = run.collect()
+    assert set(rows["field"]) == {"native_cost", "alloc_fastpath_pct", "free_fastpath_pct"}
+    mp = rows.filter(pl.col("candidate") == "mp")
+    applied = json.loads(mp["applied"][0])
+    # kmalloc-512: min_partial clamp(ilog2(512) / 2, 1, 1) = 1; cpu_partial 8 objects
+    assert applied["applied"] == {"slub_max_order": 1, "min_partial": 1, "cpu_partial": 8}
+    assert applied["not_applied"] == {"order_objects_mul": 2}
+    for r in rows.iter_rows(named=True):
+        assert r["measured"] >= 0 and r["predicted"] >= 0
+        if r["field"].endswith("_pct"):
+            assert 0 <= r["measured"] <= 100 and 0 <= r["predicted"] <= 100
+    rep = R.report(run)
+    assert rep["speed_source"] == "native"
+    cost = rows.filter(pl.col("field") == "native_cost")
+    assert rep["spearman_time"] == pytest.approx(
+        R.spearman(cost["predicted"].to_list(), cost["measured"].to_list()))
+    fp = rows.filter(pl.col("field").str.ends_with("_pct"))
+    assert rep["native_fastpath_max_abs_diff_pp"] == pytest.approx(
+        max(abs(p - m) for p, m in zip(fp["predicted"], fp["measured"])))
+    assert rep["structural_match_rate"] is None and rep["median_mem_rel_err"] is None

@@ -31,7 +31,16 @@ Targets (DESIGN.md section 6):
   own command line, so only the ``baseline`` candidate runs here, on topology ``host``;
   structural rows as for a guest (the host's profile and boot parameters).
 
-* ``native``: :mod:`slabtune.tuner.native` (the userspace allocator), when importable.
+* ``native``: :mod:`slabtune.tuner.native`, the userspace allocator, run with the spec's
+  ``[validate.native]`` cache and model workload (``sweeps/simconfig.py`` kinds) on each
+  topology.  A candidate's boot parameters and its per-cache ``min_partial`` and
+  ``cpu_partial`` (what its sysfs knobs give that cache, from
+  :func:`slabtune.tuner.objectives.cache_values`) are applied; kernel-only knobs are listed
+  as not applied.  The model's side (:func:`slabtune.sweeps.simulate.run`: structure,
+  dynamics, metrics) is computed in the driver in one batch for every pair and travels
+  with the task.  Rows: ``native_cost`` (modelled against measured ns per alloc+free
+  pair), ``alloc_fastpath_pct`` and ``free_fastpath_pct`` (model against the binary's
+  counters, reps weighted by the CPUs they stand for).
 
 Infrastructure failures are retried at two levels: a guest boot that times out, panics or
 loses its end marker is rebooted (``[validate] retries``), and a task whose worker dies or
@@ -271,6 +280,8 @@ class ValidateSpec:
     retries: int = 1
     memory_mib: int = 512
     accel: str = "auto"
+    #: [validate.native]: cache name, workload table (simconfig kinds), steps, seed.
+    native: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def topology(self, name: str) -> Topology:
         for t in self.fleet.topologies:
@@ -303,7 +314,7 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
     v = doc.get("validate", {})
     if not isinstance(v, Mapping):
         raise SlabtuneError(f"--topologies {name}: validate: expected a table")
-    bad = set(v) - {"timeout_s", "retries", "memory_mib", "accel", "workload"}
+    bad = set(v) - {"timeout_s", "retries", "memory_mib", "accel", "workload", "native"}
     if bad:
         raise SlabtuneError(f"validate.{sorted(bad)[0]}: unknown field")
     timeout = v.get("timeout_s", 180.0)
@@ -337,7 +348,36 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
             G.topology_qemu_args(t.topology, mem)
         except SlabtuneError as err:
             raise SlabtuneError(f"fleet.topology {t.name}: {err}") from None
-    return ValidateSpec(name, text, fleet, tuple(wls), float(timeout), retries, mem, accel)
+    native = _parse_native(v.get("native", {}), fleet)
+    return ValidateSpec(name, text, fleet, tuple(wls), float(timeout), retries, mem, accel,
+                        native)
+
+
+NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,
+                   "workload": {"kind": "local", "live": 64, "burst": 32}}
+
+
+def _parse_native(tab: Any, fleet) -> dict:
+    """``[validate.native]``: which cache of the fleet the native allocator runs, the model
+    workload driving it (a sweeps/simconfig.py ``[workload]`` table), steps and seed."""
+    if not isinstance(tab, Mapping):
+        raise SlabtuneError("validate.native: expected a table")
+    bad = set(tab) - set(NATIVE_DEFAULTS)
+    if bad:
+        raise SlabtuneError(f"validate.native.{sorted(bad)[0]}: unknown field")
+    out = {**NATIVE_DEFAULTS, **dict(tab)}
+    names = [c.name for c in fleet.caches]
+    if out["cache"] not in names:
+        raise SlabtuneError(f"validate.native.cache: {out['cache']!r} is not a cache of the "
+                            f"fleet's workloads ({', '.join(names)})")
+    for k, lo, hi in (("steps", 1, 1_000_000), ("seed", 0, (1 << 32) - 1)):
+        val = out[k]
+        if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
+            raise SlabtuneError(f"validate.native.{k}: {val!r} is outside {lo}..{hi}")
+    if not isinstance(out["workload"], Mapping) or "kind" not in out["workload"]:
+        raise SlabtuneError("validate.native.workload: expected a table with kind")
+    out["workload"] = dict(out["workload"])
+    return out
 
 
 def load_spec(ref: str) -> ValidateSpec:
@@ -358,14 +398,14 @@ def load_spec(ref: str) -> ValidateSpec:
 
 def native_available() -> str | None:
     """None when the native allocator can run here, else why not."""
-    if run_native_task is _native_not_wired:
-        return "the native target is not wired in this build"
-    try:
-        import importlib
+    import importlib
 
-        importlib.import_module("slabtune.tuner.native")
-    except ImportError as err:
-        return f"tuner/native.py is not available ({err})"
+    for mod in ("slabtune.tuner.native", "slabtune.sweeps.simconfig", "slabtune.sweeps.simulate",
+                "slabtune.model.metrics"):
+        try:
+            importlib.import_module(mod)
+        except ImportError as err:
+            return f"{mod} is not available ({err})"
     if shutil.which("gcc") is None:
         return "gcc is not installed"
     return None
@@ -455,6 +495,15 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
         why = native_available()
         if why is not None:
             raise SlabtuneError(f"--target native: {why}")
+        from slabtune.sweeps import simconfig as SC
+
+        for c in cands:
+            for t in spec.fleet.topologies:
+                try:
+                    sim = SC.parse_doc(native_doc(spec, c, t.name)[0])
+                    _check_workload(sim)
+                except SlabtuneError as err:
+                    raise SlabtuneError(f"candidate {c.id} (native, {t.name}): {err}") from None
     return info
 
 
@@ -646,12 +695,99 @@ def run_host_task(task: dict) -> list[dict]:
     return rows
 
 
-def _native_not_wired(task: dict) -> list[dict]:
-    """Placeholder until the native target is wired (see the module docstring)."""
-    raise SlabtuneError("native target: not wired in this build")
+def _check_workload(sim) -> None:
+    """Build the native pair's model workload once, so a kind that cannot run on a topology
+    (producer_consumer on one CPU) is refused before anything starts."""
+    from slabtune.model import workloads as W
+
+    try:
+        W.build(sim.workload_kind, sim.topology, **sim.workload_params)
+    except W.WorkloadError as err:
+        raise SlabtuneError(f"validate.native.workload: {err}") from None
 
 
-run_native_task = _native_not_wired
+def native_doc(spec: ValidateSpec, cand: Candidate, topology_name: str) -> tuple[dict, dict]:
+    """The sweeps/simconfig.py document of one native (candidate, topology) pair, and what
+    of the candidate it applies and leaves out."""
+    from slabtune.tuner import objectives as O
+    from slabtune.tuner.space import KNOBS
+
+    nat = spec.native
+    t = spec.topology(topology_name)
+    prof = spec.fleet.profile
+    per_cache = O.cache_values(spec.fleet, cand.params())[nat["cache"]]
+    params: dict[str, int] = {k: int(v) for k, v in cand.boot.items()}
+    applied = dict(params)
+    searched = set(cand.knobs)
+    if searched & {"min_partial_divisor", "min_partial_lo", "min_partial_hi"}:
+        params["min_partial"] = applied["min_partial"] = per_cache["min_partial"]
+    if prof.has_cpu_partial and searched & {"cpu_partial_page", "cpu_partial_1k",
+                                            "cpu_partial_256", "cpu_partial_small"}:
+        params["cpu_partial"] = applied["cpu_partial"] = per_cache["cpu_partial"]
+    left = {k: v for k, v in cand.knobs.items() if KNOBS[k].reach == "kernel"}
+    topo = {"cpus": t.present, "nodes": t.nodes, "node_cpus": list(t.node_cpus),
+            "memoryless_nodes": list(t.memoryless_nodes), "possible": t.possible,
+            "online": t.online}
+    doc = {"topology": topo, "cache": {"name": nat["cache"]},
+           "policy": {"profile": prof.name, "params": params},
+           "workload": dict(nat["workload"]), "run": {"steps": nat["steps"], "seed": nat["seed"]}}
+    return doc, {"applied": applied, "not_applied": left}
+
+
+def native_predictions(tasks: Sequence[dict], spec: ValidateSpec) -> None:
+    """Fill ``task["native"]`` of every native task with its simconfig document and the
+    model's metrics for it, simulated in one batch (one compilation)."""
+    from slabtune.sweeps import simconfig as SC
+    from slabtune.sweeps import simulate as SIM
+
+    todo = [t for t in tasks if t["target"] == "native"]
+    if not todo:
+        return
+    docs = []
+    for t in todo:
+        doc, applied = native_doc(spec, Candidate.from_json(t["candidate"]), t["topology"])
+        try:
+            SC.parse_doc(doc)
+        except SlabtuneError as err:
+            raise SlabtuneError(f"candidate {t['candidate']['id']} (native): {err}") from None
+        docs.append((doc, applied))
+    cost, _ = SC.load_cost()
+    preds = SIM.run([SC.parse_doc(d) for d, _ in docs], cost)
+    for t, (doc, applied), pred in zip(todo, docs, preds):
+        t["native"] = {"doc": doc, "applied": applied,
+                       "model": {k: pred[k] for k in ("ns_per_op", "alloc_fastpath_frac",
+                                                      "free_fastpath_frac", "order",
+                                                      "objs_per_slab", "min_partial",
+                                                      "cpu_partial")}}
+
+
+def run_native_task(task: dict) -> list[dict]:
+    """Run the native allocator for one pair and store it beside the model's metrics."""
+    from slabtune.sweeps import simconfig as SC
+    from slabtune.tuner import native as N
+
+    nat = task["native"]
+    sim = SC.parse_doc(nat["doc"])
+    cfg = N.config_for_spec(sim)
+    t0 = time.monotonic()
+    try:
+        res = N.run(cfg, timeout=float(task.get("timeout_s") or 300.0))
+    except N.NativeError as err:
+        return failed_rows(task, str(err), seconds=time.monotonic() - t0)
+    fa, ff = N.fastpath_fractions(res, cfg.rep_weight)
+    m = nat["model"]
+    common = {"accelerator": "native", "attempts": 1, "seconds": time.monotonic() - t0,
+              "applied": json.dumps(nat["applied"], sort_keys=True), "profile": sim.profile.name,
+              "cache": sim.cache.name, "comparable": True,
+              "note": f"{res.threads} threads, {nat['doc']['run']['steps']} steps"}
+    return [
+        _row(task, **common, field="native_cost", predicted=float(m["ns_per_op"]),
+             measured=float(res.ns_per_op), unit="ns per alloc+free pair"),
+        _row(task, **common, field="alloc_fastpath_pct",
+             predicted=100.0 * float(m["alloc_fastpath_frac"]), measured=100.0 * fa, unit="%"),
+        _row(task, **common, field="free_fastpath_pct",
+             predicted=100.0 * float(m["free_fastpath_frac"]), measured=100.0 * ff, unit="%"),
+    ]
 
 
 _RUNNERS = {"guest": run_guest_task, "host": run_host_task, "native": run_native_task}
@@ -753,9 +889,11 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
                             "resource (start workers with --resources='{\"qemu\": 1}')")
     remote = ray.remote(max_retries=MAX_RETRIES,
                         retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
+    tds = [_task_dict(t, spec, timeout_s) for t in tasks]
+    native_predictions(tds, spec)
     refs = {}
-    for t in tasks:
-        td = _task_dict(t, spec, timeout_s)
+    for td in tds:
+        t = tasks[td["index"]]
         opts = (_guest_options(td, spec, use_qemu, node_cpus) if t.target == "guest"
                 else {"num_cpus": 1})
         refs[remote.options(**opts).remote(td)] = td

@@ -1,0 +1,101 @@
+"""Charts: valid PNG (magic bytes and a decodable size), HTML with Vega inlined (no CDN),
+SVG; order heatmap data against the scalar kernel reference."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import polars as pl
+import pytest
+
+from _tune_helpers import assert_clean_error, quick_study, run_cli, workdir
+from slabtune.errors import SlabtuneError
+from slabtune.model import profiles as P
+from slabtune.model import reference as R
+from slabtune.results import charts as CH
+from slabtune.results import pareto as PR
+from slabtune.tuner import objectives as O
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from the IHDR chunk, checking its CRC."""
+    assert data[:8] == PNG_MAGIC
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    body = data[16:29]
+    (crc,) = struct.unpack(">I", data[29:33])
+    assert zlib.crc32(kind + body) == crc
+    w, h = struct.unpack(">II", body[:8])
+    assert data.rstrip(b"\x00")[-8:-4] == b"IEND"
+    return w, h
+
+
+def assert_offline_html(text: str) -> None:
+    assert "vega-lite" in text.lower() and "vegaEmbed" in text
+    assert "cdn.jsdelivr" not in text and "https://cdn" not in text
+    assert "<script src=" not in text
+
+
+def test_pareto_chart_png_html_svg(tmp_path):
+    study, _url, _runner = quick_study()
+    rep = PR.study_pareto(study)
+    chart = CH.pareto_chart(PR.all_points(study), rep["baseline"])
+    png = CH.save(chart, tmp_path / "front.png").read_bytes()
+    w, h = png_size(png)
+    assert w > 300 and h > 200
+    assert_offline_html(CH.save(chart, tmp_path / "front.html").read_text())
+    svg = CH.save(chart, tmp_path / "front.svg").read_text()
+    assert svg.lstrip().startswith("<svg") and "baseline (default policy)" in svg
+
+
+def test_order_grid_matches_the_reference():
+    prof = P.get_profile("v6.18")
+    cpus, sizes = [1, 4, 64, 1024, 8192], [8, 192, 256, 1024, 4096, 8192]
+    params = {"slub_max_order": 2, "slub_min_objects": 0}
+    g = O.order_grid(prof, params, cpus, sizes)
+    for c, s, o, n in zip(g["cpus"], g["size"], g["order"], g["objs_per_slab"]):
+        nr = R.order_nr_cpus(c, c, c, prof, False)
+        assert o == R.slab_order(s, nr, prof, 0, 2, 0), (c, s)
+        assert n == R.objects_per_slab(s, o, prof)
+    chart = CH.orders_heatmap(pl.DataFrame(g))
+    path = CH.save(chart, workdir() / "orders.png")
+    assert png_size(path.read_bytes())[0] > 100
+
+
+def test_fleet_chart_svg(tmp_path):
+    study, _url, _runner = quick_study()
+    rep = PR.study_pareto(study)
+    trials = [p["trial"] for p in rep["points"][:2]]
+    df = CH.gains_frame(rep, trials)
+    assert df.height == 2 * len(rep["topologies"]) * 2
+    svg = CH.save(CH.fleet_chart(df), tmp_path / "fleet.svg").read_text()
+    assert "<svg" in svg and "laptop-8" in svg
+
+
+def test_bad_chart_suffix():
+    with pytest.raises(SlabtuneError, match="unknown chart format"):
+        CH.save(CH.orders_heatmap(pl.DataFrame({"cpus": [1], "size": [8], "order": [0]})),
+                workdir() / "x.gif")
+
+
+def test_cli_plot_all_three(tmp_path):
+    _study, url, _runner = quick_study()
+    p = run_cli("plot", "pareto", "--study", "quick", "--storage", url, "--out",
+                str(tmp_path / "p.html"))
+    assert p.returncode == 0, p.stderr
+    assert_offline_html((tmp_path / "p.html").read_text())
+    p = run_cli("plot", "orders", "--profile", "v6.1", "--cpus", "1,8,64", "--sizes", "64,4096",
+                "--out", str(tmp_path / "o.png"))
+    assert p.returncode == 0, p.stderr
+    png_size((tmp_path / "o.png").read_bytes())
+    p = run_cli("plot", "fleet", "--study", "quick", "--storage", url, "--out",
+                str(tmp_path / "f.png"))
+    assert p.returncode == 0, p.stderr
+    png_size((tmp_path / "f.png").read_bytes())
+    assert_clean_error(run_cli("plot", "orders", "--cpus", "0,9", "--out", str(tmp_path / "o.png")),
+                       "--cpus")
+    assert_clean_error(run_cli("plot", "pareto", "--study", "quick", "--storage", url, "--out",
+                               str(tmp_path / "p.jpeg")), "unknown chart format")

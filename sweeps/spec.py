@@ -37,6 +37,12 @@ a scalar, a list, ``{range = [a, b], step = s}`` or ``{logrange = [a, b], factor
 ``{logrange = [a, b], num = n}`` (geometric, rounded, duplicates dropped).  String axes
 accept group names: ``cache = "kmalloc" | "named" | "all"``, ``profile = "all"``.
 
+Evaluators add axes (see :mod:`slabtune.sweeps.evaluators`): the ``dynamics`` evaluator
+needs ``[workload] workload = [...]`` (local, producer_consumer, request_response,
+block_io) and takes workload parameters as axes (``live``, ``depth``, ``threads``,
+``burst``, ``completion_remote``, and probabilities in percent: ``alloc_prob_pct``,
+``cross_node_pct``, ``irq_free_pct``); ``[sweep] steps`` sets its simulated steps.
+
 Any mistake raises :class:`SpecError` with one line naming the field and the reason.  This
 module never imports JAX.
 """

@@ -16,10 +16,11 @@ What a representative CPU ``r`` pays per operation (one alloc or one free)::
 ``A[r, l]`` is rep ``r``'s acquisitions per op of lock class ``l`` (a node's list_lock, a
 node's barn lock, a zone lock), ``line_{r,l}`` the transfer of the lock's cache line to the
 acquiring CPU (local or cross-node), ``W_l`` the queueing wait.  Contention is M/M/1 on each
-lock: with ``lambda_l = sum_r weight_r * A[r, l] / t_r / m_l`` acquisitions per ns on each of
-the ``m_l`` real locks of the class, ``rho_l = lambda_l * hold_l`` and
-``W_l = hold_l * rho_l / (1 - rho_l)``, less the CPU's own share of ``rho_l`` in the
-numerator (a CPU never queues behind itself).  ``t_r`` depends on ``W`` and ``W`` on ``t_r``; the
+lock, whose service time is ``hold_l + line_{r,l}``: with ``lambda_l`` acquisitions per ns
+on each of the ``m_l`` real locks of the class (rep ``r``'s CPUs contribute
+``weight_r * A[r, l]`` per op), ``rho_l = sum_r lambda_{r,l} * (hold_l + line_{r,l})`` and
+``W_l = s_l * rho_l / (1 - rho_l)`` with ``s_l`` the mean service time, less the CPU's own
+share of ``rho_l`` in the numerator (a CPU never queues behind itself).  ``t_r`` depends on ``W`` and ``W`` on ``t_r``; the
 fixed point is found by bisection on each lock's utilisation in turn (the map from ``rho``
 to ``rho'`` is decreasing, so plain iteration would oscillate), static rounds for ``jit``.  Near saturation
 the fixed point gives each lock a throughput just under ``1 / hold``: the machine slows to
@@ -227,12 +228,13 @@ def mm1_wait(hold, rho, rho_max):
     return hold * rho / (1.0 - rho)
 
 
-def wait_excluding_own(hold, rho, own, rho_max):
-    """M/M/1 wait of one CPU: hold * rho_others / (1 - rho), where rho_others = rho - own
-    leaves out the CPU's own share ``own`` (shape (R, L)); a lone CPU never waits."""
+def wait_excluding_own(service, rho, own, rho_max):
+    """M/M/1 mean wait of one CPU: service * rho_others / (1 - rho), where rho_others =
+    rho - own leaves out the CPU's own share ``own`` (shape (R, L)) and ``service`` (L,) is
+    the lock's mean service time; a lone CPU never waits."""
     rho = jnp.clip(rho, 0.0, rho_max)[None, :]
     others = jnp.clip(rho - own, 0.0, rho)
-    return hold[None, :] * others / (1.0 - rho)
+    return service[None, :] * others / (1.0 - rho)
 
 
 class Solution(NamedTuple):
@@ -256,6 +258,11 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
     locks per class (arrivals spread evenly over them).  ``duty`` (R,): ops per simulated
     step of each rep (default 1).
 
+    Service: a CPU holds the lock for ``hold`` plus the transfer of the lock's line (and the
+    list it guards) to it, ``hold + line``; CPUs across the interconnect therefore lower
+    the lock's capacity for everyone, which is how a memory node's lock becomes the
+    bottleneck of CPUs on memoryless nodes.
+
     Pacing: the reps of a workload are coupled (a receiver frees what a sender allocated),
     so the machine advances one simulated step in ``tau = max_r duty_r * t_r`` ns and rep
     ``r`` does ``duty_r / tau`` ops per ns; with one rep, or equal reps, that is ``1 / t``.
@@ -275,26 +282,32 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
     duty = jnp.ones_like(base) if duty is None else jnp.asarray(duty, _F32)
     active = weight > 0
     mult = jnp.maximum(jnp.asarray(multiplicity, _F32), 1.0)
-    fixed = base + jnp.sum(acq * (hold[None, :] + line), axis=1)
+    service = hold[None, :] + line
+    fixed = base + jnp.sum(acq * service, axis=1)
     n_locks = hold.shape[-1]
+    # Mean service time of each lock over its arrivals (rates all scale with 1 / tau).
+    flow = jnp.where(active, weight * duty, 0.0)[:, None] * acq
+    mean_service = jnp.where(jnp.sum(flow, axis=0) > 0,
+                             jnp.sum(flow * service, axis=0)
+                             / jnp.maximum(jnp.sum(flow, axis=0), 1e-30), hold)
 
     def pace(t):
         return jnp.maximum(jnp.max(jnp.where(active, duty * t, 0.0)), 1e-3)
 
     # A CPU does not queue behind itself: its own share of a lock's utilisation (bounded
     # above by its share when nobody waits) is taken out of the queue it sees.
-    own = acq * hold[None, :] * (duty / pace(fixed))[:, None]
+    own = acq * service * (duty / pace(fixed))[:, None]
 
     def waits(rho):
-        return wait_excluding_own(hold, rho, own, rho_max)
+        return wait_excluding_own(mean_service, rho, own, rho_max)
 
     def times(rho):
         return fixed + jnp.sum(acq * waits(rho), axis=1)
 
     def utilisation(t):
         rate = duty / pace(t)
-        lam = jnp.sum(weight[:, None] * acq * rate[:, None], axis=0) / mult
-        return jnp.minimum(lam * hold, rho_max)
+        busy = jnp.sum(weight[:, None] * acq * service * rate[:, None], axis=0) / mult
+        return jnp.minimum(busy, rho_max)
 
     def solve_one(rho, l):
         def bisect(_, bracket):

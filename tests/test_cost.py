@@ -122,7 +122,8 @@ def test_two_coupled_locks_converge():
     t = np.asarray(s.t)
     tau = t.max()  # both reps do one op per step: the slower sets the pace
     assert float(s.tau) == pytest.approx(tau)
-    rho = (np.array([20.0, 30.0])[:, None] * np.asarray(acq) / tau).sum(0) * np.asarray(hold)
+    service = np.asarray(hold)[None, :] + np.asarray(line)
+    rho = (np.array([20.0, 30.0])[:, None] * np.asarray(acq) * service / tau).sum(0)
     np.testing.assert_allclose(rho, np.asarray(s.rho), rtol=2e-3)
     assert float(s.throughput) == pytest.approx(50.0 / tau, rel=1e-5)
 
@@ -137,6 +138,17 @@ def test_idle_steps_lower_a_reps_arrivals():
     assert float(full.rho[0]) == pytest.approx(8 * 80.0 / 2000.0, rel=1e-3)
     assert float(half.rho[0]) == pytest.approx(4 * 80.0 / 2000.0, rel=1e-3)
     assert float(half.t[1]) < float(full.t[1])
+
+
+def test_remote_holders_lower_a_locks_capacity():
+    # 64 CPUs on one lock: when the line crosses the interconnect on every acquisition the
+    # lock serves 1 / (hold + line) acquisitions per ns instead of 1 / (hold + local line).
+    def run(line):
+        return C.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
+                       jnp.full((1, 1), line), jnp.array([64.0]), jnp.array([1.0]), 0.999999)
+    near, far = run(40.0), run(150.0)
+    assert float(near.throughput) * 120.0 == pytest.approx(1.0, rel=0.02)
+    assert float(far.throughput) * 230.0 == pytest.approx(1.0, rel=0.02)
 
 
 def test_solve_vmaps_over_configurations():

@@ -1,0 +1,243 @@
+"""Metrics of one simulated configuration: from per-rep counters to machine-wide figures.
+
+The dynamics core (:mod:`slabtune.model.dynamics`) counts what each representative CPU
+("rep") did; a rep stands for ``rep_weight`` real CPUs, so machine-wide rates weight every
+rep's counts by its weight.  This module turns those counts into
+
+* fast-path fractions of allocations and frees, slow-path and remote-free rates;
+* page-allocator calls (slab allocations and frees) per 1000 operations, by order;
+* list_lock, barn and zone lock acquisitions per 1000 operations and their modelled
+  contention (utilisation and wait, from :func:`slabtune.model.cost.solve`);
+* memory held in slab pages, split into what holds live objects, empty slabs kept on the
+  node partial lists (min_partial), per-CPU partial slabs, objects parked in sheaves and
+  barns, and the overhead over live object bytes;
+* modelled ns per alloc+free pair and the machine's throughput.
+
+Pure ``jax.numpy`` on one configuration (vmap it for a batch).
+
+Scaling node gauges: the simulation runs one node per node class, fed by the reps whose
+memory node it is.  Slabs that follow the CPUs (in use, per-CPU slabs) scale with the real
+CPUs those reps stand for; the empty slabs a node keeps (min_partial) and the sheaves its
+barn holds are per node and scale with the class's real node count.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from slabtune.model import cost as C
+from slabtune.model import profiles as P
+
+_F32 = jnp.float32
+#: Orders reported in ``page_allocs_per_kop_by_order`` (0..MAX_PAGE_ORDER).
+N_ORDERS = P.MAX_PAGE_ORDER + 1
+#: Lock kinds, in the order of the lock-class axis (kind-major, then node class).
+LOCK_KINDS = ("list_lock", "barn", "zone")
+
+
+class Metrics(NamedTuple):
+    """Machine-wide metrics of one configuration (float32 scalars unless noted)."""
+
+    alloc_fastpath_frac: jnp.ndarray
+    free_fastpath_frac: jnp.ndarray
+    alloc_slowpath_per_kop: jnp.ndarray
+    free_slowpath_per_kop: jnp.ndarray
+    remote_frees_per_kop: jnp.ndarray
+    slab_allocs_per_kop: jnp.ndarray
+    slab_frees_per_kop: jnp.ndarray
+    page_allocs_per_kop_by_order: jnp.ndarray   # (N_ORDERS,)
+    list_lock_per_kop: jnp.ndarray
+    list_lock_remote_per_kop: jnp.ndarray
+    barn_lock_per_kop: jnp.ndarray
+    zone_lock_per_kop: jnp.ndarray
+    list_lock_rho: jnp.ndarray                  # busiest node's list_lock utilisation
+    barn_lock_rho: jnp.ndarray
+    zone_lock_rho: jnp.ndarray
+    list_lock_wait_ns: jnp.ndarray              # mean wait per list_lock acquisition
+    memory_bytes: jnp.ndarray
+    live_bytes: jnp.ndarray
+    inuse_slab_bytes: jnp.ndarray
+    empty_kept_bytes: jnp.ndarray
+    cpu_partial_bytes: jnp.ndarray
+    sheaf_bytes: jnp.ndarray
+    barn_bytes: jnp.ndarray
+    overhead_frac: jnp.ndarray
+    ns_per_op: jnp.ndarray                      # allocator ns per alloc+free pair
+    total_ns_per_op: jnp.ndarray                # the same with the workload's own work
+    throughput_ops_per_us: jnp.ndarray          # machine-wide allocator ops per us
+    alloc_throughput_per_us: jnp.ndarray        # machine-wide allocations per us
+    fixed_point_residual: jnp.ndarray
+
+
+def _f(x):
+    return jnp.asarray(x, _F32)
+
+
+def _safe_div(a, b):
+    b = _f(b)
+    return jnp.where(b > 0, _f(a) / jnp.where(b > 0, b, 1.0), 0.0)
+
+
+def per_op(counters, name):
+    """A counter per operation of each rep (0 for a rep that did nothing), shape (R,)."""
+    return _safe_div(getattr(counters, name), counters.ops)
+
+
+def op_rates(counters, sheaf_capacity) -> C.OpRates:
+    """Per-op event rates of each rep, in the terms the cost model charges."""
+    g = lambda n: per_op(counters, n)  # noqa: E731
+    return C.OpRates(
+        alloc_fast=g("alloc_fast"),
+        free_fast=g("free_fast"),
+        alloc_slow=g("alloc_slow"),
+        free_slow=g("free_slow"),
+        remote_free=g("remote_free"),
+        sheaf_swap=g("barn_get") + g("barn_put"),
+        sheaf_objects_moved=(g("sheaf_refill") + g("sheaf_flush")) * _f(sheaf_capacity),
+        cpu_partial_drain=g("cpu_partial_drain"),
+        slab_alloc=g("slab_alloc"),
+        slab_free=g("slab_free"),
+    )
+
+
+def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
+    """Acquisitions per op of every lock class by every rep, and what each costs to reach.
+
+    Lock classes are ``(kind, node class)`` for kind in :data:`LOCK_KINDS` (3N classes):
+
+    * list_lock: a rep's local acquisitions are on its own node's lock; acquisitions of
+      another node's lock (``list_lock_remote``) are on its memory node when its own node
+      has no memory, else spread over the other node classes in proportion to the locks'
+      simulated acquisition counts.
+    * barn: get/put (and failed attempts, which take the lock too) on the rep's own node.
+    * zone: page allocator calls on the rep's memory node, ``zone_lock_per_call`` each.
+
+    Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``.
+    """
+    n_nodes = cfg.node_weight.shape[-1]
+    nodes = jnp.arange(n_nodes)
+    own = jnp.asarray(cfg.rep_node)[:, None] == nodes[None, :]          # (R, N)
+    mem = jnp.asarray(cfg.rep_mem_node)[:, None] == nodes[None, :]
+    memless = (jnp.asarray(cfg.rep_memoryless) > 0)[:, None]
+    ll = per_op(counters, "list_lock")[:, None]
+    ll_remote = per_op(counters, "list_lock_remote")[:, None]
+    by_node = _f(counters.list_lock_node)[None, :]
+    others = jnp.where(own, 0.0, by_node)
+    spread = _safe_div(others, jnp.sum(others, axis=1, keepdims=True))
+    spread = jnp.where(jnp.sum(others, axis=1, keepdims=True) > 0, spread, _f(mem & ~own))
+    list_acq = jnp.where(memless, ll * _f(mem), (ll - ll_remote) * _f(own) + ll_remote * spread)
+    barn_ops = sum(per_op(counters, n) for n in
+                   ("barn_get", "barn_put", "barn_get_fail", "barn_put_fail"))
+    barn_acq = barn_ops[:, None] * _f(own)
+    page_calls = per_op(counters, "slab_alloc") + per_op(counters, "slab_free")
+    zone_acq = (page_calls * C.zone_lock_per_call(cfg.order, pcp_max, c))[:, None] * _f(mem)
+    acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
+    remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
+    line = jnp.where(remote, c.line_remote_ns, c.line_local_ns)
+    hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
+                            jnp.full((n_nodes,), c.barn_lock_hold_ns),
+                            jnp.full((n_nodes,), c.zone_lock_hold_ns)])
+    mult = jnp.tile(jnp.maximum(_f(cfg.node_weight), 1.0), len(LOCK_KINDS))
+    return acq, line, hold, mult
+
+
+def memory(counters, cfg, object_size):
+    """Bytes held machine-wide: (total, live, in-use slabs, empty kept, per-CPU partial,
+    sheaves, barns)."""
+    w = _f(cfg.rep_weight)
+    active = w > 0
+    n_nodes = cfg.node_weight.shape[-1]
+    mem = jnp.asarray(cfg.rep_mem_node)[:, None] == jnp.arange(n_nodes)[None, :]
+    reps_on = jnp.sum(_f(mem & active[:, None]), axis=0)
+    cpus_on = jnp.sum(_f(mem) * w[:, None], axis=0)
+    cpu_scale = _safe_div(cpus_on, reps_on)
+    node_scale = _f(cfg.node_weight)
+    slab = _f(jnp.left_shift(jnp.asarray(P.PAGE_SIZE, jnp.int32), cfg.order))
+    size = _f(object_size)
+    total_slabs = _f(counters.slabs_total)
+    empty = _f(counters.empty_slabs_kept)
+    empty_b = jnp.sum(empty * node_scale) * slab
+    following_b = jnp.sum((total_slabs - empty) * cpu_scale) * slab
+    cpu_partial_b = jnp.sum(_f(counters.cpu_partial_slabs_held) * w) * slab
+    sheaf_b = jnp.sum(_f(counters.sheaf_objects_held) * w) * size
+    barn_b = jnp.sum(_f(counters.barn_objects_held) * node_scale) * size
+    live_b = jnp.sum(_f(counters.objects_inuse) * w) * size
+    total_b = empty_b + following_b
+    inuse_b = jnp.maximum(following_b - cpu_partial_b, 0.0)
+    return total_b, live_b, inuse_b, empty_b, cpu_partial_b, sheaf_b, barn_b
+
+
+def compute(counters, cfg, c: C.CostParams, *, pcp_max, object_size, steps,
+            other_ns=0.0) -> Metrics:
+    """All metrics of one configuration.
+
+    ``pcp_max``: :func:`slabtune.model.cost.pcp_max_order` of the profile; ``object_size``:
+    bytes of one object (for live bytes; the slab stride is in the slab geometry);
+    ``steps``: simulated steps (to turn op counts into a duty per step); ``other_ns``: the
+    workload's own work per op (scalar or (R,)), which paces lock arrivals but is not
+    allocator cost.
+    """
+    w = _f(cfg.rep_weight)
+    ops = _f(counters.ops)
+    wops = jnp.sum(w * ops)
+    wsum = lambda x: jnp.sum(w * _f(x))  # noqa: E731
+    per_kop = lambda x: 1000.0 * _safe_div(wsum(x), wops)  # noqa: E731
+
+    rates = op_rates(counters, cfg.sheaf_capacity)
+    alloc_ns = C.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
+    other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
+    acq, line, hold, mult = lock_classes(counters, cfg, pcp_max, c)
+    duty = ops / jnp.maximum(_f(steps), 1.0)
+    sol = C.solve(alloc_ns + other, acq, hold, line, w, mult, c.rho_max, duty=duty)
+    alloc_t = sol.t - other
+    n_nodes = cfg.node_weight.shape[-1]
+    ll_acq = acq[:, :n_nodes]
+    ll_weight = w[:, None] * ops[:, None] * ll_acq
+    ll_wait = _safe_div(jnp.sum(ll_weight * sol.wait[:, :n_nodes]), jnp.sum(ll_weight))
+
+    page_allocs = per_kop(counters.slab_alloc)
+    by_order = jnp.where(jnp.arange(N_ORDERS) == cfg.order, page_allocs, 0.0)
+    total_b, live_b, inuse_b, empty_b, cpp_b, sheaf_b, barn_b = memory(
+        counters, cfg, object_size)
+    zone_calls = per_op(counters, "slab_alloc") + per_op(counters, "slab_free")
+    return Metrics(
+        alloc_fastpath_frac=_safe_div(wsum(counters.alloc_fast), wsum(counters.allocs)),
+        free_fastpath_frac=_safe_div(wsum(counters.free_fast), wsum(counters.frees)),
+        alloc_slowpath_per_kop=per_kop(counters.alloc_slow),
+        free_slowpath_per_kop=per_kop(counters.free_slow),
+        remote_frees_per_kop=per_kop(counters.remote_free),
+        slab_allocs_per_kop=page_allocs,
+        slab_frees_per_kop=per_kop(counters.slab_free),
+        page_allocs_per_kop_by_order=by_order,
+        list_lock_per_kop=per_kop(counters.list_lock),
+        list_lock_remote_per_kop=per_kop(counters.list_lock_remote),
+        barn_lock_per_kop=per_kop(counters.barn_get + counters.barn_put
+                                  + counters.barn_get_fail + counters.barn_put_fail),
+        zone_lock_per_kop=1000.0 * _safe_div(
+            jnp.sum(w * ops * zone_calls * C.zone_lock_per_call(cfg.order, pcp_max, c)), wops),
+        list_lock_rho=jnp.max(sol.rho[:n_nodes]),
+        barn_lock_rho=jnp.max(sol.rho[n_nodes:2 * n_nodes]),
+        zone_lock_rho=jnp.max(sol.rho[2 * n_nodes:]),
+        list_lock_wait_ns=ll_wait,
+        memory_bytes=total_b,
+        live_bytes=live_b,
+        inuse_slab_bytes=inuse_b,
+        empty_kept_bytes=empty_b,
+        cpu_partial_bytes=cpp_b,
+        sheaf_bytes=sheaf_b,
+        barn_bytes=barn_b,
+        overhead_frac=jnp.where(live_b > 0, _safe_div(total_b, live_b) - 1.0, 0.0),
+        ns_per_op=2.0 * _safe_div(jnp.sum(w * ops * alloc_t), wops),
+        total_ns_per_op=2.0 * _safe_div(jnp.sum(w * ops * sol.t), wops),
+        throughput_ops_per_us=sol.throughput * 1000.0,
+        alloc_throughput_per_us=1000.0 * wsum(counters.allocs) / jnp.maximum(_f(steps), 1.0)
+        / sol.tau,
+        fixed_point_residual=sol.residual,
+    )
+
+
+#: Metrics a sweep can store as one column each (everything but the by-order vector).
+SCALAR_METRICS: tuple[str, ...] = tuple(
+    f for f in Metrics._fields if f != "page_allocs_per_kop_by_order")

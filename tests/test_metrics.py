@@ -1,0 +1,170 @@
+"""Metrics from counters: weighting by rep CPUs, per-1000-op rates, memory, contention.
+
+Counters are written by hand here (the dynamics core has its own tests); the layouts come
+from the real workload constructors and config_from.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from slabtune.model import dynamics as D
+from slabtune.model import metrics as M
+from slabtune.model import policy as PL
+from slabtune.model import profiles as P
+from slabtune.model import topology as T
+from slabtune.model import workloads as W
+from slabtune.sweeps import simconfig
+
+R = D.R
+COST = simconfig.load_cost()[0]
+
+
+def _cfg(profile="v6.1", cpus=8, nodes=2, size=4096, memoryless=(), kind="local", **wl):
+    prof = P.get_profile(profile)
+    topo = T.Topology.uniform(cpus, nodes, memoryless_nodes=memoryless)
+    st = PL.structure(size, topo.possible, topo.present, topo.online, PL.profile_arrays(prof),
+                      is_kmalloc=True)
+    return D.config_from(st, prof, topo, W.build(kind, topo, **wl)), st
+
+
+def _counters(**fields):
+    base = {f: np.zeros(R, np.int32) for f in D.COUNTER_FIELDS}
+    base.update(list_lock_node=np.zeros(D.N, np.int32),
+                slabs_total=np.zeros(D.N, np.float32), objects_inuse=np.zeros(R, np.float32),
+                empty_slabs_kept=np.zeros(D.N, np.float32),
+                cpu_partial_slabs_held=np.zeros(R, np.float32),
+                sheaf_objects_held=np.zeros(R, np.float32),
+                barn_objects_held=np.zeros(D.N, np.float32), outstanding=np.zeros(R, np.int32))
+    for k, v in fields.items():
+        base[k] = np.asarray(v, base[k].dtype)
+    return D.Counters(**base)
+
+
+def _per_rep(values):
+    v = list(values) + [0] * (R - len(values))
+    return np.array(v)
+
+
+_compute = jax.jit(lambda counters, cfg, pcp, object_size, steps, other: M.compute(
+    counters, cfg, COST, pcp_max=pcp, object_size=object_size, steps=steps, other_ns=other))
+
+
+def _metrics(counters, cfg, pcp=3, object_size=4096, steps=1000, other=0.0):
+    return _compute(counters, cfg, pcp, float(object_size), float(steps), float(other))
+
+
+def test_fast_path_fractions_weight_reps_by_their_cpus():
+    # producer_consumer on 8 CPUs, 1 node: 4 sender reps and 4 receiver reps of 1 CPU each.
+    cfg, _ = _cfg(cpus=12, nodes=1, kind="producer_consumer")
+    w = np.asarray(cfg.rep_weight)
+    assert w.sum() == pytest.approx(12.0)
+    allocs = _per_rep([100, 100, 100, 100])
+    fast = _per_rep([100, 50, 50, 50])
+    frees = _per_rep([0, 0, 0, 0, 100, 100, 100, 100])
+    ffast = _per_rep([0, 0, 0, 0, 10, 0, 0, 0])
+    c = _counters(ops=allocs + frees, allocs=allocs, alloc_fast=fast, alloc_slow=allocs - fast,
+                  frees=frees, free_fast=ffast, free_slow=frees - ffast)
+    m = _metrics(c, cfg)
+    want_a = (w * fast).sum() / (w * allocs).sum()
+    want_f = (w * ffast).sum() / (w * frees).sum()
+    assert float(m.alloc_fastpath_frac) == pytest.approx(want_a, rel=1e-6)
+    assert float(m.free_fastpath_frac) == pytest.approx(want_f, rel=1e-6)
+    ops = (w * (allocs + frees)).sum()
+    assert float(m.alloc_slowpath_per_kop) == pytest.approx(
+        1000 * (w * (allocs - fast)).sum() / ops, rel=1e-5)
+
+
+def test_page_allocator_calls_land_in_the_slab_order():
+    cfg, st = _cfg(size=4096)          # kmalloc-4k on 8 CPUs: order 3
+    assert int(st.order) == 3
+    ops = _per_rep([1000] * 8)
+    c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, slab_alloc=_per_rep([10] * 8),
+                  slab_free=_per_rep([5] * 8))
+    m = _metrics(c, cfg)
+    assert float(m.slab_allocs_per_kop) == pytest.approx(10.0)
+    assert float(m.slab_frees_per_kop) == pytest.approx(5.0)
+    by_order = np.asarray(m.page_allocs_per_kop_by_order)
+    assert by_order.shape == (M.N_ORDERS,)
+    assert by_order[3] == pytest.approx(10.0) and by_order.sum() == pytest.approx(10.0)
+    # order 3 is above v5.11's per-CPU page lists: every call takes the zone lock
+    m11 = _metrics(c, cfg, pcp=0)
+    assert float(m11.zone_lock_per_kop) == pytest.approx(15.0)
+    assert float(m.zone_lock_per_kop) == pytest.approx(15.0 / float(COST.pcp_batch), rel=1e-5)
+    assert float(m11.ns_per_op) > float(m.ns_per_op)
+
+
+def test_memory_scales_cpu_slabs_by_cpus_and_kept_empties_by_nodes():
+    # 64 CPUs on 4 nodes, local churn: node class 0 = node 0, class 1 = nodes 1..3.
+    cfg, st = _cfg(cpus=64, nodes=4, size=4096)
+    slab = 4096 << int(st.order)
+    w = np.asarray(cfg.rep_weight)
+    mem = np.asarray(cfg.rep_mem_node)
+    nw = np.asarray(cfg.node_weight)
+    assert nw[1] == 3.0
+    total = np.array([10.0, 12.0, 0, 0], np.float32)
+    empty = np.array([2.0, 4.0, 0, 0], np.float32)
+    live = _per_rep([20.0] * 8).astype(np.float32)
+    c = _counters(ops=_per_rep([10] * 8), slabs_total=total, empty_slabs_kept=empty,
+                  objects_inuse=live)
+    m = _metrics(c, cfg)
+    want = 0.0
+    for n in (0, 1):
+        on = mem == n
+        cpu_scale = w[on].sum() / on.sum()
+        want += ((total[n] - empty[n]) * cpu_scale + empty[n] * nw[n]) * slab
+    assert float(m.memory_bytes) == pytest.approx(want, rel=1e-6)
+    assert float(m.empty_kept_bytes) == pytest.approx((2 * 1 + 4 * 3) * slab)
+    live_b = (w * live).sum() * 4096
+    assert float(m.live_bytes) == pytest.approx(live_b)
+    assert float(m.overhead_frac) == pytest.approx(want / live_b - 1, rel=1e-5)
+
+
+def _lock_heavy(cpus, memoryless=()):
+    nodes = 2 if memoryless else 1
+    cfg, _ = _cfg(cpus=cpus, nodes=nodes, memoryless=memoryless)
+    ops = _per_rep([1000] * 8)
+    node = np.asarray(cfg.rep_node)
+    ll = _per_rep([100] * 8)
+    ll_remote = np.where(node != 0, ll, 0)   # reps on the memoryless node take node 0's lock
+    c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, alloc_fast=ops // 2 - 50,
+                  alloc_slow=_per_rep([50] * 8), free_fast=ops // 2 - 50,
+                  free_slow=_per_rep([50] * 8), list_lock=ll, list_lock_remote=ll_remote,
+                  list_lock_node=np.array([800, 0, 0, 0]))
+    return _metrics(c, cfg)
+
+
+def test_contention_grows_with_the_cpus_behind_the_same_counts():
+    ms = [_lock_heavy(n) for n in (1, 8, 64, 512)]
+    ns = [float(m.ns_per_op) for m in ms]
+    rho = [float(m.list_lock_rho) for m in ms]
+    assert ns == sorted(ns) and ns[-1] > 10 * ns[0]
+    assert rho == sorted(rho) and rho[-1] > 0.99
+    assert float(ms[0].list_lock_wait_ns) == 0.0          # one CPU never waits
+    for m in ms:
+        assert float(m.fixed_point_residual) < 1e-3
+
+
+def test_memoryless_cpus_pay_remote_lines_on_the_memory_nodes_lock():
+    # The same counts on 16 CPUs: all on one node, or half of them on a memoryless node
+    # whose CPUs take node 0's list_lock across the interconnect.
+    local = _lock_heavy(16)
+    memless = _lock_heavy(16, memoryless=(1,))
+    assert float(memless.list_lock_remote_per_kop) > 0.0
+    assert float(memless.ns_per_op) > float(local.ns_per_op)
+
+
+def test_compute_vmaps_over_configurations():
+    cfgs = [_cfg(cpus=n)[0] for n in (2, 16, 128)]
+    ops = _per_rep([1000] * 8)
+    c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, list_lock=_per_rep([100] * 8),
+                  list_lock_node=np.array([400, 400, 0, 0]))
+    stacked = D.stack_configs(cfgs)
+    cs = jax.tree_util.tree_map(lambda x: np.stack([x] * 3), c)
+    f = jax.vmap(lambda cc, cfg: M.compute(cc, cfg, COST, pcp_max=3, object_size=4096,
+                                           steps=1000).ns_per_op)
+    batched = np.asarray(f(cs, stacked))
+    single = [float(_metrics(c, cfg).ns_per_op) for cfg in cfgs]
+    np.testing.assert_allclose(batched, single, rtol=1e-5)

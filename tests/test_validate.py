@@ -393,3 +393,33 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert rep["native_fastpath_max_abs_diff_pp"] == pytest.approx(
         max(abs(p - m) for p, m in zip(fp["predicted"], fp["measured"])))
     assert rep["structural_match_rate"] is None and rep["median_mem_rel_err"] is None
+
+
+@pytest.mark.parametrize("patch, field", [
+    (("timeout_s = 240", "timeout_s = -1"), "validate.timeout_s"),
+    (("retries = 1", "retries = 9"), "validate.retries"),
+    (("loops = 50", "loops = 0"), "validate.workload[0]"),
+    (("[fleet]", "[validate.native]\ncache = \"dentry\"\n[fleet]"), "validate.native.cache"),
+    (("[fleet]", "[validate.native]\nsteps = 0\n[fleet]"), "validate.native.steps"),
+    (("cpus = 2", "cpus = 300"), "fleet.topology memoryless-2x2"),
+])
+def test_bad_validation_spec_names_the_field(tmp_path, capsys, patch, field):
+    f = tmp_path / "spec.toml"
+    f.write_text(SMALL_SPEC.replace(*patch))
+    cf = tmp_path / "c.toml"
+    cf.write_text(CANDIDATES)
+    rc, _, err = _cli(["validate", "--candidate", str(cf), "--topologies", str(f),
+                       "--target", "host", "--out", str(tmp_path / "runs")], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert field in err
+    assert not (tmp_path / "runs").exists()
+
+
+@needs_native
+def test_native_workload_that_cannot_run_on_a_topology_is_refused_up_front(tmp_path):
+    spec = V.parse_spec(NATIVE_SPEC.replace('kind = "local", live = 32, burst = 16',
+                                            'kind = "producer_consumer", depth = 8').replace(
+        "cpus = 2\n\n[validate", "cpus = 1\n\n[validate"), "n")
+    with pytest.raises(SlabtuneError, match=r"baseline \(native, smp-2\).*validate.native.workload"):
+        V.validate([], spec, ("native",), out_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()

@@ -38,9 +38,12 @@ Targets (DESIGN.md section 6):
   :func:`slabtune.tuner.objectives.cache_values`) are applied; kernel-only knobs are listed
   as not applied.  The model's side (:func:`slabtune.sweeps.simulate.run`: structure,
   dynamics, metrics) is computed in the driver in one batch for every pair and travels
-  with the task.  Rows: ``native_cost`` (modelled against measured ns per alloc+free
-  pair), ``alloc_fastpath_pct`` and ``free_fastpath_pct`` (model against the binary's
-  counters, reps weighted by the CPUs they stand for).
+  with the task.  Rows: ``native_cost`` (machine-wide ns per op: the model's
+  1 / throughput against the binary's wall time over all threads' ops, from a timing run
+  whose threads do not meet at a barrier every step), ``alloc_fastpath_pct`` and
+  ``free_fastpath_pct`` (the model against the binary's counters from a run in lockstep
+  with the model, reps weighted by the CPUs they stand for).  The threads of a 4-CPU
+  topology share whatever cores the machine has, so timings there are oversubscribed.
 
 Infrastructure failures are retried at two levels: a guest boot that times out, panics or
 loses its end marker is rebooted (``[validate] retries``), and a task whose worker dies or
@@ -354,7 +357,8 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
 
 
 NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,
-                   "workload": {"kind": "local", "live": 64, "burst": 32}}
+                   "workload": {"kind": "local", "live": 64, "burst": 32},
+                   "timing_sync_every": 0, "timing_steps": 1_000_000, "timing_repeats": 3}
 
 
 def _parse_native(tab: Any, fleet) -> dict:
@@ -370,7 +374,9 @@ def _parse_native(tab: Any, fleet) -> dict:
     if out["cache"] not in names:
         raise SlabtuneError(f"validate.native.cache: {out['cache']!r} is not a cache of the "
                             f"fleet's workloads ({', '.join(names)})")
-    for k, lo, hi in (("steps", 1, 1_000_000), ("seed", 0, (1 << 32) - 1)):
+    for k, lo, hi in (("steps", 1, 1_000_000), ("seed", 0, (1 << 32) - 1),
+                      ("timing_sync_every", 0, 1 << 30), ("timing_steps", 1, 100_000_000),
+                      ("timing_repeats", 1, 15)):
         val = out[k]
         if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
             raise SlabtuneError(f"validate.native.{k}: {val!r} is outside {lo}..{hi}")
@@ -754,8 +760,10 @@ def native_predictions(tasks: Sequence[dict], spec: ValidateSpec) -> None:
     cost, _ = SC.load_cost()
     preds = SIM.run([SC.parse_doc(d) for d, _ in docs], cost)
     for t, (doc, applied), pred in zip(todo, docs, preds):
+        t["spec_native"] = dict(spec.native)
         t["native"] = {"doc": doc, "applied": applied,
-                       "model": {k: pred[k] for k in ("ns_per_op", "alloc_fastpath_frac",
+                       "model": {k: pred[k] for k in ("ns_per_op", "throughput_ops_per_us",
+                                                      "alloc_fastpath_frac",
                                                       "free_fastpath_frac", "order",
                                                       "objs_per_slab", "min_partial",
                                                       "cpu_partial")}}
@@ -769,9 +777,19 @@ def run_native_task(task: dict) -> list[dict]:
     nat = task["native"]
     sim = SC.parse_doc(nat["doc"])
     cfg = N.config_for_spec(sim)
+    timeout = float(task.get("timeout_s") or 300.0)
     t0 = time.monotonic()
     try:
-        res = N.run(cfg, timeout=float(task.get("timeout_s") or 300.0))
+        res = N.run(cfg, timeout=timeout)
+        # timing runs: longer (timing_steps), threads meeting at a barrier only every
+        # timing_sync_every steps (0: never), so the wall time is the allocator's and not
+        # the per-step barrier's; the median of timing_repeats runs
+        sn = task["spec_native"]
+        tcfg = dataclasses.replace(cfg, sync_every=int(sn["timing_sync_every"]),
+                                   steps=int(sn["timing_steps"]))
+        timings = sorted(N.run(tcfg, timeout=timeout).ns_per_op
+                         for _ in range(int(sn["timing_repeats"])))
+        measured_ns = timings[len(timings) // 2]
     except N.NativeError as err:
         return failed_rows(task, str(err), seconds=time.monotonic() - t0)
     fa, ff = N.fastpath_fractions(res, cfg.rep_weight)
@@ -779,10 +797,15 @@ def run_native_task(task: dict) -> list[dict]:
     common = {"accelerator": "native", "attempts": 1, "seconds": time.monotonic() - t0,
               "applied": json.dumps(nat["applied"], sort_keys=True), "profile": sim.profile.name,
               "cache": sim.cache.name, "comparable": True,
-              "note": f"{res.threads} threads, {nat['doc']['run']['steps']} steps"}
+              "note": f"{res.threads} threads; counters {nat['doc']['run']['steps']} "
+                      f"steps; timing median of {len(timings)} x {tcfg.steps} steps"}
+    # machine-wide time per op on both sides: the model's 1 / throughput (every CPU of the
+    # topology busy) against the binary's wall time / all threads' ops
+    thr = float(m["throughput_ops_per_us"])
     return [
-        _row(task, **common, field="native_cost", predicted=float(m["ns_per_op"]),
-             measured=float(res.ns_per_op), unit="ns per alloc+free pair"),
+        _row(task, **common, field="native_cost",
+             predicted=1000.0 / thr if thr > 0 else float("nan"),
+             measured=float(measured_ns), unit="machine-wide ns per op"),
         _row(task, **common, field="alloc_fastpath_pct",
              predicted=100.0 * float(m["alloc_fastpath_frac"]), measured=100.0 * fa, unit="%"),
         _row(task, **common, field="free_fastpath_pct",

@@ -27,6 +27,8 @@ COMMAND_MODULES = (
     "plot",
     "export",
     "validate",
+    "simulate",
+    "reproduce",
 )
 
 #: Exceptions from the libraries below the CLI that mean "bad input", not "bug".

@@ -1,0 +1,197 @@
+"""The four seed scenarios as data: published figures and the configurations that model them.
+
+Each scenario is a set of *arms* (one configuration each, written as the same tables a
+``slabtune simulate`` CONFIG.toml has, plus an optional ``profile_patch`` that stands for a
+kernel patch the seed discusses) and a list of *rows* comparing two arms on one metric.
+
+A row's ``metric`` is one of the model's outputs: ``time`` and ``iops`` are workload
+throughput figures (``time`` proportional to 1 / throughput, ``iops`` proportional to
+throughput) scaled by the scenario's one fitted constant (see ``scale``); the others are
+unscaled fractions in percent.  ``published`` and ``published_base`` are the figures the
+seed gives for the row's arm and its baseline arm (None where the seed gives a direction
+only: then ``expect`` states it).  The ratio compared is value(arm) / value(base).
+
+Topologies and workload parameters that the seeds do not state are assumptions, written
+next to them; they are the same for every arm of a scenario.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Object stride of the caches these scenarios use comes from model/caches.py.
+
+# --------------------------------------------------------------------------- 2021
+
+
+def _hackbench(profile: str, cpus: int, nodes: int) -> dict[str, Any]:
+    """hackbench -g 16 -l 16000 (process mode, sockets): senders allocate skb data
+    (100-byte messages: a kmalloc-512 head, the cache Mel Gorman names) and receivers on
+    other CPUs free it."""
+    return {
+        "topology": {"cpus": cpus, "nodes": nodes},
+        "cache": {"name": "kmalloc-512"},
+        "policy": {"profile": profile},
+        "workload": {"kind": "producer_consumer"},
+        "run": {"steps": 3000, "seed": 1},
+    }
+
+
+SLUB_ORDER_2021 = {
+    "name": "slub-order-nr-cpus-2021",
+    "title": "hackbench, v5.11 num_online_cpus() rule against v5.10 (kmalloc caches made "
+             "before SMP bring-up get order-0 slabs)",
+    "assumptions": "224-CPU arm64 server modelled as 2 nodes x 112 CPUs (ThunderX2-like); "
+                   "8-CPU system as 1 node; hackbench as producer_consumer on kmalloc-512",
+    "scale": {"metric": "time", "fit_to": ("v5.10@224", 3.173),
+              "unit": "s", "what": "seconds per hackbench run = k / machine throughput"},
+    "arms": {
+        "v5.10@224": _hackbench("v5.10", 224, 2),
+        "v5.11@224": _hackbench("v5.11", 224, 2),
+        "v5.10@8": _hackbench("v5.10", 8, 1),
+        "v5.11@8": _hackbench("v5.11", 8, 1),
+    },
+    "rows": [
+        {"metric": "time", "arm": "v5.11@224", "base": "v5.10@224",
+         "published": 9.135, "published_base": 3.173, "headline": True,
+         "label": "hackbench time, 224 CPUs, v5.11 vs v5.10"},
+        {"metric": "time", "arm": "v5.11@8", "base": "v5.10@8",
+         "published": None, "published_base": None, "headline": False,
+         "expect": "slower, but far less than on 224 CPUs",
+         "expect_ratio_between": (1.0, "v5.11@224/v5.10@224"),
+         "label": "hackbench time, 8 CPUs, v5.11 vs v5.10"},
+    ],
+}
+
+# --------------------------------------------------------------------------- 2011
+
+
+def _netperf(cache: str, threads: int) -> dict[str, Any]:
+    """netperf TCP_RR client, ``threads`` threads on a 16-core 4-node machine (v3.1, no
+    per-CPU partial lists); the network interrupt lands on one CPU."""
+    return {
+        "topology": {"cpus": 16, "nodes": 4},
+        "cache": {"name": cache},
+        "policy": {"profile": "v3.1"},
+        "workload": {"kind": "request_response", "threads": threads},
+        "run": {"steps": 3000, "seed": 2},
+    }
+
+
+_NETPERF_PUBLISHED = {
+    # cache: (alloc fast % at 16, at 160, free fast % at 16, at 160)
+    "kmalloc-256": (91.1, 62.8, 4.5, 0.1),
+    "kmalloc-1k": (99.1, 98.3, 76.5, 66.6),
+    "kmalloc-4k": (54.4, 31.7, 1.4, 0.1),
+}
+
+SLUB_NETPERF_2011 = {
+    "name": "slub-lockless-slowpaths-netperf-2011",
+    "title": "netperf TCP_RR fast-path percentages, 160 against 16 threads (v3.1)",
+    "assumptions": "client machine: 16 CPUs on 4 nodes; request_response with the network "
+                   "interrupt on one CPU; percentages are unscaled",
+    "scale": None,
+    "arms": {f"{c}@{t}": _netperf(c, t) for c in _NETPERF_PUBLISHED for t in (16, 160)},
+    "rows": [
+        row
+        for cache, (a16, a160, f16, f160) in _NETPERF_PUBLISHED.items()
+        for row in (
+            {"metric": "alloc_fastpath_pct", "arm": f"{cache}@160", "base": f"{cache}@16",
+             "published": a160, "published_base": a16, "headline": False,
+             "label": f"{cache} alloc fast path %, 160 vs 16 threads"},
+            {"metric": "free_fastpath_pct", "arm": f"{cache}@160", "base": f"{cache}@16",
+             "published": f160, "published_base": f16, "headline": False,
+             "label": f"{cache} free fast path %, 160 vs 16 threads"},
+        )
+    ],
+}
+
+# --------------------------------------------------------------------------- 2026
+
+#: The capacity patch of the thread: base capacities 4/12/26/60 -> 6/24/52/120.
+DOUBLED_SHEAF_BASE = (6, 24, 52, 120)
+
+
+def _block_io(profile: str, **patch) -> dict[str, Any]:
+    """Random-read block I/O (ublk/io_uring): a bio allocated on the submitting CPU, freed
+    on the completion CPU; most CPUs sit on nodes without memory."""
+    arm = {
+        "topology": {"cpus": 128, "nodes": 8, "memoryless_nodes": [1, 2, 3, 5, 6, 7]},
+        "cache": {"name": "bio-248"},
+        "policy": {"profile": profile},
+        "workload": {"kind": "block_io"},
+        "run": {"steps": 3000, "seed": 3},
+    }
+    if patch:
+        arm["profile_patch"] = patch
+    return arm
+
+
+SHEAVES_2026 = {
+    "name": "sheaves-cross-cpu-regression-2026",
+    "title": "block I/O IOPS on a machine with memoryless nodes: v6.19 per-CPU partial "
+             "lists, v7.0 sheaves, barns on memoryless nodes, doubled sheaf capacity",
+    "assumptions": "AMD Zen4 layout not given in the thread: modelled as 128 CPUs on 8 "
+                   "nodes of which only nodes 0 and 4 have memory; bio-248 cache; v6.19 "
+                   "uses the v6.18 profile (bio caches do not opt in to sheaves)",
+    "scale": {"metric": "iops", "fit_to": ("v6.19", 34.0), "unit": "M IOPS",
+              "what": "IOPS = k x machine throughput"},
+    "arms": {
+        "v6.19": _block_io("v6.18"),
+        "v7.0": _block_io("v7.0"),
+        "v7.0+barns": _block_io("v7.1"),
+        "v7.0+barns+2xcap": _block_io("v7.1", sheaf_base_capacity=DOUBLED_SHEAF_BASE),
+    },
+    "rows": [
+        {"metric": "iops", "arm": "v7.0", "base": "v6.19", "published": 13.0,
+         "published_base": 34.0, "headline": False, "label": "IOPS, v7.0 vs v6.19"},
+        {"metric": "iops", "arm": "v7.0+barns", "base": "v7.0", "published": 25.0,
+         "published_base": 13.0, "headline": True,
+         "label": "IOPS, barns on memoryless nodes vs v7.0"},
+        {"metric": "iops", "arm": "v7.0+barns+2xcap", "base": "v7.0+barns", "published": 29.0,
+         "published_base": 24.0, "headline": True,
+         "label": "IOPS, doubled sheaf capacity vs barns on memoryless nodes"},
+    ],
+}
+
+# --------------------------------------------------------------------------- 2008
+
+#: The patch: min_partial = ilog2(size) clamped to [MIN_PARTIAL, MAX_PARTIAL] = [5, 10].
+DYNAMIC_MIN_PARTIAL = {"min_partial_divisor": 1, "min_partial_lo": 5, "min_partial_hi": 10}
+
+
+def _netio(**patch) -> dict[str, Any]:
+    """fio's netio example on a 2-way machine: network buffers close to a page in size
+    (kmalloc-4k), allocated and freed in bursts on both CPUs."""
+    arm = {
+        "topology": {"cpus": 2, "nodes": 1},
+        "cache": {"name": "kmalloc-4k"},
+        "policy": {"profile": "v2.6.27"},
+        "workload": {"kind": "local"},
+        "run": {"steps": 3000, "seed": 4},
+    }
+    if patch:
+        arm["profile_patch"] = patch
+    return arm
+
+
+SLUB_MIN_PARTIAL_2008 = {
+    "name": "slub-dynamic-min-partial-2008",
+    "title": "fio netio sys time, static MIN_PARTIAL (5) against per-cache "
+             "min_partial = clamp(ilog2(size), 5, 10)",
+    "assumptions": "2 CPUs, 1 node; kmalloc-4k with bursty local churn",
+    "scale": {"metric": "time", "fit_to": ("static", 8.89), "unit": "s sys",
+              "what": "sys seconds = k x allocator ns per op"},
+    "arms": {
+        "static": _netio(),
+        "dynamic": _netio(**DYNAMIC_MIN_PARTIAL),
+    },
+    "rows": [
+        {"metric": "sys_time", "arm": "dynamic", "base": "static", "published": 7.73,
+         "published_base": 8.89, "headline": False,
+         "label": "netio sys time (avg of 50), dynamic vs static min_partial"},
+    ],
+}
+
+SCENARIOS: tuple[dict[str, Any], ...] = (
+    SLUB_ORDER_2021, SLUB_NETPERF_2011, SHEAVES_2026, SLUB_MIN_PARTIAL_2008)

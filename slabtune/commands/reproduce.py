@@ -1,0 +1,95 @@
+"""``slabtune reproduce``: the seed scenarios, published figures beside the model's.
+
+The scenarios are data (:mod:`slabtune.model.scenarios`), the comparison logic is
+:mod:`slabtune.tuner.reproduce`; this module only prints."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "reproduce", help="reproduce the seed scenarios (published vs model)",
+        description="Run every seed scenario through the model and print, per row, the "
+                    "published figure and ratio beside the model's, whether the direction "
+                    "agrees, and each scenario's one fitted scale constant.")
+    p.add_argument("--cost", metavar="FILE",
+                   help="cost constants overriding the packaged cost_default.toml")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of row objects")
+    p.set_defaults(func=_reproduce)
+
+
+def _reproduce(args) -> int:
+    from slabtune.sweeps import simconfig
+    from slabtune.tuner import reproduce
+
+    cost, meta = simconfig.load_cost(args.cost)
+    out = reproduce.evaluate(cost=cost, cost_meta=meta)
+    if args.json:
+        print(json.dumps(out["rows"]))
+    else:
+        print(format_report(out))
+    return 0
+
+
+def _num(v, digits=4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def format_report(out: dict) -> str:
+    lines = []
+    cost = out["cost"]
+    fitted = cost["fitted"]
+    lines.append(f"cost constants: {cost['source']}; "
+                 + (f"fitted to published figures: {fitted}" if fitted
+                    else "none fitted to a published figure"))
+    for sc in out["scenarios"]:
+        lines.append("")
+        lines.append(f"== {sc['scenario']}: {sc['title']}")
+        lines.append(f"   assumptions: {sc['assumptions']}")
+        lines.append(f"   fitted scale: {sc['scale'] or 'none (unscaled percentages)'}")
+        for name, arm in sc["arms"].items():
+            c = arm["config"]
+            t = c["topology"]
+            extra = " ".join(f"{k}={v}" for k, v in {**c["boot"], **c["knobs"]}.items())
+            wl = ", ".join(f"{k}={v}" for k, v in c["workload"].items() if k != "kind")
+            lines.append(
+                f"   [{name}] profile {c['profile']}, {c['cache']['name']}, {t['cpus']} CPUs/"
+                f"{len(t['node_cpus'])} nodes"
+                + (f" (memoryless {t['memoryless_nodes']})" if t["memoryless_nodes"] else "")
+                + f", {c['workload']['kind']}" + (f" ({wl})" if wl else "")
+                + (f", {extra}" if extra else "")
+                + f"; order {arm['order']}, {arm['objs_per_slab']} objs/slab, min_partial "
+                f"{arm['min_partial']}, cpu_partial {arm['cpu_partial']}, sheaf "
+                f"{arm['sheaf_capacity']}")
+            lines.append(
+                f"        alloc fast {arm['alloc_fastpath_frac']:.3f}, free fast "
+                f"{arm['free_fastpath_frac']:.3f}, page allocs/kop "
+                f"{arm['slab_allocs_per_kop']:.3g}, list_lock/kop {arm['list_lock_per_kop']:.3g}"
+                f" (rho {arm['list_lock_rho']:.2f}), {arm['ns_per_op']:.4g} ns/pair")
+        rows = [r for r in out["rows"] if r["scenario"] == sc["scenario"]]
+        lines.append(f"   {'row':58s} {'published':>17s} {'model':>17s} {'pub.ratio':>9s} "
+                     f"{'mod.ratio':>9s}  dir  headline")
+        for r in rows:
+            pub = (f"{_num(r['published_base'])}->{_num(r['published'])}"
+                   if r["published"] is not None else (r["expect"] or "-"))
+            mod = f"{_num(r['model_base'])}->{_num(r['model'])}"
+            head = ("" if not r["headline"] else
+                    ("within 1.5x" if r["within_factor"] else "OUTSIDE 1.5x"))
+            lines.append(f"   {r['label'][:58]:58s} {pub[:17]:>17s} {mod[:17]:>17s} "
+                         f"{_num(r['published_ratio'], 3):>9s} {_num(r['model_ratio'], 3):>9s}"
+                         f"  {'yes' if r['direction_agrees'] else 'NO ':3s}  {head}")
+    rows = out["rows"]
+    n_dir = sum(r["direction_agrees"] for r in rows)
+    heads = [r for r in rows if r["headline"]]
+    n_head = sum(bool(r["within_factor"]) for r in heads)
+    lines.append("")
+    lines.append(f"directions agree: {n_dir}/{len(rows)}; headline ratios within "
+                 f"{1.5}x: {n_head}/{len(heads)}")
+    return "\n".join(lines)

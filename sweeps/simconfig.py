@@ -1,0 +1,332 @@
+"""One simulation configuration from a TOML file: parsing and strict validation.
+
+The file has five tables::
+
+    [topology]  cpus, nodes, memoryless_nodes = [node ids], node_cpus = [per node] (optional),
+                possible, online (optional; default: every present CPU)
+    [cache]     name = "kmalloc-512" | "maple_node" | ...   or   size = <stride in bytes>
+    [policy]    profile = "v7.0"
+    [policy.params]  boot parameters (slub_min_order, slub_max_order, slub_min_objects and
+                the slab_* spellings the profile accepts) and knobs (KNOBS below)
+    [workload]  kind = "local" | "producer_consumer" | "request_response" | "block_io",
+                other_ns (the workload's own work per allocator op), and the parameters
+                of that kind's constructor in slabtune.model.workloads
+    [run]       steps, seed
+
+Every unknown key is an error naming the key (``workload.burts: unknown key ...``).  This
+module reads files (config and cost constants); the model it feeds never does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams, caches
+from slabtune.model import cost as C
+from slabtune.model import profiles as P
+from slabtune.model import topology as T
+
+WORKLOAD_KINDS: tuple[str, ...] = ("local", "producer_consumer", "request_response", "block_io")
+
+#: Knobs of [policy.params] beyond boot parameters: name -> (type, doc).
+KNOBS: dict[str, tuple[type, str]] = {
+    "memoryless_fallback": (bool, "numa_mem_id()-style fix: CPUs on memoryless nodes treat "
+                                  "their nearest memory node as local (default per profile)"),
+    "min_partial": (int, "override of /sys/kernel/slab/<cache>/min_partial"),
+    "cpu_partial": (int, "override of /sys/kernel/slab/<cache>/cpu_partial (objects); only "
+                         "where the profile has per-CPU partial lists"),
+    "sheaf_capacity": (int, "override of the sheaf capacity; only where the cache has sheaves"),
+    "barns_on_memoryless_nodes": (bool, "put barns on memoryless nodes too and let their "
+                                        "CPUs free into sheaves (the v7.1 change)"),
+}
+
+_TOP_TABLES = ("topology", "cache", "policy", "workload", "run")
+_TOPOLOGY_KEYS = ("cpus", "nodes", "memoryless_nodes", "node_cpus", "possible", "online")
+_MAX_STEPS = 10_000_000
+
+
+class ConfigError(SlabtuneError):
+    """A bad simulation configuration; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SimSpec:
+    """A validated simulation configuration (plain Python data)."""
+
+    topology: T.Topology
+    cache: caches.CacheInfo
+    profile: P.KernelProfile
+    boot: bootparams.SlubParams
+    boot_given: dict[str, int]
+    knobs: dict[str, Any]
+    workload_kind: str
+    workload_params: dict[str, Any]
+    other_ns: float
+    steps: int
+    seed: int
+
+    def describe(self) -> dict[str, Any]:
+        """The configuration spelled out, JSON-ready."""
+        t = self.topology
+        return {
+            "topology": {"cpus": t.present, "possible": t.possible, "online": t.online,
+                         "node_cpus": list(t.node_cpus),
+                         "memoryless_nodes": list(t.memoryless_nodes)},
+            "cache": {"name": self.cache.name, "size": self.cache.size},
+            "profile": self.profile.name,
+            "boot": dict(self.boot_given),
+            "knobs": dict(self.knobs),
+            "workload": {"kind": self.workload_kind, "other_ns": self.other_ns,
+                         **self.workload_params},
+            "run": {"steps": self.steps, "seed": self.seed},
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _table(doc: dict, name: str, required: bool = True) -> dict:
+    if name not in doc:
+        if required:
+            raise ConfigError(f"[{name}]: missing table")
+        return {}
+    val = doc[name]
+    if not isinstance(val, dict):
+        raise ConfigError(f"{name}: must be a table")
+    return val
+
+
+def _no_unknown(table: dict, where: str, allowed) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}: unknown key (allowed: {', '.join(allowed)})")
+
+
+def _int(where: str, val, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise ConfigError(f"{where}: {val!r} is not an integer")
+    if lo is not None and val < lo:
+        word = "negative" if lo == 0 and val < 0 else f"below {lo}"
+        raise ConfigError(f"{where}: {val} is {word}")
+    if hi is not None and val > hi:
+        raise ConfigError(f"{where}: {val} is above {hi}")
+    return val
+
+
+def _number(where: str, val, lo: float = 0.0) -> float:
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+        raise ConfigError(f"{where}: {val!r} is not a finite number")
+    if val < lo:
+        word = "negative" if lo == 0 else f"below {lo}"
+        raise ConfigError(f"{where}: {val} is {word}")
+    return float(val)
+
+
+def _bool(where: str, val) -> bool:
+    if not isinstance(val, bool):
+        raise ConfigError(f"{where}: {val!r} is not true or false")
+    return val
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def parse_topology(tab: dict) -> T.Topology:
+    """[topology] -> Topology; CPU counts must add up and named nodes must exist."""
+    _no_unknown(tab, "topology", _TOPOLOGY_KEYS)
+    if "cpus" not in tab:
+        raise ConfigError("topology.cpus: missing")
+    cpus = _int("topology.cpus", tab["cpus"], 1, T.MAX_CPUS)
+    nodes = _int("topology.nodes", tab.get("nodes", 1), 1, T.MAX_NODES)
+    ml = tab.get("memoryless_nodes", [])
+    if not isinstance(ml, list):
+        raise ConfigError("topology.memoryless_nodes: must be a list of node ids")
+    for n in ml:
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < nodes:
+            raise ConfigError(
+                f"topology.memoryless_nodes: node {n!r} does not exist (nodes = {nodes})")
+    node_cpus = tab.get("node_cpus")
+    if node_cpus is not None:
+        if not isinstance(node_cpus, list):
+            raise ConfigError("topology.node_cpus: must be a list of CPU counts")
+        for i, c in enumerate(node_cpus):
+            _int(f"topology.node_cpus[{i}]", c, 0)
+    possible = tab.get("possible")
+    online = tab.get("online")
+    if possible is not None:
+        possible = _int("topology.possible", possible, cpus, T.MAX_CPUS)
+    if online is not None:
+        online = _int("topology.online", online, 1, cpus)
+    try:
+        return T.Topology.uniform(cpus, nodes, memoryless_nodes=ml, possible=possible,
+                                  online=online, node_cpus=node_cpus)
+    except T.TopologyError as err:
+        raise ConfigError(f"topology.{err}") from None
+
+
+def parse_cache(tab: dict) -> caches.CacheInfo:
+    """[cache] -> CacheInfo: exactly one of ``name`` or ``size``."""
+    _no_unknown(tab, "cache", ("name", "size"))
+    if ("name" in tab) == ("size" in tab):
+        raise ConfigError("cache: give exactly one of name or size")
+    try:
+        if "name" in tab:
+            if not isinstance(tab["name"], str):
+                raise ConfigError(f"cache.name: {tab['name']!r} is not a string")
+            return caches.get_cache(tab["name"])
+        return caches.anonymous_cache(tab["size"])
+    except caches.UnknownCacheError as err:
+        raise ConfigError(str(err)) from None
+
+
+def apply_knobs(profile: P.KernelProfile, knobs: dict[str, Any]) -> P.KernelProfile:
+    """A profile with the profile-level knobs applied (data, not branches)."""
+    out = profile
+    if "memoryless_fallback" in knobs:
+        out = dataclasses.replace(out, memoryless_fallback=knobs["memoryless_fallback"])
+    if knobs.get("barns_on_memoryless_nodes") is not None:
+        on = knobs["barns_on_memoryless_nodes"]
+        out = dataclasses.replace(
+            out, barns="all_nodes" if on else ("memory_nodes" if out.barns != "none" else "none"),
+            memoryless_cpus_use_sheaves=on)
+    return out
+
+
+def parse_policy(tab: dict, cache: caches.CacheInfo):
+    """[policy] -> (profile with knobs applied, SlubParams, given boot params, knobs)."""
+    _no_unknown(tab, "policy", ("profile", "params"))
+    if "profile" not in tab:
+        raise ConfigError("policy.profile: missing")
+    if not isinstance(tab["profile"], str):
+        raise ConfigError(f"policy.profile: {tab['profile']!r} is not a string")
+    try:
+        profile = P.get_profile(tab["profile"])
+    except P.UnknownProfileError as err:
+        raise ConfigError(f"policy.profile: {err}") from None
+    params = tab.get("params", {})
+    if not isinstance(params, dict):
+        raise ConfigError("policy.params: must be a table")
+    boot_raw, knobs = {}, {}
+    names = bootparams.allowed_names(profile)
+    for key, val in params.items():
+        where = f"policy.params.{key}"
+        if key in KNOBS:
+            typ = KNOBS[key][0]
+            knobs[key] = _bool(where, val) if typ is bool else _int(where, val, 0)
+        elif key in names:
+            boot_raw[key] = _int(where, val)
+        else:
+            allowed = ", ".join(list(names) + list(KNOBS))
+            raise ConfigError(f"{where}: unknown key (allowed: {allowed})")
+    try:
+        given = bootparams.validate_params(boot_raw, profile)
+    except SlabtuneError as err:
+        raise ConfigError(f"policy.params: {err}") from None
+    if "cpu_partial" in knobs and not profile.has_cpu_partial:
+        raise ConfigError(f"policy.params.cpu_partial: profile {profile.name} has no per-CPU "
+                          "partial lists")
+    if "barns_on_memoryless_nodes" in knobs and profile.sheaves == "none":
+        raise ConfigError(f"policy.params.barns_on_memoryless_nodes: profile {profile.name} "
+                          "has no sheaves or barns")
+    if "sheaf_capacity" in knobs:
+        if profile.sheaves == "none":
+            raise ConfigError(f"policy.params.sheaf_capacity: profile {profile.name} has no "
+                              "sheaves")
+        if knobs["sheaf_capacity"] == 0:
+            raise ConfigError("policy.params.sheaf_capacity: 0 where sheaves are on (a sheaf "
+                              "must hold at least one object)")
+    if "min_partial" in knobs:
+        _int("policy.params.min_partial", knobs["min_partial"], 0, 1 << 20)
+    return (apply_knobs(profile, knobs), bootparams.params_from_validated(given), given, knobs)
+
+
+def workload_param_names(kind: str) -> tuple[str, ...]:
+    """Parameter names the constructor of a workload kind accepts from a config file."""
+    from slabtune.model import workloads as W  # the dynamics core's constructors
+
+    return tuple(W.spec_params(kind))
+
+
+def parse_workload(tab: dict) -> tuple[str, dict[str, Any], float]:
+    """[workload] -> (kind, parameters, other_ns); parameters are checked by name against
+    the kind's constructor and must be non-negative numbers (or booleans)."""
+    if "kind" not in tab:
+        raise ConfigError("workload.kind: missing")
+    kind = tab["kind"]
+    if kind not in WORKLOAD_KINDS:
+        raise ConfigError(f"workload.kind: {kind!r} is not one of {', '.join(WORKLOAD_KINDS)}")
+    allowed = ("kind", "other_ns") + workload_param_names(kind)
+    _no_unknown(tab, "workload", allowed)
+    params = {}
+    for key, val in tab.items():
+        if key in ("kind", "other_ns"):
+            continue
+        where = f"workload.{key}"
+        if isinstance(val, bool):
+            params[key] = val
+        elif isinstance(val, int):
+            params[key] = _int(where, val, 0)
+        else:
+            params[key] = _number(where, val)
+    other = _number("workload.other_ns", tab.get("other_ns", 0.0))
+    return kind, params, other
+
+
+def parse_run(tab: dict) -> tuple[int, int]:
+    """[run] -> (steps, seed)."""
+    _no_unknown(tab, "run", ("steps", "seed"))
+    steps = _int("run.steps", tab.get("steps", 2000), 1, _MAX_STEPS)
+    seed = _int("run.seed", tab.get("seed", 0), 0, (1 << 32) - 1)
+    return steps, seed
+
+
+def parse_doc(doc: dict) -> SimSpec:
+    """Validate a parsed TOML document into a :class:`SimSpec`."""
+    _no_unknown(doc, "config", _TOP_TABLES)
+    topo = parse_topology(_table(doc, "topology"))
+    cache = parse_cache(_table(doc, "cache"))
+    profile, boot, given, knobs = parse_policy(_table(doc, "policy"), cache)
+    kind, wparams, other = parse_workload(_table(doc, "workload"))
+    steps, seed = parse_run(_table(doc, "run", required=False))
+    return SimSpec(topo, cache, profile, boot, given, knobs, kind, wparams, other, steps, seed)
+
+
+def parse_text(text: str, where: str = "<config>") -> SimSpec:
+    """Parse TOML text; a syntax error is one line naming the file."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{where}: not valid TOML ({err})") from None
+    return parse_doc(doc)
+
+
+def load(path: str | Path) -> SimSpec:
+    """Read and validate a config file."""
+    p = Path(path)
+    return parse_text(p.read_text(), str(p))
+
+
+# --------------------------------------------------------------------------- cost files
+
+
+def default_cost_text() -> str:
+    """The packaged ``cost_default.toml``."""
+    return importlib.resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
+
+
+def load_cost(path: str | Path | None = None) -> tuple[C.CostParams, C.CostMeta]:
+    """Cost constants: the packaged defaults, overridden by the constants a file names."""
+    base, meta = C.parse_cost_toml(default_cost_text(), "cost_default.toml")
+    if path is None:
+        return base, meta
+    p = Path(path)
+    try:
+        return C.parse_cost_toml(p.read_text(), str(p), base=base)
+    except C.CostError as err:
+        raise ConfigError(f"{p}: {err}") from None

@@ -1,0 +1,138 @@
+"""Reproduce the seed scenarios: run every arm of :mod:`slabtune.model.scenarios` through the
+model and compare each published ratio with the model's.
+
+Rules (from the issue): directions must agree; headline ratios must be within a factor of
+1.5; a scenario's absolute times or IOPS may be scaled by ONE fitted constant, stated in
+the output (it cancels in every ratio); cost constants are global (the packaged defaults or
+a ``--cost`` file; any marked fitted there is reported).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from slabtune.model import scenarios as S
+from slabtune.sweeps import simconfig
+from slabtune.sweeps import simulate as SIM
+
+#: A model ratio within this of 1 counts as "no change" (and agrees with no direction).
+FLAT = 0.005
+#: Headline ratios must come out within this factor of the published ones.
+HEADLINE_FACTOR = 1.5
+
+
+def arm_spec(arm: dict[str, Any]) -> simconfig.SimSpec:
+    """A scenario arm as a validated spec; ``profile_patch`` replaces profile fields (the
+    kernel patch the seed discusses) and marks the profile name with ``+patch``."""
+    doc = {k: v for k, v in arm.items() if k != "profile_patch"}
+    spec = simconfig.parse_doc(doc)
+    patch = arm.get("profile_patch")
+    if patch:
+        prof = dataclasses.replace(spec.profile, name=spec.profile.name + "+patch", **patch)
+        spec = dataclasses.replace(spec, profile=prof)
+    return spec
+
+
+def _raw(metric: str, row: dict[str, Any]) -> float:
+    """The unscaled model quantity behind a row metric."""
+    if metric in ("time",):
+        return 1.0 / max(row["alloc_throughput_per_us"], 1e-30)
+    if metric == "iops":
+        return row["alloc_throughput_per_us"]
+    if metric == "sys_time":
+        return row["ns_per_op"]
+    if metric == "alloc_fastpath_pct":
+        return 100.0 * row["alloc_fastpath_frac"]
+    if metric == "free_fastpath_pct":
+        return 100.0 * row["free_fastpath_frac"]
+    raise ValueError(f"scenario metric {metric!r} is unknown")
+
+
+def _direction(ratio: float | None) -> int:
+    if ratio is None or not math.isfinite(ratio):
+        return 0
+    if ratio > 1.0 + FLAT:
+        return 1
+    if ratio < 1.0 - FLAT:
+        return -1
+    return 0
+
+
+def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None) -> dict[str, Any]:
+    """Run every arm of every scenario in one batch and build the comparison.
+
+    Returns ``{"rows": [...], "scenarios": [...], "cost": {...}}``; each row has
+    ``scenario, metric, label, arm, base, published, model, published_ratio, model_ratio,
+    direction_agrees, headline, within_factor``.
+    """
+    if cost is None:
+        cost, cost_meta = simconfig.load_cost()
+    keys, specs = [], []
+    for sc in scenarios:
+        for name, arm in sc["arms"].items():
+            keys.append((sc["name"], name))
+            specs.append(arm_spec(arm))
+    results = dict(zip(keys, SIM.run(specs, cost)))
+
+    rows, summaries = [], []
+    for sc in scenarios:
+        arms = {name: results[(sc["name"], name)] for name in sc["arms"]}
+        scale = sc.get("scale")
+        k, scale_text = 1.0, None
+        if scale:
+            fit_arm, fit_value = scale["fit_to"]
+            raw = _raw(scale["metric"], arms[fit_arm])
+            k = fit_value / raw if raw else float("nan")
+            scale_text = (f"k = {k:.6g} fitted so that {fit_arm} = {fit_value} {scale['unit']}"
+                          f" ({scale['what']})")
+
+        def value(metric, arm):
+            raw = _raw(metric, arms[arm])
+            return raw * k if metric in ("time", "iops", "sys_time") else raw
+
+        model_ratios = {}
+        for row in sc["rows"]:
+            m, a, b = row["metric"], row["arm"], row["base"]
+            mv, mb = value(m, a), value(m, b)
+            mr = mv / mb if mb else float("nan")
+            model_ratios[f"{a}/{b}"] = mr
+            pub, pub_b = row["published"], row["published_base"]
+            pr = pub / pub_b if (pub is not None and pub_b) else None
+            if pr is not None:
+                agrees = _direction(pr) != 0 and _direction(pr) == _direction(mr)
+            else:
+                lo, other = row["expect_ratio_between"]
+                hi = model_ratios.get(other, float("inf"))
+                agrees = _direction(mr) == 1 and lo < mr < hi
+            within = None
+            if row["headline"] and pr is not None:
+                within = max(mr / pr, pr / mr) <= HEADLINE_FACTOR if mr > 0 else False
+            rows.append({
+                "scenario": sc["name"], "metric": m, "label": row["label"],
+                "arm": a, "base": b,
+                "published": pub, "published_base": pub_b, "model": mv, "model_base": mb,
+                "published_ratio": pr, "model_ratio": mr,
+                "direction_agrees": bool(agrees), "headline": bool(row["headline"]),
+                "within_factor": within,
+                "expect": row.get("expect"),
+                "scale": scale_text,
+            })
+        summaries.append({
+            "scenario": sc["name"], "title": sc["title"], "assumptions": sc["assumptions"],
+            "scale": scale_text,
+            "arms": {name: _arm_summary(arms[name]) for name in sc["arms"]},
+        })
+    return {"rows": rows, "scenarios": summaries,
+            "cost": {"source": cost_meta.source if cost_meta else "given",
+                     "fitted": dict(cost_meta.fitted) if cost_meta else {}}}
+
+
+def _arm_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """The configuration of an arm spelled out, with its structure and key metrics."""
+    keep = ("order", "objs_per_slab", "min_partial", "cpu_partial", "cpu_partial_slabs",
+            "sheaf_capacity", "alloc_fastpath_frac", "free_fastpath_frac",
+            "slab_allocs_per_kop", "list_lock_per_kop", "list_lock_rho", "ns_per_op",
+            "alloc_throughput_per_us", "memory_bytes", "overhead_frac")
+    return {"config": row["config"], **{k: row[k] for k in keep}}

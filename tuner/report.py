@@ -155,7 +155,7 @@ def pairs(rows: pl.DataFrame, tasks: list[dict]) -> list[dict]:
         s = r.filter(pl.col("comparable") & pl.col("field").is_in(list(STRUCTURAL_FIELDS)))
         e: dict[str, Any] = {
             "task": t["task"], "candidate": t["candidate"], "topology": t["topology"],
-            "target": t["target"], "status": first.get("status", t["state"]),
+            "target": t["target"], "status": first.get("status", t["status"]),
             "accelerator": first.get("accelerator"), "attempts": first.get("attempts"),
             "structural_matched": int((s["predicted"] == s["measured"]).sum()) if s.height else 0,
             "structural_total": s.height,
@@ -201,6 +201,7 @@ def report(run) -> dict:
         "complete": run.complete,
         "tasks": len(tasks),
         "failed": len(failed),
+        "pending": sum(1 for t in tasks if t["state"] != "done"),
         "candidates": [c["id"] for c in run.manifest["spec"].get("candidates", [])],
         "topologies": run.manifest["spec"].get("topologies", []),
         "targets": run.manifest["spec"].get("targets", []),
@@ -242,7 +243,8 @@ def format_report(rep: dict) -> str:
     g, h = rep["structural"]["guest"], rep["structural"]["host"]
     sp = rep["speed"]
     lines = [
-        f"validation run {rep['run_id']}: {rep['tasks']} tasks, {rep['failed']} failed; "
+        f"validation run {rep['run_id']}: {rep['tasks']} tasks, {rep['failed']} failed"
+        + (f", {rep['pending']} pending" if rep["pending"] else "") + "; "
         f"targets {', '.join(rep['targets'])}; guest accelerator "
         f"{', '.join(rep['guest_accelerators']) or '-'}",
         f"structural (guest snapshots): {g['matched']}/{g['total']} fields match "
@@ -266,8 +268,8 @@ def format_report(rep: dict) -> str:
                  f"{'struct':>9} {'mem err':>8} {'cost ns':>8} {'time s':>8}")
     for p in rep["pairs"]:
         st = f"{p['structural_matched']}/{p['structural_total']}"
-        lines.append(f"{p['candidate']:<14} {p['topology']:<16} {p['target']:<7} "
-                     f"{p['status']:<7} {st:>9} {_fmt(p.get('mem_rel_err'), True):>8} "
+        lines.append(f"{p['candidate']!s:<14} {p['topology']!s:<16} {p['target']!s:<7} "
+                     f"{p['status']!s:<7} {st:>9} {_fmt(p.get('mem_rel_err'), True):>8} "
                      f"{_fmt(p.get('cost_predicted')):>8} {_fmt(p.get('time_measured')):>8}")
     for f in rep["failed_tasks"]:
         lines.append(f"failed task {f['task']} ({f['candidate']}, {f['topology']}, "

@@ -22,7 +22,11 @@ Targets (DESIGN.md section 6):
     per-CPU slab and per-CPU partial slabs, min_partial empty slabs per node with memory,
     sheaves).  The live-object count is an input taken from the guest: the model does not
     know how many objects hackbench leaves behind, so this compares how the model packs and
-    retains slabs around a live set, not the live set itself;
+    retains slabs around a live set, not the live set itself.  Caveat: sysfs ``objects``
+    (show_slab_objects() with SO_ALL|SO_OBJECTS, v6.1) is total_objects minus the free
+    objects of the node partial lists, so free objects sitting in per-CPU slabs and per-CPU
+    partial slabs count as live; the model then adds its own per-CPU slab terms on top,
+    which biases the prediction upwards (the guest dump has no ``cpu_slabs`` to undo it);
   - ``cost``: predicted ns per op of the spec's model workload (the cost model via
     :class:`slabtune.tuner.objectives.Evaluator`) against the measured workload wall time
     (seconds).  Only the rank correlation of these two is meaningful, and only under KVM.
@@ -882,7 +886,8 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
         raise SlabtuneError("--target: no task to run (host runs only the baseline)")
     meta = {"name": f"validate-{spec.name}", "evaluator": "validate", "chunk_size": 1,
             "targets": list(targets), "topologies": [t.name for t in spec.fleet.topologies],
-            "candidates": [c.to_json() for c in cands], "source": source, **info}
+            "candidates": [c.to_json() for c in cands], "source": source,
+            "plan": [[t.candidate.id, t.topology, t.target] for t in tasks], **info}
     spec_hash = hashlib.sha256(json.dumps([meta, spec.text], sort_keys=True).encode()).hexdigest()
     # the run directory is made once Ray is up, so a bad --ray-address leaves nothing behind
     with ray_session(ray_address, resources=local_resources()) as sess:
@@ -947,11 +952,14 @@ def is_validate_run(run) -> bool:
 def task_table(run) -> list[dict]:
     """One entry per task from the manifest (state, status, error)."""
     out = []
+    plan = run.manifest["spec"].get("plan") or []
     for i in range(run.n_chunks):
         st = run.manifest["chunks"]["states"].get(str(i), {})
-        out.append({"task": i, "state": st.get("state", "pending"), "status": st.get("status"),
-                    "candidate": st.get("candidate"), "topology": st.get("topology"),
-                    "target": st.get("target"), "error": st.get("error")})
+        cand, topo, target = plan[i] if i < len(plan) else ("?", "?", "?")
+        out.append({"task": i, "state": st.get("state", "pending"),
+                    "status": st.get("status") or "pending",
+                    "candidate": st.get("candidate", cand), "topology": st.get("topology", topo),
+                    "target": st.get("target", target), "error": st.get("error")})
     return out
 
 

@@ -50,9 +50,11 @@ def end_to_end(spec_ref: str, repeats: int, extra_env=None) -> dict:
                                    "--out", out, "--json"], capture_output=True, text=True,
                                   env=env)
             walls.append(time.perf_counter() - t0)
-            if proc.returncode != 0:
-                raise SystemExit(f"sweep run failed:\n{proc.stderr[-3000:]}")
-            doc = json.loads(proc.stdout)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                raise SystemExit(f"sweep run failed (rc {proc.returncode}):\n"
+                                 f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+            doc = json.loads(lines[-1])
             inner.append(doc["seconds"])
             rows = doc["rows"]
     return {"wall_s": walls, "median_wall_s": statistics.median(walls),

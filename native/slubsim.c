@@ -55,7 +55,7 @@
 
 struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
-	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill;
+	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
 	long steps, seed, sync_every, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
 	long rep_barn[MAX_REPS], rep_alloc_local[MAX_REPS];
@@ -87,6 +87,7 @@ static const struct key KEYS[] = {
 	{"barn_max_empty", K_INT, OFF(barn_max_empty), 0, 1 << 16, 10, 0},
 	{"remote_free_bypasses_sheaf", K_INT, OFF(remote_free_bypasses_sheaf), 0, 1, 0, 0},
 	{"partial_fill", K_INT, OFF(partial_fill), 0, 1, 1, 0},
+	{"partial_pick", K_INT, OFF(partial_pick), 0, 1, 0, 0},
 	{"steps", K_INT, OFF(steps), 1, 100000000, 1000, 0},
 	{"seed", K_INT, OFF(seed), 0, 0xffffffffL, 0, 0},
 	{"sync_every", K_INT, OFF(sync_every), 0, 1 << 30, 1, 0},
@@ -782,6 +783,20 @@ static void *cpu_slab_alloc_slow(struct cpu *cpu)
 	long moved = 0;
 	lock_node(cpu, node);
 	struct slab *h = &nodes[node].head;
+	if (C.partial_pick && h->next != h) {
+		/* not SLUB: take the emptiest partial slab first (what a model that packs objects
+		 * into as few partial slabs as possible assumes), to measure that assumption */
+		struct slab *best = h->next;
+		for (struct slab *t = best->next; t != h; t = t->next)
+			if (t->inuse < best->inuse)
+				best = t;
+		best->prev->next = best->next;
+		best->next->prev = best->prev;
+		best->next = h->next;
+		best->prev = h;
+		h->next->prev = best;
+		h->next = best;
+	}
 	while (h->next != h) {
 		s = h->next;
 		slab_lock(s);

@@ -292,7 +292,9 @@ KNOWN_MODEL_DEPARTURES = {
     ("slub-lockless-slowpaths-netperf-2011", "kmalloc-4k@160"):
         "model credits frees of other CPUs' objects to the freeing CPU's own CPU slab",
     ("slub-order-nr-cpus-2021", "v5.11@224"):
-        "model's packed partial slabs hand a CPU more free objects per slab than SLUB",
+        "model's packed partial lists hand a CPU the emptiest slab, SLUB the list head",
+    ("slub-dynamic-min-partial-2008", "static"):
+        "model's packed partial lists hand a CPU the emptiest slab, SLUB the list head",
 }
 
 
@@ -308,34 +310,24 @@ def _arms():
 
 @pytest.fixture(scope="module")
 def scenario_runs(binary):
-    """Every seed scenario arm: native fractions, and the model's from one batched call."""
-    import jax
-    import jax.numpy as jnp
-
-    from slabtune.model import dynamics as D
+    """Every seed scenario arm: the model's weighted fast-path fractions from
+    ``slabtune simulate``'s pipeline (one batched call), and the native allocator's."""
+    from slabtune.sweeps import simulate as SIM
 
     arms = _arms()
-    sims, cfgs, seeds = [], [], []
-    steps = None
+    specs = []
     for _, _, arm in arms:
         arm = dict(arm)
         patch = arm.pop("profile_patch", None)
-        spec = SC.parse_doc(arm)
-        sim = NV.sim_config_for_spec(spec, patch)
-        sims.append(sim)
-        cfgs.append(NV.config_from_sim(sim, spec.cache.size, steps=spec.steps, seed=spec.seed))
-        seeds.append(spec.seed)
-        assert steps in (None, spec.steps)
-        steps = spec.steps
-    keys = jnp.stack([jax.random.key(s) for s in seeds])
-    mc = D.counters_numpy(D.simulate_batch(keys, D.stack_configs(sims), steps))
+        specs.append(NV.patched_spec(SC.parse_doc(arm), patch))
+    cost, _ = SC.load_cost()
+    preds = SIM.run(specs, cost)
     out = {}
-    for i, (sc, name, _) in enumerate(arms):
-        w = np.asarray(sims[i].rep_weight, np.float64)
-        model = tuple(float((w * mc[f][i]).sum() / max((w * mc[t][i]).sum(), 1e-9))
-                      for f, t in (("alloc_fast", "allocs"), ("free_fast", "frees")))
-        res = NV.run(cfgs[i], binary=binary)
-        out[(sc, name)] = (model, NV.fastpath_fractions(res, cfgs[i].rep_weight), res)
+    for (sc, name, _), spec, pred in zip(arms, specs, preds):
+        cfg = NV.config_for_spec(spec)
+        res = NV.run(cfg, binary=binary)
+        model = (pred["alloc_fastpath_frac"], pred["free_fastpath_frac"])
+        out[(sc, name)] = (model, NV.fastpath_fractions(res, cfg.rep_weight), res)
     return out
 
 

@@ -129,6 +129,7 @@ class NativeConfig:
     seed: int = 0
     sync_every: int = 1
     partial_fill: int = 1
+    partial_pick: int = 0
 
     @property
     def reps(self) -> int:
@@ -149,6 +150,7 @@ class NativeConfig:
 
 
 def _ints(x) -> tuple[int, ...]:
+    """Integers of an array, or of a tuple of scalars, flattened."""
     return tuple(int(v) for v in np.asarray(x).reshape(-1))
 
 
@@ -165,7 +167,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
 
     d = D._derived(jax.tree_util.tree_map(jnp.asarray, sim))
     node = _ints(sim.rep_node)
-    has_barn = tuple(bool(np.asarray(x)) for x in d["has_barn"])
+    has_barn = tuple(bool(x) for x in _ints(d["has_barn"]))
     wl = sim.workload
     return NativeConfig(
         size=int(size),
@@ -181,9 +183,9 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         nodes=len(np.asarray(sim.node_has_memory)),
         rep_node=node,
         rep_mem_node=_ints(sim.rep_mem_node),
-        rep_local_node=tuple(int(np.asarray(x)) for x in d["local_node"]),
+        rep_local_node=_ints(d["local_node"]),
         rep_barn=tuple(n if b else -1 for n, b in zip(node, has_barn)),
-        rep_alloc_local=tuple(int(np.asarray(x)) for x in d["alloc_local"]),
+        rep_alloc_local=_ints(d["alloc_local"]),
         alloc_p=_ints(wl.alloc_p),
         live_target=_ints(wl.live_target),
         burst=_ints(wl.burst),
@@ -197,31 +199,25 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
     )
 
 
-def sim_config_for_spec(spec, profile_patch: dict | None = None):
-    """The model's SimConfig of a :class:`~slabtune.sweeps.simconfig.SimSpec`: structure
-    from :func:`slabtune.model.policy.structure` under the spec's profile (with
-    ``profile_patch`` applied, e.g. a scenario's kernel patch) and boot parameters, knobs as
-    sysfs overrides.  A ``cpu_partial`` knob (objects) becomes a profile whose table holds
-    that value in every size class, so the slab count comes from the model's formula."""
-    from slabtune.model import dynamics as D
-    from slabtune.model import policy as PL
+def patched_spec(spec, profile_patch: dict | None = None):
+    """``spec`` with ``profile_patch`` (fields of KernelProfile, e.g. a scenario's kernel
+    patch) applied to its profile."""
+    if not profile_patch:
+        return spec
+    return dataclasses.replace(spec, profile=dataclasses.replace(spec.profile, **profile_patch))
 
-    profile = spec.profile
-    if profile_patch:
-        profile = dataclasses.replace(profile, **profile_patch)
-    knobs = dict(spec.knobs)
-    if "cpu_partial" in knobs:
-        v = int(knobs["cpu_partial"])
-        profile = dataclasses.replace(profile, cpu_partial_objects=(v, v, v, v))
-    t, c, b = spec.topology, spec.cache, spec.boot
-    st = PL.structure(c.size, t.possible, t.present, t.online, PL.profile_arrays(profile),
-                      min_order=b.min_order, max_order=b.max_order, min_objects=b.min_objects,
-                      early=c.early, is_kmalloc=c.is_kmalloc, is_bootstrap=c.is_bootstrap,
-                      explicit_sheaf=c.explicit_sheaf)
-    st = PL.Structure(*(np.asarray(x) for x in st))
-    wl = {"kind": spec.workload_kind, **spec.workload_params}
-    return D.config_from(st, profile, t, wl, min_partial=knobs.get("min_partial"),
-                         sheaf_capacity=knobs.get("sheaf_capacity"))
+
+def sim_config_for_spec(spec, profile_patch: dict | None = None):
+    """The model's SimConfig of a :class:`~slabtune.sweeps.simconfig.SimSpec`, built exactly
+    as ``slabtune simulate`` builds it (:func:`slabtune.sweeps.simulate.structure_of` and
+    :func:`~slabtune.sweeps.simulate.sim_config`: structure from the policy formulas, knobs
+    as sysfs overrides), after applying ``profile_patch``."""
+    from slabtune.model import policy as PL
+    from slabtune.sweeps import simulate as SIM
+
+    spec = patched_spec(spec, profile_patch)
+    st = SIM.structure_of(spec)
+    return SIM.sim_config(spec, PL.Structure(*(np.asarray(x) for x in st)))
 
 
 def config_for_spec(spec, profile_patch: dict | None = None, *, sync_every: int = 1,
@@ -303,17 +299,3 @@ def fastpath_fractions(res: NativeResult, weights=None) -> tuple[float, float]:
             sums[k] += w * row["counters"][k]
     return (_ratio(sums["alloc_fastpath"], sums["allocs"]),
             _ratio(sums["free_fastpath"], sums["frees"]))
-
-
-def model_fastpath_fractions(sim, steps: int, seed: int = 0,
-                             weighted: bool = True) -> tuple[float, float]:
-    """(alloc, free) fast-path fractions the model's dynamics predict for ``sim``, reps
-    weighted by the CPUs they stand for (or not)."""
-    import jax
-
-    from slabtune.model import dynamics as D
-
-    c = D.counters_numpy(D.simulate(jax.random.key(seed), sim, steps))
-    w = np.asarray(sim.rep_weight, np.float64) if weighted else np.ones(len(c["allocs"]))
-    return (_ratio((w * c["alloc_fast"]).sum(), (w * c["allocs"]).sum()),
-            _ratio((w * c["free_fast"]).sum(), (w * c["frees"]).sum()))

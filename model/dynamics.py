@@ -251,10 +251,13 @@ def seed_of(key) -> jnp.ndarray:
 
 
 def _draws_at(seed, t):
-    """The (R, K) uint32 words of step ``t``: a counter-based hash of (seed, t, rep, k)."""
-    ctr = (jnp.asarray(t, _U32) * _U32(R * K) + jnp.arange(R * K, dtype=_U32))
-    s = _mix32(jnp.asarray(seed, _U32) ^ _U32(0x5BD1E995))
-    return _mix32((ctr * _U32(0x9E3779B9)) ^ s).reshape(R, K)
+    """The uint32 words of step ``t``, shape (R, K) + seed.shape: a counter-based hash of
+    (seed, t, rep, k)."""
+    seed = jnp.asarray(seed, _U32)
+    ctr = jnp.asarray(t, _U32) * _U32(R * K) + jnp.arange(R * K, dtype=_U32)
+    ctr = ctr.reshape((R, K) + (1,) * seed.ndim)
+    s = _mix32(seed ^ _U32(0x5BD1E995))
+    return _mix32((ctr * _U32(0x9E3779B9)) ^ s)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -266,22 +269,24 @@ def draws(key, steps: int) -> jnp.ndarray:
 
 
 # --------------------------------------------------------------------------- helpers
-# The step works on one configuration's arrays; under vmap every array gains a leading
-# batch axis.  Node-class and traced rep indices go through one-hot selects (N and R are
-# small); the rep being stepped is the fori_loop counter, the same for the whole batch.
+# The step works on a batch of configurations laid out batch-minor: a scalar of the model
+# is a (B,) vector, a per-rep field (R, B), a per-node field (N, B), so every operation is
+# a contiguous vector loop over the batch.  Node-class and traced rep indices go through
+# one-hot selects (N and R are small); the rep being stepped is the fori_loop counter,
+# the same for the whole batch, so its rows are plain dynamic slices.
 
-_NODES = np.arange(N, dtype=np.int32)
-_REPS = np.arange(R, dtype=np.int32)
+_NODES = np.arange(N, dtype=np.int32)[:, None]
+_REPS = np.arange(R, dtype=np.int32)[:, None]
 
 
 def _get(x, idx):
-    """x[idx] for a traced index, as a one-hot select and sum."""
+    """x[idx] per configuration for a traced index (B,), as a one-hot select and sum."""
     ar = _NODES if x.shape[0] == N else _REPS
-    return jnp.sum(jnp.where(ar == idx, x, 0))
+    return jnp.sum(jnp.where(ar == idx, x, 0), axis=0)
 
 
 def _add(x, idx, v):
-    """x with v added at a traced index."""
+    """x with v added at a traced index (B,)."""
     ar = _NODES if x.shape[0] == N else _REPS
     return x + jnp.where(ar == idx, v, 0)
 
@@ -373,7 +378,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     # ================================================================ allocation
     lo16 = _i(w1 & _U32(0xFFFF))
-    j = jnp.sum(_i(lo16 >= wl.free_cum[r]))  # first rep whose cumulative share exceeds it
+    j = jnp.sum(_i(lo16 >= wl.free_cum[r]), axis=0)  # first rep whose cumulative share exceeds it
     j = jnp.minimum(j, R - 1)
     cx.bump("allocs", do_a)
 
@@ -447,7 +452,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     c = _i(w1 >> 1) % jnp.maximum(st["pend_tot"][r], 1)
     in_cs = do_f & (c < pf) & (cfg.cpu_slab > 0)
     q = col - jnp.where(_REPS == r, pf, 0)
-    origin = jnp.sum(_i(jnp.cumsum(q) <= c - pf))   # first origin whose share covers it
+    origin = jnp.sum(_i(jnp.cumsum(q, axis=0) <= c - pf), axis=0)   # first origin whose share covers it
     origin = jnp.where(c < pf, r, jnp.minimum(origin, R - 1))
     n = _get(d["mem_node"], origin)
     remote = n != d["local_node"][r]
@@ -487,12 +492,12 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     Un = _get(st["part_inuse"], n)
     Sn = _get(st["part_slabs"], n)
     Fn = _get(st["full_slabs"], n)
-    z2 = jnp.stack([zc, zp], axis=-1).reshape(2 * R)    # (cs_0, pc_0, cs_1, pc_1, ...)
-    zcum = jnp.cumsum(z2)
+    z2 = jnp.stack([zc, zp], axis=1).reshape((2 * R,) + zc.shape[1:])  # cs_0, pc_0, cs_1..
+    zcum = jnp.cumsum(z2, axis=0)
     ztot = zcum[-1]
     tot = ztot + Un + Fn * objs
     dd = _i(w2 >> 1) % jnp.maximum(tot, 1)
-    slot = jnp.minimum(jnp.sum(_i(zcum <= dd)), 2 * R - 1)
+    slot = jnp.minimum(jnp.sum(_i(zcum <= dd), axis=0), 2 * R - 1)
     kk = slot // 2
     in_pc = (slot % 2) == 1
     to_frozen = other & (dd < ztot)
@@ -531,7 +536,9 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     cx.bump("free_fast", fhit | ffast)
     cx.bump("free_slow", do_f & ~(fhit | ffast))
-    st["counts"] = st["counts"].at[:, r].add(jnp.stack(cx.inc))
+    shape = jnp.shape(do_a)
+    st["counts"] = st["counts"].at[:, r].add(jnp.stack([jnp.broadcast_to(x, shape)
+                                                        for x in cx.inc]))
     return st
 
 
@@ -613,7 +620,7 @@ def _derived(cfg: SimConfig) -> dict:
         # the profile lets memoryless CPUs use sheaves (v7.1)
         local_node=jnp.where(memless & ~use_sh, node, mem),
         alloc_local=_i(~memless | (cfg.memoryless_fallback > 0)),
-        has_barn=jnp.any((node[:, None] == _NODES[None, :]) & barn_at[None, :], axis=1)
+        has_barn=jnp.any((node[None] == _NODES[:, :, None]) & barn_at[:, None], axis=0)
         & (cfg.sheaf_capacity > 0),
     )
 
@@ -621,7 +628,7 @@ def _derived(cfg: SimConfig) -> dict:
 def _gauges(st, d, cfg):
     """Per-step gauge values: rows (R,) and rows (N,)."""
     cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + st["pc_slabs"]
-    held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None, :], cs_held[:, None], 0),
+    held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None], cs_held[:, None], 0),
                    axis=0)
     S, U = st["part_slabs"], st["part_inuse"]
     rep = jnp.stack([st["out"], st["pc_slabs"], st["main"] + st["spare"]])
@@ -646,8 +653,10 @@ def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
 
 
 def init_state(cfg: SimConfig) -> State:
-    """Empty caches: no slabs, empty sheaves, nothing allocated."""
-    z = lambda *s: jnp.zeros(s, _I32)
+    """Empty caches: no slabs, empty sheaves, nothing allocated (batch-minor: every field
+    has a trailing batch axis of the size of ``cfg.objs_per_slab``)."""
+    bs = jnp.shape(cfg.objs_per_slab)
+    z = lambda *s: jnp.zeros(s + bs, _I32)
     return State(
         pend=z(R, R), pend_fast=z(R), out=z(R), pend_tot=z(R), cs_free=z(R), cs_inuse=z(R),
         cs_rfree=z(R), pc_slabs=z(R), pc_inuse=z(R), main=z(R), spare=z(R), phase=z(R),
@@ -658,56 +667,76 @@ def init_state(cfg: SimConfig) -> State:
 
 
 def _finish(st: State, steps: int) -> Counters:
-    c = {name: st.counts[k] for k, name in enumerate(COUNTER_FIELDS)}
+    """Counters of a batch-minor final state, batch-major ((B, R), (B, N))."""
+    front = lambda x: jnp.moveaxis(x, -1, 0)
+    c = {name: front(st.counts[k]) for k, name in enumerate(COUNTER_FIELDS)}
     den = jnp.float32(max(steps, 1))
     g = st.gsum_rep.astype(jnp.float32) / den
     gn = st.gsum_node.astype(jnp.float32) / den
     return Counters(
-        **c, list_lock_node=st.lock_node,
-        slabs_total=gn[0], objects_inuse=g[0], empty_slabs_kept=gn[1],
-        cpu_partial_slabs_held=g[1], sheaf_objects_held=g[2], barn_objects_held=gn[2],
-        outstanding=st.out,
+        **c, list_lock_node=front(st.lock_node),
+        slabs_total=front(gn[0]), objects_inuse=front(g[0]), empty_slabs_kept=front(gn[1]),
+        cpu_partial_slabs_held=front(g[1]), sheaf_objects_held=front(g[2]),
+        barn_objects_held=front(gn[2]), outstanding=front(st.out),
     )
 
 
-def run_state(seed_or_draws, cfg: SimConfig, steps: int, pre_drawn: bool) -> State:
-    """The final :class:`State` of a run (traceable; ``steps`` static)."""
-    cfg = jax.tree_util.tree_map(jnp.asarray, cfg)
+def _batch_minor(cfgs: SimConfig) -> SimConfig:
+    """Move the leading batch axis of every config field to the end."""
+    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(jnp.asarray(x), 0, -1), cfgs)
+
+
+def run_state(seeds_or_draws, cfgs: SimConfig, steps: int, pre_drawn: bool) -> State:
+    """The final batch-minor :class:`State` of a batch of runs (traceable; ``steps``
+    static).  ``cfgs`` is batch-major (see :func:`stack_configs`); ``seeds_or_draws`` is
+    (B,) uint32 seeds or (steps, R, K, B) words."""
+    cfg = _batch_minor(cfgs)
     d = _derived(cfg)
     st0 = init_state(cfg)._asdict()
     if pre_drawn:
         def body(st, w):
             return step(w, st, cfg, d), None
-        xs = seed_or_draws
+        xs = seeds_or_draws
     else:
-        seed = seed_or_draws
+        seeds = seeds_or_draws
 
         def body(st, t):
-            return step(_draws_at(seed, t), st, cfg, d), None
+            return step(_draws_at(seeds, t), st, cfg, d), None
         xs = jnp.arange(steps, dtype=_U32)
     st, _ = lax.scan(body, st0, xs)
     return State(**st)
+
+
+def _one(cfg: SimConfig) -> SimConfig:
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], cfg)
+
+
+def _first(c: Counters) -> Counters:
+    return Counters(*(x[0] for x in c))
 
 
 @functools.partial(jax.jit, static_argnums=2)
 def simulate(key, cfg: SimConfig, steps: int) -> Counters:
     """Run ``steps`` steps of configuration ``cfg`` from empty caches; the random stream is
     fixed by ``key`` (see :func:`draws`)."""
-    return _finish(run_state(seed_of(key), cfg, steps, False), steps)
+    seeds = seed_of(key)[None]
+    return _first(_finish(run_state(seeds, _one(cfg), steps, False), steps))
 
 
 @jax.jit
 def simulate_draws(w, cfg: SimConfig) -> Counters:
     """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)."""
-    return _finish(run_state(w, cfg, w.shape[0], True), w.shape[0])
+    steps = w.shape[0]
+    return _first(_finish(run_state(w[..., None], _one(cfg), steps, True), steps))
 
 
 @functools.partial(jax.jit, static_argnums=2)
 def simulate_batch(keys, cfgs: SimConfig, steps: int) -> Counters:
-    """:func:`simulate` vmapped over configurations (leading axis of ``keys`` and of every
-    field of ``cfgs``, see :func:`stack_configs`)."""
-    return jax.vmap(lambda k, c: _finish(run_state(seed_of(k), c, steps, False), steps))(
-        keys, cfgs)
+    """:func:`simulate` over a batch of configurations (leading axis of ``keys`` and of
+    every field of ``cfgs``, see :func:`stack_configs`); the same result as vmapping
+    :func:`simulate`, computed batch-minor."""
+    seeds = jax.vmap(seed_of)(keys)
+    return _finish(run_state(seeds, cfgs, steps, False), steps)
 
 
 def counters_numpy(c: Counters) -> dict:

@@ -66,14 +66,29 @@ SLUB_ORDER_2021 = {
 # --------------------------------------------------------------------------- 2011
 
 
+#: Objects of one cache a netperf TCP_RR thread has in flight (one transaction).
+NETPERF_LIVE_PER_THREAD = 8
+#: Which CPU frees what (Rientjes in the seed): kmalloc-256 and kmalloc-4k objects are
+#: allocated by the threads and freed on the interrupt CPU, kmalloc-1k objects mostly
+#: freed where they were allocated (the interrupt CPU's share of its frees is the slow
+#: path).  Fraction of the threads' objects freed by the interrupt CPU:
+NETPERF_IRQ_FREE = {"kmalloc-256": 0.95, "kmalloc-1k": 0.25, "kmalloc-4k": 0.95}
+#: CPUs running netperf threads (all but the interrupt CPU of the 16).
+_NETPERF_APP_CPUS = 15
+
+
 def _netperf(cache: str, threads: int) -> dict[str, Any]:
     """netperf TCP_RR client, ``threads`` threads on a 16-core 4-node machine (v3.1, no
-    per-CPU partial lists); the network interrupt lands on one CPU."""
+    per-CPU partial lists); the network interrupt lands on one CPU.  More threads than CPUs
+    means more transactions, hence more objects, in flight per CPU."""
+    per_cpu = -(-threads // _NETPERF_APP_CPUS)
     return {
         "topology": {"cpus": 16, "nodes": 4},
         "cache": {"name": cache},
         "policy": {"profile": "v3.1"},
-        "workload": {"kind": "request_response", "threads": threads},
+        "workload": {"kind": "request_response", "threads": threads,
+                     "irq_free": NETPERF_IRQ_FREE[cache],
+                     "live": NETPERF_LIVE_PER_THREAD * per_cpu},
         "run": {"steps": 3000, "seed": 2},
     }
 
@@ -114,12 +129,12 @@ DOUBLED_SHEAF_BASE = (6, 24, 52, 120)
 
 def _block_io(profile: str, **patch) -> dict[str, Any]:
     """Random-read block I/O (ublk/io_uring): a bio allocated on the submitting CPU, freed
-    on the completion CPU; most CPUs sit on nodes without memory."""
+    on a completion CPU of a memoryless node; most CPUs sit on nodes without memory."""
     arm = {
         "topology": {"cpus": 128, "nodes": 8, "memoryless_nodes": [1, 2, 3, 5, 6, 7]},
         "cache": {"name": "bio-248"},
         "policy": {"profile": profile},
-        "workload": {"kind": "block_io"},
+        "workload": {"kind": "block_io", "completion_remote": True},
         "run": {"steps": 3000, "seed": 3},
     }
     if patch:

@@ -11,6 +11,7 @@ compilation cache, see :func:`slabtune.sweeps.evaluators.configure_jax`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -65,44 +66,79 @@ def sim_config(spec: SimSpec, structure):
     return D.config_from(structure, effective_profile(spec), spec.topology, workload, **kw)
 
 
-def run(specs: list[SimSpec], cost: C.CostParams) -> list[dict[str, Any]]:
-    """Simulate every spec; return one flat dict per spec: the structural fields, the
-    metrics (``page_allocs_per_kop_by_order`` as a list) and the configuration."""
+def simulate_specs(specs: list[SimSpec]):
+    """Structure, dynamics configuration and counters of every spec (one padded batch per
+    step count); returns three lists in the order of ``specs``."""
     import jax
 
     from slabtune.sweeps.evaluators import configure_jax
 
     configure_jax()
     from slabtune.model import dynamics as D
-    from slabtune.model import metrics as M
 
     structs = [structure_of(s) for s in specs]
     cfgs = [sim_config(s, st) for s, st in zip(specs, structs)]
-    results: list[dict[str, Any] | None] = [None] * len(specs)
+    counters: list[Any] = [None] * len(specs)
     by_steps: dict[int, list[int]] = {}
     for i, s in enumerate(specs):
         by_steps.setdefault(s.steps, []).append(i)
-    batch_metrics = jax.jit(jax.vmap(
-        lambda cnt, cfg, pcp, osz, steps, other: M.compute(
-            cnt, cfg, cost, pcp_max=pcp, object_size=osz, steps=steps, other_ns=other)))
     for steps, idx in by_steps.items():
         for lo in range(0, len(idx), BATCH):
             chunk = idx[lo:lo + BATCH]
             pad = chunk + [chunk[0]] * (BATCH - len(chunk))
             stacked = D.stack_configs([cfgs[i] for i in pad])
             keys = jax.vmap(jax.random.key)(np.array([specs[i].seed for i in pad], np.uint32))
-            counters = D.simulate_batch(keys, stacked, steps)
-            pcp = np.array([C.pcp_max_order(specs[i].profile.version) for i in pad], np.int32)
-            osz = np.array([specs[i].cache.object_size for i in pad], np.float32)
-            stp = np.full(len(pad), steps, np.float32)
-            other = np.array([specs[i].other_ns for i in pad], np.float32)
-            met = batch_metrics(counters, stacked, pcp, osz, stp, other)
-            met = {k: np.asarray(v) for k, v in met._asdict().items()}
+            out = D.simulate_batch(keys, stacked, steps)
             for j, i in enumerate(chunk):
-                row: dict[str, Any] = {f: int(np.asarray(getattr(structs[i], f)))
-                                       for f in STRUCT_FIELDS}
-                for k, v in met.items():
-                    row[k] = v[j].tolist() if v[j].ndim else float(v[j])
-                row["config"] = specs[i].describe()
-                results[i] = row
-    return results  # type: ignore[return-value]
+                counters[i] = jax.tree_util.tree_map(lambda x, j=j: np.asarray(x[j]), out)
+    return structs, cfgs, counters
+
+
+@functools.lru_cache(maxsize=1)
+def _metrics_fn():
+    import jax
+
+    from slabtune.model import metrics as M
+
+    return jax.jit(jax.vmap(
+        lambda cnt, cfg, cost, pcp, osz, steps, other: M.compute(
+            cnt, cfg, cost, pcp_max=pcp, object_size=osz, steps=steps, other_ns=other),
+        in_axes=(0, 0, None, 0, 0, 0, 0)))
+
+
+def _batch_metrics(*args):
+    return _metrics_fn()(*args)
+
+
+def metrics_of(specs: list[SimSpec], structs, cfgs, counters, cost: C.CostParams
+               ) -> list[dict[str, Any]]:
+    """One flat dict per spec: structural fields, metrics (the by-order vector as a list)
+    and the configuration spelled out."""
+    import jax
+
+    from slabtune.model import dynamics as D
+
+    n = len(specs)
+    pad = list(range(n)) + [0] * (-n % BATCH)
+    stacked = D.stack_configs([cfgs[i] for i in pad])
+    cnts = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[counters[i] for i in pad])
+    pcp = np.array([C.pcp_max_order(specs[i].profile.version) for i in pad], np.int32)
+    osz = np.array([specs[i].cache.object_size for i in pad], np.float32)
+    stp = np.array([specs[i].steps for i in pad], np.float32)
+    other = np.array([specs[i].other_ns for i in pad], np.float32)
+    met = _batch_metrics(cnts, stacked, cost, pcp, osz, stp, other)
+    met = {k: np.asarray(v) for k, v in met._asdict().items()}
+    results = []
+    for i in range(n):
+        row: dict[str, Any] = {f: int(np.asarray(getattr(structs[i], f))) for f in STRUCT_FIELDS}
+        for k, v in met.items():
+            row[k] = v[i].tolist() if v[i].ndim else float(v[i])
+        row["config"] = specs[i].describe()
+        results.append(row)
+    return results
+
+
+def run(specs: list[SimSpec], cost: C.CostParams) -> list[dict[str, Any]]:
+    """Simulate every spec and compute its metrics (see :func:`metrics_of`)."""
+    structs, cfgs, counters = simulate_specs(specs)
+    return metrics_of(specs, structs, cfgs, counters, cost)

@@ -315,6 +315,7 @@ class _Ctx:
         self.r = r
         self.d = d
         self.inc = [_i(0)] * len(COUNTER_FIELDS)
+        self.locks = {}   # id(node) -> [node, acquisitions]: one one-hot add per node
 
     def bump(self, name, v):
         self.inc[_CI[name]] = self.inc[_CI[name]] + _i(v)
@@ -323,7 +324,13 @@ class _Ctx:
         """A list_lock acquisition on node class ``node`` (where ``cond``)."""
         self.bump("list_lock", cond)
         self.bump("list_lock_remote", cond & (node != self.d["node"][self.r]))
-        self.st["lock_node"] = _add(self.st["lock_node"], node, _i(cond))
+        ent = self.locks.setdefault(id(node), [node, _i(0)])
+        ent[1] = ent[1] + _i(cond)
+
+    def flush_locks(self):
+        for node, cnt in self.locks.values():
+            self.st["lock_node"] = _add(self.st["lock_node"], node, cnt)
+        self.locks = {}
 
     def rset(self, name, v, cond=True):
         """Set this rep's entry of a per-rep field (where ``cond``)."""
@@ -536,6 +543,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     cx.bump("free_fast", fhit | ffast)
     cx.bump("free_slow", do_f & ~(fhit | ffast))
+    cx.flush_locks()
     shape = jnp.shape(do_a)
     st["counts"] = st["counts"].at[:, r].add(jnp.stack([jnp.broadcast_to(x, shape)
                                                         for x in cx.inc]))

@@ -374,14 +374,17 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert res.tasks == 4 and res.failed == 0
     run = store.open_run(res.run_dir)
     rows = run.collect()
-    assert set(rows["field"]) == {"native_cost", "alloc_fastpath_pct", "free_fastpath_pct"}
+    assert set(rows["field"]) == {"native_cost", "native_wall", "alloc_fastpath_pct",
+                                  "free_fastpath_pct"}
+    # wall-clock rows are kept for reference and never counted
+    assert not rows.filter(pl.col("field") == "native_wall")["comparable"].any()
     mp = rows.filter(pl.col("candidate") == "mp")
     applied = json.loads(mp["applied"][0])
     # kmalloc-512: min_partial clamp(ilog2(512) / 2, 1, 1) = 1; cpu_partial 8 objects
     assert applied["applied"] == {"slub_max_order": 1, "min_partial": 1, "cpu_partial": 8}
     assert applied["not_applied"] == {"order_objects_mul": 2}
     for r in rows.iter_rows(named=True):
-        assert r["measured"] >= 0 and r["predicted"] >= 0
+        assert r["measured"] > 0 and r["predicted"] > 0
         if r["field"].endswith("_pct"):
             assert 0 <= r["measured"] <= 100 and 0 <= r["predicted"] <= 100
     rep = R.report(run)

@@ -42,9 +42,11 @@ Targets (DESIGN.md section 6):
   :func:`slabtune.tuner.objectives.cache_values`) are applied; kernel-only knobs are listed
   as not applied.  The model's side (:func:`slabtune.sweeps.simulate.run`: structure,
   dynamics, metrics) is computed in the driver in one batch for every pair and travels
-  with the task.  Rows: ``native_cost`` (machine-wide ns per op: the model's
-  1 / throughput against the binary's wall time over all threads' ops, from a timing run
-  whose threads do not meet at a barrier every step), ``alloc_fastpath_pct`` and
+  with the task.  Rows: ``native_cost`` (the model's ns per alloc+free pair against the
+  binary's CPU time per pair, medians of timing runs whose threads do not meet at a barrier
+  every step; CPU time because wall time on a shared machine measures the queue for a
+  core), ``native_wall`` (machine-wide wall ns per op against the model's 1 / throughput,
+  kept for reference, not counted), ``alloc_fastpath_pct`` and
   ``free_fastpath_pct`` (the model against the binary's counters from a run in lockstep
   with the model, reps weighted by the CPUs they stand for).  The threads of a 4-CPU
   topology share whatever cores the machine has, so timings there are oversubscribed.
@@ -66,7 +68,9 @@ import hashlib
 import json
 import math
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import time
 import tomllib
@@ -362,7 +366,7 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
 
 NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,
                    "workload": {"kind": "local", "live": 64, "burst": 32},
-                   "timing_sync_every": 0, "timing_steps": 1_000_000, "timing_repeats": 3}
+                   "timing_sync_every": 0, "timing_steps": 1_000_000, "timing_repeats": 5}
 
 
 def _parse_native(tab: Any, fleet) -> dict:
@@ -716,24 +720,26 @@ def _check_workload(sim) -> None:
         raise SlabtuneError(f"validate.native.workload: {err}") from None
 
 
-def native_doc(spec: ValidateSpec, cand: Candidate, topology_name: str) -> tuple[dict, dict]:
+def native_doc(spec: ValidateSpec, cand: Candidate, topology_name: str,
+               per_cache: Mapping[str, int] | None = None) -> tuple[dict, dict]:
     """The sweeps/simconfig.py document of one native (candidate, topology) pair, and what
-    of the candidate it applies and leaves out."""
-    from slabtune.tuner import objectives as O
+    of the candidate it applies and leaves out.  ``per_cache`` holds the candidate's
+    per-cache values of the native cache (:func:`slabtune.tuner.objectives.cache_values`);
+    without it the sysfs knobs are left out (enough to check the document up front)."""
     from slabtune.tuner.space import KNOBS
 
     nat = spec.native
     t = spec.topology(topology_name)
     prof = spec.fleet.profile
-    per_cache = O.cache_values(spec.fleet, cand.params())[nat["cache"]]
     params: dict[str, int] = {k: int(v) for k, v in cand.boot.items()}
     applied = dict(params)
     searched = set(cand.knobs)
-    if searched & {"min_partial_divisor", "min_partial_lo", "min_partial_hi"}:
-        params["min_partial"] = applied["min_partial"] = per_cache["min_partial"]
-    if prof.has_cpu_partial and searched & {"cpu_partial_page", "cpu_partial_1k",
-                                            "cpu_partial_256", "cpu_partial_small"}:
-        params["cpu_partial"] = applied["cpu_partial"] = per_cache["cpu_partial"]
+    if per_cache is not None:
+        if searched & {"min_partial_divisor", "min_partial_lo", "min_partial_hi"}:
+            params["min_partial"] = applied["min_partial"] = int(per_cache["min_partial"])
+        if prof.has_cpu_partial and searched & {"cpu_partial_page", "cpu_partial_1k",
+                                                "cpu_partial_256", "cpu_partial_small"}:
+            params["cpu_partial"] = applied["cpu_partial"] = int(per_cache["cpu_partial"])
     left = {k: v for k, v in cand.knobs.items() if KNOBS[k].reach == "kernel"}
     topo = {"cpus": t.present, "nodes": t.nodes, "node_cpus": list(t.node_cpus),
             "memoryless_nodes": list(t.memoryless_nodes), "possible": t.possible,
@@ -744,33 +750,35 @@ def native_doc(spec: ValidateSpec, cand: Candidate, topology_name: str) -> tuple
     return doc, {"applied": applied, "not_applied": left}
 
 
-def native_predictions(tasks: Sequence[dict], spec: ValidateSpec) -> None:
-    """Fill ``task["native"]`` of every native task with its simconfig document and the
-    model's metrics for it, simulated in one batch (one compilation)."""
+def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> dict:
+    """Body of the Ray task that predicts every native pair in one batch (one compilation):
+    index -> ``{"spec_native", "native": {"doc", "applied", "model"}}``.  Runs in a worker so
+    the driver never imports JAX."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from slabtune.sweeps import simconfig as SC
     from slabtune.sweeps import simulate as SIM
+    from slabtune.tuner import objectives as O
 
-    todo = [t for t in tasks if t["target"] == "native"]
-    if not todo:
-        return
+    spec = parse_spec(spec_text, spec_name)
     docs = []
-    for t in todo:
-        doc, applied = native_doc(spec, Candidate.from_json(t["candidate"]), t["topology"])
-        try:
-            SC.parse_doc(doc)
-        except SlabtuneError as err:
-            raise SlabtuneError(f"candidate {t['candidate']['id']} (native): {err}") from None
-        docs.append((doc, applied))
+    for t in tasks:
+        cand = Candidate.from_json(t["candidate"])
+        per_cache = O.cache_values(spec.fleet, cand.params())[spec.native["cache"]]
+        docs.append(native_doc(spec, cand, t["topology"], per_cache))
     cost, _ = SC.load_cost()
     preds = SIM.run([SC.parse_doc(d) for d, _ in docs], cost)
-    for t, (doc, applied), pred in zip(todo, docs, preds):
-        t["spec_native"] = dict(spec.native)
-        t["native"] = {"doc": doc, "applied": applied,
-                       "model": {k: pred[k] for k in ("ns_per_op", "throughput_ops_per_us",
-                                                      "alloc_fastpath_frac",
-                                                      "free_fastpath_frac", "order",
-                                                      "objs_per_slab", "min_partial",
-                                                      "cpu_partial")}}
+    keep = ("ns_per_op", "throughput_ops_per_us", "alloc_fastpath_frac", "free_fastpath_frac",
+            "order", "objs_per_slab", "min_partial", "cpu_partial")
+    return {t["index"]: {"spec_native": dict(spec.native),
+                         "native": {"doc": doc, "applied": applied,
+                                    "model": {k: pred[k] for k in keep}}}
+            for t, (doc, applied), pred in zip(tasks, docs, preds)}
+
+
+def _children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's waited-for children."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def run_native_task(task: dict) -> list[dict]:
@@ -786,14 +794,17 @@ def run_native_task(task: dict) -> list[dict]:
     try:
         res = N.run(cfg, timeout=timeout)
         # timing runs: longer (timing_steps), threads meeting at a barrier only every
-        # timing_sync_every steps (0: never), so the wall time is the allocator's and not
-        # the per-step barrier's; the median of timing_repeats runs
+        # timing_sync_every steps (0: never), so the time is the allocator's and not the
+        # per-step barrier's; medians of timing_repeats runs
         sn = task["spec_native"]
         tcfg = dataclasses.replace(cfg, sync_every=int(sn["timing_sync_every"]),
                                    steps=int(sn["timing_steps"]))
-        timings = sorted(N.run(tcfg, timeout=timeout).ns_per_op
-                         for _ in range(int(sn["timing_repeats"])))
-        measured_ns = timings[len(timings) // 2]
+        cpu_ns, wall_ns = [], []
+        for _ in range(int(sn["timing_repeats"])):
+            cpu0 = _children_cpu_seconds()
+            tr = N.run(tcfg, timeout=timeout)
+            cpu_ns.append((_children_cpu_seconds() - cpu0) * 1e9 / max(tr.counters["ops"], 1))
+            wall_ns.append(tr.ns_per_op)
     except N.NativeError as err:
         return failed_rows(task, str(err), seconds=time.monotonic() - t0)
     fa, ff = N.fastpath_fractions(res, cfg.rep_weight)
@@ -802,14 +813,19 @@ def run_native_task(task: dict) -> list[dict]:
               "applied": json.dumps(nat["applied"], sort_keys=True), "profile": sim.profile.name,
               "cache": sim.cache.name, "comparable": True,
               "note": f"{res.threads} threads; counters {nat['doc']['run']['steps']} "
-                      f"steps; timing median of {len(timings)} x {tcfg.steps} steps"}
-    # machine-wide time per op on both sides: the model's 1 / throughput (every CPU of the
-    # topology busy) against the binary's wall time / all threads' ops
+                      f"steps; timing median of {len(cpu_ns)} x {tcfg.steps} steps"}
+    # CPU time per alloc+free pair (user + system time of the binary over all its threads,
+    # twice the per-op figure) against the model's ns per pair: waiting for a core on a
+    # shared machine does not count, spinning on a contended lock does.  The wall-clock
+    # machine-wide figure (against the model's 1 / throughput) is kept beside it.
     thr = float(m["throughput_ops_per_us"])
     return [
-        _row(task, **common, field="native_cost",
+        _row(task, **common, field="native_cost", predicted=float(m["ns_per_op"]),
+             measured=2.0 * statistics.median(cpu_ns),
+             unit="CPU ns per alloc+free pair (model: ns per pair)"),
+        _row(task, **{**common, "comparable": False}, field="native_wall",
              predicted=1000.0 / thr if thr > 0 else float("nan"),
-             measured=float(measured_ns), unit="machine-wide ns per op"),
+             measured=statistics.median(wall_ns), unit="machine-wide wall ns per op"),
         _row(task, **common, field="alloc_fastpath_pct",
              predicted=100.0 * float(m["alloc_fastpath_frac"]), measured=100.0 * fa, unit="%"),
         _row(task, **common, field="free_fastpath_pct",
@@ -918,7 +934,18 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
     remote = ray.remote(max_retries=MAX_RETRIES,
                         retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
     tds = [_task_dict(t, spec, timeout_s) for t in tasks]
-    native_predictions(tds, spec)
+    nat = [td for td in tds if td["target"] == "native"]
+    if nat:
+        model = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
+            native_model_task).options(num_cpus=1)
+        try:
+            filled = ray.get(model.remote(nat, spec.text, spec.name))
+        except ray.exceptions.RayError as err:
+            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            raise SlabtuneError("native: the model's predictions failed: "
+                                + (lines[-1] if lines else err.__class__.__name__)) from None
+        for td in nat:
+            td.update(filled[td["index"]])
     refs = {}
     for td in tds:
         t = tasks[td["index"]]

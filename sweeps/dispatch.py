@@ -54,6 +54,8 @@ def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) ->
         if not os.path.exists(marker):
             open(marker, "w").close()
             raise RuntimeError(f"injected failure of chunk {index} (test hook)")
+    import jax  # noqa: F401  (the first import in a worker is start-up, not model time)
+
     t0 = time.perf_counter()
     ch = grid.chunk(spec, index)
     t1 = time.perf_counter()

@@ -220,11 +220,13 @@ def report(run) -> dict:
                                      "tuner.check.predict_boot (guest kernel profile, boot params)",
             "median_mem_rel_err": "guest after-dump slabs << order of the driven caches vs "
                                   "tuner.objectives.structural_memory at the measured live objects",
-            "spearman_time": {"native": "native allocator ns/op vs modelled ns/op",
+            "spearman_time": {"native": "native allocator CPU ns per alloc+free pair vs "
+                                        "the model's ns per pair",
                               "guest-kvm": "guest workload wall time under KVM vs modelled ns/op",
                               None: "no comparable timings (guest timings under TCG do not "
                                     "count and no native run)"}[sp["speed_source"]],
-            "native_fastpath_max_abs_diff_pp": "native allocator counters vs model dynamics",
+            "native_fastpath_max_abs_diff_pp": "native allocator counters (lockstep run) vs "
+                                               "the model's dynamics counters",
         },
         "failed_tasks": [{k: t[k] for k in ("task", "candidate", "topology", "target", "error")}
                          for t in failed],

@@ -316,6 +316,7 @@ class _Ctx:
         self.d = d
         self.inc = [_i(0)] * len(COUNTER_FIELDS)
         self.locks = {}   # id(node) -> [node, acquisitions]: one one-hot add per node
+        self.rows = {}    # per-rep field -> this rep's current (B,) entry
 
     def bump(self, name, v):
         self.inc[_CI[name]] = self.inc[_CI[name]] + _i(v)
@@ -332,19 +333,36 @@ class _Ctx:
             self.st["lock_node"] = _add(self.st["lock_node"], node, cnt)
         self.locks = {}
 
+    # This rep's entries of per-rep fields are kept as (B,) values while the op runs and
+    # written back once (one dynamic-update-slice per field instead of one per update).
+
+    def row(self, name):
+        """This rep's current entry of a per-rep field."""
+        if name not in self.rows:
+            self.rows[name] = self.st[name][self.r]
+        return self.rows[name]
+
+    def whole(self, name):
+        """A per-rep field with this rep's pending entry written back."""
+        if name in self.rows:
+            self.st[name] = self.st[name].at[self.r].set(self.rows.pop(name))
+        return self.st[name]
+
+    def write_rows(self):
+        for name in list(self.rows):
+            self.whole(name)
+
     def rset(self, name, v, cond=True):
         """Set this rep's entry of a per-rep field (where ``cond``)."""
-        x = self.st[name]
-        self.st[name] = x.at[self.r].set(jnp.where(cond, v, x[self.r]))
+        self.rows[name] = jnp.where(cond, v, self.row(name))
 
     def radd(self, name, v):
-        x = self.st[name]
-        self.st[name] = x.at[self.r].add(_i(v))
+        self.rows[name] = self.row(name) + _i(v)
 
     def nadd(self, name, n, v):
-        """Add ``v`` at node class ``n`` of a per-node field (or rep ``n`` of a per-rep
-        field when ``n`` is traced)."""
-        self.st[name] = _add(self.st[name], n, _i(v))
+        """Add ``v`` at node class ``n`` of a per-node field (or at rep ``n`` of a per-rep
+        field, ``n`` traced)."""
+        self.st[name] = _add(self.whole(name), n, _i(v))
 
 
 # --------------------------------------------------------------------------- the step
@@ -370,16 +388,16 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # ---- workload: allocate or free?
     alloc_p = wl.alloc_p[r]
     burst = wl.burst[r]
-    can_a = (wl.active[r] > 0) & (alloc_p > 0) & (st["out"][r] < wl.live_target[r])
-    can_f = (wl.active[r] > 0) & (st["pend_tot"][r] > 0)
+    can_a = (wl.active[r] > 0) & (alloc_p > 0) & (cx.row("out") < wl.live_target[r])
+    can_f = (wl.active[r] > 0) & (cx.row("pend_tot") > 0)
     bursty = burst > 0
-    want_a = jnp.where(bursty, st["phase"][r] == 0, _i(w0 >> 16) < alloc_p)
+    want_a = jnp.where(bursty, cx.row("phase") == 0, _i(w0 >> 16) < alloc_p)
     do_a = can_a & (want_a | ~can_f)
     do_f = can_f & ~do_a
     did = do_a | do_f
-    left = st["phase_left"][r] - _i(bursty & did)
+    left = cx.row("phase_left") - _i(bursty & did)
     flip = bursty & did & (left <= 0)
-    cx.rset("phase", 1 - st["phase"][r], flip)
+    cx.rset("phase", 1 - cx.row("phase"), flip)
     cx.rset("phase_left", jnp.where(flip, burst, left))
     cx.bump("ops", did)
 
@@ -391,7 +409,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     # -- sheaf path (alloc_from_pcs, __pcs_replace_empty_main)
     a_sh = do_a & sheaves
-    main_r, spare_r = st["main"][r], st["spare"][r]
+    main_r, spare_r = cx.row("main"), cx.row("spare")
     hit = a_sh & (main_r > 0)
     swap = a_sh & ~hit & (spare_r > 0)
     bget = a_sh & ~hit & ~swap & has_barn & (_get(st["barn_full"], own) > 0)
@@ -412,17 +430,17 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     # -- CPU slab (slab_alloc fast path, ___slab_alloc)
     a_cs = do_a & ~sheaves & ~direct
-    fast = a_cs & (st["cs_free"][r] > 0)
+    fast = a_cs & (cx.row("cs_free") > 0)
     slow = a_cs & ~fast
-    rf = slow & (st["cs_rfree"][r] > 0)
+    rf = slow & (cx.row("cs_rfree") > 0)
     newslab = slow & ~rf
-    deact_full = newslab & (st["cs_inuse"][r] > 0)
-    from_pc = newslab & (st["pc_slabs"][r] > 0)
+    deact_full = newslab & (cx.row("cs_inuse") > 0)
+    from_pc = newslab & (cx.row("pc_slabs") > 0)
     S_m = _get(st["part_slabs"], m)
     U_m = _get(st["part_inuse"], m)
     from_node = newslab & ~from_pc & (S_m > 0)
     from_page = newslab & ~from_pc & ~from_node
-    pcs, pcu = st["pc_slabs"][r], st["pc_inuse"][r]
+    pcs, pcu = cx.row("pc_slabs"), cx.row("pc_inuse")
     pc_h = jnp.where(pcs > _nonempty(pcs, pcu, cap1), 0, pcu - (pcs - 1) * cap1)
     nd_h = jnp.where(S_m > _nonempty(S_m, U_m, cap1), 0, U_m - (S_m - 1) * cap1)
     took = jnp.where(from_pc, pc_h, jnp.where(from_node, nd_h, 0))
@@ -431,13 +449,13 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.nadd("full_slabs", m, _i(deact_full))
     cx.nadd("part_slabs", m, -_i(from_node))
     cx.nadd("part_inuse", m, -jnp.where(from_node, nd_h, 0))
-    cs_free = jnp.where(rf, st["cs_rfree"][r],
-                        jnp.where(newslab, objs - took, st["cs_free"][r]))
-    cs_inuse = jnp.where(newslab, took, st["cs_inuse"][r])
+    cs_free = jnp.where(rf, cx.row("cs_rfree"),
+                        jnp.where(newslab, objs - took, cx.row("cs_free")))
+    cs_inuse = jnp.where(newslab, took, cx.row("cs_inuse"))
     cx.rset("cs_free", cs_free - _i(a_cs))
     cx.rset("cs_inuse", cs_inuse + _i(a_cs))
     cx.rset("cs_rfree", 0, slow)
-    pf = jnp.where(newslab, 0, st["pend_fast"][r])
+    pf = jnp.where(newslab, 0, cx.row("pend_fast"))
     cx.rset("pend_fast", pf + _i(a_cs & (j == r)))
     cx.lock(m, from_node)
 
@@ -455,8 +473,8 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # ================================================================ free
     cx.bump("frees", do_f)
     col = st["pend"][:, r]
-    pf = st["pend_fast"][r]
-    c = _i(w1 >> 1) % jnp.maximum(st["pend_tot"][r], 1)
+    pf = cx.row("pend_fast")
+    c = _i(w1 >> 1) % jnp.maximum(cx.row("pend_tot"), 1)
     in_cs = do_f & (c < pf) & (cfg.cpu_slab > 0)
     q = col - jnp.where(_REPS == r, pf, 0)
     origin = jnp.sum(_i(jnp.cumsum(q, axis=0) <= c - pf), axis=0)   # first origin whose share covers it
@@ -471,7 +489,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     # -- sheaf free (free_to_pcs, __pcs_replace_full_main)
     f_sh = do_f & sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & remote)
-    main_r, spare_r = st["main"][r], st["spare"][r]
+    main_r, spare_r = cx.row("main"), cx.row("spare")
     fhit = f_sh & (main_r < cap)
     fswap = f_sh & ~fhit & (spare_r == 0)
     bput = f_sh & ~fhit & ~fswap & has_barn & (_get(st["barn_full"], own) < cfg.barn_max_full)
@@ -494,8 +512,8 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # which slab holds it, by allocated objects on node n: frozen slabs (CPU slabs and
     # per-CPU partial slabs, rep by rep), then the node's partial list, then full slabs
     on_n = d["mem_node"] == n
-    zc = jnp.where(on_n, st["cs_inuse"] - st["pend_fast"], 0)
-    zp = jnp.where(on_n, st["pc_inuse"], 0)
+    zc = jnp.where(on_n, cx.whole("cs_inuse") - cx.whole("pend_fast"), 0)
+    zp = jnp.where(on_n, cx.whole("pc_inuse"), 0)
     Un = _get(st["part_inuse"], n)
     Sn = _get(st["part_slabs"], n)
     Fn = _get(st["full_slabs"], n)
@@ -531,7 +549,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     to_cpp = to_full & (cfg.cpu_partial_slabs > 0) & (cfg.cpu_slab > 0) & (n == m)
     to_np = to_full & ~to_cpp
     cx.nadd("full_slabs", n, -_i(to_full))
-    _drain(cx, m, to_cpp & (st["pc_slabs"][r] >= cfg.cpu_partial_slabs))
+    _drain(cx, m, to_cpp & (cx.row("pc_slabs") >= cfg.cpu_partial_slabs))
     cx.radd("pc_slabs", to_cpp)
     cx.radd("pc_inuse", jnp.where(to_cpp, objs - 1, 0))
     cx.lock(n, to_np)
@@ -544,6 +562,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.bump("free_fast", fhit | ffast)
     cx.bump("free_slow", do_f & ~(fhit | ffast))
     cx.flush_locks()
+    cx.write_rows()
     shape = jnp.shape(do_a)
     st["counts"] = st["counts"].at[:, r].add(jnp.stack([jnp.broadcast_to(x, shape)
                                                         for x in cx.inc]))
@@ -595,8 +614,8 @@ def _drain(cx: _Ctx, m, cond):
     """unfreeze_partials(): move this rep's per-CPU partial slabs to node ``m``'s list under
     one lock; empty ones beyond min_partial go back to the page allocator."""
     st, r = cx.st, cx.r
-    s = jnp.where(cond, st["pc_slabs"][r], 0)
-    u = jnp.where(cond, st["pc_inuse"][r], 0)
+    s = jnp.where(cond, cx.row("pc_slabs"), 0)
+    u = jnp.where(cond, cx.row("pc_inuse"), 0)
     ne = _nonempty(s, u, cx.d["cap1"])
     e = s - ne
     S = _get(st["part_slabs"], m) + ne

@@ -70,7 +70,8 @@ DOCS: dict[str, str] = {
                      "switching the CPU slab, sheaf swap checks",
     "free_slow_ns": "__slab_free outside any lock: cmpxchg on a foreign slab's freelist",
     "sheaf_swap_ns": "exchanging a sheaf with the spare or the barn (pointer swaps)",
-    "sheaf_object_ns": "moving one object pointer in a sheaf refill or flush (bulk copy)",
+    "sheaf_object_ns": "moving one object between a sheaf and its slab in a refill or flush, "
+                       "done under the node's list_lock (lengthens that lock's hold)",
     "cpu_partial_drain_ns": "__put_partials outside the lock: unfreezing a CPU's partial slabs",
     "list_lock_hold_ns": "time a node's list_lock is held per acquisition (irqsave spinlock "
                          "around partial-list manipulation)",
@@ -209,12 +210,16 @@ def slab_setup_ns(order, objs_per_slab, c: CostParams):
 
 
 def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
-    """ns per op of each rep CPU outside lock holds, line transfers and waits (shape (R,))."""
+    """ns per op of each rep CPU outside lock holds, line transfers and waits (shape (R,)).
+
+    Objects moved in sheaf refills and flushes are not here: that work is done under the
+    node's list_lock and is part of the lock's service time (see
+    :func:`slabtune.model.metrics.lock_classes`)."""
     page = page_call_ns(order, pcp_max, c) + slab_setup_ns(order, objs_per_slab, c)
     return (r.alloc_fast * c.alloc_fast_ns + r.free_fast * c.free_fast_ns
             + r.alloc_slow * c.alloc_slow_ns + r.free_slow * c.free_slow_ns
             + r.remote_free * c.line_remote_ns
-            + r.sheaf_swap * c.sheaf_swap_ns + r.sheaf_objects_moved * c.sheaf_object_ns
+            + r.sheaf_swap * c.sheaf_swap_ns
             + r.cpu_partial_drain * c.cpu_partial_drain_ns
             + (r.slab_alloc + r.slab_free) * page)
 
@@ -253,8 +258,9 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
     """Solve t = base + acq @ (hold + line + W(t)) for the per-op times ``t``.
 
     ``base`` (R,): ns per op outside locks.  ``acq`` (R, L): acquisitions per op of each
-    lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): cache-line transfer cost of
-    rep r taking lock l.  ``weight`` (R,): real CPUs per rep.  ``multiplicity`` (L,): real
+    lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): what rep r adds to each
+    acquisition of lock l beyond ``hold``: the transfer of the lock's cache line and any
+    work it does under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real CPUs per rep.  ``multiplicity`` (L,): real
     locks per class (arrivals spread evenly over them).  ``duty`` (R,): ops per simulated
     step of each rep (default 1).
 

@@ -114,6 +114,9 @@ def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
     * barn: get/put (and failed attempts, which take the lock too) on the rep's own node.
     * zone: page allocator calls on the rep's memory node, ``zone_lock_per_call`` each.
 
+    A list_lock acquisition that refills or flushes a sheaf holds the lock while it moves
+    ``sheaf_capacity`` objects (``sheaf_object_ns`` each), which is added to its service.
+
     Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``.
     """
     n_nodes = cfg.node_weight.shape[-1]
@@ -136,6 +139,13 @@ def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
     acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
     remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
     line = jnp.where(remote, c.line_remote_ns, c.line_local_ns)
+    # Sheaf refills and flushes move a sheaf's worth of objects under the list_lock: the
+    # mean objects moved per list_lock acquisition of the rep lengthen its hold.
+    moved = (per_op(counters, "sheaf_refill") + per_op(counters, "sheaf_flush")) \
+        * _f(cfg.sheaf_capacity)
+    under_lock = _safe_div(moved, per_op(counters, "list_lock")) * c.sheaf_object_ns
+    kind = jnp.repeat(jnp.arange(len(LOCK_KINDS)), n_nodes)
+    line = line + jnp.where(kind == 0, under_lock[:, None], 0.0)
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
                             jnp.full((n_nodes,), c.barn_lock_hold_ns),
                             jnp.full((n_nodes,), c.zone_lock_hold_ns)])

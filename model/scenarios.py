@@ -128,13 +128,17 @@ DOUBLED_SHEAF_BASE = (6, 24, 52, 120)
 
 
 def _block_io(profile: str, **patch) -> dict[str, Any]:
-    """Random-read block I/O (ublk/io_uring): a bio allocated on the submitting CPU, freed
-    on a completion CPU of a memoryless node; most CPUs sit on nodes without memory."""
+    """Random-read block I/O (ublk/io_uring): a bio allocated on the submitting CPU and
+    freed on another CPU that completes it; most CPUs sit on nodes without memory.
+
+    Modelled with the producer_consumer workload (half the CPUs of every node submit, the
+    other half complete), not with block_io, whose single completion CPU would make one
+    CPU's free path the pace of the whole machine."""
     arm = {
         "topology": {"cpus": 128, "nodes": 8, "memoryless_nodes": [1, 2, 3, 5, 6, 7]},
         "cache": {"name": "bio-248"},
         "policy": {"profile": profile},
-        "workload": {"kind": "block_io", "completion_remote": True},
+        "workload": {"kind": "producer_consumer"},
         "run": {"steps": 3000, "seed": 3},
     }
     if patch:
@@ -147,8 +151,10 @@ SHEAVES_2026 = {
     "title": "block I/O IOPS on a machine with memoryless nodes: v6.19 per-CPU partial "
              "lists, v7.0 sheaves, barns on memoryless nodes, doubled sheaf capacity",
     "assumptions": "AMD Zen4 layout not given in the thread: modelled as 128 CPUs on 8 "
-                   "nodes of which only nodes 0 and 4 have memory; bio-248 cache; v6.19 "
-                   "uses the v6.18 profile (bio caches do not opt in to sheaves)",
+                   "nodes of which only nodes 0 and 4 have memory; bio-248 cache; "
+                   "submitters allocate, completing CPUs on the same node class free "
+                   "(producer_consumer); v6.19 uses the v6.18 profile (bio caches do not "
+                   "opt in to sheaves); the capacity patch doubles the base capacities",
     "scale": {"metric": "iops", "fit_to": ("v6.19", 34.0), "unit": "M IOPS",
               "what": "IOPS = k x machine throughput"},
     "arms": {

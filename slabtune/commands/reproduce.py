@@ -46,9 +46,18 @@ def format_report(out: dict) -> str:
     lines = []
     cost = out["cost"]
     fitted = cost["fitted"]
-    lines.append(f"cost constants: {cost['source']}; "
-                 + (f"fitted to published figures: {fitted}" if fitted
-                    else "none fitted to a published figure"))
+    if fitted:
+        by_what: dict[str, list[str]] = {}
+        first = {}
+        for name, what in fitted.items():
+            # "(see X)" points at the constant whose entry says what it was fitted to
+            key = fitted.get(what[5:-1].strip(), what) if what.startswith("(see ") else what
+            key = first.setdefault(key, key)
+            by_what.setdefault(key, []).append(name)
+        text = "; ".join(f"{', '.join(names)} fitted to {what}" for what, names in by_what.items())
+    else:
+        text = "none fitted to a published figure"
+    lines.append(f"cost constants: {cost['source']}; {text}")
     for sc in out["scenarios"]:
         lines.append("")
         lines.append(f"== {sc['scenario']}: {sc['title']}")

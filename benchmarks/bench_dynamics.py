@@ -6,6 +6,8 @@ the allocator operations actually simulated (the ``ops`` counters, allocations p
 summed over the batch).  The reference simulator runs a sample of the same configurations
 in the same process.  Prints the median of ``--repeat`` timed runs per batch size (compile
 excluded, reported apart), ops/s, and the ratio to the reference: a curve over batch size.
+Rates are given per wall-clock second and per CPU second of this process (``process_time``,
+all its threads): on a shared machine the second is the steadier figure.
 
     .venv/bin/python benchmarks/bench_dynamics.py [--steps 200] [--repeat 3]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import time
 
@@ -57,26 +60,29 @@ def time_jax(cfgs, n, steps, repeat):
     c = D.simulate_batch(keys, batch, steps)
     jax.block_until_ready(c)
     first = time.perf_counter() - t0
-    times = []
+    times, cpu = [], []
     for i in range(repeat):
         keys = jax.random.split(jax.random.key(i + 1), n)
-        t0 = time.perf_counter()
+        jax.block_until_ready(keys)
+        t0, c0 = time.perf_counter(), time.process_time()
         c = D.simulate_batch(keys, batch, steps)
         jax.block_until_ready(c)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     ops = int(np.asarray(c.ops, np.int64).sum())
-    return ops, statistics.median(times), first
+    return ops, statistics.median(times), statistics.median(cpu), first
 
 
 def time_reference(cfgs, steps, sample):
-    rates = []
+    rates, cpu_rates = [], []
     for i, cfg in enumerate(cfgs[:: max(len(cfgs) // sample, 1)][:sample]):
         w = np.asarray(D.draws(jax.random.key(i), steps))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         c = RS.run(w, cfg)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         rates.append(int(c["ops"].sum()) / dt)
-    return statistics.median(rates)
+        cpu_rates.append(int(c["ops"].sum()) / dc)
+    return statistics.median(rates), statistics.median(cpu_rates)
 
 
 def main(argv=None):
@@ -87,15 +93,18 @@ def main(argv=None):
     ap.add_argument("--ref-sample", type=int, default=9)
     args = ap.parse_args(argv)
     cfgs = distinct_configs()
-    ref = time_reference(cfgs, args.steps, args.ref_sample)
-    print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: {len(cfgs)}")
-    print(f"reference: {ref:,.0f} ops/s (median of {args.ref_sample} configs)")
-    print(f"{'configs':>8} {'ops':>12} {'median s':>9} {'compile+run s':>13} "
-          f"{'ops/s':>14} {'x reference':>11}")
+    ref, ref_cpu = time_reference(cfgs, args.steps, args.ref_sample)
+    print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: {len(cfgs)}  "
+          f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"reference: {ref:,.0f} ops/s wall, {ref_cpu:,.0f} ops/CPU-s "
+          f"(median of {args.ref_sample} configs)")
+    print(f"{'configs':>8} {'ops':>12} {'median s':>9} {'cpu s':>7} {'compile s':>9} "
+          f"{'ops/s':>13} {'x ref':>6} {'ops/CPU-s':>13} {'x ref':>6}")
     for n in (int(x) for x in args.sizes.split(",")):
-        ops, med, first = time_jax(cfgs, n, args.steps, args.repeat)
-        rate = ops / med
-        print(f"{n:>8} {ops:>12,} {med:>9.3f} {first:>13.2f} {rate:>14,.0f} {rate / ref:>11.1f}")
+        ops, med, cpu, first = time_jax(cfgs, n, args.steps, args.repeat)
+        rate, crate = ops / med, ops / max(cpu, 1e-9)
+        print(f"{n:>8} {ops:>12,} {med:>9.3f} {cpu:>7.3f} {first - med:>9.1f} "
+              f"{rate:>13,.0f} {rate / ref:>6.1f} {crate:>13,.0f} {crate / ref_cpu:>6.1f}")
 
 
 if __name__ == "__main__":

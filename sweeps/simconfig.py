@@ -70,6 +70,33 @@ class SimSpec:
     other_ns: float
     steps: int
     seed: int
+    #: The profile name the config gave (``profile`` has the knobs applied).
+    base_profile: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        """The spec as a config document (the tables of a CONFIG.toml) that parses back to
+        an equal spec."""
+        t = self.topology
+        topo: dict[str, Any] = {"cpus": t.present, "nodes": t.nodes,
+                                "memoryless_nodes": list(t.memoryless_nodes),
+                                "node_cpus": list(t.node_cpus)}
+        if t.possible != t.present:
+            topo["possible"] = t.possible
+        if t.online != t.present:
+            topo["online"] = t.online
+        if self.cache.name in caches.CACHES:
+            cache: dict[str, Any] = {"name": self.cache.name}
+        else:
+            cache = {"size": self.cache.size}
+        policy: dict[str, Any] = {"profile": self.base_profile}
+        params = {**self.boot_given, **self.knobs}
+        if params:
+            policy["params"] = params
+        workload = {"kind": self.workload_kind, **self.workload_params}
+        if self.other_ns:
+            workload["other_ns"] = self.other_ns
+        return {"topology": topo, "cache": cache, "policy": policy, "workload": workload,
+                "run": {"steps": self.steps, "seed": self.seed}}
 
     def describe(self) -> dict[str, Any]:
         """The configuration spelled out, JSON-ready."""
@@ -294,7 +321,8 @@ def parse_doc(doc: dict) -> SimSpec:
     profile, boot, given, knobs = parse_policy(_table(doc, "policy"), cache)
     kind, wparams, other = parse_workload(_table(doc, "workload"))
     steps, seed = parse_run(_table(doc, "run", required=False))
-    return SimSpec(topo, cache, profile, boot, given, knobs, kind, wparams, other, steps, seed)
+    return SimSpec(topo, cache, profile, boot, given, knobs, kind, wparams, other, steps, seed,
+                   base_profile=_table(doc, "policy")["profile"])
 
 
 def parse_text(text: str, where: str = "<config>") -> SimSpec:

@@ -242,6 +242,28 @@ def test_peak_slab_memory_covers_live_objects(binary, profile, workload):
     assert res.wall_seconds > 0 and res.ns_per_op > 0
 
 
+@pytest.mark.parametrize("sync_every", [0, 1, 7])
+@pytest.mark.parametrize("profile,workload,topo", [
+    ("v6.1", {"kind": "producer_consumer", "depth": 40, "cross_node": 0.5},
+     {"cpus": 4, "nodes": 2}),
+    ("v7.0", {"kind": "block_io", "completion_remote": True},
+     {"cpus": 8, "nodes": 4, "memoryless": [1, 3]}),
+    ("v3.1", {"kind": "request_response", "threads": 8}, {"cpus": 4, "nodes": 2}),
+])
+def test_objects_and_slabs_are_conserved(binary, profile, workload, topo, sync_every):
+    # free-running threads (sync_every 0) as the validate command's timing runs use them
+    spec = _spec(profile, workload, cache={"size": 512}, steps=1500, **topo)
+    cfg, res = _run(spec, binary, sync_every=sync_every)
+    c = res.counters
+    live = c["allocs"] - c["frees"]
+    assert live == sum(t["outstanding"] for t in res.per_thread)
+    assert res.live_object_bytes == live * cfg.size
+    assert res.final_slab_bytes == (c["alloc_slab"] - c["free_slab"]) * res.raw["slab_bytes"]
+    assert c["ops"] == c["allocs"] + c["frees"]
+    assert c["alloc_fastpath"] + c["alloc_slowpath"] == c["allocs"]
+    assert c["free_fastpath"] + c["free_slowpath"] == c["frees"]
+
+
 # --------------------------------------------------------------------------- interface
 
 

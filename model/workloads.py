@@ -23,7 +23,7 @@ Node classes
 The model keeps ``N`` node classes, each standing for one typical node of a kind:
 class 0 is the first node with memory that has CPUs, class 1 any other node with memory
 (a representative of ``node_weight[1]`` such nodes), class 2 a memoryless node with CPUs
-(representing ``node_weight[2]`` such nodes).  A CPU on a
+(representing ``node_weight[2]`` such nodes), class 3 is unused padding.  A CPU on a
 memoryless node gets its slabs from its nearest node with memory, taken here as class 0.
 """
 
@@ -38,12 +38,13 @@ from slabtune.model.topology import Topology
 
 #: Representative CPUs per configuration.
 R = 8
-#: Node classes per configuration.
-N = 3
+#: Node classes per configuration (the last one is padding, kept so that shapes stay
+#: (4,) for code built on them).
+N = 4
 #: Probabilities are integers out of this.
 PROB_ONE = 1 << 16
 
-NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS = 0, 1, 2
+NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS, NODE_PAD = 0, 1, 2, 3
 
 
 class WorkloadError(ValueError):
@@ -122,7 +123,7 @@ def node_groups(topology: Topology) -> dict:
             continue  # nodes without CPUs take no part in a CPU-driven workload
         cpus[k] += c
         nodes[k] += 1
-    return dict(cpus=cpus, nodes=nodes, has_memory=[True, True, False])
+    return dict(cpus=cpus, nodes=nodes, has_memory=[True, True, False, True])
 
 
 def _layout(topology: Topology, slots: list[tuple[int, float]]) -> RepLayout:

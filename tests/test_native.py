@@ -288,6 +288,17 @@ def test_bad_flags_exit_2_with_one_line(binary, args, needle):
     assert len(lines) == 1 and needle in lines[0] and proc.stdout == ""
 
 
+def test_build_failure_is_one_slabtune_error(tmp_path):
+    bad = tmp_path / "broken.c"
+    bad.write_text("int main(void) { return undeclared_thing; }\n")
+    with pytest.raises(NV.NativeError) as err:
+        NV.build(out=tmp_path / "broken", source=bad)
+    msg = str(err.value)
+    assert msg.startswith("native build: gcc failed on broken.c: ")
+    assert "undeclared_thing" in msg and "\n" not in msg
+    assert not (tmp_path / "broken").exists()
+
+
 def test_run_error_is_one_slabtune_error(binary):
     with pytest.raises(NV.NativeError, match=r"slubsim exited 2: slubsim: unknown option"):
         NV.run_args(["--size=64", "--objs=1", "--nope=3"], binary=binary)

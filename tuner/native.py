@@ -67,24 +67,31 @@ def _stamp_of(source: Path, cc: str) -> str:
     return h.hexdigest()
 
 
-def build(force: bool = False, out: Path | None = None) -> Path:
+def _tail(text: str) -> str:
+    """The end of a tool's stderr as one line (lines joined with ' / ')."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " / ".join(lines)[-_TAIL:] or "(no stderr)"
+
+
+def build(force: bool = False, out: Path | None = None, source: Path | None = None) -> Path:
     """Compile native/slubsim.c (``gcc -O2 -pthread``) into native/build/ unless the binary
     there was built from the same source and flags (a stamp file records their hash)."""
     out = Path(out) if out is not None else BINARY
+    src = Path(source) if source is not None else SOURCE
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
     if cc is None:
         raise NativeError("native build: gcc is not installed")
     stamp = out.with_suffix(".stamp")
-    want = _stamp_of(SOURCE, Path(cc).name)
+    want = _stamp_of(src, Path(cc).name)
     if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True,
+    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(src)], capture_output=True,
                           text=True)
     if proc.returncode != 0:
-        tail = proc.stderr.strip()[-_TAIL:]
-        raise NativeError(f"native build: gcc failed on {SOURCE.name}: {tail}")
+        tmp.unlink(missing_ok=True)
+        raise NativeError(f"native build: gcc failed on {src.name}: {_tail(proc.stderr)}")
     os.replace(tmp, out)
     stamp.write_text(want)
     return out
@@ -257,8 +264,8 @@ def run_args(args: list[str], timeout: float = 300.0, binary: Path | None = None
     except subprocess.TimeoutExpired:
         raise NativeError(f"native run: slubsim exceeded its {timeout:g} s timeout") from None
     if proc.returncode != 0:
-        tail = proc.stderr.strip()[-_TAIL:] or "(no stderr)"
-        raise NativeError(f"native run: slubsim exited {proc.returncode}: {tail}")
+        raise NativeError(f"native run: slubsim exited {proc.returncode}: "
+                          f"{_tail(proc.stderr)}")
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError as err:

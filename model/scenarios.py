@@ -201,7 +201,7 @@ SLUB_MIN_PARTIAL_2008 = {
     "title": "fio netio sys time, static MIN_PARTIAL (5) against per-cache "
              "min_partial = clamp(ilog2(size), 5, 10)",
     "assumptions": "2 CPUs, 1 node; kmalloc-4k with bursty local churn",
-    "scale": {"metric": "time", "fit_to": ("static", 8.89), "unit": "s sys",
+    "scale": {"metric": "sys_time", "fit_to": ("static", 8.89), "unit": "s sys",
               "what": "sys seconds = k x allocator ns per op"},
     "arms": {
         "static": _netio(),

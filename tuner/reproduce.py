@@ -90,7 +90,7 @@ def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None) -> dict[str, Any]
 
         def value(metric, arm):
             raw = _raw(metric, arms[arm])
-            return raw * k if metric in ("time", "iops", "sys_time") else raw
+            return raw * k if scale and metric == scale["metric"] else raw
 
         model_ratios = {}
         for row in sc["rows"]:

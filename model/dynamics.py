@@ -12,8 +12,11 @@ What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the 
   and a main and spare sheaf (v6.18 opt-in, v7.0 on).
 * Each node class keeps a partial list (``part_slabs`` slabs holding ``part_inuse``
   objects), a count of full slabs and a barn (full and empty sheaves).
-* Objects in flight are counted by (allocating rep, freeing rep) in ``pend``; ``pend_fast``
-  are those that the allocating rep will free itself and that sit in its current CPU slab.
+* Objects in flight are counted by (allocating rep, freeing rep) in ``pend``; ``pend_cs``
+  counts those of them that sit in the allocating rep's current CPU slab, so a free goes
+  back to the slab its object came from: the allocating CPU's slab while it is still that
+  CPU's slab (a fast free for the CPU itself, a free into a frozen slab for another CPU),
+  else one of the slabs it used before.
 
 Partial lists are counts, not lists: the model assumes objects are packed (every partial
 slab but one holds ``objs - 1`` objects), which fixes which free empties a slab and what a
@@ -143,7 +146,8 @@ class State(NamedTuple):
     """
 
     pend: Any          # (R, R) objects allocated by rep i, to be freed by rep j
-    pend_fast: Any     # (R,) of pend[r, r]: in rep r's current CPU slab
+    pend_cs: Any       # (R, R) of pend[i, j]: still in rep i's current CPU slab
+    cs_tracked: Any    # (R,) sum over j of pend_cs[r, j]
     out: Any           # (R,) objects allocated by r and not yet freed
     pend_tot: Any      # (R,) objects rep r has to free
     cs_free: Any       # (R,) objects on r's CPU freelist
@@ -455,8 +459,11 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.rset("cs_free", cs_free - _i(a_cs))
     cx.rset("cs_inuse", cs_inuse + _i(a_cs))
     cx.rset("cs_rfree", 0, slow)
-    pf = jnp.where(newslab, 0, cx.row("pend_fast"))
-    cx.rset("pend_fast", pf + _i(a_cs & (j == r)))
+    # a new CPU slab: the objects of the old one are no longer in the CPU slab
+    tracked = jnp.where(newslab, 0, cx.row("cs_tracked"))
+    cx.rset("cs_tracked", tracked + _i(a_cs))
+    pcs_row = jnp.where(newslab, 0, st["pend_cs"][r]) + jnp.where((_REPS == j) & a_cs, 1, 0)
+    st["pend_cs"] = st["pend_cs"].at[r].set(pcs_row)
     cx.lock(m, from_node)
 
     # -- bulk allocation from node m: a sheaf refill (cap objects) or a direct one (1)
@@ -472,20 +479,25 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     # ================================================================ free
     cx.bump("frees", do_f)
+    # which pending object: segments (origin 0 in its CPU slab, origin 0 elsewhere,
+    # origin 1 in its CPU slab, ...), the word picks one object uniformly
     col = st["pend"][:, r]
-    pf = cx.row("pend_fast")
+    col_cs = st["pend_cs"][:, r]
+    seg = jnp.stack([col_cs, col - col_cs], axis=1).reshape((2 * R,) + col.shape[1:])
     c = _i(w1 >> 1) % jnp.maximum(cx.row("pend_tot"), 1)
-    in_cs = do_f & (c < pf) & (cfg.cpu_slab > 0)
-    q = col - jnp.where(_REPS == r, pf, 0)
-    origin = jnp.sum(_i(jnp.cumsum(q, axis=0) <= c - pf), axis=0)   # first origin whose share covers it
-    origin = jnp.where(c < pf, r, jnp.minimum(origin, R - 1))
+    sel = jnp.minimum(jnp.sum(_i(jnp.cumsum(seg, axis=0) <= c), axis=0), 2 * R - 1)
+    origin = sel // 2
+    in_cs_any = do_f & (sel % 2 == 0)       # in the origin's current CPU slab
+    in_cs = in_cs_any & (origin == r)       # ... which is this CPU's own
+    rem_cs = in_cs_any & (origin != r)      # ... another CPU's (frozen) slab
     n = _get(d["mem_node"], origin)
     remote = n != d["local_node"][r]
     cx.bump("remote_free", do_f & remote)
     st["pend"] = st["pend"].at[:, r].add(-jnp.where((_REPS == origin) & do_f, 1, 0))
+    st["pend_cs"] = st["pend_cs"].at[:, r].add(-jnp.where((_REPS == origin) & in_cs_any, 1, 0))
+    cx.nadd("cs_tracked", origin, -_i(in_cs_any))
     cx.nadd("out", origin, -_i(do_f))
     cx.radd("pend_tot", -_i(do_f))
-    cx.radd("pend_fast", -_i(in_cs))
 
     # -- sheaf free (free_to_pcs, __pcs_replace_full_main)
     f_sh = do_f & sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & remote)
@@ -508,11 +520,14 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # -- slab free (do_slab_free fast path, __slab_free)
     f_sl = do_f & ~f_sh
     own_cs = f_sl & in_cs
-    other = f_sl & ~in_cs
+    other = f_sl & ~in_cs_any
+    # an object of another CPU's current CPU slab: freed into that frozen slab, no lock
+    cx.nadd("cs_rfree", origin, _i(f_sl & rem_cs))
+    cx.nadd("cs_inuse", origin, -_i(f_sl & rem_cs))
     # which slab holds it, by allocated objects on node n: frozen slabs (CPU slabs and
     # per-CPU partial slabs, rep by rep), then the node's partial list, then full slabs
     on_n = d["mem_node"] == n
-    zc = jnp.where(on_n, cx.whole("cs_inuse") - cx.whole("pend_fast"), 0)
+    zc = jnp.where(on_n, cx.whole("cs_inuse") - cx.whole("cs_tracked"), 0)
     zp = jnp.where(on_n, cx.whole("pc_inuse"), 0)
     Un = _get(st["part_inuse"], n)
     Sn = _get(st["part_slabs"], n)
@@ -685,7 +700,7 @@ def init_state(cfg: SimConfig) -> State:
     bs = jnp.shape(cfg.objs_per_slab)
     z = lambda *s: jnp.zeros(s + bs, _I32)
     return State(
-        pend=z(R, R), pend_fast=z(R), out=z(R), pend_tot=z(R), cs_free=z(R), cs_inuse=z(R),
+        pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R), cs_inuse=z(R),
         cs_rfree=z(R), pc_slabs=z(R), pc_inuse=z(R), main=z(R), spare=z(R), phase=z(R),
         phase_left=jnp.asarray(cfg.workload.burst, _I32), part_slabs=z(N), part_inuse=z(N),
         full_slabs=z(N), barn_full=z(N), barn_empty=z(N),

@@ -53,7 +53,8 @@ class RefSim:
         self.active = [int(x) > 0 for x in wl["active"]]
 
         self.pend = [[0] * R for _ in range(R)]
-        self.pend_fast = [0] * R
+        self.pend_cs = [[0] * R for _ in range(R)]   # of pend[i][j]: in i's CPU slab
+        self.cs_tracked = [0] * R                      # sum of pend_cs[i]
         self.out = [0] * R
         self.pend_tot = [0] * R
         self.cs_free = [0] * R
@@ -214,7 +215,8 @@ class RefSim:
                 else:
                     if self.cs_inuse[r] > 0:
                         self.F[m] += 1          # the exhausted CPU slab is full
-                    self.pend_fast[r] = 0
+                    self.pend_cs[r] = [0] * R   # old slab's objects leave the CPU slab
+                    self.cs_tracked[r] = 0
                     if self.pc_slabs[r] > 0:
                         h = self._head_inuse(self.pc_slabs[r], self.pc_inuse[r])
                         self.pc_slabs[r] -= 1
@@ -231,27 +233,30 @@ class RefSim:
                     self.cs_inuse[r] = h
             self.cs_free[r] -= 1
             self.cs_inuse[r] += 1
-            if j == r:
-                self.pend_fast[r] += 1
+            self.pend_cs[r][j] += 1
+            self.cs_tracked[r] += 1
         self.pend[r][j] += 1
         self.out[r] += 1
         self.pend_tot[j] += 1
 
     def free(self, r: int, w1: int, w2: int):
         self._bump("frees", r)
-        pf = self.pend_fast[r]
+        # the object: uniform over pending ones, listed origin by origin, those still in
+        # the origin's CPU slab first
         c = (w1 >> 1) % max(self.pend_tot[r], 1)
-        if c < pf:
-            origin = r
-        else:
-            acc = 0
-            origin = r
-            for i in range(R):
-                acc += self.pend[i][r] - (pf if i == r else 0)
-                if c - pf < acc:
-                    origin = i
-                    break
-        in_cs = c < pf and self.cpu_slab
+        acc = 0
+        origin, in_cs = R - 1, False
+        for i in range(R):
+            a = self.pend_cs[i][r]
+            b = self.pend[i][r] - a
+            if c < acc + a:
+                origin, in_cs = i, True
+                break
+            acc += a
+            if c < acc + b:
+                origin, in_cs = i, False
+                break
+            acc += b
         n = self.mem[origin]
         m = self.mem[r]
         remote = n != self.local_node[r]
@@ -261,7 +266,8 @@ class RefSim:
         self.out[origin] -= 1
         self.pend_tot[r] -= 1
         if in_cs:
-            self.pend_fast[r] -= 1
+            self.pend_cs[origin][r] -= 1
+            self.cs_tracked[origin] -= 1
 
         if self.cap > 0 and not (self.bypass and remote):
             own = self.node[r]
@@ -287,13 +293,18 @@ class RefSim:
             self.main[r] = 1
             return
 
-        if in_cs:
+        if in_cs and origin == r:         # this CPU's own CPU slab: its freelist
             self.cs_free[r] += 1
             self.cs_inuse[r] -= 1
             self._bump("free_fast", r)
             return
+        if in_cs:                         # another CPU's CPU slab: into the frozen slab
+            self.cs_rfree[origin] += 1
+            self.cs_inuse[origin] -= 1
+            self._bump("free_slow", r)
+            return
         # which slab holds it: by allocated objects on node n
-        zc = [(self.cs_inuse[k] - self.pend_fast[k]) if self.mem[k] == n else 0
+        zc = [(self.cs_inuse[k] - self.cs_tracked[k]) if self.mem[k] == n else 0
               for k in range(R)]
         zp = [self.pc_inuse[k] if self.mem[k] == n else 0 for k in range(R)]
         ztot = sum(zc) + sum(zp)

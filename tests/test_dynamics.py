@@ -61,6 +61,29 @@ def test_remote_frees_without_cpu_partial_never_take_the_fast_path():
     assert c["list_lock"][4:].sum() > 0          # receivers take node locks
 
 
+@pytest.mark.parametrize("profile", ["v3.1", "v6.1"])
+def test_objects_go_back_to_the_allocating_cpus_slab(profile):
+    """A sender with fewer messages in flight than its slab holds: the receivers free every
+    object into the sender's frozen CPU slab (no lock), the sender's slow path takes them
+    back from the slab's freelist (ALLOC_REFILL) and never needs a second slab."""
+    c, cfg = _run(profile, ONE_NODE, {"kind": "producer_consumer", "depth": 8})
+    assert int(cfg.objs_per_slab) > 8
+    senders = slice(0, 4)
+    assert (c["alloc_slow"][senders] > 0).all()
+    assert (c["slab_alloc"][senders] == 1).all()
+    assert c["list_lock"].sum() == 0 and c["free_fast"].sum() == 0
+
+
+def test_interrupt_cpu_never_frees_into_its_own_slab():
+    """netperf-like (seed slub-lockless-slowpaths-netperf-2011): the CPU taking the
+    interrupt frees the threads' transmit buffers, which sit in the threads' slabs, so its
+    free fast path stays at zero while its own allocations mostly hit its freelist."""
+    c, _ = _run("v3.1", ONE_NODE, {"kind": "request_response", "threads": 16, "live": 8},
+                size=4096)
+    assert c["frees"][0] > 500 and c["free_fast"][0] == 0
+    assert c["alloc_fast"][0] / c["allocs"][0] > 0.8
+
+
 def test_more_cpus_change_weights_not_per_rep_counts():
     """The state has R reps whatever the CPU count: 64 or 8192 CPUs (same cache geometry)
     give identical per-rep counters; only the weights scale."""

@@ -133,7 +133,8 @@ def test_invariants_every_step(profile, wl, kw):
         for r in range(D.R):
             tot = sim.cs_free[r] + sim.cs_inuse[r] + sim.cs_rfree[r]
             assert tot in (0, sim.objs), (t, r)
-            assert 0 <= sim.pend_fast[r] <= min(sim.pend[r][r], sim.cs_inuse[r])
+            assert sim.cs_tracked[r] == sum(sim.pend_cs[r]) <= sim.cs_inuse[r]
+            assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(D.R))
         for n in range(D.N):
             assert sim.S[n] >= 0 and sim.U[n] >= 0 and sim.F[n] >= 0
             assert sim.U[n] <= sim.S[n] * max(sim.objs - 1, 0)

@@ -451,8 +451,17 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.radd("pc_slabs", -_i(from_pc))
     cx.radd("pc_inuse", -jnp.where(from_pc, pc_h, 0))
     cx.nadd("full_slabs", m, _i(deact_full))
-    cx.nadd("part_slabs", m, -_i(from_node))
-    cx.nadd("part_inuse", m, -jnp.where(from_node, nd_h, 0))
+    # get_partial_node(): in the same lock hold, more slabs go to the (empty) per-CPU
+    # partial list until it has more than cpu_partial_slabs / 2; most free ones first
+    S1, U1 = S_m - 1, U_m - nd_h
+    e1 = S1 - _nonempty(S1, U1, cap1)
+    k = jnp.where(from_node & (cfg.cpu_partial_slabs > 0),
+                  jnp.minimum(S1, cfg.cpu_partial_slabs // 2 + 1), 0)
+    mv = jnp.where(k > 0, jnp.minimum(U1, (k - jnp.minimum(k, e1)) * cap1), 0)
+    cx.radd("pc_slabs", k)
+    cx.radd("pc_inuse", mv)
+    cx.nadd("part_slabs", m, -_i(from_node) - k)
+    cx.nadd("part_inuse", m, -jnp.where(from_node, nd_h, 0) - mv)
     cs_free = jnp.where(rf, cx.row("cs_rfree"),
                         jnp.where(newslab, objs - took, cx.row("cs_free")))
     cs_inuse = jnp.where(newslab, took, cx.row("cs_inuse"))

@@ -226,6 +226,16 @@ class RefSim:
                         self.S[m] -= 1
                         self.U[m] -= h
                         self._lock(r, m)
+                        if self.cpu_partial_slabs > 0:
+                            # get_partial_node() fills the (empty) per-CPU partial list
+                            # until it holds more than cpu_partial_slabs / 2 slabs
+                            k = min(self.S[m], self.cpu_partial_slabs // 2 + 1)
+                            empties = self.S[m] - self._nonempty(self.S[m], self.U[m])
+                            moved = min(self.U[m], (k - min(k, empties)) * self.cap1)
+                            self.pc_slabs[r] += k
+                            self.pc_inuse[r] += moved
+                            self.S[m] -= k
+                            self.U[m] -= moved
                     else:
                         h = 0
                         self._bump("slab_alloc", r)

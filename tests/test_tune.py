@@ -149,7 +149,13 @@ def test_resume_adds_trials_to_the_same_study():
     assert r2.study._study_id == r1.study._study_id
     r2.run(7, 7)
     again = ST.load_study("resume-me", url)
-    assert len(again.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 17
+    stored = again.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert [t.number for t in stored] == list(range(17))
+    for t in stored:  # written whole: params, values, per-topology attrs, constraint
+        assert set(t.params) == set(spec.space.names)
+        assert len(t.user_attrs[ST.ATTR_TOPO]["memory"]) == len(spec.fleet.topologies)
+        assert ST.ATTR_EXCESS in t.constraints
+    assert r2._asker.trials[16].values == stored[16].values
     other = dataclasses.replace(spec, text=spec.text + "\n# changed\n")
     with pytest.raises(SlabtuneError, match="different spec"):
         ST.create_or_resume(other, "resume-me", url)

@@ -255,29 +255,48 @@ def evaluator_for(spec: TuneSpec) -> O.Evaluator:
 
 
 class StudyRunner:
-    """A study bound to its spec and evaluator."""
+    """A study bound to its spec and evaluator.
+
+    Asking and telling go to an in-memory mirror of the study; each finished batch is then
+    written to the study's own storage with ``Study.add_trials`` (standard complete trials:
+    params with their distributions, values, user attrs, constraint system attrs).  Asking
+    straight from an RDB or journal storage costs a dozen transactions per trial, and every
+    ask re-reads the batch's still-running trials, so a batch of B costs O(B^2) reads; the
+    mirror makes it one write per trial.  One writer per study: a second process adding
+    trials to the same study at the same time would not be seen by this one's sampler.
+    """
 
     def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: O.Evaluator | None = None):
         self.spec = spec
         self.study = study
         self.evaluator = evaluator or evaluator_for(spec)
         self.distributions = spec.space.distributions()
+        if isinstance(study._storage, optuna.storages.InMemoryStorage):
+            self._asker = study
+        else:
+            self._asker = optuna.create_study(sampler=S.make_sampler(spec.space),
+                                              directions=list(DIRECTIONS))
+            done = study.get_trials(deepcopy=False, states=_FINISHED)
+            if done:
+                self._asker.add_trials(done)
 
     def evaluate(self, params_list) -> O.Evaluation:
         return self.evaluator.evaluate([effective_params(p, self.spec) for p in params_list])
 
     def run(self, n_trials: int, batch: int = 64) -> int:
-        """Ask ``batch`` trials, evaluate them in one model call, tell them back; repeat
-        until ``n_trials`` more trials are complete.  Returns the number told."""
+        """Ask ``batch`` trials, evaluate them in one model call, tell them back (and write
+        them to the storage); repeat until ``n_trials`` more trials are complete.  Returns
+        the number told."""
         if n_trials < 0:
             raise SlabtuneError(f"trials: {n_trials} is negative")
         if batch < 1:
             raise SlabtuneError(f"batch: {batch} must be at least 1")
         done = 0
         constrained = self.spec.objectives.max_regression is not None
+        asker = self._asker
         while done < n_trials:
             k = min(batch, n_trials - done)
-            trials = [self.study.ask(self.distributions) for _ in range(k)]
+            trials = [asker.ask(self.distributions) for _ in range(k)]
             ev = self.evaluate([t.params for t in trials])
             excess = self.evaluator.regression_excess(ev)
             for i, tr in enumerate(trials):
@@ -285,9 +304,17 @@ class StudyRunner:
                                              "time": [float(x) for x in ev.time_topo[i]]})
                 if constrained:
                     tr.set_constraint(ATTR_EXCESS, float(excess[i]))
-                self.study.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
+                asker.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
+            if asker is not self.study:
+                numbers = {t.number for t in trials}
+                told = [t for t in asker.get_trials(deepcopy=False) if t.number in numbers]
+                self.study.add_trials(told)
             done += k
         return done
+
+
+_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+             optuna.trial.TrialState.FAIL)
 
 
 def _baseline_attr(ev: O.Evaluation) -> dict:

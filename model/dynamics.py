@@ -48,6 +48,8 @@ _I32 = jnp.int32
 _U32 = jnp.uint32
 
 BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
+#: Gauge sums are kept as (sum >> GAUGE_SHIFT, sum mod 2**GAUGE_SHIFT) int32 pairs.
+GAUGE_SHIFT = 20
 
 
 # --------------------------------------------------------------------------- public types
@@ -166,8 +168,10 @@ class State(NamedTuple):
     barn_empty: Any    # (N,) empty sheaves in the node's barn
     counts: Any        # (len(COUNTER_FIELDS), R) event counters
     lock_node: Any     # (N,) list_lock acquisitions per node class
-    gsum_rep: Any      # (3, R) gauge sums: objects_inuse, cpu_partial_slabs, sheaf objects
-    gsum_node: Any     # (3, N) gauge sums: slabs_total, empty slabs kept, barn objects
+    gsum_rep: Any      # (3, R) gauge sums mod 2**20: objects_inuse, cpu_partial, sheaves
+    gsum_node: Any     # (3, N) gauge sums mod 2**20: slabs_total, empty slabs, barn objects
+    ghi_rep: Any       # (3, R) gauge sums // 2**20 (so long runs cannot overflow int32)
+    ghi_node: Any      # (3, N)
 
 
 # --------------------------------------------------------------------------- config
@@ -698,8 +702,10 @@ def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
         d = _derived(cfg)
     st = lax.fori_loop(0, R, lambda r, s: _rep_op(r, w[r], s, cfg, d), dict(st))
     rep, node = _gauges(st, d, cfg)
-    st["gsum_rep"] = st["gsum_rep"] + rep
-    st["gsum_node"] = st["gsum_node"] + node
+    for lo, hi, g in (("gsum_rep", "ghi_rep", rep), ("gsum_node", "ghi_node", node)):
+        tot = st[lo] + g
+        st[hi] = st[hi] + (tot >> GAUGE_SHIFT)
+        st[lo] = tot & ((1 << GAUGE_SHIFT) - 1)
     return st
 
 
@@ -714,6 +720,7 @@ def init_state(cfg: SimConfig) -> State:
         phase_left=jnp.asarray(cfg.workload.burst, _I32), part_slabs=z(N), part_inuse=z(N),
         full_slabs=z(N), barn_full=z(N), barn_empty=z(N),
         counts=z(len(COUNTER_FIELDS), R), lock_node=z(N), gsum_rep=z(3, R), gsum_node=z(3, N),
+        ghi_rep=z(3, R), ghi_node=z(3, N),
     )
 
 
@@ -722,8 +729,9 @@ def _finish(st: State, steps: int) -> Counters:
     front = lambda x: jnp.moveaxis(x, -1, 0)
     c = {name: front(st.counts[k]) for k, name in enumerate(COUNTER_FIELDS)}
     den = jnp.float32(max(steps, 1))
-    g = st.gsum_rep.astype(jnp.float32) / den
-    gn = st.gsum_node.astype(jnp.float32) / den
+    scale = jnp.float32(1 << GAUGE_SHIFT)
+    g = (st.ghi_rep.astype(jnp.float32) * scale + st.gsum_rep.astype(jnp.float32)) / den
+    gn = (st.ghi_node.astype(jnp.float32) * scale + st.gsum_node.astype(jnp.float32)) / den
     return Counters(
         **c, list_lock_node=front(st.lock_node),
         slabs_total=front(gn[0]), objects_inuse=front(g[0]), empty_slabs_kept=front(gn[1]),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from slabtune.model.dynamics import (COUNTER_FIELDS, BARNS_ALL, BARNS_MEMORY, K, N, R,
-                                     SimConfig)
+from slabtune.model.dynamics import (COUNTER_FIELDS, BARNS_ALL, BARNS_MEMORY, GAUGE_SHIFT, K,
+                                     N, R, SimConfig)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -391,8 +391,12 @@ class RefSim:
         out = {f: np.array(v, np.int32) for f, v in self.counts.items()}
         out["list_lock_node"] = np.array(self.lock_node, np.int32)
         den = np.float32(max(steps, 1))
-        g = np.array(self.g_rep, np.int32).astype(np.float32) / den
-        gn = np.array(self.g_node, np.int32).astype(np.float32) / den
+        scale = np.float32(1 << GAUGE_SHIFT)
+
+        def avg(sums):
+            hi, lo = np.divmod(np.array(sums, np.int64), 1 << GAUGE_SHIFT)
+            return (hi.astype(np.float32) * scale + lo.astype(np.float32)) / den
+        g, gn = avg(self.g_rep), avg(self.g_node)
         out.update(slabs_total=gn[0], objects_inuse=g[0], empty_slabs_kept=gn[1],
                    cpu_partial_slabs_held=g[1], sheaf_objects_held=g[2],
                    barn_objects_held=gn[2], outstanding=np.array(self.out, np.int32))

@@ -89,7 +89,7 @@ def _netperf(cache: str, threads: int) -> dict[str, Any]:
         "workload": {"kind": "request_response", "threads": threads,
                      "irq_free": NETPERF_IRQ_FREE[cache],
                      "live": NETPERF_LIVE_PER_THREAD * per_cpu},
-        "run": {"steps": 3000, "seed": 2},
+        "run": {"steps": 12000, "seed": 2},
     }
 
 

@@ -49,8 +49,9 @@ class Progress:
         rate = self.rate()
         eta = (self.total - self.done) / rate if rate > 0 else float("nan")
         pct = 100.0 * self.done / self.total if self.total else 100.0
+        rate_s = f"{rate:,.0f}" if rate >= 10 else f"{rate:.2f}"
         return (f"{self.done}/{self.total} configs ({pct:.1f}%), chunk {self.done_chunks}/"
-                f"{self.chunks}, {rate:,.0f} configs/s, ETA {format_eta(eta)}")
+                f"{self.chunks}, {rate_s} configs/s, ETA {format_eta(eta)}")
 
     def update(self, configs: int, chunks: int = 1) -> None:
         self.done += configs

@@ -49,6 +49,10 @@ def _list(args) -> int:
     return 0
 
 
+def _num(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
 def _show(args) -> int:
     import polars as pl
 
@@ -78,7 +82,7 @@ def _show(args) -> int:
     print(f"chunks: {summary['chunks_done']}/{summary['chunks']} done")
     print("columns:")
     for c, t in schema.items():
-        extra = f"  {ranges[c][0]}..{ranges[c][1]}" if c in ranges else ""
+        extra = f"  {_num(ranges[c][0])}..{_num(ranges[c][1])}" if c in ranges else ""
         if isinstance(t, pl.Enum):
             cats = list(t.categories)
             extra = f"  {len(cats)} values: {', '.join(cats[:6])}{' ...' if len(cats) > 6 else ''}"

@@ -33,12 +33,21 @@ MAX_RETRIES = 3
 _SPEC_CACHE: dict[str, Any] = {}
 
 
+class ChunkFailed(SlabtuneError):
+    """A chunk task failed on every attempt; ``index`` names the chunk."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
 def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) -> dict:
     """Evaluate chunk ``index`` of a spec; runs inside a Ray worker (or in-process).
 
     Returns the kept rows' axis columns (int32 values / codes) and the spec's metrics, plus
     where it ran and how long the grid and model steps took.  ``fail_once_dir`` is a test
-    hook: the first attempt of each chunk raises after leaving a marker file there.
+    hook: the first attempt of each chunk raises after leaving a marker file there, and
+    every attempt of chunk ``i`` raises while a file ``always-i`` is there.
     """
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from slabtune.sweeps import grid
@@ -51,6 +60,8 @@ def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) ->
         spec = _SPEC_CACHE[key] = from_dict(spec_dict)
     if fail_once_dir is not None:
         marker = os.path.join(fail_once_dir, f"failed-{index}")
+        if os.path.exists(os.path.join(fail_once_dir, f"always-{index}")):
+            raise RuntimeError(f"injected permanent failure of chunk {index} (test hook)")
         if not os.path.exists(marker):
             open(marker, "w").close()
             raise RuntimeError(f"injected failure of chunk {index} (test hook)")
@@ -188,9 +199,9 @@ def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | Non
                 try:
                     res = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    first = str(err).strip().splitlines()
-                    raise SlabtuneError(f"chunk {i}: failed after {MAX_RETRIES + 1} attempts: "
-                                        f"{first[-1] if first else err}") from None
+                    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                    raise ChunkFailed(i, f"chunk {i}: failed after {MAX_RETRIES + 1} attempts: "
+                                         f"{lines[-1] if lines else err}") from None
                 submit()
                 yield res
     finally:

@@ -142,7 +142,7 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
     same spec: its done chunks are kept, the rest computed.
     """
     t_start = time.perf_counter()
-    from slabtune.sweeps.dispatch import ray_session, run_chunks
+    from slabtune.sweeps.dispatch import ChunkFailed, ray_session, run_chunks
 
     spec_dict = spec.to_dict()
     spec_dict["_hash"] = spec.hash
@@ -177,8 +177,9 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
             with ray_session(ray_address) as session:
                 ray_start_s = time.perf_counter() - t_ray
                 run.manifest["ray"] = session
-                for res in run_chunks(spec_dict, pending, max_in_flight=max_in_flight,
-                                      fail_once_dir=fail_once_dir):
+                results = run_chunks(spec_dict, pending, max_in_flight=max_in_flight,
+                                     fail_once_dir=fail_once_dir)
+                for res in _recording_failures(run, results, ChunkFailed):
                     t_w = time.perf_counter()
                     df = frame(spec, res["columns"])
                     devices.add(res["device"])
@@ -197,6 +198,18 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
                        chunks_total=run.n_chunks, seconds=time.perf_counter() - t_start,
                        model_s=model_s, grid_s=grid_s, write_s=write_s,
                        ray_start_s=ray_start_s, devices=sorted(devices))
+
+
+def _recording_failures(run, results, failure):
+    """Pass results through; a chunk that failed for good is marked ``failed`` (with its
+    error) in the manifest before the error propagates, so ``--resume`` retries it."""
+    try:
+        yield from results
+    except failure as err:
+        run.manifest["chunks"]["states"][str(err.index)] = {
+            "state": "failed", "error": str(err), "when": store.now_iso()}
+        run.save()
+        raise
 
 
 def _chunk_product(spec: SweepSpec, i: int) -> int:

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from slabtune import cli
+from slabtune.errors import SlabtuneError
 from slabtune.model import caches as C
 from slabtune.model import profiles as P
 from slabtune.model import reference as R
@@ -134,6 +135,26 @@ def test_failed_tasks_are_retried_and_written_once(ray_local, small_spec, small_
     want = store.open_run(small_run.run_dir).collect()
     assert got.equals(want)
     assert len(list(res.run_dir.glob("part-*.parquet"))) == n
+
+
+def test_a_chunk_that_always_fails_is_recorded_and_resumed(ray_local, small_spec, small_run,
+                                                          tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "always-2").touch()
+    with pytest.raises(SlabtuneError, match=r"chunk 2: failed after 4 attempts: .*injected "
+                                            r"permanent failure of chunk 2"):
+        runner.run_sweep(small_spec, tmp_path / "runs", progress=False,
+                         fail_once_dir=str(hooks))
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    run = store.open_run(run_dir)
+    assert run.chunk_state(2) == "failed" and 2 in run.pending_chunks()
+    assert "permanent failure" in run.manifest["chunks"]["states"]["2"]["error"]
+    (hooks / "always-2").unlink()
+    res = runner.run_sweep(small_spec, tmp_path / "runs", resume=run_dir.name, progress=False,
+                           fail_once_dir=str(hooks))
+    assert store.open_run(res.run_dir).collect().equals(
+        store.open_run(small_run.run_dir).collect())
 
 
 def test_resume_of_a_partial_run_recomputes_only_missing_chunks(ray_local, small_spec,

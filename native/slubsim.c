@@ -56,7 +56,7 @@
 struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
 	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
-	long steps, seed, sync_every, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
+	long steps, seed, sync_every, serial, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
 	long rep_barn[MAX_REPS], rep_alloc_local[MAX_REPS];
 	long alloc_p[MAX_REPS], live_target[MAX_REPS], burst[MAX_REPS], active[MAX_REPS];
@@ -91,6 +91,7 @@ static const struct key KEYS[] = {
 	{"steps", K_INT, OFF(steps), 1, 100000000, 1000, 0},
 	{"seed", K_INT, OFF(seed), 0, 0xffffffffL, 0, 0},
 	{"sync_every", K_INT, OFF(sync_every), 0, 1 << 30, 1, 0},
+	{"serial", K_INT, OFF(serial), 0, 1, 0, 0},
 	{"reps", K_INT, OFF(reps), 1, MAX_REPS, 1, 0},
 	{"nodes", K_INT, OFF(nodes), 1, MAX_NODES, 1, 0},
 	{"pcp_high_pages", K_INT, OFF(pcp_high_pages), 0, 1 << 20, 512, 0},
@@ -381,6 +382,8 @@ struct cpu {
 	long phase_left;
 	pthread_t tid;
 	struct timespec t0, t1;   /* this thread's first and last step */
+	int next;                 /* serial mode: the active rep that steps after this one */
+	pthread_cond_t turn_cv;
 } __attribute__((aligned(64)));
 
 static struct config C;
@@ -1060,12 +1063,30 @@ static void step(struct cpu *cpu)
 
 static int n_threads;
 static struct timespec t_start, t_end;
+static pthread_mutex_t turn_lock = PTHREAD_MUTEX_INITIALIZER;
+static int turn;
 
 static void *thread_main(void *arg)
 {
 	struct cpu *cpu = arg;
 	pthread_barrier_wait(&start_barrier);
 	clock_gettime(CLOCK_MONOTONIC, &cpu->t0);
+	if (C.serial) {
+		/* the model's order: in every step each rep does its op in turn, 0..R-1 */
+		for (long t = 0; t < C.steps; t++) {
+			pthread_mutex_lock(&turn_lock);
+			while (turn != cpu->id)
+				pthread_cond_wait(&cpu->turn_cv, &turn_lock);
+			pthread_mutex_unlock(&turn_lock);
+			step(cpu);
+			pthread_mutex_lock(&turn_lock);
+			turn = cpu->next;
+			pthread_cond_signal(&cpus[cpu->next].turn_cv);
+			pthread_mutex_unlock(&turn_lock);
+		}
+		clock_gettime(CLOCK_MONOTONIC, &cpu->t1);
+		return NULL;
+	}
 	for (long t = 0; t < C.steps; t++) {
 		step(cpu);
 		if (C.sync_every && (t + 1) % C.sync_every == 0 && t + 1 < C.steps)
@@ -1219,6 +1240,20 @@ int main(int argc, char **argv)
 			n_threads++;
 	if (n_threads == 0)
 		die_usage("active: no active rep%s%s", "", "");
+	/* serial mode: a ring of the active reps in index order */
+	int first_active = -1, prev = -1;
+	for (long r = 0; r < C.reps; r++) {
+		pthread_cond_init(&cpus[r].turn_cv, NULL);
+		if (!C.active[r])
+			continue;
+		if (first_active < 0)
+			first_active = (int)r;
+		if (prev >= 0)
+			cpus[prev].next = (int)r;
+		prev = (int)r;
+	}
+	cpus[prev].next = first_active;
+	turn = first_active;
 	if (pthread_barrier_init(&start_barrier, NULL, (unsigned)n_threads + 1) ||
 	    pthread_barrier_init(&step_barrier, NULL, (unsigned)n_threads))
 		die_sys("pthread_barrier_init");

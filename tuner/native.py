@@ -137,6 +137,7 @@ class NativeConfig:
     sync_every: int = 1
     partial_fill: int = 1
     partial_pick: int = 0
+    serial: int = 0
 
     @property
     def reps(self) -> int:

@@ -332,9 +332,11 @@ def test_key_value_file_matches_flags(binary, tmp_path):
 # --------------------------------------------------------------------------- vs the model
 
 #: Arms where the native allocator and the model disagreed by more than 5 points when last
-#: measured (02:46 UTC, after the model's per-origin CPU-slab tracking, pend_cs), with what
-#: is known of the cause (see .notes/dynamics-requests.md).
-_OPEN = "alloc fast path {} points above SLUB's in the model; cause not identified"
+#: measured (02:55 UTC, after the model's per-origin CPU-slab tracking, pend_cs), with the
+#: cause (counters in .notes/dynamics-requests.md).
+_OPEN = ("alloc fast path {} points above SLUB's in the model: its packed partial lists "
+         "hand a CPU all of a list's free objects in one slab and show empty slabs SLUB "
+         "does not have")
 KNOWN_MODEL_DEPARTURES = {
     ("slub-order-nr-cpus-2021", "v5.11@224"): _OPEN.format("5-8"),
     ("slub-order-nr-cpus-2021", "v5.11@8"): _OPEN.format("3-6"),

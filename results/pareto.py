@@ -17,8 +17,8 @@ import polars as pl
 from slabtune.errors import SlabtuneError
 
 #: Column names a sweep run may use for the two objectives, first match wins.
-MEMORY_COLUMNS = ("memory_overhead", "overhead_ratio", "memory")
-TIME_COLUMNS = ("ns_per_op", "time_ns_per_op", "time")
+MEMORY_COLUMNS = ("overhead_frac", "memory_overhead", "overhead_ratio", "memory")
+TIME_COLUMNS = ("ns_per_op", "total_ns_per_op", "time_ns_per_op", "time")
 
 
 def non_dominated(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -86,6 +86,7 @@ def study_pareto(study: optuna.Study) -> dict:
                                        "time": base["time_topo"][i]}
                                 for i, name in enumerate(topos)},
         "topologies": list(topos),
+        "objectives": attrs.get("slabtune_objectives", {}),
         "n_trials": len(study.get_trials(deepcopy=False,
                                          states=(optuna.trial.TrialState.COMPLETE,))),
         "points": points,
@@ -141,6 +142,13 @@ def format_table(report: dict, max_params: int | None = None) -> str:
     lines = [f"study {report['study']}: {report['n_trials']} trials, {len(pts)} on the Pareto front",
              f"baseline: memory overhead {report['baseline']['memory']:.4f}, "
              f"time {report['baseline']['time']:.2f} ns/op"]
+    obj = report.get("objectives") or {}
+    if obj.get("set") == "structural":
+        lines.append("objectives: structural (structure + cost model with a slow-path-rate proxy, "
+                     "not the dynamics simulation)")
+    if obj.get("max_regression") is not None:
+        lines.append(f"constraint: no topology regresses more than "
+                     f"{100 * obj['max_regression']:.0f}% on either objective")
     if not pts:
         return "\n".join(lines)
     names = sorted({k for p in pts for k in p["params"]})

@@ -6,8 +6,10 @@ tests do not depend on other command groups being importable."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,9 @@ _SNIPPET = ("import sys, slabtune.cli as c; c.COMMAND_MODULES = {mods!r}; "
 
 @functools.lru_cache(maxsize=None)
 def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="slabtune-tune-tests-"))
+    path = Path(tempfile.mkdtemp(prefix="slabtune-tune-tests-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 @functools.lru_cache(maxsize=None)

@@ -200,7 +200,9 @@ SLUB_MIN_PARTIAL_2008 = {
     "name": "slub-dynamic-min-partial-2008",
     "title": "fio netio sys time, static MIN_PARTIAL (5) against per-cache "
              "min_partial = clamp(ilog2(size), 5, 10)",
-    "assumptions": "2 CPUs, 1 node; kmalloc-4k with bursty local churn",
+    "assumptions": "2 CPUs, 1 node; kmalloc-4k with local churn (the local workload's "
+                   "defaults: up to 32 live objects per CPU, allocations and frees "
+                   "interleaved at random)",
     "scale": {"metric": "sys_time", "fit_to": ("static", 8.89), "unit": "s sys",
               "what": "sys seconds = k x allocator ns per op"},
     "arms": {

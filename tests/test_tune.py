@@ -199,3 +199,68 @@ def test_cli_tune_bad_input_is_one_line(tmp_path):
         "slub_max_order = { low = 0, high = 4 }", "slub_max_order = { low = 0, high = 40 }"))
     assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path),
                        "search.knobs.slub_max_order.high: 40 is outside")
+
+
+def test_tpe_sampler_runs_batched_on_the_same_fleet():
+    _study, _url, runner = quick_study()
+    spec = ST.load_spec("tune_quick")
+    tpe = ST.parse_spec(spec.text.replace('sampler = "nsga2"', 'sampler = "tpe"'), "tpe")
+    assert tpe.space.sampler == "tpe"
+    r, _ = ST.create_or_resume(tpe, "tpe", "memory:", evaluator=runner.evaluator)
+    assert isinstance(r.study.sampler, optuna.samplers.TPESampler)
+    r.run(24, 8)
+    done = r.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) == 24 and len({tuple(sorted(t.params.items())) for t in done}) > 12
+
+
+V70_SPEC = """
+[fleet]
+profile = "v7.0"
+[[fleet.topology]]
+name = "two-node"
+cpus = 16
+nodes = 2
+[[fleet.topology]]
+name = "memoryless"
+cpus = 16
+nodes = 2
+memoryless_nodes = [1]
+[[fleet.workload]]
+[fleet.workload.caches]
+maple_node = { live_per_cpu = 512 }
+dentry = { live_per_cpu = 4096 }
+[search]
+seed = 1
+[search.knobs]
+sheaf_small = { low = 4, high = 120 }
+sheaf_256 = { low = 4, high = 60 }
+barn_max_full = { low = 0, high = 40 }
+min_partial_lo = { low = 0, high = 10 }
+"""
+
+
+def test_sheaf_and_barn_knobs_on_v7_0():
+    """v7.0 has sheaves on every non-kmalloc cache and no per-CPU partial lists: sheaf
+    capacities follow the searched base (rounded to a kmalloc bucket), barns cost memory,
+    and the memoryless topology pays remote frees that bypass sheaves."""
+    spec = ST.parse_spec(V70_SPEC, "v70")
+    ev = ST.evaluator_for(spec)
+    base = ev.evaluate([{}])
+    small = O.cache_values(spec.fleet, {"sheaf_small": 4, "sheaf_256": 4})
+    big = O.cache_values(spec.fleet, {"sheaf_small": 120, "sheaf_256": 60})
+    prof = spec.fleet.profile
+    assert small["dentry"]["sheaf_capacity"] == R.sheaf_capacity(192, dataclasses.replace(
+        prof, sheaf_base_capacity=(4, 12, 4, 4)))
+    assert big["dentry"]["sheaf_capacity"] > small["dentry"]["sheaf_capacity"]
+    assert all(v["cpu_partial"] == 0 for v in big.values())
+    mem = ev.evaluate([{"barn_max_full": 0}, {"barn_max_full": 40}]).memory_topo
+    assert (mem[1] > mem[0]).all()  # fuller barns hold more parked objects
+    # the memoryless topology is slower than the same machine with memory on both nodes
+    assert base.time_topo[0, 1] > base.time_topo[0, 0]
+    r, _ = ST.create_or_resume(spec, "v70", "memory:", evaluator=ev)
+    r.run(8, 8)
+    t = next(t for t in r.study.trials if t.params["sheaf_small"] != 60)
+    c = ST.candidate(r.study, t.number)
+    assert "sheaf_small" in [k.knob for k in c.kernel_change]
+    assert all(set(v) == {"min_partial"} for v in c.sysfs.values())  # no cpu_partial in v7.0
+    assert c.boot == {}

@@ -61,6 +61,9 @@ def format_row(row: dict) -> str:
         if isinstance(v, list):
             v = " ".join(f"o{i}:{x:.3g}" for i, x in enumerate(v) if x)
         lines.append(f"  {k:30s} {_fmt(v)}")
+    fitted = row["cost_fitted"]
+    what = sorted({w for w in fitted.values() if not w.startswith("(see ")})
     lines.append(f"cost      {row['cost_source']}"
-                 + (f" (fitted: {row['cost_fitted']})" if row["cost_fitted"] else ""))
+                 + (f"; fitted to published figures: {', '.join(fitted)} ({'; '.join(what)})"
+                    if fitted else "; no constant fitted to a published figure"))
     return "\n".join(lines)

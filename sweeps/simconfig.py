@@ -354,7 +354,18 @@ def load_cost(path: str | Path | None = None) -> tuple[C.CostParams, C.CostMeta]
     if path is None:
         return base, meta
     p = Path(path)
+    text = p.read_text()
     try:
-        return C.parse_cost_toml(p.read_text(), str(p), base=base)
+        params, file_meta = C.parse_cost_toml(text, str(p), base=base)
     except C.CostError as err:
         raise ConfigError(f"{p}: {err}") from None
+    # Defaults the file does not override keep their "fitted" note; the file's own notes
+    # are added.
+    overridden = set(tomllib.loads(text).get("cost", {}))
+    fitted = {k: v for k, v in meta.fitted.items() if k not in overridden}
+    for k, v in list(fitted.items()):
+        ref = v[5:-1].strip() if v.startswith("(see ") else None
+        if ref and ref not in fitted:
+            fitted[k] = meta.fitted.get(ref, v)
+    fitted.update(file_meta.fitted)
+    return params, C.CostMeta(f"{p} over cost_default.toml", fitted)

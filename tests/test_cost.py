@@ -35,7 +35,16 @@ def test_file_overrides_only_what_it_names(tmp_path, default):
     params, meta = simconfig.load_cost(f)
     assert float(params.list_lock_hold_ns) == 123.5
     assert float(params.line_remote_ns) == float(default.line_remote_ns)
-    assert meta.fitted == {"list_lock_hold_ns": "lockstat"}
+    assert meta.fitted["list_lock_hold_ns"] == "lockstat"
+    # Packaged constants the file leaves alone keep their "fitted" note, spelled out.
+    default_fitted = simconfig.load_cost()[1].fitted
+    for name in default_fitted:
+        if name != "list_lock_hold_ns":
+            assert name in meta.fitted and not meta.fitted[name].startswith("(see list_lock")
+    f.write_text("[cost]\nalloc_fast_ns = 9.0\n")
+    _, meta = simconfig.load_cost(f)
+    assert "alloc_fast_ns" not in meta.fitted
+    assert all(not v.startswith("(see alloc_fast_ns") for v in meta.fitted.values())
 
 
 @pytest.mark.parametrize("text, field", [

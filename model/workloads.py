@@ -267,16 +267,19 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
 
 
 def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.9,
-                     live: int = 16):
+                     live: int = 16, irq_self_free: float = 0.0):
     """netperf TCP_RR with ``threads`` threads: rep 0 is the CPU taking the network
     interrupt (on node class 0); reps 1..7 the CPUs running threads (min(threads, CPUs-1)
     of them, over every node class).  ``irq_free``: fraction of the objects the threads
     allocate (transmit buffers) that the interrupt CPU frees; it allocates the receive
     buffers, which the threads free.  ``live``: objects in flight per thread CPU.
+    ``irq_self_free``: fraction of the interrupt CPU's own allocations it frees itself
+    (buffers consumed in the interrupt, often while still in its CPU slab).
     """
     threads = _count("threads", threads, 1)
     live = _count("live", live, 1)
     f = _prob("irq_free", irq_free) / PROB_ONE
+    own = _prob("irq_self_free", irq_self_free) / PROB_ONE
     g = node_groups(topology)
     total = sum(g["cpus"])
     app = min(threads, max(total - 1, 1))
@@ -292,7 +295,7 @@ def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.
     slots = [(NODE_MEM0, 1.0)] + _spread(R - 1, groups)
     lay = _layout(topology, slots)
     n = len(slots)
-    rows = [[0.0] + [1.0 / (n - 1)] * (n - 1)] if n > 1 else [[1.0]]
+    rows = [[own] + [(1.0 - own) / (n - 1)] * (n - 1)] if n > 1 else [[1.0]]
     for r in range(1, n):
         row = [0.0] * R
         row[0] += f
@@ -303,13 +306,17 @@ def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.
     return _workload(ap, rows, lv, [0] * n, lay), lay
 
 
-def block_io(topology: Topology, depth: int = 32, completion_remote: bool = False):
-    """ublk/io_uring-like block I/O: reps 1..7 submit (allocate a request object), rep 0 is
-    the completion CPU that frees them.  With ``completion_remote`` the completion CPU sits
-    on another node class than the first memory node (a memoryless node if the machine has
-    one, else another memory node).  ``depth``: requests in flight per submitting CPU.
+def block_io(topology: Topology, depth: int = 32, completion_remote: bool = False,
+             completions: int = 1):
+    """ublk/io_uring-like block I/O: submitting CPUs allocate a request object, completion
+    CPUs free them.  ``completions``: completion CPUs (1: rep 0 alone, the others submit;
+    more: up to R/2 reps stand for them, each submitter spreading its requests evenly over
+    them).  With ``completion_remote`` the completion CPUs sit on another node class than
+    the first memory node (a memoryless node if the machine has one, else another memory
+    node).  ``depth``: requests in flight per submitting CPU.
     """
     depth = _count("depth", depth, 1)
+    completions = _count("completions", completions, 1)
     g = node_groups(topology)
     comp = NODE_MEM0
     if completion_remote:
@@ -320,14 +327,20 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
     cpus = list(g["cpus"])
     if sum(cpus) < 2:
         raise WorkloadError("block_io: needs at least 2 CPUs")
-    cpus[comp] -= 1
-    slots = [(comp, 1.0)] + _spread(R - 1, [(k, cpus[k]) for k in
-                                            (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)])
+    if completions > cpus[comp] or sum(cpus) - completions < 1:
+        raise WorkloadError(f"completions: {completions} leaves no submitting CPU or exceeds "
+                            f"the {cpus[comp]} CPUs of the completion node class")
+    cpus[comp] -= completions
+    comp_slots = _spread(R // 2 if completions > 1 else 1, [(comp, completions)])
+    nc = len(comp_slots)
+    slots = comp_slots + _spread(R - nc, [(k, cpus[k]) for k in
+                                          (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)])
     lay = _layout(topology, slots)
     n = len(slots)
-    rows = [[0.0] * R] + [[1.0] + [0.0] * (R - 1) for _ in range(1, n)]
-    ap = [0] + [PROB_ONE] * (n - 1)
-    lv = [0] + [depth] * (n - 1)
+    rows = [[0.0] * R for _ in range(nc)]
+    rows += [[1.0 / nc] * nc + [0.0] * (R - nc) for _ in range(nc, n)]
+    ap = [0] * nc + [PROB_ONE] * (n - nc)
+    lv = [0] * nc + [depth] * (n - nc)
     return _workload(ap, rows, lv, [0] * n, lay), lay
 
 

@@ -211,7 +211,29 @@ def test_workload_parameters_are_checked():
         W.producer_consumer(ONE_NODE, cross_node=1.5)
     with pytest.raises(W.WorkloadError, match="bogus"):
         W.build("local", ONE_NODE, bogus=1)
-    assert W.spec_params("block_io") == ("depth", "completion_remote")
+    assert W.spec_params("block_io") == ("depth", "completion_remote", "completions")
+    with pytest.raises(W.WorkloadError, match="completions"):
+        W.block_io(ONE_NODE, completions=16)
+
+
+def test_block_io_with_many_completion_cpus_balances_the_machine():
+    """With as many completion CPUs as submitters, half the reps complete: weighted
+    machine-wide frees keep up with allocations (one completion CPU cannot)."""
+    topo = Topology.uniform(64, 1)
+    one, c1 = _run("v6.1", topo, {"kind": "block_io"})
+    many, cm = _run("v6.1", topo, {"kind": "block_io", "completions": 32})
+    assert cm.rep_weight[:4].sum() == 32 and cm.rep_weight[4:].sum() == 32
+    bal = lambda c, cfg: (c["frees"] * cfg.rep_weight).sum() / (c["allocs"] * cfg.rep_weight).sum()
+    assert bal(many, cm) > 0.95 > 0.5 > bal(one, c1)
+
+
+def test_interrupt_cpu_self_frees_take_its_fast_path():
+    """irq_self_free: receive buffers the interrupt CPU frees itself, while still in its CPU
+    slab, are fast frees (the seed's kmalloc-256/4k interrupt-CPU fast frees)."""
+    wl = {"kind": "request_response", "threads": 16, "live": 8}
+    off, _ = _run("v3.1", ONE_NODE, wl, size=4096)
+    on, _ = _run("v3.1", ONE_NODE, dict(wl, irq_self_free=0.5), size=4096)
+    assert off["free_fast"][0] == 0 < on["free_fast"][0]
 
 
 @pytest.mark.parametrize("kind", list(W.BUILDERS))

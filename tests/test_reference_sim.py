@@ -81,12 +81,18 @@ def test_equal_every_profile_and_workload(profile, wl):
          kw=dict(memoryless_fallback=False)),
     dict(profile="v7.0", size=256, topo="2node_memless", wl="request_response",
          kw=dict(barns="all_nodes")),
+    # many completion CPUs on a memoryless node; interrupt CPU freeing its own buffers
+    dict(profile="v7.0", size=512, topo="2node_memless", wl="block_io",
+         kw=dict(), wl_extra=dict(completions=8)),
+    dict(profile="v6.1", size=1024, topo="1node16", wl="request_response",
+         kw=dict(), wl_extra=dict(irq_self_free=0.4)),
     # v6.18 opt-in sheaves next to per-CPU partial lists
     dict(profile="v6.18", size=256, topo="2node_memless", wl="block_io",
          kw=dict(), explicit_sheaf=32),
 ])
 def test_equal_edge_configs(case):
-    cfg = _cfg(case["profile"], TOPOS[case["topo"]], WORKLOADS[case["wl"]],
+    cfg = _cfg(case["profile"], TOPOS[case["topo"]],
+               dict(WORKLOADS[case["wl"]], **case.get("wl_extra", {})),
                size=case["size"], explicit_sheaf=case.get("explicit_sheaf", 0), **case["kw"])
     want = _assert_equal(cfg, seed=7)
     assert want["allocs"].sum() > 100

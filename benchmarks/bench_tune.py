@@ -88,15 +88,17 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as d:
         tmp = Path(d)
         for kind in args.storages.split(","):
-            for mode, batch in (("batched", args.batch), ("single", 1)):
-                rates, shares = [], []
-                for r in range(args.repeats):
+            # modes alternate within each repeat, so both see the same machine load
+            runs = {"batched": ([], []), "single": ([], [])}
+            for r in range(args.repeats):
+                for mode, batch in (("batched", args.batch), ("single", 1)):
                     wall, model = run_once(spec, evaluator, kind, tmp, f"{kind}-{mode}-{r}",
                                            args.trials, batch)
-                    rates.append(args.trials / wall)
-                    shares.append(model / wall)
-                rate = statistics.median(rates)
-                share = statistics.median(shares)
+                    runs[mode][0].append(args.trials / wall)
+                    runs[mode][1].append(model / wall)
+            for mode in ("batched", "single"):
+                rate = statistics.median(runs[mode][0])
+                share = statistics.median(runs[mode][1])
                 results[(kind, mode)] = (rate, share)
                 print(f"{kind:8} {mode:8} {rate:9.1f} {100 * share:7.1f}% {1000 / rate:9.2f}",
                       flush=True)

@@ -45,6 +45,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from slabtune.errors import SlabtuneError
@@ -292,6 +293,8 @@ def policy_structure(values: Mapping[str, jnp.ndarray], prof: PL.ProfileArrays,
 #: times on the quick fleet (128 random policies) and cost a tenth of the time on CPU.
 SOLVE_SWEEPS = 2
 SOLVE_STEPS = 24
+#: Configurations solved together (vmap) per step of a sequential map over the batch.
+SOLVE_BLOCK = 256
 #: Barn hit rate proxy: a barn with ``f`` full (or empty) sheaves serves a sheaf exchange
 #: with probability f / (f + BARN_HIT_HALF); 10 sheaves give 5/6.
 BARN_HIT_HALF = 2.0
@@ -446,11 +449,17 @@ def structural_objectives(values, prof: PL.ProfileArrays, fa: FleetArrays, cost:
                       jnp.full(shape + (3,), cost.line_remote_ns)], -2)
     hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, cost.zone_lock_hold_ns])
     flat = lambda x, tail: jnp.reshape(x, (-1,) + tail)  # noqa: E731
-    solve = jax.vmap(lambda b_, a_, l_, w_, m_: C.solve(b_, a_, hold, l_, w_, m_, cost.rho_max,
-                                                        sweeps=SOLVE_SWEEPS, steps=SOLVE_STEPS))
-    sol = solve(flat(base, (2,)), flat(acq, (2, 3)), flat(line, (2, 3)), flat(weight, (2,)),
-                flat(mult, (3,)))
-    t_rep = jnp.reshape(sol.t, shape + (2,))
+    def solve(args):
+        b_, a_, l_, w_, m_ = args
+        return C.solve(b_, a_, hold, l_, w_, m_, cost.rho_max, sweeps=SOLVE_SWEEPS,
+                       steps=SOLVE_STEPS).t
+
+    args = (flat(base, (2,)), flat(acq, (2, 3)), flat(line, (2, 3)), flat(weight, (2,)),
+            flat(mult, (3,)))
+    # vectorised in cache-sized blocks: the fixed point's bisection loop touches its whole
+    # working set every step, so one block of all configurations runs out of cache.
+    t_rep = jnp.reshape(lax.map(solve, args, batch_size=min(SOLVE_BLOCK, args[0].shape[0])),
+                        shape + (2,))
     wsum = jnp.maximum(weight.sum(-1), 1.0)
     t_cpu = (t_rep * weight).sum(-1) / wsum                          # (B, T, W, K)
     t_w = (t_cpu * fa.ops[None, None, :, :]).sum(-1)                 # (B, T, W)

@@ -61,13 +61,18 @@ def test_grub_tmpfiles_and_json_formats():
 
 def test_kernel_change_knobs_are_listed_never_dropped():
     study, _url, _runner, _front_ = _front()
-    t = next(t for t in study.trials if t.params["order_objects_mul"] != 4)
+    t = next(t for t in study.trials
+             if t.params["order_objects_mul"] != 4 and t.params["slub_min_objects"] == 0)
     c = ST.candidate(study, t.number)
     assert [k.knob for k in c.kernel_change] == ["order_objects_mul"]
     note = f"order_objects_mul={t.params['order_objects_mul']}"
     assert note in X.render(c, "grub") and note in X.render(c, "tmpfiles")
     assert any(note in n for n in X.kernel_change_notes(c))
     assert json.loads(X.render(c, "json"))["kernel_change"][0]["knob"] == "order_objects_mul"
+    # with slub_min_objects set the heuristic's coefficients are never used: nothing to change
+    t = next(t for t in study.trials
+             if t.params["order_objects_mul"] != 4 and t.params["slub_min_objects"] > 0)
+    assert ST.candidate(study, t.number).kernel_change == ()
 
 
 def _synthetic(profile: str, boot: dict) -> X.Candidate:

@@ -404,8 +404,12 @@ def candidate(study: optuna.Study, number: int):
             per_cache = O.cache_values(spec.fleet, eff)
         for cache, vals in per_cache.items():
             sysfs.setdefault(cache, {})[attr] = vals[attr]
+    # a non-zero slub_min_objects replaces the heuristic, so its coefficients then change
+    # nothing (calculate_order() never evaluates them)
+    inert = {"order_objects_mul", "order_objects_add"} if int(eff.get("slub_min_objects", 0)) else set()
     kernel = tuple(X.KernelChange(k, int(eff[k]), base[k], S.KNOBS[k].doc)
-                   for k in ft.params if S.KNOBS[k].reach == "kernel" and int(eff[k]) != base[k])
+                   for k in ft.params if S.KNOBS[k].reach == "kernel"
+                   and int(eff[k]) != base[k] and k not in inert)
     b = study.user_attrs[ATTR_BASELINE]
     topos = study.user_attrs[ATTR_TOPOLOGIES]
     topo = ft.user_attrs.get(ATTR_TOPO, {})

@@ -154,6 +154,21 @@ def _structural_fn():
     return jax.jit(run)
 
 
+def structural_columns(spec: "SweepSpec", cols: dict) -> dict[str, np.ndarray]:
+    """``slab_size`` and every structural field of a chunk's rows, from one compiled call."""
+    cache = cache_inputs(spec, cols)
+    topo = topology_inputs(cols)
+    out = _structural_fn()(
+        _stacked_profiles(), profile_index(spec, cols), cache["size"], topo["possible"],
+        topo["present"], topo["online"], cols["min_order"], cols["max_order"],
+        cols["min_objects"], cache["early"], cache["is_kmalloc"], cache["is_bootstrap"],
+        cache["explicit_sheaf"])
+    res = {"slab_size": cache["size"]}
+    for f in STRUCTURE_FIELDS:
+        res[f] = np.asarray(getattr(out, f), dtype=np.int32)
+    return res
+
+
 class Structural(Evaluator):
     """Slab order, objects per slab, leftover, min_partial, cpu_partial, sheaf capacity."""
 
@@ -163,18 +178,7 @@ class Structural(Evaluator):
         return ("slab_size",) + STRUCTURE_FIELDS
 
     def evaluate(self, spec, chunk):
-        cols = chunk.columns
-        cache = cache_inputs(spec, cols)
-        topo = topology_inputs(cols)
-        out = _structural_fn()(
-            _stacked_profiles(), profile_index(spec, cols), cache["size"], topo["possible"],
-            topo["present"], topo["online"], cols["min_order"], cols["max_order"],
-            cols["min_objects"], cache["early"], cache["is_kmalloc"], cache["is_bootstrap"],
-            cache["explicit_sheaf"])
-        res = {"slab_size": cache["size"]}
-        for f in STRUCTURE_FIELDS:
-            res[f] = np.asarray(getattr(out, f), dtype=np.int32)
-        return res
+        return structural_columns(spec, chunk.columns)
 
 
 # --------------------------------------------------------------------------- dynamics
@@ -277,16 +281,10 @@ class Dynamics(Evaluator):
 
         cols = chunk.columns
         n = len(chunk.keep)
-        cache = cache_inputs(spec, cols)
         topo = topology_inputs(cols)
-        st = _structural_fn()(
-            _stacked_profiles(), profile_index(spec, cols), cache["size"], topo["possible"],
-            topo["present"], topo["online"], cols["min_order"], cols["max_order"],
-            cols["min_objects"], cache["early"], cache["is_kmalloc"], cache["is_bootstrap"],
-            cache["explicit_sheaf"])
-        st = {f: np.asarray(getattr(st, f), np.int32) for f in STRUCTURE_FIELDS}
+        res = structural_columns(spec, cols)
+        st = {f: res[f] for f in STRUCTURE_FIELDS}
         kept = np.flatnonzero(chunk.keep)
-        res = {"slab_size": cache["size"], **st}
         names = self.metrics()[1 + len(STRUCTURE_FIELDS):]
         if kept.size == 0:
             for m in names:

@@ -88,16 +88,23 @@ def parse_spec(text: str, name: str = "spec") -> TuneSpec:
     return TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives)
 
 
-def load_spec(ref: str) -> TuneSpec:
-    """Load a spec from a file path or a built-in name (``tune_quick``)."""
+def spec_file(ref: str, field: str = "spec") -> Path:
+    """The file a spec reference names: a path, else a built-in spec of that name.  Errors
+    are one line naming ``field``."""
     path = Path(ref)
     if not path.exists():
         builtin = builtin_spec_path(ref)
         if builtin is None:
-            raise SlabtuneError(f"spec: {ref}: no such file or built-in spec")
+            raise SlabtuneError(f"{field}: {ref}: no such file or built-in spec")
         path = builtin
     if path.is_dir():
-        raise SlabtuneError(f"spec: {ref}: is a directory")
+        raise SlabtuneError(f"{field}: {ref}: is a directory")
+    return path
+
+
+def load_spec(ref: str) -> TuneSpec:
+    """Load a spec from a file path or a built-in name (``tune_quick``)."""
+    path = spec_file(ref)
     return parse_spec(path.read_text(), path.stem)
 
 

@@ -301,12 +301,6 @@ class ValidateSpec:
         raise SlabtuneError(f"topology: {name!r} is not in spec {self.name}")
 
 
-def builtin_spec_path(name: str) -> Path | None:
-    from slabtune.tuner.study import builtin_spec_path as _b
-
-    return _b(name)
-
-
 def parse_spec(text: str, name: str) -> ValidateSpec:
     """Parse a validation spec (see sweeps/validate_quick.toml); errors name the field."""
     from slabtune.tuner import guest as G
@@ -396,14 +390,9 @@ def _parse_native(tab: Any, fleet) -> dict:
 
 def load_spec(ref: str) -> ValidateSpec:
     """A spec from a path or a built-in name (``validate_quick``)."""
-    p = Path(ref)
-    if not p.exists():
-        b = builtin_spec_path(ref)
-        if b is None:
-            raise SlabtuneError(f"--topologies: {ref}: no such file or built-in spec")
-        p = b
-    if p.is_dir():
-        raise SlabtuneError(f"--topologies: {ref}: is a directory")
+    from slabtune.tuner.study import spec_file
+
+    p = spec_file(ref, "--topologies")
     return parse_spec(p.read_text(), p.stem)
 
 

@@ -467,9 +467,165 @@ def structural_objectives(values, prof: PL.ProfileArrays, fa: FleetArrays, cost:
     return PerTopology(memory=memory, time=time)
 
 
+# --------------------------------------------------------------------------- dynamics set
+
+#: Live objects per CPU a dynamics workload keeps at most (the simulation runs a few hundred
+#: steps; a larger live set would never be reached).
+DYN_LIVE_MAX = 256
+#: Dynamics steps and base seed when the spec's [objectives] table names none.
+DYN_STEPS = 256
+DYN_SEED = 0
+
+
+def dynamics_workload(wl: Workload, k: int) -> dict:
+    """The dynamics workload standing for fleet workload ``wl`` on cache ``k``.
+
+    Mapping (documented in the module of the workload kinds, model/workloads.py):
+
+    * ``foreign_free > 0``: objects are freed by other CPUs than the one that allocated
+      them (__slab_free on a slab that is not the freeing CPU's own), so the workload is
+      ``producer_consumer`` (senders allocate, receivers free) with ``depth`` = the live
+      objects per CPU and ``cross_node`` = ``foreign_free`` (the share of those frees
+      crossing to another node class, where the topology has one);
+    * ``foreign_free == 0``: ``local`` (every CPU frees its own objects) with ``live`` = the
+      live objects per CPU and ``burst`` = round(churn * live) (churn drains the live set
+      in bursts of that many frees; 0 interleaves allocs and frees at random).
+
+    Live objects per CPU are capped at :data:`DYN_LIVE_MAX`.
+    """
+    live = max(1, min(int(round(wl.live_per_cpu[k])), DYN_LIVE_MAX))
+    if wl.foreign_free > 0:
+        return {"kind": "producer_consumer", "depth": live, "cross_node": wl.foreign_free}
+    return {"kind": "local", "live": live, "burst": int(round(wl.churn * live))}
+
+
+class DynamicsObjectives:
+    """The ``dynamics`` objective set: per-topology memory and time of a batch of policies
+    measured by the dynamics model (model/dynamics.py) instead of the structural proxy.
+
+    Points: every (topology ``t``, workload-cache pair ``p``) the fleet uses (a workload's
+    cache with live objects), one :class:`~slabtune.model.dynamics.SimConfig` each, built
+    with :func:`~slabtune.model.dynamics.config_from` from the baseline structure and the
+    workload of :func:`dynamics_workload`; a policy replaces the fields config_from takes
+    from the structure and its overrides (order, objs_per_slab, min_partial,
+    cpu_partial_slabs, sheaf_capacity, barn limits) with its own, by config_from's rules.
+    All (policy x point) configs of a batch run in one ``simulate_batch`` call (batch padded
+    like the structural set, so compiles are reused), seeded per point (seed + t * P + p,
+    the same random stream for every policy), then ``metrics.compute`` (vmapped).
+
+    Aggregation, like the structural set: memory per workload is the overhead bytes of its
+    caches (memory_bytes - live_bytes) over their live bytes, workloads weighted; time per
+    workload is ns per alloc-or-free op (metrics ns_per_op / 2: it is per alloc+free pair)
+    weighted by the caches' op shares, workloads weighted.  Both (B, T).
+    """
+
+    def __init__(self, fleet: Fleet, prof: PL.ProfileArrays, fa: FleetArrays,
+                 cost: C.CostParams, pcp_max: int, objective: "ObjectiveSpec"):
+        from slabtune.model import dynamics as D
+
+        self.fleet, self.prof, self.fa, self.cost, self.pcp_max = fleet, prof, fa, cost, pcp_max
+        self.steps = objective.steps if objective.steps is not None else DYN_STEPS
+        seed = objective.seed if objective.seed is not None else DYN_SEED
+        #: (workload index, cache index) pairs simulated, per topology
+        self.pairs = [(w, k) for w, wl in enumerate(fleet.workloads)
+                      for k in range(len(fleet.caches)) if wl.live_per_cpu[k] > 0]
+        T, Pn = len(fleet.topologies), len(self.pairs)
+        base = baseline_values(fleet.profile)
+        st, _ = jax.jit(policy_structure)({k: np.array([v], np.int32) for k, v in base.items()},
+                                          prof, fa)
+        tk_shape = (T, len(fleet.caches))
+        st = PL.Structure(*(np.broadcast_to(np.asarray(x)[0], tk_shape) for x in st))
+        cfgs = []
+        for t, ft in enumerate(fleet.topologies):
+            for w, k in self.pairs:
+                s_tk = PL.Structure(*(x[t, k] for x in st))
+                try:
+                    cfgs.append(D.config_from(s_tk, fleet.profile, ft.topology,
+                                              dynamics_workload(fleet.workloads[w], k)))
+                except ValueError as err:
+                    raise SlabtuneError(f"fleet.topology {ft.name}: dynamics workload of "
+                                        f"{fleet.workloads[w].name}: {err}") from None
+        self.template = D.stack_configs(cfgs)                      # (T * P,)
+        self.seeds = (seed + np.arange(T * Pn)).astype(np.uint32)
+        self.has_cpu_partial = fleet.profile.has_cpu_partial
+        tk = [(t, k) for t in range(T) for _, k in self.pairs]
+        self._t_idx = np.array([t for t, _ in tk])
+        self._k_idx = np.array([k for _, k in tk])
+        osz = np.array([fleet.caches[k].object_size for _, k in self.pairs], np.float32)
+        self.object_size = np.tile(osz, T)
+        ops = np.asarray(fa.ops)
+        # (P, W) one-hot of each pair's workload and (P,) its op share within the workload
+        self.pair_w = np.zeros((Pn, len(fleet.workloads)), np.float32)
+        self.pair_ops = np.zeros(Pn, np.float32)
+        for i, (w, k) in enumerate(self.pairs):
+            self.pair_w[i, w] = 1.0
+            self.pair_ops[i] = ops[w, k]
+        self._structure = jax.jit(policy_structure)
+        self._metrics = jax.jit(functools.partial(
+            _dynamics_aggregate, cost=cost, pcp_max=pcp_max, steps=self.steps, T=T,
+            pair_w=jnp.asarray(self.pair_w), pair_ops=jnp.asarray(self.pair_ops),
+            w_weight=fa.w_weight))
+
+    def configs(self, values) -> "D.SimConfig":
+        """The stacked configs of a batch, laid out (b, t, p) policy-major: the template
+        of every point with the policy's structural fields (config_from's rules: no
+        per-CPU partial slabs on kernels without them; a per-CPU slab iff no sheaf)."""
+        st, _ = self._structure({k: np.asarray(v, np.int32) for k, v in values.items()},
+                                self.prof, self.fa)
+        B = len(np.asarray(values["barn_max_full"]))
+        full = (B, self.fa.possible.shape[0], self.fa.size.shape[0])
+        pick = lambda x: np.broadcast_to(np.asarray(x), full)[  # noqa: E731
+            :, self._t_idx, self._k_idx].reshape(-1)
+        cap = pick(st.sheaf_capacity).astype(np.int32)
+        cps = pick(st.cpu_partial_slabs).astype(np.int32)
+        if not self.has_cpu_partial:
+            cps = np.zeros_like(cps)
+        n = len(self._t_idx)
+        rep = lambda name: np.repeat(np.asarray(values[name], np.int32), n)  # noqa: E731
+        cfg = jax.tree_util.tree_map(lambda x: np.tile(x, (B,) + (1,) * (x.ndim - 1)),
+                                     self.template)
+        return cfg._replace(objs_per_slab=pick(st.objs_per_slab).astype(np.int32),
+                            order=pick(st.order).astype(np.int32),
+                            min_partial=pick(st.min_partial).astype(np.int32),
+                            cpu_partial_slabs=cps, sheaf_capacity=cap,
+                            cpu_slab=(cap == 0).astype(np.int32),
+                            barn_max_full=rep("barn_max_full"),
+                            barn_max_empty=rep("barn_max_empty"))
+
+    def __call__(self, values) -> PerTopology:
+        from slabtune.model import dynamics as D
+
+        cfg = self.configs(values)
+        B = len(np.asarray(values["barn_max_full"]))
+        keys = jax.vmap(jax.random.key)(np.tile(self.seeds, B))
+        counters = D.simulate_batch(keys, cfg, self.steps)
+        return self._metrics(counters, cfg, np.tile(self.object_size, B))
+
+
+def _dynamics_aggregate(counters, cfg, object_size, *, cost, pcp_max, steps, T, pair_w,
+                        pair_ops, w_weight) -> PerTopology:
+    """Metrics of every (policy, topology, pair) config, aggregated to (B, T) (see
+    :class:`DynamicsObjectives`)."""
+    from slabtune.model import metrics as M
+
+    met = jax.vmap(lambda cnt, c, osz: M.compute(cnt, c, cost, pcp_max=pcp_max,
+                                                 object_size=osz, steps=steps))(
+        counters, cfg, object_size)
+    Pn = pair_w.shape[0]
+    shape = (-1, T, Pn)
+    over = jnp.reshape(met.memory_bytes - met.live_bytes, shape)
+    live = jnp.reshape(met.live_bytes, shape)
+    ns = jnp.reshape(met.ns_per_op, shape) / 2.0
+    mem_w = (over @ pair_w) / jnp.maximum(live @ pair_w, 1.0)          # (B, T, W)
+    t_w = (ns * pair_ops) @ pair_w
+    return PerTopology(memory=(mem_w * w_weight).sum(-1), time=(t_w * w_weight).sum(-1))
+
+
 ObjectiveSet = Callable[..., PerTopology]
-#: Objective sets by the name a spec's ``[objectives] set`` gives.
-OBJECTIVE_SETS: dict[str, ObjectiveSet] = {"structural": structural_objectives}
+#: Objective sets by the name a spec's ``[objectives] set`` gives.  A set that is a class
+#: (``dynamics``) is built once per fleet and called with the batch's knob values.
+OBJECTIVE_SETS: dict[str, ObjectiveSet] = {"structural": structural_objectives,
+                                           "dynamics": DynamicsObjectives}
 
 
 def load_default_cost() -> C.CostParams:
@@ -485,6 +641,9 @@ class ObjectiveSpec:
     #: Largest allowed per-topology regression against the baseline, as a fraction
     #: (0.05 = 5%); None for no constraint.
     max_regression: float | None = None
+    #: ``dynamics`` set only: simulated steps per config and the base seed (None: defaults).
+    steps: int | None = None
+    seed: int | None = None
 
 
 def parse_objectives(table) -> ObjectiveSpec:
@@ -492,7 +651,7 @@ def parse_objectives(table) -> ObjectiveSpec:
         return ObjectiveSpec()
     if not isinstance(table, Mapping):
         raise SlabtuneError("objectives: expected an [objectives] table")
-    unknown = set(table) - {"set", "max_regression"}
+    unknown = set(table) - {"set", "max_regression", "steps", "seed"}
     if unknown:
         raise SlabtuneError(f"objectives.{sorted(unknown)[0]}: unknown field")
     name = table.get("set", "structural")
@@ -501,7 +660,16 @@ def parse_objectives(table) -> ObjectiveSpec:
     mr = table.get("max_regression")
     if mr is not None:
         mr = _num("objectives.max_regression", mr, 0.0, 10.0)
-    return ObjectiveSpec(name, mr)
+    steps = table.get("steps")
+    seed = table.get("seed")
+    if name != "dynamics" and (steps is not None or seed is not None):
+        raise SlabtuneError(f"objectives.{'steps' if steps is not None else 'seed'}: only "
+                            f"the dynamics set simulates")
+    if steps is not None:
+        steps = _int("objectives.steps", steps, 1, 1 << 20)
+    if seed is not None:
+        seed = _int("objectives.seed", seed, 0, (1 << 31) - 1)
+    return ObjectiveSpec(name, mr, steps, seed)
 
 
 class Evaluation(NamedTuple):
@@ -539,8 +707,11 @@ class Evaluator:
         self.baseline_values = baseline_values(fleet.profile)
         fn = OBJECTIVE_SETS[objective.name]
         pcp_max = C.pcp_max_order(fleet.profile.version)
-        self._fn = jax.jit(functools.partial(fn, prof=self.prof, fa=self.fa, cost=self.cost,
-                                             pcp_max=pcp_max))
+        if isinstance(fn, type):
+            self._fn = fn(fleet, self.prof, self.fa, self.cost, pcp_max, objective)
+        else:
+            self._fn = jax.jit(functools.partial(fn, prof=self.prof, fa=self.fa,
+                                                 cost=self.cost, pcp_max=pcp_max))
         self._topo_w = np.array([t.weight for t in fleet.topologies], np.float64)
         self._topo_w = self._topo_w / self._topo_w.sum()
         # the baseline rides in the batched shape, so a batched study compiles one shape

@@ -21,6 +21,7 @@ import shutil
 import socket
 import tempfile
 import time
+import warnings
 from typing import Any, Iterable, Iterator
 
 from slabtune.errors import SlabtuneError
@@ -109,9 +110,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
         else:
             _remove_stale_temp_dirs()
             tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir="/tmp")
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
-                     resources=dict(resources or {}),
-                     include_dashboard=False, log_to_driver=False, configure_logging=False)
+            with warnings.catch_warnings():
+                # Ray starts its daemons with fork+exec; JAX (already imported by the driver)
+                # warns about any fork, but an exec'd child shares none of its threads.
+                warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                        category=RuntimeWarning)
+                ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
+                         resources=dict(resources or {}), include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
             info = {"mode": "local", "address": None}
         yield info
     finally:

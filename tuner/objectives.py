@@ -33,6 +33,13 @@ memory and time; sets are looked up by name in :data:`OBJECTIVE_SETS` (the spec'
   allocator and M/M/1 lock contention fixed point), fed with per-op event rates estimated
   from the structure (a slow-path-rate proxy, documented in :func:`structural_rates`), for
   two representative CPUs per topology: one on a node with memory, one on a memoryless node.
+
+``dynamics`` (opt-in: ``[objectives] set = "dynamics"``, with optional ``steps`` and
+``seed``) measures both with the dynamics model instead: every (policy, topology,
+workload-cache) point becomes a :class:`~slabtune.model.dynamics.SimConfig`, a batch runs
+as one ``simulate_batch`` call and ``metrics.compute`` gives overhead_frac-style memory
+and ns per op (see :class:`DynamicsObjectives` and :func:`dynamics_workload` for the
+mapping of fleet workloads to dynamics workloads).
 """
 
 from __future__ import annotations
@@ -480,7 +487,7 @@ DYN_SEED = 0
 def dynamics_workload(wl: Workload, k: int) -> dict:
     """The dynamics workload standing for fleet workload ``wl`` on cache ``k``.
 
-    Mapping (documented in the module of the workload kinds, model/workloads.py):
+    Mapping (workload kinds: model/workloads.py):
 
     * ``foreign_free > 0``: objects are freed by other CPUs than the one that allocated
       them (__slab_free on a slab that is not the freeing CPU's own), so the workload is

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from slabtune.model import scenarios as S
 from slabtune.sweeps import simconfig
 from slabtune.sweeps import simulate as SIM
+from slabtune.tuner import fitcost
 
 #: A model ratio within this of 1 counts as "no change" (and agrees with no direction).
 FLAT = 0.005
@@ -60,22 +61,59 @@ def _direction(ratio: float | None) -> int:
     return 0
 
 
-def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None) -> dict[str, Any]:
-    """Run every arm of every scenario in one batch and build the comparison.
+class Arms(NamedTuple):
+    """Every arm of some scenarios, simulated once: the counters do not depend on the cost
+    constants (:func:`slabtune.model.metrics.compute` applies the cost model after the
+    run), so one simulation serves any number of cost tables."""
 
-    Returns ``{"rows": [...], "scenarios": [...], "cost": {...}}``; each row has
-    ``scenario, metric, label, arm, base, published, model, published_ratio, model_ratio,
-    direction_agrees, headline, within_factor``.
-    """
-    if cost is None:
-        cost, cost_meta = simconfig.load_cost()
+    scenarios: tuple
+    keys: list          # (scenario name, arm name), in simulation order
+    specs: list
+    structs: list
+    cfgs: list
+    counters: list
+
+
+def simulate_arms(scenarios=S.SCENARIOS) -> Arms:
+    """Run every arm of every scenario through the dynamics model (one batch)."""
     keys, specs = [], []
     for sc in scenarios:
         for name, arm in sc["arms"].items():
             keys.append((sc["name"], name))
             specs.append(arm_spec(arm))
-    results = dict(zip(keys, SIM.run(specs, cost)))
+    structs, cfgs, counters = SIM.simulate_specs(specs)
+    return Arms(tuple(scenarios), keys, specs, structs, cfgs, counters)
 
+
+def arm_metrics(arms: Arms, cost) -> dict[tuple[str, str], dict[str, Any]]:
+    """The metrics of every simulated arm under the cost constants ``cost``."""
+    rows = SIM.metrics_of(arms.specs, arms.structs, arms.cfgs, arms.counters, cost)
+    return dict(zip(arms.keys, rows))
+
+
+def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None, arms: Arms | None = None
+             ) -> dict[str, Any]:
+    """Run every arm of every scenario in one batch (or take ``arms`` already simulated)
+    and build the comparison (see :func:`compare`)."""
+    if cost is None:
+        cost, cost_meta = simconfig.load_cost()
+    if arms is None:
+        arms = simulate_arms(scenarios)
+    out = compare(arms.scenarios, arm_metrics(arms, cost), cost_meta)
+    out["cost"]["implausible"] = fitcost.implausible(
+        {k: float(v) for k, v in cost._asdict().items()})
+    return out
+
+
+def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta=None
+            ) -> dict[str, Any]:
+    """Published figures beside the model's, from the metrics of every arm.
+
+    Returns ``{"rows": [...], "scenarios": [...], "cost": {...}}`` (:func:`evaluate` adds
+    ``cost["implausible"]``, see :func:`slabtune.tuner.fitcost.implausible`); each row has
+    ``scenario, metric, label, arm, base, published, model, published_ratio, model_ratio,
+    direction_agrees, headline, within_factor``.
+    """
     rows, summaries = [], []
     for sc in scenarios:
         arms = {name: results[(sc["name"], name)] for name in sc["arms"]}

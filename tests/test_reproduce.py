@@ -111,4 +111,24 @@ def test_text_report_lists_configs_and_the_fitted_constants():
 
     text = format_report(out)
     assert "a_ns, b_ns fitted to fig 1" in text
+    assert "implausible" not in text
     buf.write(text)
+    out["cost"]["implausible"] = ["free_fast_ns 97.4 > free_slow_ns 84.4"]
+    assert "physically implausible (slabtune.tuner.fitcost.PRIOR ranges): free_fast_ns 97.4 > " \
+        "free_slow_ns 84.4" in format_report(out)
+
+
+def test_report_names_the_implausible_constants_of_the_table_in_use(tmp_path):
+    # A cost file with a fast free dearer than a slow one is reported as such, whatever
+    # the packaged defaults are.
+    from slabtune.sweeps import simconfig
+    from slabtune.tuner import fitcost
+
+    values = {**fitcost.prior_values(), "free_fast_ns": 120.0}
+    f = tmp_path / "c.toml"
+    f.write_text("[cost]\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items()))
+    cost, meta = simconfig.load_cost(f)
+    arms = RP.simulate_arms((S.SLUB_MIN_PARTIAL_2008,))
+    out = RP.evaluate(cost=cost, cost_meta=meta, arms=arms)
+    assert out["cost"]["implausible"] == ["free_fast_ns 120 > free_slow_ns 80",
+                                          "free_fast_ns 120 outside 5-10"]

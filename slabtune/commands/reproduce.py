@@ -1,7 +1,8 @@
 """``slabtune reproduce``: the seed scenarios, published figures beside the model's.
 
 The scenarios are data (:mod:`slabtune.model.scenarios`), the comparison logic is
-:mod:`slabtune.tuner.reproduce`; this module only prints."""
+:mod:`slabtune.tuner.reproduce`, the cost fit :mod:`slabtune.tuner.fitcost`; this module only
+prints (and writes the ``--fit-cost`` file)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def register(subparsers) -> None:
                    help="fit the free cost constants of slabtune.tuner.fitcost (each within "
                         "its physical range, the rest at their prior values) to the headline "
                         "ratios, write the complete cost table to OUT.toml and print the "
-                        "ratios before (packaged or --cost constants) and after")
+                        "ratios before (packaged or --cost constants) and after; with --json, "
+                        "one summary object")
     p.set_defaults(func=_reproduce)
 
 

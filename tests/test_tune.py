@@ -385,6 +385,8 @@ def test_fleet_from_the_quick_sweep_spec_takes_its_topologies_and_caches():
     assert fleet.profile.name == "v6.18"   # in quick's profile axis ("all")
     (wl,) = fleet.workloads
     assert set(wl.live_per_cpu) == {O.SWEEP_LIVE_PER_CPU} and len(set(wl.ops)) == 1
+    builtin = ST.load_spec("tune_sweep_quick").fleet   # the built-in spec of this form
+    assert builtin.topology_names == fleet.topology_names and builtin.caches == fleet.caches
     ev = O.Evaluator(fleet, spec.objectives).baseline
     assert ev.memory_topo.shape == (1, 14) and np.all(np.isfinite(ev.time_topo))
     assert np.all(ev.memory_topo > 0) and np.all(ev.time_topo > 0)

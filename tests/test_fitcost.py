@@ -92,6 +92,8 @@ def test_written_file_loads_and_names_the_fitted_constants(fitted, tmp_path):
     for name in C.FIELDS:
         assert float(getattr(params, name)) == pytest.approx(fitted.values[name], rel=1e-6)
     assert f"--fit-cost {path}" in path.read_text().splitlines()[2]
+    # The arms' work mode is recorded (the fixture's arms run with none).
+    assert fitted.work == "none" and "none (other_ns = 0 on every arm)" in path.read_text()
 
 
 @pytest.mark.parametrize("change, what", [
@@ -149,10 +151,15 @@ def test_bad_cost_file_is_one_line_and_writes_nothing(tmp_path):
 
 def test_fit_cost_command_writes_and_reports(tmp_path):
     out = tmp_path / "fit.toml"
-    rc, text, _ = _cli(["reproduce", "--fit-cost", str(out), "--json"])
+    rc, text, _ = _cli(["reproduce", "--work", "derived", "--fit-cost", str(out), "--json"])
     assert rc == 0
     summary = json.loads(text)
     doc = tomllib.loads(out.read_text())
+    # The command to remake the file names the work mode, and the rows ran with it.
+    assert f"slabtune reproduce --work derived --fit-cost {out}" in out.read_text()
+    assert summary["work"] == "derived"
+    assert {r["other_ns"] for r in summary["rows"]} == {sc["work"]["other_ns"]
+                                                         for sc in S.SCENARIOS}
     assert tuple(doc["fitted"]) == F.FREE == tuple(summary["free"])
     for name in F.FREE:
         assert F.PRIOR[name].lo <= doc["cost"][name] <= F.PRIOR[name].hi

@@ -170,6 +170,7 @@ class FitResult(NamedTuple):
     evaluations: int
     rows: list            # reproduce rows under the fitted constants
     residuals: list       # headline log errors under the fitted constants
+    work: str = "none"    # the arms' work mode (slabtune.model.scenarios.WORK_MODES)
 
 
 def cost_of(values: dict[str, float]) -> C.CostParams:
@@ -192,7 +193,8 @@ def fit(arms, free=FREE, iterations: int = ITERATIONS) -> FitResult:
         return {**base, **{k: float(v) for k, v in zip(free, to_bounded(z, free))}}
 
     def rows_of(values):
-        return RP.compare(arms.scenarios, RP.arm_metrics(arms, cost_of(values)))["rows"]
+        return RP.compare(arms.scenarios, RP.arm_metrics(arms, cost_of(values)),
+                          work=arms.work)["rows"]
 
     if not headline_log_errors(rows_of(base)):
         raise SlabtuneError("fit: the scenarios have no headline row to fit to")
@@ -213,7 +215,7 @@ def fit(arms, free=FREE, iterations: int = ITERATIONS) -> FitResult:
         raise SlabtuneError(f"fit: the result breaks a physical ordering: {broken[0][0]}")
     rows = rows_of(values)
     return FitResult(values, tuple(free), objective(values, rows, free), int(res.nfev), rows,
-                     headline_log_errors(rows))
+                     headline_log_errors(rows), arms.work)
 
 
 def fitted_note(free=FREE) -> str:
@@ -221,6 +223,11 @@ def fitted_note(free=FREE) -> str:
     return ("headline ratios of slabtune reproduce (2.88x hackbench v5.11/v5.10 on 224 "
             "CPUs; 13M->25M and 24M->29M IOPS of sheaves-cross-cpu-regression-2026), "
             f"jointly: {', '.join(free)}, each within its physical range")
+
+
+def _work_text(work: str) -> str:
+    return ("each scenario's derived other_ns (slabtune.model.scenarios, work)"
+            if work == "derived" else "none (other_ns = 0 on every arm)")
 
 
 def to_toml(result: FitResult, command: str) -> str:
@@ -237,6 +244,8 @@ def to_toml(result: FitResult, command: str) -> str:
         "# (squared log error, a weak pull towards the prior value, Nelder-Mead from the prior",
         f"# values for {ITERATIONS} iterations, each constant held inside its range).  Every",
         "# scenario uses the same numbers.  Remake this file with the command above.",
+        "# Work outside the allocator per op on the scenario arms:",
+        f"#   {_work_text(result.work)}.",
         f"# Headline residuals, log(model ratio / published ratio): {res}.",
         "",
         "[cost]",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from slabtune.model.scenarios import WORK_MODES
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -19,6 +21,11 @@ def register(subparsers) -> None:
                    help="cost constants overriding the packaged cost_default.toml")
     p.add_argument("--json", action="store_true",
                    help="print a JSON list of row objects")
+    p.add_argument("--work", choices=WORK_MODES, default="none",
+                   help="work outside the allocator per op on the arms: none (default; "
+                        "the arms only allocate and free) or derived (each scenario's "
+                        "other_ns, derived from the seed's published rate and printed "
+                        "with the scenario)")
     p.add_argument("--fit-cost", metavar="OUT.toml",
                    help="fit the free cost constants of slabtune.tuner.fitcost (each within "
                         "its physical range, the rest at their prior values) to the headline "
@@ -35,7 +42,7 @@ def _reproduce(args) -> int:
     cost, meta = simconfig.load_cost(args.cost)
     if args.fit_cost:
         return _fit_cost(args, cost, meta)
-    out = reproduce.evaluate(cost=cost, cost_meta=meta)
+    out = reproduce.evaluate(cost=cost, cost_meta=meta, work=args.work)
     if args.json:
         print(json.dumps(out["rows"]))
     else:
@@ -49,15 +56,18 @@ def _fit_cost(args, cost, meta) -> int:
     from slabtune.tuner import fitcost, reproduce
 
     path = fitcost.check_out_path(args.fit_cost)
-    arms = reproduce.simulate_arms()
+    arms = reproduce.simulate_arms(work=args.work)
     before = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
     result = fitcost.fit(arms)
-    path.write_text(fitcost.to_toml(result, f"slabtune reproduce --fit-cost {args.fit_cost}"))
+    work = f" --work {args.work}" if args.work != "none" else ""
+    path.write_text(fitcost.to_toml(
+        result, f"slabtune reproduce{work} --fit-cost {args.fit_cost}"))
     new_cost, new_meta = simconfig.load_cost(path)
     after = reproduce.evaluate(cost=new_cost, cost_meta=new_meta, arms=arms)
     old = {k: float(v) for k, v in cost._asdict().items()}
     summary = {
-        "file": str(path), "free": list(result.free), "values": result.values,
+        "file": str(path), "work": args.work, "free": list(result.free),
+        "values": result.values,
         "before": old, "residuals": result.residuals, "objective": result.objective,
         "before_implausible": fitcost.implausible(old),
         "directions_agree": [_count(before, "direction_agrees"), _count(after, "direction_agrees")],
@@ -135,6 +145,10 @@ def format_report(out: dict) -> str:
         lines.append(f"== {sc['scenario']}: {sc['title']}")
         lines.append(f"   assumptions: {sc['assumptions']}")
         lines.append(f"   fitted scale: {sc['scale'] or 'none (unscaled percentages)'}")
+        w = sc["work"]
+        lines.append(f"   work outside the allocator: {_num(w['applied_ns'])} ns per op applied "
+                     f"(--work {out['work']}); derived from the seed: "
+                     f"{_num(w['derived_ns'])} ns ({w['derivation']})")
         for name, arm in sc["arms"].items():
             c = arm["config"]
             t = c["topology"]

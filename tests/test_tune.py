@@ -115,6 +115,23 @@ def test_batched_runner_gives_the_trials_of_plain_ask_and_tell(sampler):
         assert a.system_attrs == b.system_attrs
 
 
+def test_tell_batch_fails_a_non_finite_trial_as_study_tell_does():
+    _study, _url, quick = quick_study()
+    spec = ST.load_spec("tune_quick")
+    runner, _ = ST.create_or_resume(spec, "nan", "memory:", evaluator=quick.evaluator)
+    asked = runner.ask_batch(2)
+    ev = quick.evaluator.evaluate([t.params for t in asked])
+    ev = ev._replace(memory=np.array([np.nan, ev.memory[1]]))
+    told = runner.tell_batch(asked, ev, None)
+    plain = optuna.create_study(directions=list(ST.DIRECTIONS))
+    with pytest.warns(UserWarning):
+        plain.tell(plain.ask(), [float("nan"), 1.0])
+    assert told[0].state == plain.trials[0].state == optuna.trial.TrialState.FAIL
+    assert told[0].values is None and plain.trials[0].values is None
+    assert told[1].state == optuna.trial.TrialState.COMPLETE
+    assert told[1].values == [float(ev.memory[1]), float(ev.time[1])]
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_batches_written_in_one_go_read_back_whole(kind, tmp_path):
     """write_trials (one transaction / one journal append per batch) stores what the

@@ -500,3 +500,31 @@ def test_cli_tune_with_a_sweep_fleet(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(SWEEP_FLEET_SPEC.format(sweep="nope", extra=""))
     assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path), "fleet.sweep")
+
+
+def test_structural_memory_steady_retention_worked_by_hand():
+    """The tuner's fleet is in the steady state: each CPU retains its CPU slab and its
+    per-CPU partial list at put_cpu_partial()'s mean length (C+1)(C+2)/(3(C+3)) for
+    C = cpu_partial_slabs, half free (slub_set_cpu_partial()'s assumption), and each node
+    with memory half of min_partial empty slabs.  skbuff_head_cache (256 bytes) on v6.1
+    with 4 CPUs: order 0, 16 objects, cpu_partial 52 objects, so C = DIV_ROUND_UP(104, 16)
+    = 7 (mean list 2.4 slabs); min_partial clamp(8 / 2, 5, 10) = 5."""
+    from slabtune.model.caches import CacheInfo
+    from slabtune.model.topology import Topology
+
+    fleet = O.Fleet(P.get_profile("v6.1"),
+                    (O.FleetTopology("smp-4", Topology(4, 4, 4, (4,), (True,)), 1.0),),
+                    (CacheInfo("skbuff_head_cache", 232, 256, early=False),),
+                    (O.Workload("w", 1.0, (64.0,), (1.0,), 0.5, 0.3),))
+    ev = O.Evaluator(fleet)
+    overhead = 4 * (1 + 2.4) * 4096 * 0.5 + 5 / 2 * 4096        # 27852.8 + 10240
+    live = 4 * 64 * 256
+    assert float(ev.baseline.memory_topo[0, 0]) == pytest.approx(overhead / live, rel=1e-6)
+    # the list's mean: a walk kept at 0 and restarted at 1 from C; none without lists
+    lists = np.asarray(O.per_cpu_partial_list_slabs(np.array([0, 1, 2, 7, 13])))
+    np.testing.assert_allclose(lists, [0.0, 0.5, 0.8, 2.4, 14 * 15 / 48], rtol=1e-6)
+    # drained (a finished workload): the same slabs, whole
+    assert O.retained_free_fraction("drained") == 1.0
+    assert O.retained_free_fraction("steady") == 0.5
+    with pytest.raises(SlabtuneError, match="state"):
+        O.retained_free_fraction("idle")

@@ -25,10 +25,12 @@ memory and time; sets are looked up by name in :data:`OBJECTIVE_SETS` (the spec'
 ``structural`` (the set shipped here) derives both from the structural model alone:
 
 * memory: bytes held beyond live objects, over live object bytes, from slab leftovers
-  (``leftover`` per slab in use), the CPU slab (half free on average), per-CPU partial slabs
-  (half full, the kernel's own assumption in slub_set_cpu_partial, lists half way to their
-  limit), ``min_partial`` empty slabs on every node with memory, and sheaves (main and spare
-  half full, their kmalloc'd structs, barns half way to their limits);
+  (``leftover`` per slab in use), the slabs each CPU retains (its CPU slab and its per-CPU
+  partial list at the mean length of put_cpu_partial()'s fill-and-drain rule, the slabs half
+  free: the kernel's own assumption in slub_set_cpu_partial), the empty slabs a node with
+  memory keeps (half way to ``min_partial``), and sheaves (main and spare half full, their kmalloc'd structs, barns half
+  way to their limits); see :func:`structural_memory`, whose ``state`` input ("steady" here)
+  is what tells this churning fleet apart from a finished workload (validation, "drained");
 * time: ns per alloc-or-free op from :mod:`slabtune.model.cost` (its constants, its page
   allocator and M/M/1 lock contention fixed point), fed with per-op event rates estimated
   from the structure (a slow-path-rate proxy, documented in :func:`structural_rates`), for
@@ -554,8 +556,89 @@ def structural_rates(st: PL.Structure, prof: PL.ProfileArrays, barn_full, ff, ch
     return rates, 0.5 * (a_lock + f_lock), 0.5 * (a_barn + f_barn)
 
 
-def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, barns_where):
-    """Overhead bytes and live bytes per (B, T, W, K) point (see the module docstring)."""
+#: States a memory prediction can describe (:func:`structural_memory`): ``steady``, a
+#: workload churning its live set (the tuner's fleet); ``drained``, the end of a workload
+#: that allocated and freed across CPUs (validation's after-dump).
+MEMORY_STATES = ("steady", "drained")
+#: A node's empty slabs are taken half way to min_partial: __unfreeze_partials(),
+#: deactivate_slab() and __slab_free() keep an empty slab only while the node has fewer than
+#: min_partial partial slabs (discard_slab() for the excess, so the count stops at the
+#: limit), and get_partial_node() hands them back to allocating CPUs (a new slab is
+#: allocated only once the node list is empty): a count walking between 0 and the limit,
+#: kept at both ends, is on average half way.
+LIST_FILL = 0.5
+
+
+def per_cpu_partial_list_slabs(cpu_partial_slabs):
+    """Mean length, in slabs, of one CPU's per-CPU partial list under traffic that feeds
+    and takes it alike (``C`` = ``cpu_partial_slabs``; 0 where the profile has none).
+
+    A free into a full slab freezes it onto the freeing CPU's list (__slab_free() ->
+    put_cpu_partial()); a CPU whose CPU slab runs out takes the next one off its list
+    (___slab_alloc(), slub_percpu_partial()).  put_cpu_partial() finding the list at
+    C slabs moves the whole list to the node (__unfreeze_partials()) and starts a new one
+    with the slab at hand, so the length walks up and down by one, is kept at 0, and
+    restarts at 1 from C.  The stationary weights of such a walk are C at 0 and C + 1 - k
+    at k = 1..C (the restart's flow crosses every step from C down to 1), so the mean is
+    (C + 1)(C + 2) / (3 (C + 3)): 2.4 slabs for C = 7, not the 3.5 of a list found half way
+    at a random moment.  (get_partial_node() refilling an empty list from the node's slabs
+    pushes it up; the model leaves that out.)
+    """
+    c = jnp.asarray(cpu_partial_slabs, _F32)
+    return jnp.where(c > 0, (c + 1.0) * (c + 2.0) / (3.0 * (c + 3.0)), 0.0)
+
+
+def retained_free_fraction(state: str) -> float:
+    """Free share of the slabs a CPU retains (its CPU slab and per-CPU partial slabs).
+
+    ``steady``: half, slub_set_cpu_partial()'s own assumption (cpu_partial_slabs =
+    DIV_ROUND_UP(2 * cpu_partial, objs_per_slab): per-CPU partial slabs are half full).
+    ``drained``: all of it: once a workload has freed what it allocated, the slabs a CPU
+    retains stay frozen on its lists however empty they get (__slab_free() of a frozen slab
+    only returns the object; only the node lists discard empty slabs), so they are whole
+    slabs with (nearly) nothing allocated.
+    """
+    if state == "steady":
+        return 0.5
+    if state == "drained":
+        return 1.0
+    raise SlabtuneError(f"state: {state!r} is not one of {', '.join(MEMORY_STATES)}")
+
+
+def per_cpu_retained_slabs(cpu_partial_slabs):
+    """Slabs one CPU that uses a cache retains: its CPU slab plus its per-CPU partial list
+    (:func:`per_cpu_partial_list_slabs`)."""
+    return 1.0 + per_cpu_partial_list_slabs(cpu_partial_slabs)
+
+
+def node_retained_slabs(min_partial):
+    """Empty slabs one node with memory keeps: :data:`LIST_FILL` of ``min_partial``
+    (discard_slab() beyond it)."""
+    return LIST_FILL * jnp.asarray(min_partial, _F32)
+
+
+def bound_by_traffic(per_cpu, node, objs_per_slab, traffic):
+    """(per-CPU, node) retained slabs no more than the slabs ``traffic`` objects could have
+    touched, ceil(traffic / objs_per_slab), per-CPU slabs first: a slab reaches a CPU's
+    lists only by an allocation from it or a free into it, and reaches a node's empty list
+    only from there, so a cache that few objects passed through during a workload cannot hold
+    every CPU's full share.  ``traffic`` inf (the workload churns the cache) leaves both."""
+    touched = jnp.ceil(jnp.asarray(traffic, _F32) / jnp.maximum(objs_per_slab, 1.0))
+    pc = jnp.minimum(per_cpu, touched)
+    return pc, jnp.minimum(node, jnp.maximum(touched - pc, 0.0))
+
+
+def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, barns_where,
+                      state: str = "steady", traffic=None):
+    """Overhead bytes and live bytes per (B, T, W, K) point (see the module docstring).
+
+    Retention, in slabs of ``slab_bytes(order)``: every CPU holds
+    :func:`per_cpu_retained_slabs`, of which :func:`retained_free_fraction` (``state``) is
+    free; every node with memory holds :func:`node_retained_slabs` empty slabs.  ``traffic``
+    ((K,) objects allocated during the workload per cache, inf for a cache the workload
+    churns; None: every cache churned) bounds both (:func:`bound_by_traffic`); the tuner's
+    steady fleet passes none.  Live objects pay their slabs' ``leftover`` share.
+    """
     f = lambda x: jnp.asarray(x, _F32)  # noqa: E731
     t = lambda x: x[None, :, None, None]  # noqa: E731
     s = lambda x: x[:, :, None, :]  # noqa: E731   (B,T,K) -> (B,T,1,K)
@@ -565,9 +648,13 @@ def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, 
     n = jnp.maximum(f(s(st.objs_per_slab)), 1.0)
     slab = f(PL.slab_bytes(s(st.order)))
     leftover = live_objs / n * f(s(st.leftover))
-    cpu_slab = cpus * n * size / 2.0
-    cpu_partial = cpus * f(s(st.cpu_partial)) * size / 2.0
-    node_empty = t(fa.mem_nodes) * f(s(st.min_partial)) * slab
+    per_cpu = cpus * per_cpu_retained_slabs(s(st.cpu_partial_slabs))
+    node = t(fa.mem_nodes) * node_retained_slabs(s(st.min_partial))
+    if traffic is not None:
+        per_cpu, node = bound_by_traffic(per_cpu, node, n,
+                                         f(traffic)[None, None, None, :])
+    cpu_retained = per_cpu * slab * retained_free_fraction(state)
+    node_empty = node * slab
     cap = f(s(st.sheaf_capacity))
     sheaf_struct = f(PL.kmalloc_size_roundup(P.SHEAF_HEADER_BYTES + P.POINTER_BYTES * s(st.sheaf_capacity)))
     sheaf_struct = jnp.where(cap > 0, sheaf_struct, 0.0)
@@ -577,7 +664,7 @@ def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, 
     be = f(barn_empty)[:, None, None, None]
     barns = barn_nodes * (bf / 2.0 * (sheaf_struct + cap * size) + be / 2.0 * sheaf_struct)
     barns = jnp.where(cap > 0, barns, 0.0)
-    overhead = leftover + cpu_slab + cpu_partial + node_empty + per_cpu_sheaves + barns
+    overhead = leftover + cpu_retained + node_empty + per_cpu_sheaves + barns
     return overhead, live_objs * size
 
 

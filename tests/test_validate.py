@@ -19,6 +19,7 @@ import pytest
 
 from slabtune import cli
 from slabtune.errors import SlabtuneError
+from slabtune.model import profiles as P
 from slabtune.results import store
 from slabtune.tuner import report as R
 from slabtune.tuner import validate as V
@@ -95,6 +96,81 @@ def test_live_objects_come_from_the_flushed_dump():
     assert V.live_objects({"objects": 296}, {"objects": 8}) == (8, "flushed")
     n, src = V.live_objects({"objects": 296}, None)
     assert n == 296 and src.startswith("after (includes free objects on per-CPU slabs")
+
+
+# skbuff_head_cache on v6.1 (slab_size 256): 4 CPUs give min_objects 4 * (fls(4) + 1) = 16,
+# so order 0 (4096 bytes, 16 objects, no leftover); set_cpu_partial() gives 52 objects, so
+# cpu_partial_slabs C = DIV_ROUND_UP(2 * 52, 16) = 7; min_partial = clamp(ilog2(256) / 2, 5,
+# 10) = 5.  After a workload that freed what it allocated, every CPU retains its CPU slab and
+# its per-CPU partial list at put_cpu_partial()'s mean (C+1)(C+2)/(3(C+3)) = 72/30 = 2.4
+# slabs, whole (nearly empty) slabs, and the node half of its 5 empty slabs.
+SKB_61 = dict(name="skbuff_head_cache", object_size=232, size=256, early=False)
+
+
+def _memory_61(cpus: int, live: int, traffic):
+    from slabtune.model.caches import CacheInfo
+    from slabtune.model.topology import Topology
+
+    topo = Topology(cpus, cpus, cpus, (cpus,), (True,))
+    return float(V.predicted_slab_bytes(P.get_profile("v6.1"), topo, {}, [CacheInfo(**SKB_61)],
+                                        [live], traffic)[0])
+
+
+def test_drained_cache_retains_whole_per_cpu_partial_slabs_as_put_cpu_partial_allows():
+    per_cpu = 1 + 2.4
+    # churned on every CPU: 8 live objects + 4 * 3.4 slabs + 5/2 empty node slabs
+    full = 8 * 256 + (4 * per_cpu + 2.5) * 4096                      # 67993.6
+    assert _memory_61(4, 8, [math.inf]) == pytest.approx(full, rel=1e-6)
+    assert _memory_61(4, 8, None) == pytest.approx(full, rel=1e-6)  # None: all churned
+    # 40 objects of traffic touch at most ceil(40 / 16) = 3 slabs: 3 per-CPU slabs, no
+    # empty node slab, whatever the 4 CPUs could hold
+    assert _memory_61(4, 8, [40]) == 8 * 256 + 3 * 4096 == 14336
+    # one CPU: 3.4 per-CPU slabs; 80 objects touch 5 slabs, leaving 1.6 of the node's 2.5
+    assert _memory_61(1, 8, [math.inf]) == pytest.approx(8 * 256 + (per_cpu + 2.5) * 4096)
+    assert _memory_61(1, 8, [80]) == pytest.approx(8 * 256 + 5 * 4096)
+    # a slab's worth of objects on top of the retained ones is packed
+    assert _memory_61(1, 8 + 16, [math.inf]) - _memory_61(1, 8, [math.inf]) == 16 * 256
+
+
+def test_dump_traffic_is_the_larger_net_change_of_objects_and_slab_objects():
+    assert V.dump_traffic({"objects": 100, "total_objects": 128},
+                          {"objects": 90, "total_objects": 160}) == 32
+    assert V.dump_traffic({"objects": 16, "total_objects": 16},
+                          {"objects": 40, "total_objects": 16}) == 24
+    assert V.dump_traffic({"objects": 5, "total_objects": 16}, {"objects": 5, "total_objects": 16}) == 0
+
+
+def _mem_row(cand, topo, cache, pred, meas, status="ok", target="guest"):
+    return {**{k: None for k in V.ROW_SCHEMA}, "task": 0, "candidate": cand, "topology": topo,
+            "target": target, "status": status, "cache": cache, "field": V.MEMORY_FIELD,
+            "predicted": float(pred), "measured": float(meas), "comparable": True}
+
+
+def test_report_memory_figure_is_the_workload_caches_and_all_driven_is_secondary():
+    rows = V.frame([
+        _mem_row("a", "t1", "skbuff_head_cache", 110, 100),
+        _mem_row("a", "t1", "dentry", 300, 100),
+        _mem_row("a", "t2", "kmalloc-cg-512", 80, 100),      # kmalloc-512's accounted twin
+        _mem_row("a", "t2", "kmalloc-512", 100, 100),
+        _mem_row("a", "t3", "dentry", 150, 100),              # no workload cache: listed
+        _mem_row("a", "t4", "skbuff_head_cache", 1, 100, target="native"),
+    ])
+    wl = {"skbuff_head_cache", "kmalloc-512", "kmalloc-cg-512"}
+    assert R.accounted_twin("kmalloc-512") == "kmalloc-cg-512"
+    assert R.accounted_twin("kmalloc-cg-512") is None and R.accounted_twin("dentry") is None
+    m = R.memory(rows, wl)
+    # t1: skbuff only, +10%; t2: (80 + 100 - 200) / 200 = -10%
+    assert m["pairs"] == 2
+    assert m["median_rel_err"] == pytest.approx(0.10)
+    assert m["signed_err"]["min"] == pytest.approx(-0.10)
+    assert m["signed_err"]["max"] == pytest.approx(0.10)
+    assert m["over_predicted_pairs"] == 1
+    assert m["workload_caches_with_rows"] == ["kmalloc-512", "kmalloc-cg-512", "skbuff_head_cache"]
+    assert m["pairs_without_workload_caches"] == [{"candidate": "a", "topology": "t3"}]
+    # secondary: every driven cache; t1 (410 - 200) / 200, t2 -10%, t3 +50%
+    a = m["all_driven"]
+    assert a["pairs"] == 3 and a["median_rel_err"] == pytest.approx(0.5)
+    assert a["signed_err"]["max"] == pytest.approx(1.05)
 
 
 def test_report_reads_workload_caches_and_memoryless_topologies_from_the_spec():
@@ -258,12 +334,17 @@ def test_guest_memory_and_cost_rows(guest_run):
             # that sat on per-CPU slabs; the after-dump's slabs are the measured bytes
             live = int(note.split("live objects ")[1].split(" ")[0])
             after = int(note.split("after-dump objects ")[1].split(",")[0])
-            slabs = int(note.split("slabs ")[1])
+            slabs = int(note.split(", slabs ")[1])
+            node_partial = int(note.split("node partial slabs ")[1].split(",")[0])
             assert "(flushed)" in note and m == slabs * slab
+            assert 0 <= node_partial <= slabs
             if c == "skbuff_head_cache":
                 # every skb hackbench sent was freed; free objects left on the CPU slabs
                 # counted in the after-dump's objects, not after the flush
                 assert live < after
+            churned = c in R.workload_caches(SMALL_SPEC)
+            assert ("workload cache, churned on every CPU" in note) == churned
+            assert ("traffic >= " in note) != churned
         cost = r.filter(pl.col("field") == V.COST_FIELD)
         assert cost.height == 1 and cost["measured"][0] > 0 and cost["predicted"][0] > 0
         acc = cost["accelerator"][0]
@@ -287,14 +368,18 @@ def test_report_json_recomputed_from_rows(guest_run, capsys):
          and r["field"] in V.STRUCTURAL_FIELDS]
     assert rep["structural_match_rate"] == sum(r["predicted"] == r["measured"] for r in s) / len(s)
     assert rep["structural_match_rate"] == 1.0
-    sums: dict = {}
-    for r in rows.iter_rows(named=True):
-        if r["target"] == "guest" and r["field"] == V.MEMORY_FIELD:
-            p, m = sums.get((r["candidate"], r["topology"]), (0.0, 0.0))
-            sums[(r["candidate"], r["topology"])] = (p + r["predicted"], m + r["measured"])
-    errs = [abs(p - m) / m for p, m in sums.values()]
-    assert rep["median_mem_rel_err"] == pytest.approx(statistics.median(errs), rel=1e-12)
-    assert rep["memory_pairs"] == 2
+    wl = R.workload_caches(SMALL_SPEC)
+    for caches, fig in ((wl, rep), (None, rep["memory"]["all_driven"])):
+        sums: dict = {}
+        for r in rows.iter_rows(named=True):
+            if (r["target"] == "guest" and r["field"] == V.MEMORY_FIELD
+                    and (caches is None or r["cache"] in caches)):
+                p, m = sums.get((r["candidate"], r["topology"]), (0.0, 0.0))
+                sums[(r["candidate"], r["topology"])] = (p + r["predicted"], m + r["measured"])
+        errs = [abs(p - m) / m for p, m in sums.values()]
+        key = "median_mem_rel_err" if caches is wl else "median_rel_err"
+        assert fig[key] == pytest.approx(statistics.median(errs), rel=1e-12)
+    assert rep["memory_pairs"] == 2 and rep["memory"]["pairs_without_workload_caches"] == []
     accels = set(rows.filter(pl.col("target") == "guest")["accelerator"])
     if accels == {"tcg"}:
         # TCG timings do not count and there is no native run here

@@ -19,9 +19,11 @@ Targets (DESIGN.md section 6):
     ``slabs * (PAGE_SIZE << order)`` (every slab: full, node partial, CPU and per-CPU
     partial); predicted is the model's memory for the same cache holding the objects
     really allocated at that point (the structural memory model of
-    :func:`slabtune.tuner.objectives.structural_memory`: live bytes, slab leftovers, the
-    per-CPU slab and per-CPU partial slabs, min_partial empty slabs per node with memory,
-    sheaves).  The allocated count is an input taken from the guest (the model does not
+    :func:`slabtune.tuner.objectives.structural_memory` in its ``drained`` state, the end of
+    a workload: live bytes, slab leftovers, the CPU slab and per-CPU partial slabs each CPU
+    retains as whole, nearly empty slabs, empty slabs per node with memory, sheaves; the
+    retained slabs of a cache the spec's workload does not name are bounded by the traffic
+    the dumps show, :func:`dump_traffic`).  The allocated count is an input taken from the guest (the model does not
     know how many objects hackbench leaves behind), so this compares how the model packs
     and retains slabs around a live set, not the live set itself.  It is the ``flushed``
     dump's ``objects`` (:func:`live_objects`): sysfs ``objects`` (show_slab_objects() with
@@ -71,6 +73,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -537,9 +540,13 @@ def predicted_cost(profile: P.KernelProfile, spec_text: str, topology_name: str,
 
 
 def predicted_slab_bytes(profile: P.KernelProfile, topology: Topology, boot: Mapping[str, int],
-                         caches: Sequence, live_objects: Sequence[int]) -> np.ndarray:
-    """The structural memory model's slab bytes (live + overhead) per cache when each holds
-    ``live_objects`` objects spread over the topology's CPUs (see the module docstring).
+                         caches: Sequence, live_objects: Sequence[int],
+                         traffic: Sequence[float] | None = None) -> np.ndarray:
+    """The structural memory model's slab bytes (live + overhead) per cache at the end of a
+    workload (``state="drained"`` of :func:`slabtune.tuner.objectives.structural_memory`)
+    when each holds ``live_objects`` objects spread over the topology's CPUs.  ``traffic``
+    (per cache: objects allocated during the workload, ``inf`` for a cache the workload
+    churns; None: every cache churned) bounds the slabs the CPUs and nodes retain.
     ``caches`` are :class:`slabtune.model.caches.CacheInfo`."""
     from slabtune.model import policy as PL
     from slabtune.tuner import objectives as O
@@ -554,10 +561,22 @@ def predicted_slab_bytes(profile: P.KernelProfile, topology: Topology, boot: Map
     vals.update({k: int(v) for k, v in boot.items()})
     prof = PL.profile_arrays(profile)
     st, _ = O.policy_structure({k: np.array([v], np.int32) for k, v in vals.items()}, prof, fa)
+    tr = None if traffic is None else np.asarray(traffic, np.float32)
     overhead, live = O.structural_memory(st, fa, np.array([vals["barn_max_full"]], np.float32),
                                          np.array([vals["barn_max_empty"]], np.float32),
-                                         prof.barns)
+                                         prof.barns, state="drained", traffic=tr)
     return np.asarray(overhead + live, np.float64)[0, 0, 0, :]
+
+
+def dump_traffic(before: Mapping[str, Any], after: Mapping[str, Any]) -> int:
+    """The fewest objects a cache can have allocated between two dumps: every object that
+    the dumps show allocated or freed in between (``objects``), or every object of the slabs
+    created or discarded in between (``total_objects``: a slab is allocated only for an
+    allocation and discarded only after frees), whichever is more.  A lower bound: objects
+    allocated and freed again between the dumps leave no trace in either count."""
+    d_obj = abs(int(after.get("objects") or 0) - int(before.get("objects") or 0))
+    d_tot = abs(int(after.get("total_objects") or 0) - int(before.get("total_objects") or 0))
+    return max(d_obj, d_tot)
 
 
 # --------------------------------------------------------------------------- rows
@@ -642,12 +661,19 @@ def live_objects(after: Mapping[str, Any], flushed: Mapping[str, Any] | None) ->
 
 def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: dict,
                 common: dict, boot: Mapping[str, int],
-                flushed: pl.DataFrame | None = None) -> list[dict]:
+                flushed: pl.DataFrame | None = None,
+                churned: set[str] | frozenset = frozenset()) -> list[dict]:
     """Predicted beside measured slab bytes of the caches the workload drove: measured is
     the after-dump's ``slabs << order`` pages (every slab the cache holds: full, node
-    partial, CPU and per-CPU partial), predicted the structural memory model around the
-    objects really allocated then (:func:`live_objects`), so the free objects retained on
-    per-CPU slabs are counted once, by the model's own per-CPU terms."""
+    partial, CPU and per-CPU partial), predicted the structural memory model at the end of
+    a workload around the objects really allocated then (:func:`live_objects`), so the free
+    objects retained on per-CPU slabs are counted once, by the model's own per-CPU terms.
+
+    The caches in ``churned`` (the spec's workload caches,
+    :func:`slabtune.tuner.report.workload_caches`) are
+    predicted as churned on every CPU; every other driven cache has its retained slabs
+    bounded by the traffic the dumps show (:func:`dump_traffic`), so a cache the workload
+    touches a little is not predicted as if every CPU had churned it."""
     from slabtune.model.caches import CacheInfo
     from slabtune.tuner import check
 
@@ -666,22 +692,36 @@ def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: di
                        is_kmalloc=check.is_kmalloc(r["cache"]), early=check.is_early(r["cache"]),
                        is_bootstrap=check.is_bootstrap(r["cache"])) for r in rows_in]
     live = [live_objects({"objects": r["objects_after"]}, fl.get(r["cache"])) for r in rows_in]
+    traffic = [math.inf if r["cache"] in churned else float(dump_traffic(
+        r, {"objects": r["objects_after"], "total_objects": r["total_objects_after"]}))
+        for r in rows_in]
     pred = predicted_slab_bytes(facts["profile"], facts["topology"], boot, infos,
-                                [n for n, _ in live])
+                                [n for n, _ in live], traffic)
     out = []
-    for r, p, (n, src) in zip(rows_in, pred, live):
+    for r, p, (n, src), tr in zip(rows_in, pred, live, traffic):
         meas = float(r["slabs_after"]) * float(P.PAGE_SIZE << int(r["order_after"]))
+        how = ("workload cache, churned on every CPU" if math.isinf(tr)
+               else f"traffic >= {int(tr)} objects (dumps)")
         out.append(_row(task, **common, kernel_release=facts["release"],
                         profile=facts["profile"].name, cache=r["cache"], field=MEMORY_FIELD,
                         predicted=float(p), measured=meas, unit="bytes", comparable=True,
-                        note=f"live objects {n} ({src}); after-dump objects "
-                             f"{int(r['objects_after'] or 0)}, slabs {int(r['slabs_after'])}"))
+                        note=f"live objects {n} ({src}); {how}; before-dump objects "
+                             f"{int(r['objects'] or 0)}, total {int(r['total_objects'] or 0)}; "
+                             f"after-dump objects {int(r['objects_after'] or 0)}, total "
+                             f"{int(r['total_objects_after'] or 0)}, node partial slabs "
+                             f"{_count(r.get('partial_after'))}, slabs {int(r['slabs_after'])}"))
     return out
+
+
+
+def _count(v) -> str:
+    return "?" if v is None else str(int(v))
 
 
 def run_guest_task(task: dict) -> list[dict]:
     """Boot one guest for a (candidate, topology) and return its rows."""
     from slabtune.tuner import guest as G
+    from slabtune.tuner.report import workload_caches
 
     spec = parse_spec(task["spec_text"], task["spec_name"])
     cand = Candidate.from_json(task["candidate"])
@@ -701,7 +741,8 @@ def run_guest_task(task: dict) -> list[dict]:
     common = {"accelerator": r.accelerator, "attempts": r.attempts, "seconds": r.total_seconds,
               "applied": applied}
     rows, facts = structural_rows(task, r.before, common)
-    rows += memory_rows(task, r.before, r.after, facts, common, boot, r.flushed)
+    rows += memory_rows(task, r.before, r.after, facts, common, boot, r.flushed,
+                        churned=workload_caches(task["spec_text"]))
     wall = sum(float(w.get("wall_s") or 0.0) for w in r.workloads)
     if r.workloads and wall > 0:
         cost = predicted_cost(facts["profile"], task["spec_text"], task["topology"], boot)

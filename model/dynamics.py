@@ -52,7 +52,7 @@ _U32 = jnp.uint32
 BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
 #: Largest run length (ops of one kind per rep per step): keeps the systematic-sampling
 #: products (cumulative size x run length) inside int32.
-MAX_OPS_PER_STEP = 4096
+MAX_OPS_PER_STEP = 1024
 #: Gauge sums are kept as (sum >> GAUGE_SHIFT, sum mod 2**GAUGE_SHIFT) int32 pairs.
 GAUGE_SHIFT = 20
 
@@ -317,8 +317,19 @@ def _add(x, idx, v):
     return x + jnp.where(ar == idx, v, 0)
 
 
+def _floordiv(a, b):
+    """floor(a / b) for int32 ``a`` and ``b > 0`` with a quotient below 2**22 in magnitude:
+    a float32 quotient corrected by one integer step, exact, so that XLA emits vector
+    divides instead of one scalar integer division per element (the step's main cost)."""
+    a, b = _i(a), _i(b)
+    q = _i(jnp.floor(a.astype(jnp.float32) / b.astype(jnp.float32)))
+    r = a - q * b
+    return q + _i(r >= b) - _i(r < 0)
+
+
 def _cdiv(a, b):
-    return (a + b - 1) // b
+    """ceil(a / b) for b > 0 (see :func:`_floordiv`)."""
+    return -_floordiv(-_i(a), b)
 
 
 def _nonempty(slabs, inuse, cap1):
@@ -402,17 +413,12 @@ class _Ctx:
 # --------------------------------------------------------------------------- the step
 
 
-def _ceil(a, b):
-    """ceil(a / b) for any sign of ``a`` (b > 0), with floor division."""
-    return -((-a) // b)
-
-
 def _systematic(cum, n, u, tot, axis=0):
     """Cumulative counts of a run's ``n`` random picks by systematic sampling: how many of
     the points ``(u + i * tot) // n`` (i < n, ``0 <= u < tot``) lie below each cumulative
     size ``cum`` along ``axis``; the last segment takes every point.  For ``n == 1`` this
     is the single pick of ``u`` (the first segment whose cumulative size exceeds it)."""
-    c = jnp.clip(_ceil(cum * n - u, tot), 0, n)
+    c = jnp.clip(_cdiv(cum * n - u, tot), 0, n)
     last = [slice(None)] * c.ndim
     last[axis] = slice(-1, None)
     last = tuple(last)
@@ -608,12 +614,16 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # the slabs on every node class as the run starts, in destination order: per rep its
     # CPU slab (objects not tracked in pend_cs) and its per-CPU partial slabs, then the
     # node's partial list, then its full slabs
-    on = d["mem_node"][None] == _NODES[:, :, None]                       # (N, R, B)
-    zc = jnp.where(on, (cx.whole("cs_inuse") - cx.whole("cs_tracked"))[None], 0)
-    zp = jnp.where(on, cx.whole("pc_inuse")[None], 0)
-    sizes = jnp.concatenate([
-        jnp.stack([zc, zp], axis=2).reshape((N, 2 * R) + zc.shape[2:]),
-        st["part_inuse"][:, None], (st["full_slabs"] * objs)[:, None]], axis=1)
+    # (the rep segments cs_0, pc_0, cs_1, ... each lie on one node class, their rep's
+    # memory node; a segment's end is its cumulative size among its node's segments)
+    zc = cx.whole("cs_inuse") - cx.whole("cs_tracked")
+    z = jnp.stack([zc, cx.whole("pc_inuse")], axis=1).reshape((2 * R,) + zc.shape[1:])
+    on_seg = jnp.repeat(d["mem_node"], 2, axis=0)[None] == _NODES[:, :, None]  # (N, 2R, B)
+    cum_n = jnp.cumsum(jnp.where(on_seg, z[None], 0), axis=1)
+    z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (2R, B)
+    z_tot = cum_n[:, -1]                                                 # (N, B)
+    u_end = z_tot + st["part_inuse"]
+    tot = jnp.maximum(u_end + st["full_slabs"] * objs, 1)
     st["pend"] = st["pend"].at[:, r].add(-k_all)
     st["pend_cs"] = st["pend_cs"].at[:, r].add(-k_cs)
     st["cs_tracked"] = cx.whole("cs_tracked") - k_cs
@@ -647,14 +657,22 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     kcs = jnp.where(sh, 0, k_cs)
     kot = jnp.where(sh, 0, k_ot)
     # -- the other slab frees, per node class: systematic points over the sizes
+    on = d["mem_node"][None] == _NODES[:, :, None]                       # (N, R, B)
     x = jnp.sum(jnp.where(on, kot[None], 0), axis=1)                    # (N, B)
-    tot = jnp.maximum(jnp.sum(sizes, axis=1), 1)
     un = _i(w2 >> 1) % tot
-    cn = _counts(_systematic(jnp.cumsum(sizes, axis=1), x[:, None], un[:, None],
-                             tot[:, None], axis=1), axis=1)
-    c_cs = kcs + jnp.sum(cn[:, 0:2 * R:2], axis=0)
-    c_pc = jnp.sum(cn[:, 1:2 * R:2], axis=0)
-    xU, xF = cn[:, 2 * R], cn[:, 2 * R + 1]
+
+    def below(end, n_, u_, t_):          # points of a node's run below a segment end
+        return jnp.clip(_cdiv(end * n_ - u_, t_), 0, n_)
+
+    at_seg = lambda v: jnp.sum(jnp.where(on_seg, v[:, None], 0), axis=0)  # noqa: E731
+    xs, us, ts = at_seg(x), at_seg(un), at_seg(tot)
+    cz = (below(z_end, xs, us, ts) - below(z_end - z, xs, us, ts)).reshape(
+        (R, 2) + z.shape[1:])
+    c_cs = kcs + cz[:, 0]
+    c_pc = cz[:, 1]
+    at_u = below(u_end, x, un, tot)
+    xU = at_u - below(z_tot, x, un, tot)
+    xF = x - at_u                                # the last segment takes the rest
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
@@ -701,7 +719,7 @@ def _part_frees(cx: _Ctx, x):
     the slab while the node keeps at least min_partial partial slabs."""
     st, cap1, mp = cx.st, cx.d["cap1"], cx.d["min_partial"]
     U, S = st["part_inuse"], st["part_slabs"]
-    emp = (U - 1) // cap1 - (U - x - 1) // cap1
+    emp = _floordiv(U - 1, cap1) - _floordiv(U - x - 1, cap1)
     disc = jnp.clip(S - mp + 1, 0, emp)
     st["part_inuse"] = U - x
     st["part_slabs"] = S - disc
@@ -723,7 +741,7 @@ def _full_to_cpu_partial(cx: _Ctx, m, x):
     cps = _i(cx.d["cps"])
     p, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
     t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
-    D = jnp.where(x >= t1, 1 + (x - t1) // jnp.maximum(cps, 1), 0)
+    D = jnp.where(x >= t1, 1 + _floordiv(x - t1, jnp.maximum(cps, 1)), 0)
     s1, u1 = p + t1 - 1, pu + (t1 - 1) * (objs - 1)  # the list the first drain moves
     ne1 = _nonempty(s1, u1, cap1)
     e1 = s1 - ne1

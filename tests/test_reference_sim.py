@@ -181,7 +181,7 @@ def test_run_of_one_is_the_single_op_model():
     assert want["ops"].max() <= STEPS
 
 
-@pytest.mark.parametrize("b", [0, -3, 4097, 2.5, True])
+@pytest.mark.parametrize("b", [0, -3, 1025, 2.5, True])
 def test_ops_per_step_out_of_range_is_named(b):
     with pytest.raises(SlabtuneError, match="ops_per_step"):
         _cfg("v6.1", TOPOS["1node16"], WORKLOADS["local"], ops_per_step=b)

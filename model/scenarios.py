@@ -13,6 +13,14 @@ only: then ``expect`` states it).  The ratio compared is value(arm) / value(base
 
 Topologies and workload parameters that the seeds do not state are assumptions, written
 next to them; they are the same for every arm of a scenario.
+
+Each scenario also states its ``work``: the CPU time per allocator operation spent outside
+the modelled cache (``other_ns`` of the workload), derived from the seed's own published
+rate where it gives one (:func:`cpu_ns_per_op`, :func:`work_outside_allocator_ns`), else
+0 with the reason.  It is not fitted and not chosen from the ratios.  Whether the arms run
+with it is the caller's choice (``slabtune reproduce --work``; see
+:data:`WORK_MODES`), because with it the model's physical cost constants cannot reproduce
+the headline ratios (docs/MODEL.md, "Cost constants").
 """
 
 from __future__ import annotations
@@ -20,6 +28,27 @@ from __future__ import annotations
 from typing import Any
 
 #: Object stride of the caches these scenarios use comes from model/caches.py.
+
+#: How the arms' ``other_ns`` is set: ``none`` runs every arm with 0 (the allocator is
+#: all the machine does), ``derived`` with the scenario's ``work["other_ns"]``.
+WORK_MODES: tuple[str, ...] = ("none", "derived")
+
+
+def cpu_ns_per_op(cpus: float, seconds: float, units: float, ops_per_unit: float) -> float:
+    """CPU ns per allocator operation when ``cpus`` CPUs, all busy for ``seconds``, do
+    ``units`` of work (hackbench messages, I/Os), each with ``ops_per_unit`` allocations
+    and frees of the modelled cache.  An upper bound: idle CPU time would lower it."""
+    return cpus * seconds * 1e9 / (units * ops_per_unit)
+
+
+def work_outside_allocator_ns(cpu_ns: float, allocator_ns: float) -> float:
+    """What is left of ``cpu_ns`` per operation after the allocator's own cost."""
+    return max(cpu_ns - allocator_ns, 0.0)
+
+
+def no_work(why: str) -> dict[str, Any]:
+    """The ``work`` of a scenario whose seed gives no rate to derive it from."""
+    return {"other_ns": 0.0, "derivation": f"0: {why}"}
 
 # --------------------------------------------------------------------------- 2021
 
@@ -37,6 +66,19 @@ def _hackbench(profile: str, cpus: int, nodes: int) -> dict[str, Any]:
     }
 
 
+#: hackbench -g 16 -l 16000 (the seed): every group has 20 senders and 20 receivers
+#: (hackbench's fixed group size) and each sender writes ``loops`` 100-byte messages to
+#: each receiver of its group.
+HACKBENCH_GROUPS, HACKBENCH_FDS, HACKBENCH_LOOPS = 16, 20, 16000
+HACKBENCH_MESSAGES = HACKBENCH_GROUPS * HACKBENCH_FDS * HACKBENCH_FDS * HACKBENCH_LOOPS
+#: Allocator ops per message in the modelled cache: one kmalloc-512 skb data alloc by the
+#: sender and its free by the receiver (skbuff_head_cache is not modelled).
+HACKBENCH_OPS_PER_MESSAGE = 2
+#: Allocator ns per op of the v5.10@224 arm under slabtune.tuner.fitcost.PRIOR with the
+#: derived work (model output, rounded; 3% of the CPU time per op).
+HACKBENCH_ALLOCATOR_NS = 45.0
+_HB_CPU_NS = cpu_ns_per_op(224, 3.173, HACKBENCH_MESSAGES, HACKBENCH_OPS_PER_MESSAGE)
+
 SLUB_ORDER_2021 = {
     "name": "slub-order-nr-cpus-2021",
     "title": "hackbench, v5.11 num_online_cpus() rule against v5.10 (kmalloc caches made "
@@ -45,6 +87,14 @@ SLUB_ORDER_2021 = {
                    "8-CPU system as 1 node; hackbench as producer_consumer on kmalloc-512",
     "scale": {"metric": "time", "fit_to": ("v5.10@224", 3.173),
               "unit": "s", "what": "seconds per hackbench run = k / machine throughput"},
+    "work": {
+        "other_ns": round(work_outside_allocator_ns(_HB_CPU_NS, HACKBENCH_ALLOCATOR_NS), 1),
+        "derivation": f"224 CPUs x 3.173 s (v5.10) / {HACKBENCH_MESSAGES:,} messages "
+                      f"(16 groups x 20 senders x 20 receivers x 16000 loops) / "
+                      f"{HACKBENCH_OPS_PER_MESSAGE} ops (kmalloc-512 alloc + free) = "
+                      f"{_HB_CPU_NS:.0f} ns of CPU per op, less {HACKBENCH_ALLOCATOR_NS:.0f} "
+                      "ns allocator cost; every CPU assumed busy; the 8-CPU arms use the "
+                      "same work per op"},
     "arms": {
         "v5.10@224": _hackbench("v5.10", 224, 2),
         "v5.11@224": _hackbench("v5.11", 224, 2),
@@ -106,6 +156,8 @@ SLUB_NETPERF_2011 = {
     "assumptions": "client machine: 16 CPUs on 4 nodes; request_response with the network "
                    "interrupt on one CPU; percentages are unscaled",
     "scale": None,
+    "work": no_work("the seed gives allocation counts but no transaction rate, and "
+                    "fast-path percentages do not depend on time"),
     "arms": {f"{c}@{t}": _netperf(c, t) for c in _NETPERF_PUBLISHED for t in (16, 160)},
     "rows": [
         row
@@ -146,6 +198,15 @@ def _block_io(profile: str, **patch) -> dict[str, Any]:
     return arm
 
 
+#: Allocator ops per I/O in the modelled cache: one bio alloc on the submitting CPU and
+#: its free on the completing CPU (bio-248 only; no other cache of the I/O path is
+#: modelled).
+BLOCK_IO_OPS_PER_IO = 2
+#: Allocator ns per op of the v6.19 arm under slabtune.tuner.fitcost.PRIOR (model output,
+#: rounded; 5% of the CPU time per op).
+BLOCK_IO_ALLOCATOR_NS = 100.0
+_BIO_CPU_NS = cpu_ns_per_op(128, 1.0, 34.0e6, BLOCK_IO_OPS_PER_IO)
+
 SHEAVES_2026 = {
     "name": "sheaves-cross-cpu-regression-2026",
     "title": "block I/O IOPS on a machine with memoryless nodes: v6.19 per-CPU partial "
@@ -157,6 +218,12 @@ SHEAVES_2026 = {
                    "opt in to sheaves); the capacity patch doubles the base capacities",
     "scale": {"metric": "iops", "fit_to": ("v6.19", 34.0), "unit": "M IOPS",
               "what": "IOPS = k x machine throughput"},
+    "work": {
+        "other_ns": round(work_outside_allocator_ns(_BIO_CPU_NS, BLOCK_IO_ALLOCATOR_NS), 1),
+        "derivation": f"128 modelled CPUs / 34M IOPS (v6.19) / {BLOCK_IO_OPS_PER_IO} ops "
+                      f"(bio-248 alloc + free per I/O) = {_BIO_CPU_NS:.0f} ns of CPU per "
+                      f"op, less {BLOCK_IO_ALLOCATOR_NS:.0f} ns allocator cost; every CPU "
+                      "assumed busy"},
     "arms": {
         "v6.19": _block_io("v6.18"),
         "v7.0": _block_io("v7.0"),
@@ -205,6 +272,8 @@ SLUB_MIN_PARTIAL_2008 = {
                    "interleaved at random)",
     "scale": {"metric": "sys_time", "fit_to": ("static", 8.89), "unit": "s sys",
               "what": "sys seconds = k x allocator ns per op"},
+    "work": no_work("the seed gives times but no count of allocations, and its row "
+                    "compares allocator time (sys), not throughput"),
     "arms": {
         "static": _netio(),
         "dynamic": _netio(**DYNAMIC_MIN_PARTIAL),

@@ -21,6 +21,11 @@
  *   - a page allocator stand-in: a per-thread cache of free slabs for orders up to
  *     PAGE_ALLOC_COSTLY_ORDER (the pcp lists), a global mutex (the zone lock) otherwise.
  *
+ * Timing (time_ops=1): each slab_alloc()/slab_free() call is timed on its own (the TSC,
+ * fenced), so the workload driver and its hand-over queues are not in the figure; calls
+ * longer than OP_CAP_NS were interrupted and are counted apart.  pin_cpu=N puts every
+ * thread on CPU N (reps time-slice on one core instead of outnumbering the cores).
+ *
  * The C side derives no policy: order, objects per slab, min_partial, cpu_partial_slabs,
  * sheaf capacity, the CPU -> node mapping and the workload's probabilities all come in as
  * integers computed by the Python model (slabtune.tuner.native).
@@ -57,6 +62,7 @@ struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
 	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
 	long steps, seed, sync_every, serial, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
+	long time_ops, pin_cpu;
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
 	long rep_barn[MAX_REPS], rep_alloc_local[MAX_REPS];
 	long alloc_p[MAX_REPS], live_target[MAX_REPS], burst[MAX_REPS], active[MAX_REPS];
@@ -97,6 +103,8 @@ static const struct key KEYS[] = {
 	{"pcp_high_pages", K_INT, OFF(pcp_high_pages), 0, 1 << 20, 512, 0},
 	{"pcp_batch_pages", K_INT, OFF(pcp_batch_pages), 1, 1 << 20, 63, 0},
 	{"per_thread", K_INT, OFF(per_thread), 0, 1, 1, 0},
+	{"time_ops", K_INT, OFF(time_ops), 0, 1, 0, 0},
+	{"pin_cpu", K_INT, OFF(pin_cpu), -1, CPU_SETSIZE - 1, -1, 0},
 	{"rep_node", K_LIST, OFF(rep_node), 0, MAX_NODES - 1, 0, 0},
 	{"rep_mem_node", K_LIST, OFF(rep_mem_node), 0, MAX_NODES - 1, 0, 0},
 	{"rep_local_node", K_LIST, OFF(rep_local_node), 0, MAX_NODES - 1, 0, 0},
@@ -383,6 +391,10 @@ struct cpu {
 	pthread_t tid;
 	struct timespec t0, t1;   /* this thread's first and last step */
 	int next;                 /* serial mode: the active rep that steps after this one */
+	/* time_ops: ticks spent inside slab_alloc()/slab_free(), ops timed, ops left out */
+	uint64_t op_ticks;
+	long op_timed, op_dropped;
+	int ran_on;               /* the CPU the thread was on after its last step */
 	pthread_cond_t turn_cv;
 } __attribute__((aligned(64)));
 
@@ -452,6 +464,58 @@ static inline uint64_t rnd64(uint64_t *s)
 }
 
 static inline uint32_t rnd32(uint64_t *s) { return (uint32_t)(rnd64(s) >> 32); }
+
+/* time_ops: a cheap clock around each allocator call (the TSC on x86-64, fenced so the
+ * call's loads are not reordered across it; CLOCK_MONOTONIC nanoseconds elsewhere). */
+static inline uint64_t now_ticks(void)
+{
+#if defined(__x86_64__)
+	uint32_t lo, hi;
+	__asm__ __volatile__("lfence; rdtsc; lfence" : "=a"(lo), "=d"(hi)::"memory");
+	return ((uint64_t)hi << 32) | lo;
+#else
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+#endif
+}
+
+/* Ticks per nanosecond, and the longest op counted (OP_CAP_NS): an op that took longer was
+ * interrupted or descheduled (with serial=1 no op ever waits for another thread), so it
+ * is counted in op_dropped instead of op_ticks. */
+#define OP_CAP_NS 50000.0
+static double ticks_per_ns = 1.0;
+static uint64_t op_cap_ticks = ~0ULL;
+
+static double mono_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+static void calibrate_ticks(void)
+{
+	double n0 = mono_ns(), n1;
+	uint64_t k0 = now_ticks(), k1;
+	do {
+		n1 = mono_ns();
+		k1 = now_ticks();
+	} while (n1 - n0 < 20e6);
+	ticks_per_ns = (double)(k1 - k0) / (n1 - n0);
+	op_cap_ticks = (uint64_t)(OP_CAP_NS * ticks_per_ns);
+}
+
+static inline void account_op(struct cpu *cpu, uint64_t t0)
+{
+	uint64_t d = now_ticks() - t0;
+	if (d > op_cap_ticks) {
+		cpu->op_dropped++;
+		return;
+	}
+	cpu->op_ticks += d;
+	cpu->op_timed++;
+}
 
 /* Node partial lists: __add_partial() / remove_partial(); caller holds list_lock. */
 static void add_partial(int node, struct slab *s, int tail)
@@ -1035,7 +1099,14 @@ static void step(struct cpu *cpu)
 		for (int k = (int)C.reps - 1; k >= 0; k--)
 			if (lo16 < C.free_cum[r * C.reps + k])
 				j = k;
-		void *obj = slab_alloc(cpu);
+		void *obj;
+		if (C.time_ops) {
+			uint64_t t0 = now_ticks();
+			obj = slab_alloc(cpu);
+			account_op(cpu, t0);
+		} else {
+			obj = slab_alloc(cpu);
+		}
 		atomic_fetch_add(&cpu->out, 1);
 		struct cpu *to = &cpus[j];
 		pthread_mutex_lock(&to->in_lock);
@@ -1054,7 +1125,13 @@ static void step(struct cpu *cpu)
 		cpu->in[i] = cpu->in[n - 1];
 		atomic_store(&cpu->in_n, n - 1);
 		pthread_mutex_unlock(&cpu->in_lock);
-		slab_free(cpu, p.obj);
+		if (C.time_ops) {
+			uint64_t t0 = now_ticks();
+			slab_free(cpu, p.obj);
+			account_op(cpu, t0);
+		} else {
+			slab_free(cpu, p.obj);
+		}
 		atomic_fetch_sub(&cpus[p.origin].out, 1);
 		cpu->c.frees++;
 		cpu->c.ops++;
@@ -1085,6 +1162,7 @@ static void *thread_main(void *arg)
 			pthread_mutex_unlock(&turn_lock);
 		}
 		clock_gettime(CLOCK_MONOTONIC, &cpu->t1);
+		cpu->ran_on = sched_getcpu();
 		return NULL;
 	}
 	for (long t = 0; t < C.steps; t++) {
@@ -1093,6 +1171,7 @@ static void *thread_main(void *arg)
 			pthread_barrier_wait(&step_barrier);
 	}
 	clock_gettime(CLOCK_MONOTONIC, &cpu->t1);
+	cpu->ran_on = sched_getcpu();
 	return NULL;
 }
 
@@ -1142,6 +1221,21 @@ static void report(void)
 	       atomic_load(&live_objs) * C.size, atomic_load(&live_peak) * C.size);
 	printf("\n \"wall_seconds\": %.9f, \"ns_per_op\": %.3f, \"threads\": %d,", wall,
 	       tot.ops ? wall * 1e9 / (double)tot.ops : 0.0, n_threads);
+	if (C.time_ops) {
+		/* time spent inside the allocator calls only (not the workload driver, the
+		 * hand-over queues or a serial-mode turn), see account_op() */
+		double ticks = 0;
+		long timed = 0, dropped = 0;
+		for (long r = 0; r < C.reps; r++) {
+			ticks += (double)cpus[r].op_ticks;
+			timed += cpus[r].op_timed;
+			dropped += cpus[r].op_dropped;
+		}
+		printf("\n \"op_ns\": %.1f, \"op_timed\": %ld, \"op_dropped\": %ld, "
+		       "\"op_ns_per_op\": %.3f, \"ticks_per_ns\": %.6f,", ticks / ticks_per_ns,
+		       timed, dropped, timed ? ticks / ticks_per_ns / (double)timed : 0.0,
+		       ticks_per_ns);
+	}
 	long partial[MAX_NODES];
 	for (long n = 0; n < C.nodes; n++)
 		partial[n] = nodes[n].nr_partial;
@@ -1164,10 +1258,17 @@ static void report(void)
 		printf(",\n \"per_thread\": [");
 		for (long r = 0; r < C.reps; r++) {
 			printf("%s\n  {\"rep\": %ld, \"active\": %ld, \"node\": %d, \"mem_node\": %d, "
-			       "\"outstanding\": %ld, \"counters\": ",
+			       "\"outstanding\": %ld, ",
 			       r ? "," : "", r, C.active[r], cpus[r].node, cpus[r].mem_node,
 			       atomic_load(&cpus[r].out));
+			if (C.pin_cpu >= 0) /* where a pinned thread ran (varies run to run else) */
+				printf("\"ran_on\": %d, ", C.active[r] ? cpus[r].ran_on : -1);
+			printf("\"counters\": ");
 			print_counters(&cpus[r].c);
+			if (C.time_ops)
+				printf(", \"op_ns\": %.1f, \"op_timed\": %ld, \"op_dropped\": %ld",
+				       (double)cpus[r].op_ticks / ticks_per_ns, cpus[r].op_timed,
+				       cpus[r].op_dropped);
 			printf("}");
 		}
 		printf("]");
@@ -1254,6 +1355,18 @@ int main(int argc, char **argv)
 	}
 	cpus[prev].next = first_active;
 	turn = first_active;
+	if (C.pin_cpu >= 0) {
+		/* every thread on one core (they inherit the mask): on a machine with fewer
+		 * cores than reps, time-slicing on one core replaces oversubscription across
+		 * cores, and no per-CPU state moves between caches */
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET((int)C.pin_cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set))
+			die_sys("sched_setaffinity");
+	}
+	if (C.time_ops)
+		calibrate_ticks();
 	if (pthread_barrier_init(&start_barrier, NULL, (unsigned)n_threads + 1) ||
 	    pthread_barrier_init(&step_barrier, NULL, (unsigned)n_threads))
 		die_sys("pthread_barrier_init");

@@ -29,6 +29,18 @@ def test_every_constant_is_documented_and_has_a_default():
     assert meta.fitted == doc.get("fitted", {})
 
 
+def test_unfitted_defaults_are_the_documented_priors():
+    # One place for the order-of-magnitude values: the packaged constants not marked as
+    # fitted are slabtune.tuner.fitcost.PRIOR.
+    from slabtune.tuner import fitcost
+
+    doc = tomllib.loads(simconfig.default_cost_text())
+    fitted = set(doc.get("fitted", {}))
+    for name, value in doc["cost"].items():
+        if name not in fitted:
+            assert value == fitcost.PRIOR[name].value, name
+
+
 def test_file_overrides_only_what_it_names(tmp_path, default):
     f = tmp_path / "c.toml"
     f.write_text('[cost]\nlist_lock_hold_ns = 123.5\n[fitted]\nlist_lock_hold_ns = "lockstat"\n')

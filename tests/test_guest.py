@@ -218,7 +218,9 @@ def test_init_script_uses_only_validated_words():
     script = g.init_script("abc123", (w,))
     assert ("/bin/workload --mode crosscpu --transport socket --groups 3 --fds 4 --loops 7 "
             "--size 512 --cpu-a 0 --cpu-b 2 > /tmp/w0.out 2>&1") in script
-    assert script.index("dump before") < script.index("/bin/workload") < script.index("dump after")
+    assert (script.index("dump warm > /dev/null") < script.index("dump before")
+            < script.index("/bin/workload") < script.index("dump after")
+            < script.index('> "$d/cpu_partial"') < script.index("dump flushed"))
     assert script.rstrip().splitlines()[-2:] == ["poweroff -f", "sleep 60"]
     with pytest.raises(SlabtuneError, match="token"):
         g.init_script("x; reboot")
@@ -375,6 +377,15 @@ def test_memoryless_guest_workload_timing_and_counters(memless_boot):
     assert skb["total_objects_after"] > skb["total_objects"]
     moved = j.filter(pl.col("objects") != pl.col("objects_after"))["cache"].to_list()
     assert "skbuff_head_cache" in moved and len(moved) >= 5
+    # the dump to /dev/null made the sysfs inodes before "before": the dumps themselves no
+    # longer move inode_cache by thousands (one inode per /sys/kernel/slab file read)
+    ino = j.filter(pl.col("cache") == "inode_cache").row(0, named=True)
+    assert abs(ino["objects_after"] - ino["objects"]) < 100
+    # writing cpu_partial back ran flush_all(): the free skbs on the CPU slabs that the
+    # after-dump counted as objects are on the node partial lists (or freed) now
+    f = r.flushed.filter(pl.col("cache") == "skbuff_head_cache").row(0, named=True)
+    assert f["objects"] < skb["objects_after"]
+    assert f["total_objects"] <= skb["total_objects_after"]
     assert (j["order"] == j["order_after"]).all()
     assert r.boot_seconds is not None and 0 < r.boot_seconds < r.total_seconds
 

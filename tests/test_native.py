@@ -293,6 +293,7 @@ def test_build_is_cached(binary):
     (["--size=256", "--objs=64", "--order=1"], "objs: 64 objects of 256 bytes"),
     (["--size=256", "--objs=16", "--reps=2", "--free_cum=1,2,3"], "free_cum: 3 values"),
     (["--size=256", "--objs=16", "--steps=0"], "steps: 0 is outside"),
+    (["--size=256", "--objs=16", "--pin_cpu=-2"], "pin_cpu: -2 is outside"),
 ])
 def test_bad_flags_exit_2_with_one_line(binary, args, needle):
     proc = subprocess.run([str(binary), *args, "--free_cum=65536"] if "--reps=2" not in args
@@ -395,3 +396,39 @@ def test_fast_path_fractions_match_the_model(scenario_runs, scenario, arm):
     assert res.counters["allocs"] > 0
     for what, m, n in zip(("alloc", "free"), model, native):
         assert abs(m - n) <= 0.05, (f"{what} fast path: model {m:.3f}, native {n:.3f}")
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def test_timed_calls_account_for_every_op_on_one_pinned_cpu(binary):
+    """time_ops times every slab_alloc()/slab_free() call (or counts it apart when it spanned
+    an interruption); pin_cpu puts every thread on one CPU, where the threads take turns, so
+    the time spent inside the allocator cannot exceed the run's wall time."""
+    import os
+
+    cpu = min(os.sched_getaffinity(0))
+    spec = _spec("v6.1", {"kind": "local", "live": 64, "burst": 32}, cpus=4, steps=20000)
+    cfg, res = _run(spec, binary, sync_every=0, time_ops=1, pin_cpu=cpu)
+    c, raw = res.counters, res.raw
+    assert raw["op_timed"] + raw["op_dropped"] == c["ops"] == c["allocs"] + c["frees"]
+    threads = _threads(res)
+    assert len(threads) == 4 and {t["ran_on"] for t in threads} == {cpu}
+    for t in threads:
+        assert t["op_timed"] + t["op_dropped"] == t["counters"]["ops"] == 20000
+    assert 0 < raw["op_ns"] <= res.wall_seconds * 1e9
+    pair = NV.op_ns_per_pair(res, cfg.rep_weight)
+    assert pair == pytest.approx(2.0 * raw["op_ns"] / raw["op_timed"], rel=1e-3)
+
+
+def test_timing_does_not_change_what_the_allocator_does(binary):
+    """In serial mode the run is deterministic: timing each call leaves every counter as it
+    was; an untimed run has nothing to report as allocator time."""
+    spec = _spec("v6.18", {"kind": "producer_consumer", "depth": 8}, cpus=4, steps=3000)
+    _, plain = _run(spec, binary, serial=1)
+    _, timed = _run(spec, binary, serial=1, time_ops=1)
+    assert timed.counters == plain.counters
+    assert [t["counters"] for t in timed.per_thread] == [t["counters"] for t in plain.per_thread]
+    assert "op_ns" not in plain.raw and timed.raw["op_timed"] > 0
+    with pytest.raises(NV.NativeError, match="time_ops=1"):
+        NV.op_ns_per_pair(plain)

@@ -69,6 +69,113 @@ def test_one_batched_call_equals_one_call_per_policy():
         np.testing.assert_allclose(batch.time_topo[i], one.time_topo[0], rtol=1e-6)
 
 
+def _plain_loop(spec, evaluator, n_trials, batch):
+    """The natural Optuna usage: Study.ask B trials, evaluate them, Trial.set_user_attr,
+    Trial.set_constraint and Study.tell each (what the batched runner must reproduce)."""
+    study = optuna.create_study(sampler=S.make_sampler(spec.space),
+                                directions=list(ST.DIRECTIONS))
+    dists = spec.space.distributions()
+    done = 0
+    while done < n_trials:
+        k = min(batch, n_trials - done)
+        trials = [study.ask(dists) for _ in range(k)]
+        ev = evaluator.evaluate([ST.effective_params(t.params, spec) for t in trials])
+        excess = evaluator.regression_excess(ev)
+        for i, tr in enumerate(trials):
+            tr.set_user_attr(ST.ATTR_TOPO, {"memory": ev.memory_topo[i].tolist(),
+                                            "time": ev.time_topo[i].tolist()})
+            tr.set_constraint(ST.ATTR_EXCESS, float(excess[i]))
+            study.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
+        done += k
+    return study.trials
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "tpe"])
+def test_batched_runner_gives_the_trials_of_plain_ask_and_tell(sampler):
+    """The bulk ask/tell path draws the same params from the same sampler and seed as
+    Study.ask/Study.tell would (NSGA-II past its first generation: 120 trials, population
+    50), and stores the same values, attrs and constraints."""
+    _study, _url, quick = quick_study()
+    spec = ST.load_spec("tune_quick")
+    spec = ST.parse_spec(spec.text.replace('sampler = "nsga2"', f'sampler = "{sampler}"'), sampler)
+    runner, _ = ST.create_or_resume(spec, f"same-{sampler}", "memory:",
+                                    evaluator=quick.evaluator)
+    runner.run(120, 40)
+    ours = runner.study.trials
+    plain = _plain_loop(spec, quick.evaluator, 120, 40)
+    assert len(ours) == len(plain) == 120
+    gen_key = "NSGAIISampler:generation"
+    if sampler == "nsga2":
+        assert {t.system_attrs[gen_key] for t in ours} == {0, 1}
+    for a, b in zip(ours, plain):
+        assert a.number == b.number and a.state == b.state
+        assert a.params == b.params and a.distributions == b.distributions
+        assert a.values == b.values
+        assert a.user_attrs == b.user_attrs
+        assert a.system_attrs == b.system_attrs
+
+
+def test_tell_batch_fails_a_non_finite_trial_as_study_tell_does():
+    _study, _url, quick = quick_study()
+    spec = ST.load_spec("tune_quick")
+    runner, _ = ST.create_or_resume(spec, "nan", "memory:", evaluator=quick.evaluator)
+    asked = runner.ask_batch(2)
+    ev = quick.evaluator.evaluate([t.params for t in asked])
+    ev = ev._replace(memory=np.array([np.nan, ev.memory[1]]))
+    told = runner.tell_batch(asked, ev, None)
+    plain = optuna.create_study(directions=list(ST.DIRECTIONS))
+    with pytest.warns(UserWarning):
+        plain.tell(plain.ask(), [float("nan"), 1.0])
+    assert told[0].state == plain.trials[0].state == optuna.trial.TrialState.FAIL
+    assert told[0].values is None and plain.trials[0].values is None
+    assert told[1].state == optuna.trial.TrialState.COMPLETE
+    assert told[1].values == [float(ev.memory[1]), float(ev.time[1])]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_batches_written_in_one_go_read_back_whole(kind, tmp_path):
+    """write_trials (one transaction / one journal append per batch) stores what the
+    in-memory asker holds, readable by a fresh stock Optuna reader."""
+    _study, _url, quick = quick_study()
+    spec = ST.load_spec("tune_quick")
+    url = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'j.log'}"
+    runner, _ = ST.create_or_resume(spec, "bulk", url, evaluator=quick.evaluator)
+    runner.run(70, 32)
+    storage = (optuna.storages.RDBStorage(url) if kind == "sqlite" else
+               optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+                   str(tmp_path / "j.log"))))
+    stored = optuna.load_study(study_name="bulk", storage=storage).trials
+    mirror = runner._asker.trials
+    assert [t.number for t in stored] == list(range(70))
+    for a, b in zip(stored, mirror):
+        assert a.state == b.state == optuna.trial.TrialState.COMPLETE
+        assert a.params == b.params and a.distributions == b.distributions
+        assert a.values == b.values
+        assert a.user_attrs == b.user_attrs and a.system_attrs == b.system_attrs
+        assert a.datetime_start == b.datetime_start
+        assert a.datetime_complete == b.datetime_complete
+    # a resumed runner's sampler sees them all
+    again, _ = ST.create_or_resume(spec, "bulk", url, evaluator=quick.evaluator)
+    assert len(again._asker.trials) == 70
+
+
+def test_local_topologies_solve_one_representative_exactly(monkeypatch):
+    """Topologies without memoryless CPUs are solved with rep 0 alone; forcing both reps
+    everywhere gives the same objectives."""
+    _study, _url, runner = quick_study()
+    spec = runner.spec
+    assert any(t.topology.cpus_on_memoryless_nodes for t in spec.fleet.topologies)
+    params = [t.params for t in runner.study.trials[:16]]
+    split = runner.evaluate(params)
+    full = O.solve_reps
+    monkeypatch.setattr(O, "solve_reps",
+                        lambda *a: full(*a[:-1], np.ones_like(a[-1], dtype=bool)))
+    both = O.Evaluator(spec.fleet, spec.objectives).evaluate(
+        [ST.effective_params(p, spec) for p in params])
+    np.testing.assert_allclose(split.time_topo, both.time_topo, rtol=2e-6)
+    np.testing.assert_array_equal(split.memory_topo, both.memory_topo)
+
+
 def test_order_coefficients_reproduce_the_kernel_heuristic():
     """mul * (fls(nr_cpus) + add) at (4, 1) is the kernel's own min_objects; other
     coefficients equal an explicit slub_min_objects of that value (checked against the
@@ -264,3 +371,132 @@ def test_sheaf_and_barn_knobs_on_v7_0():
     assert "sheaf_small" in [k.knob for k in c.kernel_change]
     assert all(set(v) == {"min_partial"} for v in c.sysfs.values())  # no cpu_partial in v7.0
     assert c.boot == {}
+
+
+SWEEP_FLEET_SPEC = """
+[fleet]
+sweep = "{sweep}"
+{extra}
+[search]
+seed = 0
+[search.knobs]
+slub_min_order = {{ low = 0, high = 2 }}
+min_partial_lo = {{ low = 0, high = 10 }}
+"""
+
+
+def _sweep_spec(sweep: str, extra: str = "") -> ST.TuneSpec:
+    return ST.parse_spec(SWEEP_FLEET_SPEC.format(sweep=sweep, extra=extra), "sweep-fleet")
+
+
+def test_fleet_from_the_quick_sweep_spec_takes_its_topologies_and_caches():
+    from slabtune.sweeps import spec as SP
+
+    spec = _sweep_spec("quick")
+    fleet = spec.fleet
+    quick = SP.load("quick")
+    # quick.toml: cpus = { logrange = [1, 8192], factor = 2 }, single-node topologies
+    assert [t.topology.present for t in fleet.topologies] == [1 << i for i in range(14)]
+    assert all(t.topology.nodes == 1 and t.weight == 1.0 for t in fleet.topologies)
+    assert [c.name for c in fleet.caches] == list(quick.axis("cache").values)
+    assert fleet.profile.name == "v6.18"   # in quick's profile axis ("all")
+    (wl,) = fleet.workloads
+    assert set(wl.live_per_cpu) == {O.SWEEP_LIVE_PER_CPU} and len(set(wl.ops)) == 1
+    builtin = ST.load_spec("tune_sweep_quick").fleet   # the built-in spec of this form
+    assert builtin.topology_names == fleet.topology_names and builtin.caches == fleet.caches
+    ev = O.Evaluator(fleet, spec.objectives).baseline
+    assert ev.memory_topo.shape == (1, 14) and np.all(np.isfinite(ev.time_topo))
+    assert np.all(ev.memory_topo > 0) and np.all(ev.time_topo > 0)
+
+
+def test_fleet_from_a_sweep_spec_file_keeps_possible_memoryless_topologies(tmp_path):
+    sweep = tmp_path / "ml.toml"
+    sweep.write_text("""
+[sweep]
+name = "ml"
+evaluator = "structural"
+[topology]
+cpus_per_node = [2, 8]
+nodes = [1, 2, 4]
+memoryless_nodes = [0, 1, 4]
+[cache]
+cache = ["maple_node", "kmalloc-256"]
+[kernel]
+profile = ["v6.18", "v7.0"]
+[[exclude]]
+profile = "v7.0"
+nodes = 4
+""")
+    fleet = _sweep_spec(str(sweep), 'profile = "v7.0"\ntopology_weight = "cpus"').fleet
+    got = {(t.topology.present, t.topology.nodes, t.topology.nodes - len(t.topology.memory_nodes))
+           for t in fleet.topologies}
+    # 2 sizes x (1 node: 0 memoryless; 2 nodes: 0 or 1 memoryless); 4 nodes excluded on v7.0,
+    # memoryless >= nodes impossible
+    assert got == {(2, 1, 0), (8, 1, 0), (4, 2, 0), (4, 2, 1), (16, 2, 0), (16, 2, 1)}
+    for t in fleet.topologies:
+        assert t.weight == t.topology.present
+        if t.topology.nodes == 2 and len(t.topology.memory_nodes) == 1:
+            assert t.topology.node_has_memory == (True, False)  # the highest node
+    # on v6.18 the exclusion does not apply: 4 nodes with 0 or 1 memoryless, 2 sizes
+    assert len(_sweep_spec(str(sweep), 'profile = "v6.18"').fleet.topologies) == 6 + 4
+
+
+def test_fleet_from_a_sweep_spec_with_inline_workloads():
+    extra = ('[[fleet.workload]]\nname = "net"\n[fleet.workload.caches]\n'
+             '"kmalloc-256" = { live_per_cpu = 64, ops = 2.0 }')
+    fleet = _sweep_spec("quick", extra).fleet
+    assert [c.name for c in fleet.caches] == ["kmalloc-256"]
+    assert fleet.workloads[0].live_per_cpu == (64.0,) and len(fleet.topologies) == 14
+
+
+@pytest.mark.parametrize("sweep, extra, needle", [
+    ("no-such-sweep", "", "fleet.sweep: spec: 'no-such-sweep' is neither a file"),
+    ("{nocpu}", "", "fleet.sweep: nocpu.toml: topology.cpus"),
+    ("{allout}", "", "fleet.sweep: sweep spec allout leaves no topology"),
+    ("fleet", "", "fleet.sweep: sweep spec fleet has 8192 topologies; a fleet takes at most 256"),
+    ("{nocache}", "", "fleet.sweep: nocache.toml: cache.cache: give exactly one of"),
+    ("quick", 'profile = "v9.9"', "fleet.profile: unknown kernel profile"),
+    ("memoryless", 'profile = "v6.18"\ntopology_weight = "machines"',
+     "fleet.topology_weight: 'machines' is not one of uniform, cpus"),
+    ("quick", "[[fleet.topology]]\ncpus = 4", "fleet.topology: give either"),
+])
+def test_bad_sweep_fleets_name_the_field(sweep, extra, needle, tmp_path):
+    files = {
+        "nocpu": '[cache]\ncache = ["kmalloc-64"]\n',
+        "allout": '[topology]\ncpus = [4, 8]\n[cache]\ncache = ["kmalloc-64"]\n'
+                  '[[exclude]]\ncpus = { le = 8 }\n',
+        "nocache": '[topology]\ncpus = [4, 8]\n',
+    }
+    for name, body in files.items():
+        (tmp_path / f"{name}.toml").write_text(
+            f'[sweep]\nname = "{name}"\nevaluator = "structural"\n{body}'
+            '[kernel]\nprofile = "v6.18"\n')
+    sweep = sweep.format(**{n: str(tmp_path / f"{n}.toml") for n in files})
+    with pytest.raises(SlabtuneError) as err:
+        _sweep_spec(sweep, extra)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_sweep_fleet_profile_must_be_one_the_sweep_covers():
+    # dynamics_bench.toml: profile = ["v5.10", "v5.11", "v6.1", "v6.18", "v7.0", "v7.1"]
+    with pytest.raises(SlabtuneError, match=r"^fleet.profile: v3.1 is not among the profiles "
+                                            r"of sweep spec dynamics_bench \(v5.10, "):
+        _sweep_spec("dynamics_bench", 'profile = "v3.1"')
+    assert _sweep_spec("dynamics_bench", 'profile = "v6.1"').fleet.profile.name == "v6.1"
+
+
+def test_cli_tune_with_a_sweep_fleet(tmp_path):
+    spec = tmp_path / "swept.toml"
+    spec.write_text(SWEEP_FLEET_SPEC.format(sweep="quick", extra=""))
+    p = run_cli("tune", str(spec), "--trials", "8", "--batch", "8", "--study", "swept",
+                "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["trials"] == 8
+    s = optuna.load_study(study_name="swept", storage=json.loads(p.stdout)["storage"])
+    assert len(s.user_attrs[ST.ATTR_TOPOLOGIES]) == 14
+    assert_clean_error(run_cli("tune", str(spec).replace("swept", "x"), "--trials", "1",
+                               cwd=tmp_path), "spec")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SWEEP_FLEET_SPEC.format(sweep="nope", extra=""))
+    assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path), "fleet.sweep")

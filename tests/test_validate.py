@@ -91,6 +91,22 @@ def test_spearman_matches_scipy_with_ties():
     assert R.spearman([1, 1, 1], [1, 2, 3]) is None    # constant side
 
 
+def test_live_objects_come_from_the_flushed_dump():
+    assert V.live_objects({"objects": 296}, {"objects": 8}) == (8, "flushed")
+    n, src = V.live_objects({"objects": 296}, None)
+    assert n == 296 and src.startswith("after (includes free objects on per-CPU slabs")
+
+
+def test_report_reads_workload_caches_and_memoryless_topologies_from_the_spec():
+    text = V.load_spec("validate_quick").text
+    assert R.workload_caches(text) == {"skbuff_head_cache", "kmalloc-512", "kmalloc-cg-512"}
+    assert R.memoryless_topologies(text) == {"memoryless-4x2"}
+    d = R.distribution([0.3, -0.1, 0.2, float("nan"), 0.5])
+    assert d == {"n": 4, "min": -0.1, "q1": pytest.approx(0.125), "median": pytest.approx(0.25),
+                 "q3": pytest.approx(0.35), "max": 0.5}
+    assert R.distribution([]) is None
+
+
 def test_validate_quick_spec_has_four_small_topologies_one_memoryless():
     spec = V.load_spec("validate_quick")
     topos = [t.topology for t in spec.fleet.topologies]
@@ -234,10 +250,20 @@ def test_guest_memory_and_cost_rows(guest_run):
         # hackbench over sockets drives skbuff_head_cache
         assert "skbuff_head_cache" in mem["cache"].to_list()
         orders = dict(r.filter(pl.col("field") == "order").select("cache", "measured").iter_rows())
-        for c, m, pred in mem.select("cache", "measured", "predicted").iter_rows():
+        for c, m, pred, note in mem.select("cache", "measured", "predicted", "note").iter_rows():
             slab = 4096 << int(orders[c])
             assert m > 0 and m % slab == 0, c        # whole slabs of the measured order
             assert pred > 0
+            # live objects: the count after flush_all(), which leaves out the free objects
+            # that sat on per-CPU slabs; the after-dump's slabs are the measured bytes
+            live = int(note.split("live objects ")[1].split(" ")[0])
+            after = int(note.split("after-dump objects ")[1].split(",")[0])
+            slabs = int(note.split("slabs ")[1])
+            assert "(flushed)" in note and m == slabs * slab
+            if c == "skbuff_head_cache":
+                # every skb hackbench sent was freed; free objects left on the CPU slabs
+                # counted in the after-dump's objects, not after the flush
+                assert live < after
         cost = r.filter(pl.col("field") == V.COST_FIELD)
         assert cost.height == 1 and cost["measured"][0] > 0 and cost["predicted"][0] > 0
         acc = cost["accelerator"][0]
@@ -354,6 +380,8 @@ cpus = 2
 [validate.native]
 cache = "kmalloc-512"
 steps = 400
+timing_steps = 20000
+timing_repeats = 3
 workload = { kind = "local", live = 32, burst = 16 }
 """
 
@@ -374,10 +402,20 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert res.tasks == 4 and res.failed == 0
     run = store.open_run(res.run_dir)
     rows = run.collect()
-    assert set(rows["field"]) == {"native_cost", "native_wall", "alloc_fastpath_pct",
+    assert set(rows["field"]) == {"native_cost", "native_cost_prior", "alloc_fastpath_pct",
                                   "free_fastpath_pct"}
-    # wall-clock rows are kept for reference and never counted
-    assert not rows.filter(pl.col("field") == "native_wall")["comparable"].any()
+    # the prior-constant rows are a labelled diagnostic, never counted; both share the
+    # measurement: the median of 3 interleaved runs of timed allocator calls
+    prior = rows.filter(pl.col("field") == "native_cost_prior")
+    cost = rows.filter(pl.col("field") == "native_cost")
+    assert not prior["comparable"].any() and cost["comparable"].all()
+    for (c, t), g in rows.filter(pl.col("field").str.starts_with("native_cost")).group_by(
+            "candidate", "topology"):
+        assert g.height == 2 and g["measured"].n_unique() == 1
+        note = g["note"][0]
+        runs = [float(x) for x in note.split("; runs ")[1].split(";")[0].split(", ")]
+        assert len(runs) == 3 and "3 interleaved runs x 20000 steps" in note
+        assert g["measured"][0] == pytest.approx(statistics.median(runs), abs=0.06)
     mp = rows.filter(pl.col("candidate") == "mp")
     applied = json.loads(mp["applied"][0])
     # kmalloc-512: min_partial clamp(ilog2(512) / 2, 1, 1) = 1; cpu_partial 8 objects
@@ -389,9 +427,15 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
             assert 0 <= r["measured"] <= 100 and 0 <= r["predicted"] <= 100
     rep = R.report(run)
     assert rep["speed_source"] == "native"
-    cost = rows.filter(pl.col("field") == "native_cost")
     assert rep["spearman_time"] == pytest.approx(
         R.spearman(cost["predicted"].to_list(), cost["measured"].to_list()))
+    lab = rep["speed"]["native_labelled"]
+    assert lab["memoryless_topologies"] == ["memoryless-2x2"]
+    # without the memoryless topology two pairs remain: too few for a rank correlation
+    assert lab["without_memoryless"] == {"spearman": None, "pairs": 2}
+    assert lab["prior_constants"]["pairs"] == 4
+    assert lab["prior_constants"]["spearman"] == pytest.approx(
+        R.spearman(prior["predicted"].to_list(), prior["measured"].to_list()))
     fp = rows.filter(pl.col("field").str.ends_with("_pct"))
     assert rep["native_fastpath_max_abs_diff_pp"] == pytest.approx(
         max(abs(p - m) for p, m in zip(fp["predicted"], fp["measured"])))

@@ -63,7 +63,9 @@ CACHE_ATTRS: tuple[str, ...] = (
 #: Attributes every real cache directory has on every kernel this module supports.
 _REQUIRED_ATTRS = ("object_size", "slab_size", "order", "objs_per_slab", "min_partial",
                    "cpu_partial")
-PHASES = ("before", "after")
+#: Dumps the init prints: before and after the workloads, and after flushing every cache's
+#: per-CPU slabs (see :func:`init_script`).
+PHASES = ("before", "after", "flushed")
 #: Columns after SNAPSHOT_COLUMNS in the frames this module returns.
 FRAME_EXTRA: tuple[str, ...] = snap.EXTRA_COLUMNS
 #: Boot identity lines (record ``I``): key in the init script -> snapshot column.
@@ -354,6 +356,16 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
     * ``A <phase> <alias> <cache>`` one /sys/kernel/slab symlink;
     * ``N <phase> <count>`` number of C records just printed (detects a truncated dump);
     * ``W <i> begin``, ``J <i> <line>`` workload output, ``W <i> rc <status>``.
+
+    With ``dump``: a first dump goes to /dev/null, so the sysfs inodes and dentries the dump
+    itself instantiates (one per /sys/kernel/slab file read) exist before ``before`` is
+    taken and do not show as cache movement between ``before`` and ``after``.  After the
+    ``after`` dump every cache's ``cpu_partial`` is written back unchanged: its store
+    handler calls flush_all(), which deactivates every CPU slab and unfreezes every per-CPU
+    partial list onto the node partial lists (mm/slub.c cpu_partial_store()).  The
+    ``flushed`` dump then reads ``objects`` without the free objects that sat on per-CPU
+    slabs (sysfs ``objects`` is total_objects minus the free objects of the node partial
+    lists only, show_slab_objects(SO_ALL|SO_OBJECTS)), i.e. the objects really allocated.
     """
     if not token.isalnum():
         raise GuestError("token: must be alphanumeric")
@@ -400,7 +412,7 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
         "}",
     ]
     if dump:
-        lines += ["info before", "dump before"]
+        lines += ["dump warm > /dev/null", "info before", "dump before"]
     for i, w in enumerate(workloads):
         args = " ".join(w.argv())
         lines += [
@@ -411,7 +423,14 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
             f'echo "$M W {i} rc $rc"',
         ]
     if dump:
-        lines += ["info after", "dump after"]
+        lines += [
+            "info after", "dump after",
+            "for d in /sys/kernel/slab/*; do",
+            '  [ -L "$d" ] && continue',
+            '  v=; read v < "$d/cpu_partial" && echo "$v" > "$d/cpu_partial" 2>/dev/null',
+            "done",
+            "info flushed", "dump flushed",
+        ]
     lines += [f'echo "$M E {token}"', "sync", "poweroff -f", "sleep 60"]
     return "\n".join(lines) + "\n"
 
@@ -596,6 +615,8 @@ class GuestResult:
     guest_uptime_at_start: float | None = None
     timed_out: bool = False
     attempt_errors: list[str] = dataclasses.field(default_factory=list)
+    #: the dump after every cache's per-CPU slabs were flushed (see :func:`init_script`)
+    flushed: pl.DataFrame | None = None
 
 
 _PANIC_MARKERS = ("Kernel panic", "BUG: soft lockup", "KVM internal error")
@@ -747,12 +768,13 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
                 parsed = parse_console(a.console, token)
             except ConsoleParseError as exc:
                 parse_err = str(exc)
-            before = after = None
+            before = after = flushed = None
             err = _attempt_error(a, parsed, parse_err)
             if not err and spec.dump:
                 try:
                     before = snapshot_frame(parsed, "before", accel)
                     after = snapshot_frame(parsed, "after", accel)
+                    flushed = snapshot_frame(parsed, "flushed", accel)
                 except ConsoleParseError as exc:
                     err = f"console: {exc}"
             if not err and parsed is not None:
@@ -769,6 +791,7 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
                 qemu_argv=argv, kernel=str(assets.kernel), cmdline=cmdline,
                 guest_uptime_at_start=parsed.guest_uptime_at_start if parsed else None,
                 timed_out=a.timed_out, attempt_errors=errors + ([err] if err else []),
+                flushed=flushed,
             )
             if not err:
                 break

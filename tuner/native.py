@@ -108,7 +108,11 @@ class NativeConfig:
     ``rep_local_node`` is what the sheaf's remote-free test takes as numa_mem_id();
     ``rep_alloc_local`` 0 makes a rep allocate one object per list_lock (no numa_mem_id()
     fix on a memoryless node).  ``rep_weight`` is not passed: it is the number of real CPUs
-    each rep stands for, used to weight per-thread counters like the model's."""
+    each rep stands for, used to weight per-thread counters like the model's.  ``time_ops``
+    1 makes the binary time every slab_alloc()/slab_free() call on its own (see
+    :func:`op_ns_per_pair`); meant with ``serial`` 1, where no call waits for another
+    thread, so a call longer than the binary's cap (50 us) was interrupted and is left
+    out (counted in ``op_dropped``)."""
 
     size: int
     order: int
@@ -138,6 +142,8 @@ class NativeConfig:
     partial_fill: int = 1
     partial_pick: int = 0
     serial: int = 0
+    time_ops: int = 0
+    pin_cpu: int = -1
 
     @property
     def reps(self) -> int:
@@ -288,6 +294,21 @@ def run(cfg: NativeConfig, timeout: float = 300.0, binary: Path | None = None) -
         peak_live_object_bytes=int(out["peak_live_object_bytes"]),
         raw=out,
     )
+
+
+def op_ns_per_pair(res: NativeResult, weights=None) -> float:
+    """Nanoseconds spent inside the allocator per alloc+free pair, from a ``time_ops`` run:
+    twice the mean time of one slab_alloc()/slab_free() call, per-thread means weighted by
+    ``weights`` (the CPUs each rep stands for) and ops as the model weights its reps."""
+    rows = [r for r in res.per_thread if r.get("op_timed")]
+    if not rows:
+        raise NativeError("native run: no timed allocator calls (run with time_ops=1)")
+    num = den = 0.0
+    for r in rows:
+        w = 1.0 if weights is None else float(weights[int(r["rep"])])
+        num += w * float(r["op_ns"])
+        den += w * float(r["op_timed"])
+    return 2.0 * num / den if den > 0 else float("nan")
 
 
 def _ratio(num: float, den: float) -> float:

@@ -141,26 +141,55 @@ def _parse_topology(i: int, t) -> FleetTopology:
 
 
 def parse_fleet(table) -> Fleet:
-    """Build a :class:`Fleet` from a spec's ``[fleet]`` table; errors name the field."""
+    """Build a :class:`Fleet` from a spec's ``[fleet]`` table; errors name the field.
+
+    Topologies are the ``[[fleet.topology]]`` tables, or those of a sweep spec named by
+    ``sweep`` (:func:`sweep_fleet_topologies`); workloads are the ``[[fleet.workload]]``
+    tables, or with ``sweep`` and none given, one workload over the sweep's caches
+    (:func:`sweep_default_workload`).
+    """
     if not isinstance(table, Mapping):
         raise SlabtuneError("fleet: expected a [fleet] table")
-    unknown = set(table) - {"profile", "topology", "workload"}
+    unknown = set(table) - {"profile", "topology", "workload", "sweep", "topology_weight"}
     if unknown:
         raise SlabtuneError(f"fleet.{sorted(unknown)[0]}: unknown field")
+    sweep = None
+    if "sweep" in table:
+        sweep = load_sweep(table["sweep"])
+        if "topology" in table:
+            raise SlabtuneError("fleet.topology: give either [[fleet.topology]] tables or "
+                                "fleet.sweep, not both")
+    elif "topology_weight" in table:
+        raise SlabtuneError("fleet.topology_weight: only a fleet taken from a sweep spec "
+                            "(fleet.sweep) weights its topologies by rule")
     try:
-        profile = P.get_profile(str(table.get("profile", "v6.18")))
+        profile = P.get_profile(str(table.get("profile", _sweep_profile(sweep))))
     except P.UnknownProfileError as err:
         raise SlabtuneError(f"fleet.profile: {err}") from None
-    topos_t = table.get("topology")
-    if not isinstance(topos_t, list) or not topos_t:
-        raise SlabtuneError("fleet.topology: expected at least one [[fleet.topology]]")
-    topos = tuple(_parse_topology(i, t) for i, t in enumerate(topos_t))
+    if sweep is not None:
+        topos = sweep_fleet_topologies(sweep, profile, table.get("topology_weight", "uniform"))
+    else:
+        topos_t = table.get("topology")
+        if not isinstance(topos_t, list) or not topos_t:
+            raise SlabtuneError("fleet.topology: expected at least one [[fleet.topology]] "
+                                "(or fleet.sweep naming a sweep spec)")
+        topos = tuple(_parse_topology(i, t) for i, t in enumerate(topos_t))
     names = [t.name for t in topos]
     if len(set(names)) != len(names):
         raise SlabtuneError("fleet.topology: names must be unique")
     if sum(t.weight for t in topos) <= 0:
         raise SlabtuneError("fleet.topology: weights add up to 0")
     wl_t = table.get("workload")
+    if sweep is not None and wl_t is None:
+        caches, workloads = sweep_default_workload(sweep)
+    else:
+        caches, workloads = _parse_workloads(wl_t)
+    return Fleet(profile, topos, caches, workloads)
+
+
+def _parse_workloads(wl_t) -> tuple[tuple[CacheInfo, ...], tuple[Workload, ...]]:
+    """The ``[[fleet.workload]]`` tables: the caches they name (in order of first use) and
+    each workload's live objects and op shares aligned with them."""
     if not isinstance(wl_t, list) or not wl_t:
         raise SlabtuneError("fleet.workload: expected at least one [[fleet.workload]]")
     cache_names: list[str] = []
@@ -206,7 +235,143 @@ def parse_fleet(table) -> Fleet:
         workloads.append(Workload(name, weight, live, ops, ff, churn))
     if sum(w.weight for w in workloads) <= 0:
         raise SlabtuneError("fleet.workload: weights add up to 0")
-    return Fleet(profile, topos, caches, tuple(workloads))
+    return caches, tuple(workloads)
+
+
+# --------------------------------------------------------------------------- fleet from a sweep
+
+#: Sweep-spec axes that describe a topology (sweeps/spec.py COMMON_AXES, [topology]).
+SWEEP_TOPOLOGY_AXES = ("cpus", "cpus_per_node", "nodes", "memoryless_nodes", "possible")
+#: How ``[fleet] topology_weight`` weights a sweep's topologies: every topology alike, or
+#: by its CPUs (a fleet counted in CPUs rather than machines).
+TOPOLOGY_WEIGHTS = ("uniform", "cpus")
+#: Most topologies a fleet taken from a sweep may have (each one multiplies the model's
+#: work per policy; the built-in fleet sweep has 8192).
+MAX_SWEEP_TOPOLOGIES = 256
+#: Live objects per CPU of each cache in the default workload of a sweep fleet.
+SWEEP_LIVE_PER_CPU = 1024.0
+
+
+def load_sweep(ref):
+    """The sweep spec ``[fleet] sweep`` names: a built-in name (``quick``) or a path to a
+    sweep spec TOML (relative paths from the working directory).  Errors name the field."""
+    from slabtune.sweeps import spec as SP
+
+    if not isinstance(ref, str) or not ref:
+        raise SlabtuneError(f"fleet.sweep: expected a sweep spec name or path, got {ref!r}")
+    try:
+        return SP.load(ref)
+    except SlabtuneError as err:
+        raise SlabtuneError(f"fleet.sweep: {err}") from None
+
+
+def _sweep_profile(sweep) -> str:
+    """The fleet's profile when ``[fleet] profile`` is absent: the sweep's only profile,
+    else v6.18."""
+    if sweep is not None and "profile" in sweep.axis_names:
+        values = sweep.axis("profile").values
+        if len(values) == 1:
+            return values[0]
+    return "v6.18"
+
+
+def _profile_test(op: str, operand, profile: str) -> bool | None:
+    """Whether an exclusion test on the profile axis holds for ``profile`` (None: a test
+    this fleet cannot decide, such as an order comparison or one against another axis)."""
+    if op == "eq" and isinstance(operand, str):
+        return profile == operand
+    if op == "ne" and isinstance(operand, str):
+        return profile != operand
+    if op == "in" and isinstance(operand, tuple) and operand[:1] != ("axis",):
+        return profile in operand
+    return None
+
+
+def sweep_fleet_topologies(sweep, profile: P.KernelProfile,
+                           weighting: str = "uniform") -> tuple[FleetTopology, ...]:
+    """The distinct topologies of a sweep spec's grid, as the sweep builds them (present
+    CPUs ``cpus`` or ``nodes * cpus_per_node``, the highest-numbered ``memoryless_nodes``
+    nodes without memory, ``possible`` 0 meaning present), minus the impossible ones and
+    those its ``[[exclude]]`` tables drop for every row (tables that test only topology
+    axes, or the profile axis, decided for the fleet's profile).  Weighted by
+    ``weighting`` (:data:`TOPOLOGY_WEIGHTS`)."""
+    from slabtune.sweeps import grid as G
+    from slabtune.sweeps import spec as SP
+    from slabtune.sweeps.evaluators import memoryless_node_ids
+
+    if weighting not in TOPOLOGY_WEIGHTS:
+        raise SlabtuneError(f"fleet.topology_weight: {weighting!r} is not one of "
+                            f"{', '.join(TOPOLOGY_WEIGHTS)}")
+    if "profile" in sweep.axis_names and profile.name not in sweep.axis("profile").values:
+        raise SlabtuneError(f"fleet.profile: {profile.name} is not among the profiles of "
+                            f"sweep spec {sweep.name} ({', '.join(sweep.axis('profile').values)})")
+    axes = tuple(a for a in sweep.axes if a.name in SWEEP_TOPOLOGY_AXES)
+    if not {"cpus", "cpus_per_node"} & {a.name for a in axes}:
+        raise SlabtuneError(f"fleet.sweep: sweep spec {sweep.name} has no topologies "
+                            "(no [topology] cpus or cpus_per_node axis)")
+    names = {a.name for a in axes}
+    exclude = []
+    for ex in sweep.exclude:
+        kept, applies = [], True
+        for name, op, operand in ex.tests:
+            if name == "profile":
+                holds = _profile_test(op, operand, profile.name)
+                applies &= bool(holds)
+            elif name in names and not (isinstance(operand, tuple)
+                                        and operand[:1] == ("axis",) and operand[1] not in names):
+                kept.append((name, op, operand))
+            else:
+                applies = False   # depends on another axis: drops only some of the rows
+        if applies and kept:
+            exclude.append(SP.Exclusion(tuple(kept)))
+    sub = dataclasses.replace(sweep, axes=axes, exclude=tuple(exclude))
+    if sub.product > 64 * MAX_SWEEP_TOPOLOGIES:
+        raise SlabtuneError(f"fleet.sweep: sweep spec {sweep.name} has {sub.product} "
+                            f"topologies; a fleet takes at most {MAX_SWEEP_TOPOLOGIES}")
+    cols = G.axis_columns(sub, 0, sub.product)
+    keep = ~G.excluded(sub, cols)
+    defaults = dict(sweep.defaults)
+    col = lambda name: cols.get(name, np.full(sub.product, defaults.get(name) or 0))  # noqa: E731
+    nodes = np.maximum(col("nodes"), 1)
+    present = G.present_cpus({**cols, "nodes": nodes})
+    ml, possible = col("memoryless_nodes"), col("possible")
+    seen, out = set(), []
+    for i in np.flatnonzero(keep):
+        key = (int(present[i]), int(nodes[i]), int(ml[i]), int(possible[i]))
+        if key in seen:
+            continue
+        seen.add(key)
+        c, n, m, p = key
+        name = f"{c}cpu" + (f"-{n}node" if n > 1 else "") + (f"-{m}memoryless" if m else "") \
+            + (f"-{p}possible" if p > c else "")
+        try:
+            topo = Topology.uniform(c, n, memoryless_nodes=memoryless_node_ids(n, m),
+                                    possible=max(p, c))
+        except TopologyError as err:
+            raise SlabtuneError(f"fleet.sweep: topology {name}: {err}") from None
+        out.append(FleetTopology(name, topo, float(c) if weighting == "cpus" else 1.0))
+    if not out:
+        raise SlabtuneError(f"fleet.sweep: sweep spec {sweep.name} leaves no topology")
+    if len(out) > MAX_SWEEP_TOPOLOGIES:
+        raise SlabtuneError(f"fleet.sweep: sweep spec {sweep.name} has {len(out)} "
+                            f"topologies; a fleet takes at most {MAX_SWEEP_TOPOLOGIES}")
+    return tuple(out)
+
+
+def sweep_default_workload(sweep) -> tuple[tuple[CacheInfo, ...], tuple[Workload, ...]]:
+    """The workload of a sweep fleet that names none: every cache of the sweep's ``cache``
+    axis (or anonymous caches of its ``size`` axis) with :data:`SWEEP_LIVE_PER_CPU` live
+    objects per CPU and an equal share of ops, the workload table's default free pattern
+    (foreign_free 0.5, churn 0.2)."""
+    from slabtune.model.caches import anonymous_cache
+
+    if "cache" in sweep.axis_names:   # a valid sweep spec has exactly one of the two
+        caches = tuple(get_cache(n) for n in sweep.axis("cache").values)
+    else:
+        caches = tuple(anonymous_cache(int(s)) for s in sweep.axis("size").values)
+    n = len(caches)
+    wl = Workload("sweep-caches", 1.0, (SWEEP_LIVE_PER_CPU,) * n, (1.0,) * n, 0.5, 0.2)
+    return caches, (wl,)
 
 
 # --------------------------------------------------------------------------- objectives
@@ -296,10 +461,12 @@ def policy_structure(values: Mapping[str, jnp.ndarray], prof: PL.ProfileArrays,
 
 
 #: Rounds of the cost model's contention fixed point (model/cost.py defaults: 6 rounds of 32
-#: bisection steps).  Two rounds of 24 steps stay within 0.2% of the 6 x 32 per-topology
-#: times on the quick fleet (128 random policies) and cost a tenth of the time on CPU.
+#: bisection steps).  On the quick fleet (128 random policies) two rounds stay within 0.11%
+#: of the 6 x 32 per-topology times with 16 bisection steps (0.10% with 24: the rounds, not
+#: the steps, bound the error; 16 steps resolve a utilisation to 2^-16) at a sixth of the
+#: 6 x 32 cost on CPU.
 SOLVE_SWEEPS = 2
-SOLVE_STEPS = 24
+SOLVE_STEPS = 16
 #: Configurations solved together (vmap) per step of a sequential map over the batch.
 SOLVE_BLOCK = 256
 #: Barn hit rate proxy: a barn with ``f`` full (or empty) sheaves serves a sheaf exchange
@@ -414,6 +581,43 @@ def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, 
     return overhead, live_objs * size
 
 
+def solve_reps(base, acq, line, weight, mult, hold, cost: C.CostParams, has_ml: np.ndarray):
+    """Per-op ns of both representative CPUs of every (B, T, W, K) point: the cost model's
+    contention fixed point (:func:`slabtune.model.cost.solve`), ``(..., R=2)``.
+
+    A topology without CPUs on memoryless nodes (``has_ml[t]`` false, a static mask) has no
+    second representative: its weight is 0, so it neither loads any lock nor counts in the
+    CPU-weighted time, and the fixed point of rep 0 alone is the same.  Those topologies
+    are solved with one rep (half the work per bisection step); rep 1's time is 0 there.
+    Solved in cache-sized blocks (:data:`SOLVE_BLOCK`): the bisection loop touches its
+    whole working set every step, so one block of all configurations runs out of cache.
+    """
+    def solve(args):
+        b_, a_, l_, w_, m_ = args
+        return C.solve(b_, a_, hold, l_, w_, m_, cost.rho_max, sweeps=SOLVE_SWEEPS,
+                       steps=SOLVE_STEPS).t
+
+    def group(sel, reps):
+        pick = lambda x: jnp.take(x, sel, axis=1)  # noqa: E731
+        b_, w_ = (pick(x)[..., :reps] for x in (base, weight))
+        a_, l_ = (pick(x)[..., :reps, :] for x in (acq, line))
+        m_ = pick(mult)
+        shape = b_.shape
+        args = (b_.reshape(-1, reps), a_.reshape(-1, reps, 3), l_.reshape(-1, reps, 3),
+                w_.reshape(-1, reps), m_.reshape(-1, 3))
+        t = lax.map(solve, args, batch_size=min(SOLVE_BLOCK, args[0].shape[0]))
+        t = t.reshape(shape)
+        return t if reps == 2 else jnp.concatenate([t, jnp.zeros_like(t)], -1)
+
+    ml = np.flatnonzero(has_ml)
+    local = np.flatnonzero(~has_ml)
+    parts = [(idx, group(idx, r)) for idx, r in ((local, 1), (ml, 2)) if len(idx)]
+    if len(parts) == 1:
+        return parts[0][1]
+    order = np.argsort(np.concatenate([idx for idx, _ in parts]))
+    return jnp.take(jnp.concatenate([t for _, t in parts], axis=1), order, axis=1)
+
+
 def structural_objectives(values, prof: PL.ProfileArrays, fa: FleetArrays, cost: C.CostParams,
                           pcp_max: int) -> PerTopology:
     """The ``structural`` objective set: (B, T) memory overhead ratio and ns per op."""
@@ -455,18 +659,8 @@ def structural_objectives(values, prof: PL.ProfileArrays, fa: FleetArrays, cost:
     line = jnp.stack([jnp.full(shape + (3,), cost.line_local_ns),
                       jnp.full(shape + (3,), cost.line_remote_ns)], -2)
     hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, cost.zone_lock_hold_ns])
-    flat = lambda x, tail: jnp.reshape(x, (-1,) + tail)  # noqa: E731
-    def solve(args):
-        b_, a_, l_, w_, m_ = args
-        return C.solve(b_, a_, hold, l_, w_, m_, cost.rho_max, sweeps=SOLVE_SWEEPS,
-                       steps=SOLVE_STEPS).t
-
-    args = (flat(base, (2,)), flat(acq, (2, 3)), flat(line, (2, 3)), flat(weight, (2,)),
-            flat(mult, (3,)))
-    # vectorised in cache-sized blocks: the fixed point's bisection loop touches its whole
-    # working set every step, so one block of all configurations runs out of cache.
-    t_rep = jnp.reshape(lax.map(solve, args, batch_size=min(SOLVE_BLOCK, args[0].shape[0])),
-                        shape + (2,))
+    t_rep = solve_reps(base, acq, line, weight, mult, hold, cost,
+                       np.asarray(fa.cpus_ml) > 0)
     wsum = jnp.maximum(weight.sum(-1), 1.0)
     t_cpu = (t_rep * weight).sum(-1) / wsum                          # (B, T, W, K)
     t_w = (t_cpu * fa.ops[None, None, :, :]).sum(-1)                 # (B, T, W)

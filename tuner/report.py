@@ -10,12 +10,17 @@ the report can be re-derived from the parquet parts alone.  Figures and where th
 * **memory**: per (candidate, topology) guest pair, the relative error
   ``|sum predicted - sum measured| / sum measured`` of the slab bytes of the caches the
   workload drove (after-dump ``slabs << order`` pages against the structural memory model
-  holding the same live objects); the median over pairs.
+  around the objects allocated then, counted after flushing the per-CPU slabs); the median
+  over pairs, with the distribution of the signed error.  Beside it, labelled, the same
+  over only the caches the spec's model workload names (:func:`workload_caches`).
 * **speed**: Spearman rank correlation between predicted cost and measured time over
   (candidate, topology) pairs.  Guest timings count only when the guest ran under KVM (under
   TCG they are emulation artefacts); native-allocator timings count always and are preferred
   when present.  ``speed_source`` says which (``native``, ``guest-kvm`` or null when neither
-  produced comparable timings).
+  produced comparable timings).  For the native source the report adds, labelled and not
+  in place of the figure, the correlation without the topologies that have a memoryless
+  node (the native allocator has no remote memory) and against the model with its prior
+  cost constants (``native_cost_prior`` rows).
 * **native fast path**: the largest absolute difference, in percentage points, between the
   model's and the native allocator's fast-path fractions (allocs and frees).
 
@@ -36,6 +41,7 @@ STRUCTURAL_FIELDS = ("order", "objs_per_slab", "min_partial", "cpu_partial", "sh
 MEMORY_FIELD = "slab_bytes"
 COST_FIELD = "cost"
 NATIVE_COST_FIELD = "native_cost"
+NATIVE_COST_PRIOR_FIELD = "native_cost_prior"
 NATIVE_FASTPATH_FIELDS = ("alloc_fastpath_pct", "free_fastpath_pct")
 MAX_LISTED = 200
 
@@ -93,16 +99,50 @@ def structural(rows: pl.DataFrame, target: str) -> dict:
             "mismatches": bad.height, "mismatch_list": mism}
 
 
-def memory_pairs(rows: pl.DataFrame) -> pl.DataFrame:
+def workload_caches(spec_text: str | None) -> set[str]:
+    """The caches a validation spec's model workload names (``[fleet.workload.caches]``),
+    each kmalloc-N with its accounted twin kmalloc-cg-N (same size class, used for
+    __GFP_ACCOUNT allocations such as a guest's socket buffers)."""
+    import tomllib
+
+    if not spec_text:
+        return set()
+    try:
+        doc = tomllib.loads(spec_text)
+    except tomllib.TOMLDecodeError:
+        return set()
+    out: set[str] = set()
+    for w in doc.get("fleet", {}).get("workload", []):
+        for name in (w.get("caches") or {}):
+            out.add(name)
+            if name.startswith("kmalloc-") and not name.startswith("kmalloc-cg-"):
+                out.add("kmalloc-cg-" + name[len("kmalloc-"):])
+    return out
+
+
+def distribution(values: Sequence[float]) -> dict | None:
+    """n, min, quartiles (statistics.quantiles, inclusive) and max of a list."""
+    v = sorted(x for x in values if x is not None and not math.isnan(x))
+    if not v:
+        return None
+    q = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
+    return {"n": len(v), "min": v[0], "q1": q[0], "median": q[1], "q3": q[2], "max": v[-1]}
+
+
+def memory_pairs(rows: pl.DataFrame, caches: set[str] | None = None) -> pl.DataFrame:
     """Per guest (candidate, topology): summed predicted and measured slab bytes of the
-    driven caches, how many caches, and the relative error."""
+    driven caches (only those in ``caches`` when given), how many caches, the relative
+    error and the signed one ((predicted - measured) / measured)."""
     m = _ok(rows).filter((pl.col("target") == "guest") & (pl.col("field") == MEMORY_FIELD))
+    if caches is not None:
+        m = m.filter(pl.col("cache").is_in(sorted(caches)))
     return (m.group_by("candidate", "topology")
             .agg(pl.col("predicted").sum().alias("mem_predicted"),
                  pl.col("measured").sum().alias("mem_measured"),
                  pl.len().alias("mem_caches"))
-            .with_columns(((pl.col("mem_predicted") - pl.col("mem_measured")).abs()
-                           / pl.col("mem_measured")).alias("mem_rel_err"))
+            .with_columns(((pl.col("mem_predicted") - pl.col("mem_measured"))
+                           / pl.col("mem_measured")).alias("mem_signed_err"))
+            .with_columns(pl.col("mem_signed_err").abs().alias("mem_rel_err"))
             .sort("candidate", "topology"))
 
 
@@ -116,8 +156,29 @@ def per_cache_mem_err(rows: pl.DataFrame) -> float | None:
     return float(((m["predicted"] - m["measured"]).abs() / m["measured"]).median())
 
 
-def speed(rows: pl.DataFrame) -> dict:
-    """Spearman of predicted cost against measured time, from the preferred source."""
+def memoryless_topologies(spec_text: str | None) -> set[str]:
+    """Names of the spec's ``[[fleet.topology]]`` entries with a memoryless node."""
+    import tomllib
+
+    if not spec_text:
+        return set()
+    try:
+        doc = tomllib.loads(spec_text)
+    except tomllib.TOMLDecodeError:
+        return set()
+    return {str(t.get("name")) for t in doc.get("fleet", {}).get("topology", [])
+            if t.get("memoryless_nodes")}
+
+
+def _rho(df: pl.DataFrame) -> float | None:
+    return spearman(df["predicted"].to_list(), df["measured"].to_list())
+
+
+def speed(rows: pl.DataFrame, memoryless: set[str] | None = None) -> dict:
+    """Spearman of predicted cost against measured time, from the preferred source; for
+    the native source also, labelled: without the topologies with a memoryless node
+    (``memoryless``: the native allocator has no remote memory, so the model's remote-node
+    costs have nothing to meet), and against the model with its prior cost constants."""
     ok = _ok(rows)
     native = ok.filter((pl.col("target") == "native") & (pl.col("field") == NATIVE_COST_FIELD))
     kvm = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
@@ -132,8 +193,24 @@ def speed(rows: pl.DataFrame) -> dict:
         src, use = None, native
     rho = spearman(use["predicted"].to_list(), use["measured"].to_list()) if src else None
     tcg_rho = spearman(tcg["predicted"].to_list(), tcg["measured"].to_list())
-    return {"spearman_time": rho, "speed_source": src, "pairs": use.height,
-            "guest_tcg_spearman_not_counted": tcg_rho, "guest_tcg_pairs": tcg.height}
+    out = {"spearman_time": rho, "speed_source": src, "pairs": use.height,
+           "guest_tcg_spearman_not_counted": tcg_rho, "guest_tcg_pairs": tcg.height}
+    if src == "native":
+        ml = sorted(memoryless or ())
+        prior = ok.filter((pl.col("target") == "native")
+                          & (pl.col("field") == NATIVE_COST_PRIOR_FIELD))
+        keep = ~pl.col("topology").is_in(ml)
+        out["native_labelled"] = {
+            "memoryless_topologies": ml,
+            "without_memoryless": {"spearman": _rho(use.filter(keep)),
+                                   "pairs": use.filter(keep).height},
+            "prior_constants": {"spearman": _rho(prior) if prior.height else None,
+                                "pairs": prior.height},
+            "prior_constants_without_memoryless": {
+                "spearman": _rho(prior.filter(keep)) if prior.height else None,
+                "pairs": prior.filter(keep).height},
+        }
+    return out
 
 
 def native_fastpath(rows: pl.DataFrame) -> float | None:
@@ -192,7 +269,12 @@ def report(run) -> dict:
     h = structural(rows, "host")
     mp = memory_pairs(rows)
     errs = [x for x in mp["mem_rel_err"].to_list() if x is not None and not math.isnan(x)]
-    sp = speed(rows)
+    signed = [x for x in mp["mem_signed_err"].to_list() if x is not None and not math.isnan(x)]
+    wl = workload_caches(run.manifest.get("spec_text"))
+    wp = memory_pairs(rows, wl)
+    wl_errs = [x for x in wp["mem_rel_err"].to_list() if x is not None and not math.isnan(x)]
+    wl_signed = [x for x in wp["mem_signed_err"].to_list() if x is not None and not math.isnan(x)]
+    sp = speed(rows, memoryless_topologies(run.manifest.get("spec_text")))
     failed = [t for t in tasks if t["status"] == "failed"]
     accels = sorted(set(rows.filter(pl.col("target") == "guest")["accelerator"].drop_nulls()))
     return {
@@ -211,6 +293,15 @@ def report(run) -> dict:
         "median_mem_rel_err": statistics.median(errs) if errs else None,
         "memory_pairs": len(errs),
         "median_mem_rel_err_per_cache": per_cache_mem_err(rows),
+        "memory": {
+            "rel_err": distribution(errs),
+            "signed_err": distribution(signed),
+            "over_predicted_pairs": sum(1 for x in signed if x > 0),
+            "workload_caches": sorted(wl),
+            "workload_caches_median_rel_err": statistics.median(wl_errs) if wl_errs else None,
+            "workload_caches_rel_err": distribution(wl_errs),
+            "workload_caches_signed_err": distribution(wl_signed),
+        },
         "spearman_time": sp["spearman_time"],
         "speed_source": sp["speed_source"],
         "speed": sp,
@@ -218,10 +309,16 @@ def report(run) -> dict:
         "sources": {
             "structural_match_rate": "guest /sys/kernel/slab before the workload vs "
                                      "tuner.check.predict_boot (guest kernel profile, boot params)",
-            "median_mem_rel_err": "guest after-dump slabs << order of the driven caches vs "
-                                  "tuner.objectives.structural_memory at the measured live objects",
-            "spearman_time": {"native": "native allocator CPU ns per alloc+free pair vs "
-                                        "the model's ns per pair",
+            "median_mem_rel_err": "guest after-dump slabs << order of every cache whose objects "
+                                  "moved between the before and after dumps vs "
+                                  "tuner.objectives.structural_memory around the objects "
+                                  "allocated then (the flushed dump's objects)",
+            "memory.workload_caches_median_rel_err": "the same, only the caches the spec's "
+                                                     "model workload names",
+            "spearman_time": {"native": "native allocator: median ns spent inside its "
+                                        "allocator calls per alloc+free pair (interleaved "
+                                        "runs, threads on one CPU) vs the model's ns per "
+                                        "pair for the binary's configuration",
                               "guest-kvm": "guest workload wall time under KVM vs modelled ns/op",
                               None: "no comparable timings (guest timings under TCG do not "
                                     "count and no native run)"}[sp["speed_source"]],
@@ -254,9 +351,30 @@ def format_report(rep: dict) -> str:
         f"memory (guest, {rep['memory_pairs']} pairs): median relative error "
         f"{_fmt(rep['median_mem_rel_err'], True)} (per cache: "
         f"{_fmt(rep['median_mem_rel_err_per_cache'], True)})",
-        f"speed: Spearman {_fmt(rep['spearman_time'])} over {sp['pairs']} pairs, source "
-        f"{rep['speed_source'] or 'none'} ({rep['sources']['spearman_time']})",
     ]
+    mem = rep["memory"]
+    for label, key in (("all driven caches", "signed_err"),
+                       ("workload caches " + ",".join(mem["workload_caches"]),
+                        "workload_caches_signed_err")):
+        d = mem[key]
+        if d:
+            lines.append(f"  memory signed error, {label}: min {_fmt(d['min'], True)} q1 "
+                         f"{_fmt(d['q1'], True)} median {_fmt(d['median'], True)} q3 "
+                         f"{_fmt(d['q3'], True)} max {_fmt(d['max'], True)} ({d['n']} pairs)")
+    if mem["workload_caches_median_rel_err"] is not None:
+        lines.append(f"  memory median relative error, workload caches only: "
+                     f"{_fmt(mem['workload_caches_median_rel_err'], True)}")
+    lines.append(f"speed: Spearman {_fmt(rep['spearman_time'])} over {sp['pairs']} pairs, "
+                 f"source {rep['speed_source'] or 'none'} ({rep['sources']['spearman_time']})")
+    lab = sp.get("native_labelled")
+    if lab:
+        lines.append(
+            f"  (labelled, not the figure: without memoryless topologies "
+            f"{','.join(lab['memoryless_topologies']) or '-'}: Spearman "
+            f"{_fmt(lab['without_memoryless']['spearman'])} over "
+            f"{lab['without_memoryless']['pairs']} pairs; model with prior cost constants: "
+            f"{_fmt(lab['prior_constants']['spearman'])}, without memoryless "
+            f"{_fmt(lab['prior_constants_without_memoryless']['spearman'])})")
     if sp["guest_tcg_pairs"]:
         lines.append(f"  (guest TCG timings, not counted: Spearman "
                      f"{_fmt(sp['guest_tcg_spearman_not_counted'])} over {sp['guest_tcg_pairs']} pairs)")

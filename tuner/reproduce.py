@@ -4,18 +4,22 @@ model and compare each published ratio with the model's.
 Rules (from the issue): directions must agree; headline ratios must be within a factor of
 1.5; a scenario's absolute times or IOPS may be scaled by ONE fitted constant, stated in
 the output (it cancels in every ratio); cost constants are global (the packaged defaults or
-a ``--cost`` file; any marked fitted there is reported).
+a ``--cost`` file; any marked fitted there is reported).  Each scenario's work outside the
+allocator per op (its ``work``, derived from the seed) is printed beside its scale; the
+arms run with it when ``work`` is ``"derived"`` and with none when it is ``"none"``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import scenarios as S
 from slabtune.sweeps import simconfig
 from slabtune.sweeps import simulate as SIM
+from slabtune.tuner import fitcost
 
 #: A model ratio within this of 1 counts as "no change" (and agrees with no direction).
 FLAT = 0.005
@@ -23,10 +27,25 @@ FLAT = 0.005
 HEADLINE_FACTOR = 1.5
 
 
-def arm_spec(arm: dict[str, Any]) -> simconfig.SimSpec:
+def check_work(work: str) -> str:
+    """``work`` must be one of :data:`slabtune.model.scenarios.WORK_MODES`."""
+    if work not in S.WORK_MODES:
+        raise SlabtuneError(f"--work: {work!r} is not one of {', '.join(S.WORK_MODES)}")
+    return work
+
+
+def applied_other_ns(sc: dict[str, Any], work: str) -> float:
+    """The ``other_ns`` a scenario's arms run with under the ``work`` mode."""
+    return float(sc["work"]["other_ns"]) if check_work(work) == "derived" else 0.0
+
+
+def arm_spec(arm: dict[str, Any], other_ns: float = 0.0) -> simconfig.SimSpec:
     """A scenario arm as a validated spec; ``profile_patch`` replaces profile fields (the
-    kernel patch the seed discusses) and marks the profile name with ``+patch``."""
+    kernel patch the seed discusses) and marks the profile name with ``+patch``;
+    ``other_ns``, when not 0, is the workload's work outside the allocator per op."""
     doc = {k: v for k, v in arm.items() if k != "profile_patch"}
+    if other_ns:
+        doc = {**doc, "workload": {**doc["workload"], "other_ns": float(other_ns)}}
     spec = simconfig.parse_doc(doc)
     patch = arm.get("profile_patch")
     if patch:
@@ -60,24 +79,69 @@ def _direction(ratio: float | None) -> int:
     return 0
 
 
-def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None) -> dict[str, Any]:
-    """Run every arm of every scenario in one batch and build the comparison.
+class Arms(NamedTuple):
+    """Every arm of some scenarios, simulated once: the counters do not depend on the cost
+    constants (:func:`slabtune.model.metrics.compute` applies the cost model after the
+    run), so one simulation serves any number of cost tables."""
 
-    Returns ``{"rows": [...], "scenarios": [...], "cost": {...}}``; each row has
-    ``scenario, metric, label, arm, base, published, model, published_ratio, model_ratio,
-    direction_agrees, headline, within_factor``.
-    """
-    if cost is None:
-        cost, cost_meta = simconfig.load_cost()
+    scenarios: tuple
+    work: str           # the work mode the specs' other_ns come from
+    keys: list          # (scenario name, arm name), in simulation order
+    specs: list
+    structs: list
+    cfgs: list
+    counters: list
+
+
+def simulate_arms(scenarios=S.SCENARIOS, work: str = "none") -> Arms:
+    """Run every arm of every scenario through the dynamics model (one batch); each arm's
+    spec carries the scenario's ``other_ns`` under the ``work`` mode (it paces the cost
+    model, not the simulation)."""
     keys, specs = [], []
     for sc in scenarios:
+        other = applied_other_ns(sc, work)
         for name, arm in sc["arms"].items():
             keys.append((sc["name"], name))
-            specs.append(arm_spec(arm))
-    results = dict(zip(keys, SIM.run(specs, cost)))
+            specs.append(arm_spec(arm, other))
+    structs, cfgs, counters = SIM.simulate_specs(specs)
+    return Arms(tuple(scenarios), work, keys, specs, structs, cfgs, counters)
 
+
+def arm_metrics(arms: Arms, cost) -> dict[tuple[str, str], dict[str, Any]]:
+    """The metrics of every simulated arm under the cost constants ``cost``."""
+    rows = SIM.metrics_of(arms.specs, arms.structs, arms.cfgs, arms.counters, cost)
+    return dict(zip(arms.keys, rows))
+
+
+def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None, arms: Arms | None = None,
+             work: str = "none") -> dict[str, Any]:
+    """Run every arm of every scenario in one batch under the ``work`` mode (or take
+    ``arms`` already simulated, with their own mode) and build the comparison (see
+    :func:`compare`)."""
+    if cost is None:
+        cost, cost_meta = simconfig.load_cost()
+    if arms is None:
+        arms = simulate_arms(scenarios, work)
+    out = compare(arms.scenarios, arm_metrics(arms, cost), cost_meta, arms.work)
+    out["cost"]["implausible"] = fitcost.implausible(
+        {k: float(v) for k, v in cost._asdict().items()})
+    return out
+
+
+def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta=None,
+            work: str = "none") -> dict[str, Any]:
+    """Published figures beside the model's, from the metrics of every arm (simulated
+    under the ``work`` mode).
+
+    Returns ``{"rows": [...], "scenarios": [...], "cost": {...}, "work": mode}``
+    (:func:`evaluate` adds ``cost["implausible"]``, see
+    :func:`slabtune.tuner.fitcost.implausible`); each row has ``scenario, metric, label,
+    arm, base, published, model, published_ratio, model_ratio, direction_agrees, headline,
+    within_factor, scale, other_ns`` (the work per op its arms ran with).
+    """
     rows, summaries = [], []
     for sc in scenarios:
+        other_ns = applied_other_ns(sc, work)
         arms = {name: results[(sc["name"], name)] for name in sc["arms"]}
         scale = sc.get("scale")
         k, scale_text = 1.0, None
@@ -118,13 +182,16 @@ def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None) -> dict[str, Any]
                 "within_factor": within,
                 "expect": row.get("expect"),
                 "scale": scale_text,
+                "other_ns": other_ns,
             })
         summaries.append({
             "scenario": sc["name"], "title": sc["title"], "assumptions": sc["assumptions"],
             "scale": scale_text,
+            "work": {"applied_ns": other_ns, "derived_ns": float(sc["work"]["other_ns"]),
+                     "derivation": sc["work"]["derivation"]},
             "arms": {name: _arm_summary(arms[name]) for name in sc["arms"]},
         })
-    return {"rows": rows, "scenarios": summaries,
+    return {"rows": rows, "scenarios": summaries, "work": work,
             "cost": {"source": cost_meta.source if cost_meta else "given",
                      "fitted": dict(cost_meta.fitted) if cost_meta else {}}}
 

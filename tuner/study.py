@@ -28,6 +28,7 @@ from typing import Mapping
 
 import numpy as np
 import optuna
+from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 
 from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams as BP
@@ -264,13 +265,20 @@ def evaluator_for(spec: TuneSpec) -> O.Evaluator:
 class StudyRunner:
     """A study bound to its spec and evaluator.
 
-    Asking and telling go to an in-memory mirror of the study; each finished batch is then
-    written to the study's own storage with ``Study.add_trials`` (standard complete trials:
-    params with their distributions, values, user attrs, constraint system attrs).  Asking
-    straight from an RDB or journal storage costs a dozen transactions per trial, and every
-    ask re-reads the batch's still-running trials, so a batch of B costs O(B^2) reads; the
-    mirror makes it one write per trial.  One writer per study: a second process adding
-    trials to the same study at the same time would not be seen by this one's sampler.
+    Asking and telling go to an in-memory study (the study itself when its storage is in
+    memory, else a mirror of it); each finished batch is then written to the study's own
+    storage in one go (:func:`write_trials`).  Asking straight from an RDB or journal
+    storage costs a dozen transactions (or fsyncs) per trial, and every ask re-reads the
+    batch's still-running trials; the mirror makes it one transaction per batch.  One
+    writer per study: a second process adding trials to the same study at the same time
+    would not be seen by this one's sampler.
+
+    A batch is asked and told through the sampler and storage interfaces that
+    ``Study.ask``/``Study.tell`` use, in the same order (so the trials are those of a plain
+    ask-B-then-tell-B loop with the same seed), without their per-trial bookkeeping: the
+    relative search space is inferred once per batch (it depends only on finished trials,
+    and none finish inside a batch), params are drawn for all knobs at once, and no
+    ``Trial`` objects are built.
     """
 
     def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: O.Evaluator | None = None):
@@ -290,6 +298,63 @@ class StudyRunner:
     def evaluate(self, params_list) -> O.Evaluation:
         return self.evaluator.evaluate([effective_params(p, self.spec) for p in params_list])
 
+    def ask_batch(self, k: int) -> list[optuna.trial.FrozenTrial]:
+        """Create ``k`` running trials in the in-memory asker with sampled params, as ``k``
+        calls of ``Study.ask(distributions)`` would (same sampler calls in the same order)."""
+        study = self._asker
+        storage, sid, sampler = study._storage, study._study_id, study.sampler
+        out, space, generation = [], None, None
+        ga = isinstance(sampler, optuna.samplers.BaseGASampler)
+        for _ in range(k):
+            study._thread_local.cached_all_trials = None   # Study.ask: re-read once a trial
+            tid = storage.create_new_trial(sid)
+            if generation is not None:
+                # a GA sampler's generation of a new trial depends only on finished trials
+                # (BaseGASampler.get_trial_generation), so it is the batch's first trial's;
+                # stored as the sampler stores it instead of rescanning every trial
+                storage.set_trial_system_attr(tid, sampler._get_generation_key(), generation)
+            ft = storage.get_trial(tid)
+            sampler.before_trial(study, ft)
+            if space is None:
+                space = sampler.infer_relative_search_space(study, ft)
+            rel = sampler.sample_relative(study, ft, space)
+            if ga and generation is None:
+                generation = sampler.get_trial_generation(study, storage.get_trial(tid))
+            for name, dist in self.distributions.items():
+                if dist.single():
+                    value = optuna.distributions._get_single_value(dist)
+                elif name in rel and dist._contains(dist.to_internal_repr(rel[name])):
+                    value = rel[name]
+                else:
+                    value = sampler.sample_independent(study, ft, name, dist)
+                storage.set_trial_param(tid, name, dist.to_internal_repr(value), dist)
+            out.append(storage.get_trial(tid))
+        return out
+
+    def tell_batch(self, trials, ev: O.Evaluation, excess: np.ndarray | None) -> list:
+        """Complete the asked ``trials`` with the batch's objectives, per-topology user attr
+        and regression constraint, as ``Trial.set_user_attr``, ``Trial.set_constraint`` and
+        ``Study.tell`` would; a non-finite objective fails the trial as ``Study.tell``
+        does.  Returns the finished trials."""
+        study = self._asker
+        storage, sampler = study._storage, study.sampler
+        done = []
+        for i, ft in enumerate(trials):
+            study._thread_local.cached_all_trials = None   # as Study.tell
+            tid = ft._trial_id
+            storage.set_trial_user_attr(tid, ATTR_TOPO, {
+                "memory": ev.memory_topo[i].tolist(), "time": ev.time_topo[i].tolist()})
+            if excess is not None:
+                storage.set_trial_system_attr(tid, _CONSTRAINT_ATTR, float(excess[i]))
+            values = [float(ev.memory[i]), float(ev.time[i])]
+            state = optuna.trial.TrialState.COMPLETE
+            if not all(np.isfinite(values)):
+                state, values = optuna.trial.TrialState.FAIL, None
+            sampler.after_trial(study, storage.get_trial(tid), state, values)
+            storage.set_trial_state_values(tid, state, values)
+            done.append(storage.get_trial(tid))
+        return done
+
     def run(self, n_trials: int, batch: int = 64) -> int:
         """Ask ``batch`` trials, evaluate them in one model call, tell them back (and write
         them to the storage); repeat until ``n_trials`` more trials are complete.  Returns
@@ -300,24 +365,123 @@ class StudyRunner:
             raise SlabtuneError(f"batch: {batch} must be at least 1")
         done = 0
         constrained = self.spec.objectives.max_regression is not None
-        asker = self._asker
         while done < n_trials:
             k = min(batch, n_trials - done)
-            trials = [asker.ask(self.distributions) for _ in range(k)]
+            trials = self.ask_batch(k)
             ev = self.evaluate([t.params for t in trials])
-            excess = self.evaluator.regression_excess(ev)
-            for i, tr in enumerate(trials):
-                tr.set_user_attr(ATTR_TOPO, {"memory": [float(x) for x in ev.memory_topo[i]],
-                                             "time": [float(x) for x in ev.time_topo[i]]})
-                if constrained:
-                    tr.set_constraint(ATTR_EXCESS, float(excess[i]))
-                asker.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
-            if asker is not self.study:
-                numbers = {t.number for t in trials}
-                told = [t for t in asker.get_trials(deepcopy=False) if t.number in numbers]
-                self.study.add_trials(told)
+            excess = self.evaluator.regression_excess(ev) if constrained else None
+            told = self.tell_batch(trials, ev, excess)
+            if self._asker is not self.study:
+                write_trials(self.study, told)
             done += k
         return done
+
+
+#: The system attr ``Trial.set_constraint(ATTR_EXCESS, v)`` writes (Optuna's "constraints:"
+#: prefix), read by both samplers and ``Study.best_trials``.
+_CONSTRAINT_ATTR = f"{_CONSTRAINTS_KEY}:{ATTR_EXCESS}"
+
+
+def write_trials(study: optuna.Study, trials) -> None:
+    """Add finished trials to ``study``'s storage in one write where the backend allows it:
+    one transaction for an RDB, one append (one lock, one fsync) for a journal file; the
+    rows and log records are Optuna's own (``add_trial``'s), only grouped.  Other storages
+    get ``Study.add_trials``."""
+    trials = list(trials)
+    if not trials:
+        return
+    storage = study._storage
+    rdb = getattr(storage, "_backend", None)   # Optuna wraps an RDBStorage in a cache
+    if isinstance(storage, optuna.storages.JournalStorage):
+        _write_journal(storage, study._study_id, trials)
+    elif isinstance(rdb, optuna.storages.RDBStorage):
+        _write_rdb(rdb, study._study_id, trials)
+    else:
+        study.add_trials(trials)
+
+
+def _write_rdb(storage: optuna.storages.RDBStorage, study_id: int, trials) -> None:
+    """All ``trials`` in one transaction with one multi-row INSERT per table, into the rows
+    RDBStorage.create_new_trial writes for a template trial (its models, its value and
+    distribution encodings).  create_new_trial itself looks up every param and attr row
+    before writing it: a dozen round trips per trial that a batch of new trials does not
+    need."""
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models as M
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    def utc(d):   # RDBStorage keeps naive UTC (models.TrialModel.datetime_start)
+        return None if d is None else d.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        M.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        first = session.scalar(sa.select(sa.func.count(M.TrialModel.trial_id))
+                               .where(M.TrialModel.study_id == study_id))
+        session.execute(sa.insert(M.TrialModel), [
+            {"number": first + i, "study_id": study_id, "state": t.state,
+             "_datetime_start_utc": utc(t.datetime_start),
+             "_datetime_complete_utc": utc(t.datetime_complete)}
+            for i, t in enumerate(trials)])
+        ids = dict(session.execute(
+            sa.select(M.TrialModel.number, M.TrialModel.trial_id)
+            .where(M.TrialModel.study_id == study_id, M.TrialModel.number >= first)).all())
+        params, values, uattrs, sattrs = [], [], [], []
+        for i, t in enumerate(trials):
+            tid = ids[first + i]
+            for name, value in t.params.items():
+                dist = t.distributions[name]
+                params.append({"trial_id": tid, "param_name": name,
+                               "param_value": dist.to_internal_repr(value),
+                               "distribution_json": optuna.distributions.distribution_to_json(dist)})
+            for obj, v in enumerate(t.values or ()):
+                stored, kind = M.TrialValueModel.value_to_stored_repr(v)
+                values.append({"trial_id": tid, "objective": obj, "value": stored,
+                               "value_type": kind})
+            uattrs += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)}
+                       for k, v in t.user_attrs.items()]
+            sattrs += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)}
+                       for k, v in t.system_attrs.items()]
+        for model, rows in ((M.TrialParamModel, params), (M.TrialValueModel, values),
+                            (M.TrialUserAttributeModel, uattrs),
+                            (M.TrialSystemAttributeModel, sattrs)):
+            if rows:
+                session.execute(sa.insert(model), rows)
+
+
+class _LogBuffer:
+    """A journal backend stand-in that keeps appended log records (see _write_journal)."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def append_logs(self, logs) -> None:
+        self.logs.extend(logs)
+
+    def read_logs(self, log_number_from: int):
+        return iter(())
+
+
+def _write_journal(storage, study_id: int, trials) -> None:
+    """All ``trials`` in one journal append: JournalStorage.create_new_trial builds each
+    record (into a buffer), then the records go to the file under one lock and one fsync
+    and are replayed once.  Single writer: the storage must not be used by another thread
+    meanwhile."""
+    backend = storage._backend
+    buf = _LogBuffer()
+    replay = storage._replay_result
+    if not hasattr(replay, "_last_created_trial_id_by_this_process"):
+        # create_new_trial reads the id of the last trial it replayed; none is replayed
+        # while records go to the buffer, and the id is not used here
+        replay._last_created_trial_id_by_this_process = -1
+    storage._backend = buf
+    try:
+        for t in trials:
+            storage.create_new_trial(study_id, template_trial=t)
+    finally:
+        storage._backend = backend
+    backend.append_logs(buf.logs)
+    with storage._thread_lock:
+        storage._sync_with_backend()
 
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,

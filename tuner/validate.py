@@ -16,17 +16,20 @@ Targets (DESIGN.md section 6):
     :func:`~slabtune.tuner.check.check_snapshot` sets aside (debug flags, explicit sheaves);
   - ``slab_bytes`` for every cache the workload drives (objects or total_objects moved
     between the dumps, comparable, no debug flags): measured is the after-dump's
-    ``slabs * (PAGE_SIZE << order)``; predicted is the model's memory for the same cache
-    holding the after-dump's live ``objects`` (the structural memory model of
+    ``slabs * (PAGE_SIZE << order)`` (every slab: full, node partial, CPU and per-CPU
+    partial); predicted is the model's memory for the same cache holding the objects
+    really allocated at that point (the structural memory model of
     :func:`slabtune.tuner.objectives.structural_memory`: live bytes, slab leftovers, the
     per-CPU slab and per-CPU partial slabs, min_partial empty slabs per node with memory,
-    sheaves).  The live-object count is an input taken from the guest: the model does not
-    know how many objects hackbench leaves behind, so this compares how the model packs and
-    retains slabs around a live set, not the live set itself.  Caveat: sysfs ``objects``
-    (show_slab_objects() with SO_ALL|SO_OBJECTS, v6.1) is total_objects minus the free
-    objects of the node partial lists, so free objects sitting in per-CPU slabs and per-CPU
-    partial slabs count as live; the model then adds its own per-CPU slab terms on top,
-    which biases the prediction upwards (the guest dump has no ``cpu_slabs`` to undo it);
+    sheaves).  The allocated count is an input taken from the guest (the model does not
+    know how many objects hackbench leaves behind), so this compares how the model packs
+    and retains slabs around a live set, not the live set itself.  It is the ``flushed``
+    dump's ``objects`` (:func:`live_objects`): sysfs ``objects`` (show_slab_objects() with
+    SO_ALL|SO_OBJECTS) leaves out only the free objects of the *node* partial lists, so
+    before flush_all() the free objects of CPU slabs and per-CPU partial slabs would count
+    as live and then again in the model's per-CPU terms.  The guest dumps once before
+    ``before`` (to /dev/null), so the sysfs inodes and dentries the dump instantiates do
+    not make inode_cache and dentry look driven;
   - ``cost``: predicted ns per op of the spec's model workload (the cost model via
     :class:`slabtune.tuner.objectives.Evaluator`) against the measured workload wall time
     (seconds).  Only the rank correlation of these two is meaningful, and only under KVM.
@@ -41,15 +44,17 @@ Targets (DESIGN.md section 6):
   ``cpu_partial`` (what its sysfs knobs give that cache, from
   :func:`slabtune.tuner.objectives.cache_values`) are applied; kernel-only knobs are listed
   as not applied.  The model's side (:func:`slabtune.sweeps.simulate.run`: structure,
-  dynamics, metrics) is computed in the driver in one batch for every pair and travels
-  with the task.  Rows: ``native_cost`` (the model's ns per alloc+free pair against the
-  binary's CPU time per pair, medians of timing runs whose threads do not meet at a barrier
-  every step; CPU time because wall time on a shared machine measures the queue for a
-  core), ``native_wall`` (machine-wide wall ns per op against the model's 1 / throughput,
-  kept for reference, not counted), ``alloc_fastpath_pct`` and
+  dynamics, metrics) is computed in one Ray task in one batch for every pair.  Every
+  native pair then runs in one further Ray task, after the guests (:func:`run_native_batch`:
+  counters in lockstep, then timing runs interleaved across pairs, allocator calls timed
+  alone, threads pinned to one CPU).  Rows: ``native_cost`` (the model's ns per alloc+free
+  pair against the median ns the binary spent inside its allocator per pair),
+  ``native_cost_prior`` (the same measurement against the model with the cost model's
+  prior constants; a labelled diagnostic, not counted), ``alloc_fastpath_pct`` and
   ``free_fastpath_pct`` (the model against the binary's counters from a run in lockstep
-  with the model, reps weighted by the CPUs they stand for).  The threads of a 4-CPU
-  topology share whatever cores the machine has, so timings there are oversubscribed.
+  with the model, reps weighted by the CPUs they stand for).  The native allocator has no
+  remote memory: the model's remote-node costs (a memoryless node's CPUs) have nothing to
+  meet on this side, which the report shows separately.
 
 Infrastructure failures are retried at two levels: a guest boot that times out, panics or
 loses its end marker is rebooted (``[validate] retries``), and a task whose worker dies or
@@ -66,9 +71,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -621,9 +624,30 @@ def structural_rows(task: dict, df: pl.DataFrame, common: dict) -> tuple[list[di
     return rows, facts
 
 
+def live_objects(after: Mapping[str, Any], flushed: Mapping[str, Any] | None) -> tuple[int, str]:
+    """The objects a cache really had allocated at the after-dump, and where that count
+    came from.
+
+    sysfs ``objects`` (show_slab_objects() with SO_ALL|SO_OBJECTS) is the node's
+    total_objects minus the free objects of its *node* partial lists: the free objects of
+    a CPU slab and of the per-CPU partial slabs count as allocated.  After flush_all()
+    (the guest's ``flushed`` dump, see :func:`slabtune.tuner.guest.init_script`) those
+    slabs sit on the node partial lists or went back to the page allocator, so the flushed
+    ``objects`` is the allocated count.  Without a flushed dump (an older run, a kernel
+    whose cpu_partial cannot be written) the after-dump's count is used and said so."""
+    if flushed is not None and flushed.get("objects") is not None:
+        return int(flushed["objects"]), "flushed"
+    return int(after.get("objects") or 0), "after (includes free objects on per-CPU slabs)"
+
+
 def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: dict,
-                common: dict, boot: Mapping[str, int]) -> list[dict]:
-    """Predicted beside measured slab bytes of the caches the workload drove."""
+                common: dict, boot: Mapping[str, int],
+                flushed: pl.DataFrame | None = None) -> list[dict]:
+    """Predicted beside measured slab bytes of the caches the workload drove: measured is
+    the after-dump's ``slabs << order`` pages (every slab the cache holds: full, node
+    partial, CPU and per-CPU partial), predicted the structural memory model around the
+    objects really allocated then (:func:`live_objects`), so the free objects retained on
+    per-CPU slabs are counted once, by the model's own per-CPU terms."""
     from slabtune.model.caches import CacheInfo
     from slabtune.tuner import check
 
@@ -636,18 +660,22 @@ def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: di
     if driven.is_empty():
         return []
     rows_in = driven.sort("cache").to_dicts()
+    fl = ({r["cache"]: r for r in flushed.select("cache", "objects").iter_rows(named=True)}
+          if flushed is not None else {})
     infos = [CacheInfo(r["cache"], int(r["object_size"]), int(r["slab_size"]),
                        is_kmalloc=check.is_kmalloc(r["cache"]), early=check.is_early(r["cache"]),
                        is_bootstrap=check.is_bootstrap(r["cache"])) for r in rows_in]
-    live = [int(r["objects_after"] or 0) for r in rows_in]
-    pred = predicted_slab_bytes(facts["profile"], facts["topology"], boot, infos, live)
+    live = [live_objects({"objects": r["objects_after"]}, fl.get(r["cache"])) for r in rows_in]
+    pred = predicted_slab_bytes(facts["profile"], facts["topology"], boot, infos,
+                                [n for n, _ in live])
     out = []
-    for r, p in zip(rows_in, pred):
+    for r, p, (n, src) in zip(rows_in, pred, live):
         meas = float(r["slabs_after"]) * float(P.PAGE_SIZE << int(r["order_after"]))
         out.append(_row(task, **common, kernel_release=facts["release"],
                         profile=facts["profile"].name, cache=r["cache"], field=MEMORY_FIELD,
                         predicted=float(p), measured=meas, unit="bytes", comparable=True,
-                        note=f"live objects {int(r['objects_after'] or 0)}"))
+                        note=f"live objects {n} ({src}); after-dump objects "
+                             f"{int(r['objects_after'] or 0)}, slabs {int(r['slabs_after'])}"))
     return out
 
 
@@ -673,7 +701,7 @@ def run_guest_task(task: dict) -> list[dict]:
     common = {"accelerator": r.accelerator, "attempts": r.attempts, "seconds": r.total_seconds,
               "applied": applied}
     rows, facts = structural_rows(task, r.before, common)
-    rows += memory_rows(task, r.before, r.after, facts, common, boot)
+    rows += memory_rows(task, r.before, r.after, facts, common, boot, r.flushed)
     wall = sum(float(w.get("wall_s") or 0.0) for w in r.workloads)
     if r.workloads and wall > 0:
         cost = predicted_cost(facts["profile"], task["spec_text"], task["topology"], boot)
@@ -755,74 +783,140 @@ def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> 
         per_cache = O.cache_values(spec.fleet, cand.params())[spec.native["cache"]]
         docs.append(native_doc(spec, cand, t["topology"], per_cache))
     cost, _ = SC.load_cost()
-    preds = SIM.run([SC.parse_doc(d) for d, _ in docs], cost)
+    sims = [SC.parse_doc(d) for d, _ in docs]
+    preds = SIM.run(sims, cost)
+    prior = SIM.run(sims, prior_cost(cost))
     keep = ("ns_per_op", "throughput_ops_per_us", "alloc_fastpath_frac", "free_fastpath_frac",
             "order", "objs_per_slab", "min_partial", "cpu_partial")
     return {t["index"]: {"spec_native": dict(spec.native),
                          "native": {"doc": doc, "applied": applied,
-                                    "model": {k: pred[k] for k in keep}}}
-            for t, (doc, applied), pred in zip(tasks, docs, preds)}
+                                    "model": {**{k: pred[k] for k in keep},
+                                              "ns_per_op_prior": pp["ns_per_op"]}}}
+            for t, (doc, applied), pred, pp in zip(tasks, docs, preds, prior)}
 
 
-def _children_cpu_seconds() -> float:
-    """User + system CPU seconds of this process's waited-for children."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
+def prior_cost(cost):
+    """``cost`` with every constant at its prior value (:data:`slabtune.tuner.fitcost.PRIOR`:
+    order-of-magnitude values inside each constant's physical range), for the labelled
+    diagnostic beside the packaged constants (cost_default.toml lists the packaged ones that
+    are not physical, e.g. free_fast_ns > free_slow_ns)."""
+    from slabtune.tuner import fitcost as FC
+
+    return cost._replace(**{k: float(v) for k, v in FC.prior_values().items()
+                            if k in cost._fields})
 
 
-def run_native_task(task: dict) -> list[dict]:
-    """Run the native allocator for one pair and store it beside the model's metrics."""
+def timing_cpu() -> int:
+    """The CPU every thread of a timing run is pinned to: the lowest this process may run
+    on (the worker's own affinity, so a cluster node's restrictions hold)."""
+    return min(os.sched_getaffinity(0))
+
+
+def _native_counter_rows(td: dict, timeout: float) -> tuple[list[dict], Any]:
+    """The counters run of one native pair (threads in lockstep with the model's steps):
+    fast-path rows, and the binary's configuration for the timing runs."""
     from slabtune.sweeps import simconfig as SC
     from slabtune.tuner import native as N
 
-    nat = task["native"]
+    nat = td["native"]
     sim = SC.parse_doc(nat["doc"])
     cfg = N.config_for_spec(sim)
-    timeout = float(task.get("timeout_s") or 300.0)
-    t0 = time.monotonic()
-    try:
-        res = N.run(cfg, timeout=timeout)
-        # timing runs: longer (timing_steps), threads meeting at a barrier only every
-        # timing_sync_every steps (0: never), so the time is the allocator's and not the
-        # per-step barrier's; medians of timing_repeats runs
-        sn = task["spec_native"]
-        tcfg = dataclasses.replace(cfg, sync_every=int(sn["timing_sync_every"]),
-                                   steps=int(sn["timing_steps"]))
-        cpu_ns, wall_ns = [], []
-        for _ in range(int(sn["timing_repeats"])):
-            cpu0 = _children_cpu_seconds()
-            tr = N.run(tcfg, timeout=timeout)
-            cpu_ns.append((_children_cpu_seconds() - cpu0) * 1e9 / max(tr.counters["ops"], 1))
-            wall_ns.append(tr.ns_per_op)
-    except N.NativeError as err:
-        return failed_rows(task, str(err), seconds=time.monotonic() - t0)
+    res = N.run(cfg, timeout=timeout)
     fa, ff = N.fastpath_fractions(res, cfg.rep_weight)
     m = nat["model"]
-    common = {"accelerator": "native", "attempts": 1, "seconds": time.monotonic() - t0,
-              "applied": json.dumps(nat["applied"], sort_keys=True), "profile": sim.profile.name,
-              "cache": sim.cache.name, "comparable": True,
-              "note": f"{res.threads} threads; counters {nat['doc']['run']['steps']} "
-                      f"steps; timing median of {len(cpu_ns)} x {tcfg.steps} steps"}
-    # CPU time per alloc+free pair (user + system time of the binary over all its threads,
-    # twice the per-op figure) against the model's ns per pair: waiting for a core on a
-    # shared machine does not count, spinning on a contended lock does.  The wall-clock
-    # machine-wide figure (against the model's 1 / throughput) is kept beside it.
-    thr = float(m["throughput_ops_per_us"])
+    common = _native_common(td, sim, res.threads)
     return [
-        _row(task, **common, field="native_cost", predicted=float(m["ns_per_op"]),
-             measured=2.0 * statistics.median(cpu_ns),
-             unit="CPU ns per alloc+free pair (model: ns per pair)"),
-        _row(task, **{**common, "comparable": False}, field="native_wall",
-             predicted=1000.0 / thr if thr > 0 else float("nan"),
-             measured=statistics.median(wall_ns), unit="machine-wide wall ns per op"),
-        _row(task, **common, field="alloc_fastpath_pct",
+        _row(td, **common, field="alloc_fastpath_pct",
              predicted=100.0 * float(m["alloc_fastpath_frac"]), measured=100.0 * fa, unit="%"),
-        _row(task, **common, field="free_fastpath_pct",
+        _row(td, **common, field="free_fastpath_pct",
              predicted=100.0 * float(m["free_fastpath_frac"]), measured=100.0 * ff, unit="%"),
-    ]
+    ], cfg
 
 
-_RUNNERS = {"guest": run_guest_task, "host": run_host_task, "native": run_native_task}
+def _native_common(td: dict, sim, threads: int) -> dict:
+    nat = td["native"]
+    return {"accelerator": "native", "attempts": 1,
+            "applied": json.dumps(nat["applied"], sort_keys=True), "profile": sim.profile.name,
+            "cache": sim.cache.name, "comparable": True,
+            "note": f"{threads} threads; counters {nat['doc']['run']['steps']} steps in lockstep"}
+
+
+def run_native_batch(tds: Sequence[dict]) -> dict[int, list[dict]]:
+    """Body of the one Ray task that runs every native pair (after the guest and host tasks
+    have finished, so no guest competes for the cores): index -> rows.
+
+    1. Counters: each pair once in lockstep with the model (fast-path rows).
+    2. Timing: ``timing_repeats`` rounds, each running every pair once in turn (interleaved,
+       so load from other work on the machine falls on every pair alike).  A timing run has
+       the binary time each slab_alloc()/slab_free() call on its own (``time_ops``: not the
+       workload driver, its hand-over queues or thread start-up), every thread pinned to one
+       CPU (:func:`timing_cpu`: the reps time-slice on one core instead of outnumbering the
+       machine's cores; a call that spans a time slice is left out), threads free-running
+       for ``timing_steps`` steps.  ``native_cost`` is the median over rounds of the ns
+       spent in the allocator per alloc+free pair (:func:`slabtune.tuner.native.op_ns_per_pair`)
+       against the model's ns per pair for the binary's own configuration;
+       ``native_cost_prior`` puts the same measurement beside the model with the cost
+       model's prior constants (:func:`prior_cost`), a labelled diagnostic, not counted.
+    A pair whose run fails leaves one failed row; the others go on."""
+    from slabtune.tuner import native as N
+
+    out: dict[int, list[dict]] = {}
+    cfgs: dict[int, Any] = {}
+    t0 = {td["index"]: time.monotonic() for td in tds}
+    for td in tds:
+        timeout = float(td.get("timeout_s") or 300.0)
+        try:
+            out[td["index"]], cfgs[td["index"]] = _native_counter_rows(td, timeout)
+        except SlabtuneError as err:
+            out[td["index"]] = failed_rows(td, str(err), seconds=time.monotonic() - t0[td["index"]])
+    live = [td for td in tds if td["index"] in cfgs]
+    if not live:
+        return out
+    sn = live[0]["spec_native"]
+    pin = timing_cpu()
+    tcfg = {td["index"]: dataclasses.replace(
+        cfgs[td["index"]], sync_every=int(sn["timing_sync_every"]),
+        steps=int(sn["timing_steps"]), time_ops=1, pin_cpu=pin) for td in live}
+    times: dict[int, list[float]] = {td["index"]: [] for td in live}
+    dropped: dict[int, int] = {td["index"]: 0 for td in live}
+    failed: dict[int, str] = {}
+    for _ in range(int(sn["timing_repeats"])):
+        for td in live:
+            i = td["index"]
+            if i in failed:
+                continue
+            try:
+                r = N.run(tcfg[i], timeout=float(td.get("timeout_s") or 300.0))
+                times[i].append(N.op_ns_per_pair(r, cfgs[i].rep_weight))
+                dropped[i] += int(r.raw.get("op_dropped", 0))
+            except SlabtuneError as err:
+                failed[i] = str(err)
+    for td in live:
+        i = td["index"]
+        if i in failed:
+            out[i] = failed_rows(td, f"timing: {failed[i]}", seconds=time.monotonic() - t0[i])
+            continue
+        m = td["native"]["model"]
+        v = times[i]
+        med = statistics.median(v)
+        common = {"accelerator": "native", "attempts": 1, "comparable": True,
+                  "applied": out[i][0]["applied"], "profile": out[i][0]["profile"],
+                  "cache": out[i][0]["cache"], "unit": "ns in the allocator per alloc+free pair",
+                  "note": f"allocator calls timed alone, {len(v)} interleaved runs x "
+                          f"{tcfg[i].steps} steps, threads on CPU {pin}; runs "
+                          + ", ".join(f"{x:.1f}" for x in v)
+                          + f"; {dropped[i]} calls over 50 us left out"}
+        seconds = time.monotonic() - t0[i]
+        out[i] = [{**r, "seconds": seconds} for r in out[i]] + [
+            _row(td, **common, seconds=seconds, field="native_cost",
+                 predicted=float(m["ns_per_op"]), measured=med),
+            _row(td, **{**common, "comparable": False}, seconds=seconds,
+                 field="native_cost_prior", predicted=float(m["ns_per_op_prior"]), measured=med),
+        ]
+    return out
+
+
+_RUNNERS = {"guest": run_guest_task, "host": run_host_task}
 
 
 def run_task(task: dict) -> dict:
@@ -935,10 +1029,24 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
                                 + (lines[-1] if lines else err.__class__.__name__)) from None
         for td in nat:
             td.update(filled[td["index"]])
+    def store(td: dict, rows: list[dict]) -> int:
+        bad = any(r["status"] == "failed" for r in rows)
+        st = next((r for r in rows if r["status"] == "failed"), None)
+        run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
+                       candidate=td["candidate"]["id"], topology=td["topology"],
+                       target=td["target"], error=st["error"] if st else None)
+        return int(bad)
+
+    def ray_failure(err) -> tuple[str, list[str]]:
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        return (f"failed after {MAX_RETRIES + 1} attempts: "
+                + (lines[-1] if lines else err.__class__.__name__)), lines
+
     refs = {}
     for td in tds:
-        t = tasks[td["index"]]
-        opts = (_guest_options(td, spec, use_qemu, node_cpus) if t.target == "guest"
+        if td["target"] == "native":
+            continue
+        opts = (_guest_options(td, spec, use_qemu, node_cpus) if td["target"] == "guest"
                 else {"num_cpus": 1})
         refs[remote.options(**opts).remote(td)] = td
     while refs:
@@ -946,18 +1054,24 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
         for ref in ready:
             td = refs.pop(ref)
             try:
-                out = ray.get(ref)
-                rows, bad = out["rows"], out["failed"]
+                rows = ray.get(ref)["rows"]
             except ray.exceptions.RayError as err:
-                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                msg = (f"failed after {MAX_RETRIES + 1} attempts: "
-                       + (lines[-1] if lines else err.__class__.__name__))
-                rows, bad = failed_rows(td, msg, console_tail="\n".join(lines[-20:])), True
-            failed += bool(bad)
-            st = next((r for r in rows if r["status"] == "failed"), None)
-            run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
-                           candidate=td["candidate"]["id"], topology=td["topology"],
-                           target=td["target"], error=st["error"] if st else None)
+                msg, lines = ray_failure(err)
+                rows = failed_rows(td, msg, console_tail="\n".join(lines[-20:]))
+            failed += store(td, rows)
+    if nat:
+        # one task for every native pair, once the guests are done: its timing runs take
+        # turns (see run_native_batch) and no guest competes with them for the cores
+        batch = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
+            run_native_batch).options(num_cpus=max(1, node_cpus))
+        try:
+            got = ray.get(batch.remote(nat))
+        except ray.exceptions.RayError as err:
+            msg, lines = ray_failure(err)
+            got = {td["index"]: failed_rows(td, msg, console_tail="\n".join(lines[-20:]))
+                   for td in nat}
+        for td in nat:
+            failed += store(td, got[td["index"]])
     return failed
 
 

@@ -1,11 +1,14 @@
 """``slabtune reproduce``: the seed scenarios, published figures beside the model's.
 
 The scenarios are data (:mod:`slabtune.model.scenarios`), the comparison logic is
-:mod:`slabtune.tuner.reproduce`; this module only prints."""
+:mod:`slabtune.tuner.reproduce`, the cost fit :mod:`slabtune.tuner.fitcost`; this module only
+prints (and writes the ``--fit-cost`` file)."""
 
 from __future__ import annotations
 
 import json
+
+from slabtune.model.scenarios import WORK_MODES
 
 
 def register(subparsers) -> None:
@@ -18,6 +21,17 @@ def register(subparsers) -> None:
                    help="cost constants overriding the packaged cost_default.toml")
     p.add_argument("--json", action="store_true",
                    help="print a JSON list of row objects")
+    p.add_argument("--work", choices=WORK_MODES, default="none",
+                   help="work outside the allocator per op on the arms: none (default; "
+                        "the arms only allocate and free) or derived (each scenario's "
+                        "other_ns, derived from the seed's published rate and printed "
+                        "with the scenario)")
+    p.add_argument("--fit-cost", metavar="OUT.toml",
+                   help="fit the free cost constants of slabtune.tuner.fitcost (each within "
+                        "its physical range, the rest at their prior values) to the headline "
+                        "ratios, write the complete cost table to OUT.toml and print the "
+                        "ratios before (packaged or --cost constants) and after; with --json, "
+                        "one summary object")
     p.set_defaults(func=_reproduce)
 
 
@@ -26,12 +40,77 @@ def _reproduce(args) -> int:
     from slabtune.tuner import reproduce
 
     cost, meta = simconfig.load_cost(args.cost)
-    out = reproduce.evaluate(cost=cost, cost_meta=meta)
+    if args.fit_cost:
+        return _fit_cost(args, cost, meta)
+    out = reproduce.evaluate(cost=cost, cost_meta=meta, work=args.work)
     if args.json:
         print(json.dumps(out["rows"]))
     else:
         print(format_report(out))
     return 0
+
+
+def _fit_cost(args, cost, meta) -> int:
+    """``--fit-cost``: simulate once, report before, fit, write, report after."""
+    from slabtune.sweeps import simconfig
+    from slabtune.tuner import fitcost, reproduce
+
+    path = fitcost.check_out_path(args.fit_cost)
+    arms = reproduce.simulate_arms(work=args.work)
+    before = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
+    result = fitcost.fit(arms)
+    work = f" --work {args.work}" if args.work != "none" else ""
+    path.write_text(fitcost.to_toml(
+        result, f"slabtune reproduce{work} --fit-cost {args.fit_cost}"))
+    new_cost, new_meta = simconfig.load_cost(path)
+    after = reproduce.evaluate(cost=new_cost, cost_meta=new_meta, arms=arms)
+    old = {k: float(v) for k, v in cost._asdict().items()}
+    summary = {
+        "file": str(path), "work": args.work, "free": list(result.free),
+        "values": result.values,
+        "before": old, "residuals": result.residuals, "objective": result.objective,
+        "before_implausible": fitcost.implausible(old),
+        "directions_agree": [_count(before, "direction_agrees"), _count(after, "direction_agrees")],
+        "headlines_within": [_count(before, "within_factor"), _count(after, "within_factor")],
+        "rows": after["rows"],
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(format_report(after))
+        print(format_fit(summary, before, after))
+    return 0
+
+
+def _count(out, key) -> int:
+    return sum(bool(r[key]) for r in out["rows"])
+
+
+def format_fit(summary: dict, before: dict, after: dict) -> str:
+    """Before/after headline ratios, directions and the constants the fit moved."""
+    n_rows = len(after["rows"])
+    n_head = sum(r["headline"] for r in after["rows"])
+    lines = ["", f"cost fit -> {summary['file']} (free: {', '.join(summary['free'])})",
+             f"   {'headline row':58s} {'published':>9s} {'before':>9s} {'after':>9s}"]
+    for b, a in zip(before["rows"], after["rows"]):
+        if a["headline"]:
+            lines.append(f"   {a['label'][:58]:58s} {_num(a['published_ratio'], 3):>9s} "
+                         f"{_num(b['model_ratio'], 3):>9s} {_num(a['model_ratio'], 3):>9s}")
+    lines.append(f"   {'constant':24s} {'before':>9s} {'after':>9s}")
+    for name, new in summary["values"].items():
+        old = summary["before"][name]
+        if name in summary["free"] or abs(old - new) > 1e-6 * abs(new):
+            tag = "  fitted" if name in summary["free"] else ""
+            lines.append(f"   {name:24s} {_num(old):>9s} {_num(new):>9s}{tag}")
+    (d0, d1), (h0, h1) = summary["directions_agree"], summary["headlines_within"]
+    lines.append(f"   directions agree: {d0}/{n_rows} before, {d1}/{n_rows} after; headline "
+                 f"ratios within 1.5x: {h0}/{n_head} before, {h1}/{n_head} after")
+    lines.append("   headline residuals log(model/published): "
+                 + ", ".join(f"{e:+.3f}" for e in summary["residuals"]))
+    lines.append("   physically implausible before: "
+                 + ("; ".join(summary["before_implausible"]) or "nothing")
+                 + "; after: " + ("; ".join(after["cost"]["implausible"]) or "nothing"))
+    return "\n".join(lines)
 
 
 def _num(v, digits=4) -> str:
@@ -58,11 +137,18 @@ def format_report(out: dict) -> str:
     else:
         text = "none fitted to a published figure"
     lines.append(f"cost constants: {cost['source']}; {text}")
+    if cost.get("implausible"):
+        lines.append("   physically implausible (slabtune.tuner.fitcost.PRIOR ranges): "
+                     + "; ".join(cost["implausible"]))
     for sc in out["scenarios"]:
         lines.append("")
         lines.append(f"== {sc['scenario']}: {sc['title']}")
         lines.append(f"   assumptions: {sc['assumptions']}")
         lines.append(f"   fitted scale: {sc['scale'] or 'none (unscaled percentages)'}")
+        w = sc["work"]
+        lines.append(f"   work outside the allocator: {_num(w['applied_ns'])} ns per op applied "
+                     f"(--work {out['work']}); derived from the seed: "
+                     f"{_num(w['derived_ns'])} ns ({w['derivation']})")
         for name, arm in sc["arms"].items():
             c = arm["config"]
             t = c["topology"]

@@ -1,7 +1,7 @@
 """``slabtune tune SPEC``: run (or resume) an Optuna study over SLUB policies.
 
-Trials are asked ``--batch`` at a time and each batch is evaluated in one vectorised model
-call.  Storage defaults to ``runs/<study>/study.db``; ``--storage`` takes any Optuna storage
+Trials are asked ``--batch`` at a time, each batch is evaluated in one vectorised model call
+and written to the storage in one go.  Storage defaults to ``runs/<study>/study.db``; ``--storage`` takes any Optuna storage
 URL or ``journal:PATH``; ``--study NAME`` resumes an existing study with the same spec.
 """
 
@@ -16,8 +16,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "tune", help="search policies for the Pareto front of memory against time per op",
         description="Run a multi-objective Optuna study (NSGA-II or TPE, from the spec) over "
-                    "the knobs of a tune spec's [search] table, evaluated over its [fleet]. "
-                    "SPEC is a TOML file or a built-in name (tune_quick).")
+                    "the knobs of a tune spec's [search] table, evaluated over its [fleet] "
+                    "(inline [[fleet.topology]]/[[fleet.workload]] tables, or sweep = NAME|PATH "
+                    "taking a sweep spec's topologies and caches). Each batch is written to "
+                    "the storage in one go. SPEC is a TOML file or a built-in name "
+                    "(tune_quick, tune_dynamics, tune_sweep_quick).")
     p.add_argument("spec", metavar="SPEC", help="tune spec file or built-in name")
     p.add_argument("--trials", type=int, required=True, metavar="N", help="trials to add")
     p.add_argument("--batch", type=int, default=64, metavar="B",

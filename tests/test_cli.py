@@ -1,0 +1,48 @@
+"""The CLI's process-level behaviour: exit codes and streams of the real ``slabtune`` script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SLABTUNE = Path(sys.executable).with_name("slabtune")
+
+
+def _run_into_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """Run slabtune with stdout on a pipe whose reader is already gone (``| head`` that quit)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([str(SLABTUNE), *args], stdout=w, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(w)
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_large_output_into_closed_pipe_ends_quietly_with_sigpipe_status():
+    # kernel check --json prints a report of every cache of the snapshot (tens of KiB)
+    done = _run_into_closed_pipe("kernel", "check", "--snapshot",
+                                 str(DATA / "host_snapshot_6.18.csv"), "--json")
+    assert done.returncode == 141
+    assert done.stderr == ""
+
+
+def test_help_into_closed_pipe_is_quiet():
+    # argparse swallows the failed write of --help itself; nothing may reach stderr
+    done = _run_into_closed_pipe("--help")
+    assert done.returncode in (0, 141)
+    assert done.stderr == ""
+
+
+def test_bad_input_still_one_line_and_exit_2():
+    done = subprocess.run([str(SLABTUNE), "simulate", "/nonexistent/config.toml"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slabtune: error: ")
+    assert "/nonexistent/config.toml" in lines[0]

@@ -1,0 +1,173 @@
+"""The cost-constant fit: deterministic, inside its physical ranges, and a thin CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import math
+import tomllib
+
+import numpy as np
+import pytest
+
+from slabtune import cli
+from slabtune.model import cost as C
+from slabtune.model import scenarios as S
+from slabtune.sweeps import simconfig
+from slabtune.tuner import fitcost as F
+from slabtune.tuner import reproduce as RP
+
+#: Short runs of the two scenarios with headline rows (real simulations, small counters).
+SMALL_STEPS = 400
+FEW_ITERATIONS = 40
+
+
+def _short(sc):
+    sc = copy.deepcopy(sc)
+    for arm in sc["arms"].values():
+        arm["run"]["steps"] = SMALL_STEPS
+    return sc
+
+
+@pytest.fixture(scope="module")
+def arms():
+    return RP.simulate_arms((_short(S.SLUB_ORDER_2021), _short(S.SHEAVES_2026)))
+
+
+@pytest.fixture(scope="module")
+def fitted(arms):
+    return F.fit(arms, iterations=FEW_ITERATIONS)
+
+
+def test_prior_covers_every_constant_inside_its_range():
+    assert set(F.PRIOR) == set(C.FIELDS)
+    for name, p in F.PRIOR.items():
+        assert p.lo <= p.value <= p.hi, name
+    assert len(F.FREE) <= 4 and set(F.FREE) <= set(F.PRIOR)
+    for name in F.FREE:
+        assert F.PRIOR[name].lo < F.PRIOR[name].hi, name
+    # The prior itself is physical.
+    assert F.implausible(F.prior_values()) == []
+
+
+def test_same_counters_give_the_same_file(arms, fitted):
+    again = F.fit(arms, iterations=FEW_ITERATIONS)
+    cmd = "slabtune reproduce --fit-cost x.toml"
+    assert F.to_toml(again, cmd) == F.to_toml(fitted, cmd)
+    assert again.values == fitted.values
+
+
+def test_fit_stays_in_range_keeps_orderings_and_improves_on_the_prior(arms, fitted):
+    prior = F.prior_values()
+    for name, v in fitted.values.items():
+        if name in F.FREE:
+            assert F.PRIOR[name].lo <= v <= F.PRIOR[name].hi, name
+        else:
+            assert v == prior[name], name
+    assert F.constraint_violations(fitted.values) == []
+    v = fitted.values
+    assert v["alloc_fast_ns"] <= v["alloc_slow_ns"] and v["free_fast_ns"] <= v["free_slow_ns"]
+    assert v["line_remote_ns"] >= 2 * v["line_local_ns"]
+    # Nelder-Mead keeps its best vertex, and the start is the prior: never worse.
+    start_rows = RP.compare(arms.scenarios, RP.arm_metrics(arms, F.cost_of(prior)))["rows"]
+    assert fitted.objective <= F.objective(prior, start_rows) + 1e-9
+    # The residuals are the headline rows' log errors under the fitted table.
+    heads = [r for r in fitted.rows if r["headline"]]
+    assert len(heads) == len(fitted.residuals) == 3
+    for r, e in zip(heads, fitted.residuals):
+        assert e == pytest.approx(math.log(r["model_ratio"] / r["published_ratio"]))
+
+
+def test_written_file_loads_and_names_the_fitted_constants(fitted, tmp_path):
+    path = tmp_path / "fit.toml"
+    path.write_text(F.to_toml(fitted, f"slabtune reproduce --fit-cost {path}"))
+    doc = tomllib.loads(path.read_text())
+    assert set(doc["cost"]) == set(C.FIELDS)
+    assert tuple(doc["fitted"]) == F.FREE
+    assert all("headline ratios" in what for what in doc["fitted"].values())
+    params, meta = simconfig.load_cost(path)
+    assert set(meta.fitted) == set(F.FREE)
+    for name in C.FIELDS:
+        assert float(getattr(params, name)) == pytest.approx(fitted.values[name], rel=1e-6)
+    assert f"--fit-cost {path}" in path.read_text().splitlines()[2]
+    # The arms' work mode is recorded (the fixture's arms run with none).
+    assert fitted.work == "none" and "none (other_ns = 0 on every arm)" in path.read_text()
+
+
+@pytest.mark.parametrize("change, what", [
+    ({"free_fast_ns": 97.4, "free_slow_ns": 84.4}, "free_fast_ns 97.4 > free_slow_ns 84.4"),
+    ({"alloc_fast_ns": 90.0, "alloc_slow_ns": 60.0}, "alloc_fast_ns 90 > alloc_slow_ns 60"),
+    ({"line_local_ns": 32.4, "line_remote_ns": 38.8}, "line_remote_ns 38.8 < 2 x line_local_ns"),
+    ({"barn_lock_hold_ns": 400.0}, "barn_lock_hold_ns 400 outside 20-150"),
+])
+def test_violations_name_the_constant(change, what):
+    values = {**F.prior_values(), **change}
+    found = [w for w, size in F.constraint_violations(values) if size > 0]
+    assert any(w.startswith(what) for w in found), found
+    assert any(w.startswith(what) for w in F.implausible(values))
+
+
+def test_bounded_map_never_leaves_the_range():
+    z = np.array([-60.0, -1.0, 0.0, 60.0])
+    x = F.to_bounded(z)
+    for name, v in zip(F.FREE, x):
+        assert F.PRIOR[name].lo <= v <= F.PRIOR[name].hi
+    inside = np.array([F.PRIOR[k].value for k in F.FREE])
+    np.testing.assert_allclose(F.to_bounded(F.from_bounded(inside)),
+                               np.clip(inside, *_one_percent_in()), rtol=1e-9)
+
+
+def _one_percent_in():
+    lo = np.log([F.PRIOR[k].lo for k in F.FREE])
+    hi = np.log([F.PRIOR[k].hi for k in F.FREE])
+    return np.exp(lo + 0.01 * (hi - lo)), np.exp(lo + 0.99 * (hi - lo))
+
+
+def _cli(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_bad_fit_cost_path_is_one_line(tmp_path):
+    rc, _, err = _cli(["reproduce", "--fit-cost", str(tmp_path / "no" / "such" / "x.toml")])
+    assert rc == 2 and err.count("\n") == 1
+    assert "--fit-cost" in err and str(tmp_path / "no" / "such") in err
+    rc, _, err = _cli(["reproduce", "--fit-cost", str(tmp_path)])
+    assert rc == 2 and err.count("\n") == 1 and "is a directory" in err
+
+
+def test_bad_cost_file_is_one_line_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cost]\nline_remote_ns = -5.0\n")
+    out = tmp_path / "out.toml"
+    rc, _, err = _cli(["reproduce", "--cost", str(bad), "--fit-cost", str(out)])
+    assert rc == 2 and err.count("\n") == 1 and "cost.line_remote_ns" in err
+    assert not out.exists()
+
+
+def test_fit_cost_command_writes_and_reports(tmp_path):
+    out = tmp_path / "fit.toml"
+    rc, text, _ = _cli(["reproduce", "--work", "derived", "--fit-cost", str(out), "--json"])
+    assert rc == 0
+    summary = json.loads(text)
+    doc = tomllib.loads(out.read_text())
+    # The command to remake the file names the work mode, and the rows ran with it.
+    assert f"slabtune reproduce --work derived --fit-cost {out}" in out.read_text()
+    assert summary["work"] == "derived"
+    assert {r["other_ns"] for r in summary["rows"]} == {sc["work"]["other_ns"]
+                                                         for sc in S.SCENARIOS}
+    assert tuple(doc["fitted"]) == F.FREE == tuple(summary["free"])
+    for name in F.FREE:
+        assert F.PRIOR[name].lo <= doc["cost"][name] <= F.PRIOR[name].hi
+    n_rows = len(summary["rows"])
+    assert n_rows == sum(len(sc["rows"]) for sc in S.SCENARIOS)
+    assert all(0 <= n <= n_rows for n in summary["directions_agree"])
+    assert summary["directions_agree"][1] == sum(r["direction_agrees"] for r in summary["rows"])
+    heads = [r for r in summary["rows"] if r["headline"]]
+    assert len(summary["residuals"]) == len(heads)
+    for r, e in zip(heads, summary["residuals"]):
+        assert e == pytest.approx(math.log(r["model_ratio"] / r["published_ratio"]), abs=1e-6)

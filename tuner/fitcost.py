@@ -1,0 +1,273 @@
+"""A reproducible, physically bounded fit of a few cost constants to the headline ratios.
+
+``slabtune reproduce --fit-cost OUT.toml`` runs this.  The procedure:
+
+1. Simulate every arm of the seed scenarios once (:func:`slabtune.tuner.reproduce.
+   simulate_arms`).  The dynamics counters do not depend on the cost constants; the cost
+   model is applied afterwards (:func:`slabtune.model.metrics.compute`), so every trial
+   of the fit costs one batched metrics call, not a simulation.
+2. Start from :data:`PRIOR`: one order-of-magnitude value per constant for a 2020s server
+   core, each with a physical range.  Only the constants in :data:`FREE` (at most four,
+   one per mechanism that sets a headline ratio) move; the rest stay at their prior value.
+3. Minimise, with Nelder-Mead from a fixed start for a fixed number of iterations, the
+   squared log error of every headline ratio plus a weak pull (:data:`PRIOR_WEIGHT`)
+   of each free constant towards its prior value.  Free constants move in log space
+   through a logistic map onto their range, so they can never leave it; the physical
+   orderings (:func:`constraint_violations`) are a penalty and are checked again on the
+   result.
+4. Write a cost TOML: every constant with its range, a ``[fitted]`` table naming the free
+   constants and what they were fitted to, and a header saying how to remake it.
+
+The objective is deterministic (fixed start, fixed simplex, fixed iterations, float32
+metrics from fixed counters), so the same counters give the same file.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import cost as C
+
+
+class Prior(NamedTuple):
+    """A constant's order-of-magnitude value and the range a physical value lies in."""
+
+    value: float
+    lo: float
+    hi: float
+    why: str
+
+
+#: Prior value and physical range of every cost constant (ns unless stated), for a 2020s
+#: server core.  Ranges are orders of magnitude, not measurements of one machine.
+PRIOR: dict[str, Prior] = {
+    "alloc_fast_ns": Prior(8.0, 5.0, 10.0, "this_cpu_cmpxchg_double or a sheaf pop"),
+    "free_fast_ns": Prior(8.0, 5.0, 10.0, "lockless free to the CPU's own slab or sheaf"),
+    "alloc_slow_ns": Prior(80.0, 50.0, 150.0, "___slab_alloc outside the lock"),
+    "free_slow_ns": Prior(80.0, 50.0, 150.0, "__slab_free cmpxchg on a foreign slab"),
+    "sheaf_swap_ns": Prior(10.0, 5.0, 20.0, "a few pointer swaps"),
+    "sheaf_object_ns": Prior(2.0, 1.0, 10.0, "one freelist pointer per object, cached"),
+    "cpu_partial_drain_ns": Prior(40.0, 20.0, 100.0, "unfreezing a CPU's partial slabs"),
+    "list_lock_hold_ns": Prior(80.0, 50.0, 150.0, "irqsave spinlock around list work"),
+    "barn_lock_hold_ns": Prior(40.0, 20.0, 150.0, "a list_del/list_add under the barn lock"),
+    "line_local_ns": Prior(40.0, 30.0, 60.0, "cache-line transfer within a node"),
+    "line_remote_ns": Prior(150.0, 100.0, 300.0, "cache-line transfer across nodes"),
+    "pcp_call_ns": Prior(100.0, 50.0, 200.0, "per-CPU page list hit"),
+    "buddy_call_ns": Prior(400.0, 200.0, 1000.0, "buddy allocator call"),
+    "zone_lock_hold_ns": Prior(300.0, 100.0, 1000.0, "zone->lock hold per call or batch"),
+    "pcp_batch": Prior(31.0, 31.0, 31.0, "pages per pcp refill (count, not ns)"),
+    "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
+    "object_setup_ns": Prior(3.0, 1.0, 10.0, "freelist construction per object"),
+    "rho_max": Prior(0.999999, 0.999999, 0.999999, "M/M/1 utilisation cap (dimensionless)"),
+}
+
+#: The constants the fit moves, one per mechanism that sets a headline ratio: slow frees
+#: pace hackbench on v5.10 (receivers free into senders' slabs); the node list_lock paces
+#: it on v5.11 (order-0 slabs); the memory node's list_lock taken from memoryless nodes
+#: paces v7.0 sheaves; the barn lock paces barns on memoryless nodes.
+FREE: tuple[str, ...] = ("free_slow_ns", "list_lock_hold_ns", "line_remote_ns",
+                         "barn_lock_hold_ns")
+#: Weight of the pull of each free constant towards its prior, per squared log unit.
+PRIOR_WEIGHT = 0.01
+#: Penalty per squared log unit by which a physical ordering is broken.
+CONSTRAINT_WEIGHT = 100.0
+#: Nelder-Mead iterations (fixed: no tolerance stops the search early).
+ITERATIONS = 300
+#: Initial simplex step of each free constant, in logistic units.
+SIMPLEX_STEP = 0.5
+#: Remote cache-line transfers cost at least this many local ones.
+REMOTE_OVER_LOCAL = 2.0
+
+
+def prior_values() -> dict[str, float]:
+    """Every constant at its prior value."""
+    return {k: p.value for k, p in PRIOR.items()}
+
+
+def constraint_violations(values: dict[str, float], free=FREE) -> list[tuple[str, float]]:
+    """Physical orderings a cost table breaks, each with its size in log units.
+
+    A lockless fast path costs no more than the slow path of the same operation
+    (``this_cpu_cmpxchg`` against a cmpxchg on a foreign slab or ``___slab_alloc``); a
+    cross-node line transfer costs at least :data:`REMOTE_OVER_LOCAL` local ones; a free
+    constant lies within its :data:`PRIOR` range.
+    """
+    out = []
+    for fast, slow in (("alloc_fast_ns", "alloc_slow_ns"), ("free_fast_ns", "free_slow_ns")):
+        if values[fast] > values[slow]:
+            out.append((f"{fast} {values[fast]:g} > {slow} {values[slow]:g}",
+                        math.log(values[fast] / values[slow])))
+    need = REMOTE_OVER_LOCAL * values["line_local_ns"]
+    if values["line_remote_ns"] < need:
+        out.append((f"line_remote_ns {values['line_remote_ns']:g} < {REMOTE_OVER_LOCAL:g} x "
+                    f"line_local_ns {values['line_local_ns']:g}",
+                    math.log(need / values["line_remote_ns"])))
+    for name in free:
+        p, v = PRIOR[name], values[name]
+        if not p.lo <= v <= p.hi:
+            out.append((f"{name} {v:g} outside {p.lo:g}-{p.hi:g}",
+                        abs(math.log(v / (p.lo if v < p.lo else p.hi)))))
+    return out
+
+
+def implausible(values: dict[str, float]) -> list[str]:
+    """What makes a cost table unphysical: broken orderings and constants outside their
+    :data:`PRIOR` range (constants with a fixed prior, such as ``pcp_batch``, are not
+    judged)."""
+    ranged = tuple(k for k, p in PRIOR.items() if p.lo < p.hi)
+    return [what for what, _ in constraint_violations(values, ranged)]
+
+
+def to_bounded(z, free=FREE) -> np.ndarray:
+    """Unconstrained search coordinates -> constants inside their ranges (a logistic map
+    onto ``[log lo, log hi]``)."""
+    lo = np.array([PRIOR[k].lo for k in free])
+    hi = np.array([PRIOR[k].hi for k in free])
+    u = 1.0 / (1.0 + np.exp(-np.asarray(z, np.float64)))
+    # exp(log(lo)) may round just below lo: clip to the range itself.
+    return np.clip(np.exp(np.log(lo) + (np.log(hi) - np.log(lo)) * u), lo, hi)
+
+
+def from_bounded(x, free=FREE) -> np.ndarray:
+    """Inverse of :func:`to_bounded` (values at a range's edge are moved 1% inside)."""
+    lo = np.log([PRIOR[k].lo for k in free])
+    hi = np.log([PRIOR[k].hi for k in free])
+    u = np.clip((np.log(x) - lo) / (hi - lo), 0.01, 0.99)
+    return np.log(u / (1.0 - u))
+
+
+def headline_log_errors(rows: list[dict[str, Any]]) -> list[float]:
+    """log(model ratio / published ratio) of every headline row (inf for a ratio <= 0)."""
+    out = []
+    for r in rows:
+        if r["headline"] and r["published_ratio"]:
+            mr = r["model_ratio"]
+            out.append(math.log(mr / r["published_ratio"]) if mr > 0 and math.isfinite(mr)
+                       else math.inf)
+    return out
+
+
+def objective(values: dict[str, float], rows, free=FREE) -> float:
+    """Squared log error of the headline ratios, plus the weak pull of the free constants
+    towards their priors, plus the penalty of broken physical orderings."""
+    fit = sum(e * e for e in headline_log_errors(rows))
+    pull = sum(math.log(values[k] / PRIOR[k].value) ** 2 for k in free)
+    broken = sum(size * size for _, size in constraint_violations(values, free))
+    return fit + PRIOR_WEIGHT * pull + CONSTRAINT_WEIGHT * broken
+
+
+class FitResult(NamedTuple):
+    """The fitted table and the comparison before and after."""
+
+    values: dict[str, float]
+    free: tuple[str, ...]
+    objective: float
+    evaluations: int
+    rows: list            # reproduce rows under the fitted constants
+    residuals: list       # headline log errors under the fitted constants
+    work: str = "none"    # the arms' work mode (slabtune.model.scenarios.WORK_MODES)
+
+
+def cost_of(values: dict[str, float]) -> C.CostParams:
+    """:class:`~slabtune.model.cost.CostParams` from a complete ``{name: value}`` table."""
+    return C.cost_from_mapping(values)
+
+
+def fit(arms, free=FREE, iterations: int = ITERATIONS) -> FitResult:
+    """Fit the ``free`` constants to the headline ratios of the simulated ``arms``."""
+    from scipy.optimize import minimize
+
+    from slabtune.tuner import reproduce as RP
+
+    unknown = [k for k in free if k not in PRIOR]
+    if unknown:
+        raise SlabtuneError(f"fit: {unknown[0]} is not a cost constant")
+    base = prior_values()
+
+    def table(z) -> dict[str, float]:
+        return {**base, **{k: float(v) for k, v in zip(free, to_bounded(z, free))}}
+
+    def rows_of(values):
+        return RP.compare(arms.scenarios, RP.arm_metrics(arms, cost_of(values)),
+                          work=arms.work)["rows"]
+
+    if not headline_log_errors(rows_of(base)):
+        raise SlabtuneError("fit: the scenarios have no headline row to fit to")
+
+    def f(z):
+        values = table(z)
+        return objective(values, rows_of(values), free)
+
+    z0 = from_bounded(np.array([base[k] for k in free]), free)
+    simplex = np.vstack([z0] + [z0 + SIMPLEX_STEP * e for e in np.eye(len(free))])
+    res = minimize(f, z0, method="Nelder-Mead",
+                   options={"maxiter": iterations, "maxfev": 10 * iterations + 10,
+                            "xatol": 0.0, "fatol": 0.0, "initial_simplex": simplex})
+    # Round to 4 significant digits, as the file stores them, and judge that table.
+    values = {k: (float(f"{v:.4g}") if k in free else v) for k, v in table(res.x).items()}
+    broken = constraint_violations(values, free)
+    if broken:
+        raise SlabtuneError(f"fit: the result breaks a physical ordering: {broken[0][0]}")
+    rows = rows_of(values)
+    return FitResult(values, tuple(free), objective(values, rows, free), int(res.nfev), rows,
+                     headline_log_errors(rows), arms.work)
+
+
+def fitted_note(free=FREE) -> str:
+    """What the free constants were fitted to (one text, shared by all of them)."""
+    return ("headline ratios of slabtune reproduce (2.88x hackbench v5.11/v5.10 on 224 "
+            "CPUs; 13M->25M and 24M->29M IOPS of sheaves-cross-cpu-regression-2026), "
+            f"jointly: {', '.join(free)}, each within its physical range")
+
+
+def _work_text(work: str) -> str:
+    return ("each scenario's derived other_ns (slabtune.model.scenarios, work)"
+            if work == "derived" else "none (other_ns = 0 on every arm)")
+
+
+def to_toml(result: FitResult, command: str) -> str:
+    """The cost file of a fit: a header on how it was made, ``[cost]`` with every
+    constant and its range, ``[fitted]`` naming the free constants."""
+    res = ", ".join(f"{e:+.3f}" for e in result.residuals)
+    lines = [
+        "# Cost constants of the slabtune cost model (ns unless stated); every name is",
+        "# documented in slabtune.model.cost.DOCS.  Written by",
+        f"#   {command}",
+        "# (slabtune.tuner.fitcost).  Constants not listed under [fitted] are the",
+        "# order-of-magnitude values of slabtune.tuner.fitcost.PRIOR for a 2020s server core;",
+        f"# the {len(result.free)} under [fitted] were fitted jointly to the headline ratios",
+        "# (squared log error, a weak pull towards the prior value, Nelder-Mead from the prior",
+        f"# values for {ITERATIONS} iterations, each constant held inside its range).  Every",
+        "# scenario uses the same numbers.  Remake this file with the command above.",
+        "# Work outside the allocator per op on the scenario arms:",
+        f"#   {_work_text(result.work)}.",
+        f"# Headline residuals, log(model ratio / published ratio): {res}.",
+        "",
+        "[cost]",
+    ]
+    for name in C.FIELDS:
+        p, v = PRIOR[name], result.values[name]
+        rng = f"range {p.lo:g}-{p.hi:g}" if p.lo != p.hi else "fixed"
+        tag = "fitted, " if name in result.free else ""
+        lines.append(f"{name} = {v!r}  # {tag}{rng}: {p.why}")
+    lines += ["", "[fitted]"]
+    note = fitted_note(result.free)
+    for name in result.free:
+        lines.append(f'{name} = "{note}"')
+    return "\n".join(lines) + "\n"
+
+
+def check_out_path(path: str | Path) -> Path:
+    """The output path of ``--fit-cost``, checked before any work: its folder exists and it
+    is not itself a folder."""
+    p = Path(path)
+    if p.is_dir():
+        raise SlabtuneError(f"--fit-cost {p}: is a directory")
+    if not p.parent.is_dir():
+        raise SlabtuneError(f"--fit-cost {p}: directory {p.parent} does not exist")
+    return p

@@ -322,7 +322,9 @@ def _floordiv(a, b):
     a float32 quotient corrected by one integer step, exact, so that XLA emits vector
     divides instead of one scalar integer division per element (the step's main cost)."""
     a, b = _i(a), _i(b)
-    q = _i(jnp.floor(a.astype(jnp.float32) / b.astype(jnp.float32)))
+    x = a.astype(jnp.float32) / b.astype(jnp.float32)
+    t = x.astype(jnp.int32)                        # truncation: a vector convert
+    q = t - _i(x < t.astype(jnp.float32))          # floor(x) (jnp.floor is a libm call)
     r = a - q * b
     return q + _i(r >= b) - _i(r < 0)
 
@@ -353,6 +355,7 @@ class _Ctx:
         self.d = d
         self.inc = [_i(0)] * len(COUNTER_FIELDS)
         self.locks = {}   # id(node) -> [node, acquisitions]: one one-hot add per node
+        self.node_locks = None   # (N, B) acquisitions on every node class
         self.rows = {}    # per-rep field -> this rep's current (B,) entry
 
     def bump(self, name, v):
@@ -367,13 +370,17 @@ class _Ctx:
         ent[1] = ent[1] + cnt
 
     def lock_nodes(self, cnt):
-        """``cnt[n]`` list_lock acquisitions on every node class n ((N, B) counts)."""
-        self.bump("list_lock", jnp.sum(cnt, axis=0))
-        self.bump("list_lock_remote",
-                  jnp.sum(jnp.where(_NODES != self.d["node"][self.r], cnt, 0), axis=0))
-        self.st["lock_node"] = self.st["lock_node"] + cnt
+        """``cnt[n]`` list_lock acquisitions on every node class n ((N, B) counts; summed
+        and counted once, in :meth:`flush_locks`)."""
+        self.node_locks = cnt if self.node_locks is None else self.node_locks + cnt
 
     def flush_locks(self):
+        if self.node_locks is not None:
+            cnt, self.node_locks = self.node_locks, None
+            self.bump("list_lock", jnp.sum(cnt, axis=0))
+            self.bump("list_lock_remote",
+                      jnp.sum(jnp.where(_NODES != self.d["node"][self.r], cnt, 0), axis=0))
+            self.st["lock_node"] = self.st["lock_node"] + cnt
         for node, cnt in self.locks.values():
             self.st["lock_node"] = _add(self.st["lock_node"], node, cnt)
         self.locks = {}

@@ -61,6 +61,13 @@ def distinct_configs(b: int = 1) -> list:
     return out
 
 
+def labels() -> list[str]:
+    """A short name per distinct configuration (same order as :func:`distinct_configs`)."""
+    return [f"{p} {s}B {t.present}cpu/{t.nodes}n {w['kind']}"
+            + ("" if "burst" not in w else f" burst={w['burst']}")
+            for p, s, t, w in itertools.product(PROFILES, SIZES, TOPOS, WORKLOADS)]
+
+
 def fidelity(cfgs, steps: int) -> dict:
     """Per configuration: weighted alloc/free fast-path fractions and memory held (bytes)."""
     batch = D.stack_configs(cfgs)
@@ -142,7 +149,9 @@ def main(argv=None):
     base = fidelity(distinct_configs(1), args.fid_steps)
     print(f"\nfidelity against b = 1 ({len(base['mem'])} configs, {args.fid_steps} steps): "
           f"|difference|, median / max")
-    print(f"{'b':>5} {'alloc fast pp':>15} {'free fast pp':>15} {'memory rel':>15}")
+    print(f"{'b':>5} {'alloc fast pp':>15} {'free fast pp':>15} {'memory rel':>15}  "
+          f"worst alloc fast-path config; per workload: alloc pp median / max")
+    names = labels()
     for b in bs:
         if b == 1:
             continue
@@ -150,8 +159,12 @@ def main(argv=None):
         da = 100 * np.abs(f["alloc"] - base["alloc"])
         dfr = 100 * np.abs(f["free"] - base["free"])
         dm = np.abs(f["mem"] - base["mem"]) / np.maximum(base["mem"], 1.0)
+        kinds = [n.split()[3] + (" burst" if "burst" in n else "") for n in names]
+        per = "; ".join(f"{k} {np.median(da[[x == k for x in kinds]]):.2f} / "
+                        f"{da[[x == k for x in kinds]].max():.1f}" for k in dict.fromkeys(kinds))
         print(f"{b:>5} {np.median(da):>7.2f} / {da.max():<6.2f} {np.median(dfr):>7.2f} / "
-              f"{dfr.max():<6.2f} {np.median(dm):>7.3f} / {dm.max():<6.3f}")
+              f"{dfr.max():<6.2f} {np.median(dm):>7.3f} / {dm.max():<6.3f}  "
+              f"{names[int(np.argmax(da))]}; {per}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

@@ -17,6 +17,10 @@ What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the 
   back to the slab its object came from: the allocating CPU's slab while it is still that
   CPU's slab (a fast free for the CPU itself, a free into a frozen slab for another CPU),
   else one of the slabs it used before.
+* Runs: in a step each rep does a run of up to ``SimConfig.ops_per_step`` (b) operations of
+  one kind, computed in closed form (piecewise-linear integer transitions); random picks
+  within a run are counts by systematic sampling, which for b = 1 is the single pick, so
+  b = 1 is the one-op model bit for bit (docs/MODEL.md, "Runs").
 
 Partial lists are counts, not lists: the model assumes objects are packed (every partial
 slab but one holds ``objs - 1`` objects), which fixes which free empties a slab and what a
@@ -70,7 +74,8 @@ class SimConfig(NamedTuple):
     ``memoryless_cpus_use_sheaves``, ``memoryless_fallback``, ``barn_max_full``,
     ``barn_max_empty``.  Per rep (R,): ``rep_weight`` (float), ``rep_node``,
     ``rep_mem_node``, ``rep_memoryless``; per node class (N,): ``node_has_memory``,
-    ``node_weight`` (float); and the :class:`~slabtune.model.workloads.Workload`.
+    ``node_weight`` (float); the :class:`~slabtune.model.workloads.Workload`; and
+    ``ops_per_step``, the run length b (ops of one kind per rep per step, 1..1024).
     """
 
     objs_per_slab: Any
@@ -848,7 +853,8 @@ def _gauges(st, d, cfg):
 
 
 def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
-    """Advance one step: every rep, in order 0..R-1, does at most one allocator op.
+    """Advance one step: every rep, in order 0..R-1, does one run of at most
+    ``cfg.ops_per_step`` allocator ops of one kind.
 
     ``w``: the step's (R, K) uint32 random words; ``st``: the state as a dict of arrays
     (the fields of :class:`State`).  Pure: returns the new state.

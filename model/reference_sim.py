@@ -3,7 +3,10 @@
 Same semantics as :mod:`slabtune.model.dynamics`, written as ordinary branches over Python
 ints, one allocator operation at a time.  Fed the same random words (``dynamics.draws``)
 and the same :class:`~slabtune.model.dynamics.SimConfig` (one configuration, NumPy or JAX
-arrays), :func:`run` returns counters equal to the JAX model's exactly.
+arrays), :func:`run` returns counters equal to the JAX model's exactly.  A run of
+``ops_per_step`` > 1 operations, which the JAX step computes in closed form, is played
+here as that many single events in the run's fixed order (docs/MODEL.md, "Runs"), each by
+the one-event rules: the equality is what checks the closed forms.
 """
 
 from __future__ import annotations
@@ -208,7 +211,8 @@ class RefSim:
                     break
                 acc += size
             picks.append(pick)
-        sizes = [self._slab_sizes(nn) for nn in range(N)]
+        # the slab sizes as the run starts, of the node classes its objects come from
+        sizes = {nn: self._slab_sizes(nn) for nn in {self.mem[i] for i, cs in picks if not cs}}
         m = self.mem[r]
         sheaf, in_cs, other = [], [], [0] * N
         for origin, cs in picks:

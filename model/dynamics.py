@@ -740,6 +740,7 @@ def _part_frees(cx: _Ctx, x):
 
 
 def _bc(*xs):
+    """The values broadcast to one common shape, as int32 (rows of a stacked table)."""
     return [jnp.broadcast_to(_i(x), jnp.broadcast_shapes(*(jnp.shape(y) for y in xs)))
             for x in xs]
 

@@ -6,11 +6,19 @@ the allocator operations actually simulated (the ``ops`` counters, allocations p
 summed over the batch).  The reference simulator runs a sample of the same configurations
 in the same process.  Prints the median of ``--repeat`` timed runs per batch size (compile
 excluded; the first call, compile included, is shown apart), ops/s, and the ratio to the
-reference: a curve over batch size.
+reference: a curve over batch size, for every run length b in ``--ops-per-step`` (ops of one
+kind a rep does per step, ``SimConfig.ops_per_step``).  The reference plays the same runs
+event by event, so its rate is measured per b too.
 Rates are given per wall-clock second and per CPU second of this process (``process_time``,
 all its threads): on a shared machine the second is the steadier figure.
 
-    .venv/bin/python benchmarks/bench_dynamics.py [--steps 200] [--repeat 3]
+Fidelity cost of a run length: the distinct configurations are run for ``--fid-steps``
+steps at b = 1 and at each b (same keys); per configuration the weighted alloc and free
+fast-path fractions (percentage points) and the memory held (``metrics.memory`` total,
+relative) are compared with b = 1; median and max over configurations are printed.
+
+    .venv/bin/python benchmarks/bench_dynamics.py [--steps 200] [--repeat 3] \
+        [--ops-per-step 1,16,64,256] [--fid-steps 2000]
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import jax
 import numpy as np
 
 from slabtune.model import dynamics as D
+from slabtune.model import metrics as M
 from slabtune.model import policy as PL
 from slabtune.model import profiles as P
 from slabtune.model import reference_sim as RS
@@ -40,14 +49,36 @@ WORKLOADS = ({"kind": "local", "live": 64}, {"kind": "local", "live": 300, "burs
              {"kind": "block_io", "completion_remote": True})
 
 
-def distinct_configs() -> list:
+def distinct_configs(b: int = 1) -> list:
+    """Every (profile, size, topology, workload) configuration, run length ``b``; with the
+    object size of each."""
     out = []
     for prof_name, size, topo, wl in itertools.product(PROFILES, SIZES, TOPOS, WORKLOADS):
         prof = P.get_profile(prof_name)
         st = PL.structure(size, topo.possible, topo.present, topo.online,
                           PL.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
-        out.append(D.config_from(st, prof, topo, wl))
+        out.append(D.config_from(st, prof, topo, wl, ops_per_step=b))
     return out
+
+
+def labels() -> list[str]:
+    """A short name per distinct configuration (same order as :func:`distinct_configs`)."""
+    return [f"{p} {s}B {t.present}cpu/{t.nodes}n {w['kind']}"
+            + ("" if "burst" not in w else f" burst={w['burst']}")
+            for p, s, t, w in itertools.product(PROFILES, SIZES, TOPOS, WORKLOADS)]
+
+
+def fidelity(cfgs, steps: int) -> dict:
+    """Per configuration: weighted alloc/free fast-path fractions and memory held (bytes)."""
+    batch = D.stack_configs(cfgs)
+    keys = jax.random.split(jax.random.key(99), len(cfgs))
+    c = D.simulate_batch(keys, batch, steps)
+    w = np.asarray(batch.rep_weight, np.float64)
+    frac = lambda a, b: (w * np.asarray(getattr(c, a))).sum(1) / np.maximum(  # noqa: E731
+        (w * np.asarray(getattr(c, b))).sum(1), 1e-9)
+    mem = jax.vmap(lambda cc, cf: M.memory(cc, cf, 64)[0])(c, batch)
+    return dict(alloc=frac("alloc_fast", "allocs"), free=frac("free_fast", "frees"),
+                mem=np.asarray(mem, np.float64))
 
 
 def batch_of(cfgs, n):
@@ -92,20 +123,49 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--ref-sample", type=int, default=9)
+    ap.add_argument("--ops-per-step", default="1,16,64,256",
+                    help="run lengths b to measure (comma-separated; 1 is today's model)")
+    ap.add_argument("--fid-steps", type=int, default=2000,
+                    help="steps of the fidelity runs (0: skip them)")
     args = ap.parse_args(argv)
-    cfgs = distinct_configs()
-    ref, ref_cpu = time_reference(cfgs, args.steps, args.ref_sample)
-    print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: {len(cfgs)}  "
-          f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"reference: {ref:,.0f} ops/s wall, {ref_cpu:,.0f} ops/CPU-s "
-          f"(median of {args.ref_sample} configs)")
-    print(f"{'configs':>8} {'ops':>12} {'median s':>9} {'cpu s':>7} {'first s':>8} "
-          f"{'ops/s':>13} {'x ref':>6} {'ops/CPU-s':>13} {'x ref':>6}")
-    for n in (int(x) for x in args.sizes.split(",")):
-        ops, med, cpu, first = time_jax(cfgs, n, args.steps, args.repeat)
-        rate, crate = ops / med, ops / max(cpu, 1e-9)
-        print(f"{n:>8} {ops:>12,} {med:>9.3f} {cpu:>7.3f} {first:>8.1f} "
-              f"{rate:>13,.0f} {rate / ref:>6.1f} {crate:>13,.0f} {crate / ref_cpu:>6.1f}")
+    bs = [D.check_ops_per_step(int(x)) for x in args.ops_per_step.split(",")]
+    print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: "
+          f"{len(distinct_configs())}  load average: {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs")
+    for b in bs:
+        cfgs = distinct_configs(b)
+        ref, ref_cpu = time_reference(cfgs, args.steps, args.ref_sample)
+        print(f"\nb = {b}: reference {ref:,.0f} ops/s wall, {ref_cpu:,.0f} ops/CPU-s "
+              f"(median of {args.ref_sample} configs)")
+        print(f"{'configs':>8} {'ops':>13} {'median s':>9} {'cpu s':>7} {'first s':>8} "
+              f"{'ops/s':>14} {'x ref':>6} {'ops/CPU-s':>14} {'x ref':>6}")
+        for n in (int(x) for x in args.sizes.split(",")):
+            ops, med, cpu, first = time_jax(cfgs, n, args.steps, args.repeat)
+            rate, crate = ops / med, ops / max(cpu, 1e-9)
+            print(f"{n:>8} {ops:>13,} {med:>9.3f} {cpu:>7.3f} {first:>8.1f} "
+                  f"{rate:>14,.0f} {rate / ref:>6.1f} {crate:>14,.0f} {crate / ref_cpu:>6.1f}")
+    if args.fid_steps <= 0:
+        return
+    base = fidelity(distinct_configs(1), args.fid_steps)
+    print(f"\nfidelity against b = 1 ({len(base['mem'])} configs, {args.fid_steps} steps): "
+          f"|difference|, median / max")
+    print(f"{'b':>5} {'alloc fast pp':>15} {'free fast pp':>15} {'memory rel':>15}  "
+          f"worst alloc fast-path config; per workload: alloc pp median / max")
+    names = labels()
+    for b in bs:
+        if b == 1:
+            continue
+        f = fidelity(distinct_configs(b), args.fid_steps)
+        da = 100 * np.abs(f["alloc"] - base["alloc"])
+        dfr = 100 * np.abs(f["free"] - base["free"])
+        dm = np.abs(f["mem"] - base["mem"]) / np.maximum(base["mem"], 1.0)
+        kinds = [n.split()[3] + (" burst" if "burst" in n else "") for n in names]
+        per = "; ".join(f"{k} {np.median(da[[x == k for x in kinds]]):.2f} / "
+                        f"{da[[x == k for x in kinds]].max():.1f}" for k in dict.fromkeys(kinds))
+        print(f"{b:>5} {np.median(da):>7.2f} / {da.max():<6.2f} {np.median(dfr):>7.2f} / "
+              f"{dfr.max():<6.2f} {np.median(dm):>7.3f} / {dm.max():<6.3f}  "
+              f"{names[int(np.argmax(da))]}; {per}")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the 
   back to the slab its object came from: the allocating CPU's slab while it is still that
   CPU's slab (a fast free for the CPU itself, a free into a frozen slab for another CPU),
   else one of the slabs it used before.
+* Runs: in a step each rep does a run of up to ``SimConfig.ops_per_step`` (b) operations of
+  one kind, computed in closed form (piecewise-linear integer transitions); random picks
+  within a run are counts by systematic sampling, which for b = 1 is the single pick, so
+  b = 1 is the one-op model bit for bit (docs/MODEL.md, "Runs").
 
 Partial lists are counts, not lists: the model assumes objects are packed (every partial
 slab but one holds ``objs - 1`` objects), which fixes which free empties a slab and what a
@@ -38,7 +42,9 @@ from jax import lax
 from slabtune.model import policy as PL
 from slabtune.model import profiles as P
 from slabtune.model import workloads as W
+from slabtune.errors import SlabtuneError
 from slabtune.model.topology import Topology
+from slabtune.model.workloads import PROB_ONE
 
 R = W.R
 N = W.N
@@ -48,6 +54,9 @@ _I32 = jnp.int32
 _U32 = jnp.uint32
 
 BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
+#: Largest run length (ops of one kind per rep per step): keeps the systematic-sampling
+#: products (cumulative size x run length) inside int32.
+MAX_OPS_PER_STEP = 1024
 #: Gauge sums are kept as (sum >> GAUGE_SHIFT, sum mod 2**GAUGE_SHIFT) int32 pairs.
 GAUGE_SHIFT = 20
 
@@ -65,7 +74,8 @@ class SimConfig(NamedTuple):
     ``memoryless_cpus_use_sheaves``, ``memoryless_fallback``, ``barn_max_full``,
     ``barn_max_empty``.  Per rep (R,): ``rep_weight`` (float), ``rep_node``,
     ``rep_mem_node``, ``rep_memoryless``; per node class (N,): ``node_has_memory``,
-    ``node_weight`` (float); and the :class:`~slabtune.model.workloads.Workload`.
+    ``node_weight`` (float); the :class:`~slabtune.model.workloads.Workload`; and
+    ``ops_per_step``, the run length b (ops of one kind per rep per step, 1..1024).
     """
 
     objs_per_slab: Any
@@ -87,6 +97,7 @@ class SimConfig(NamedTuple):
     node_has_memory: Any
     node_weight: Any
     workload: W.Workload
+    ops_per_step: Any = np.int32(1)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -186,7 +197,7 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
                 min_partial: int | None = None, cpu_partial_slabs: int | None = None,
                 sheaf_capacity: int | None = None,
                 barn_max_full: int = P.BARN_MAX_FULL,
-                barn_max_empty: int = P.BARN_MAX_EMPTY) -> SimConfig:
+                barn_max_empty: int = P.BARN_MAX_EMPTY, ops_per_step: int = 1) -> SimConfig:
     """Build a :class:`SimConfig` for one configuration.
 
     ``structure``: a :class:`slabtune.model.policy.Structure` of scalars (order,
@@ -194,7 +205,10 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
     ``(Workload, RepLayout)`` pair from :mod:`slabtune.model.workloads`, or a dict
     ``{"kind": ..., **params}`` built on ``topology``.  Keyword overrides stand for sysfs
     writes and boot-time switches (``barns``: "none", "memory_nodes" or "all_nodes").
+    ``ops_per_step``: the run length b (see :data:`MAX_OPS_PER_STEP`); 1 is one op per rep
+    per step, larger values trade fidelity for speed (docs/MODEL.md, "Runs").
     """
+    b = check_ops_per_step(ops_per_step)
     if isinstance(workload, dict):
         params = dict(workload)
         kind = params.pop("kind")
@@ -232,7 +246,16 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
         node_has_memory=np.asarray(lay.node_has_memory, np.int32),
         node_weight=np.asarray(lay.node_weight, np.float32),
         workload=W.Workload(*(np.asarray(f, np.int32) for f in wl)),
+        ops_per_step=_scalar(b),
     )
+
+
+def check_ops_per_step(b) -> int:
+    """``b`` as an int in 1..MAX_OPS_PER_STEP, or a SlabtuneError naming ops_per_step."""
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) \
+            or not 1 <= int(b) <= MAX_OPS_PER_STEP:
+        raise SlabtuneError(f"ops_per_step: {b!r} is not an integer in 1..{MAX_OPS_PER_STEP}")
+    return int(b)
 
 
 def stack_configs(cfgs) -> SimConfig:
@@ -299,8 +322,21 @@ def _add(x, idx, v):
     return x + jnp.where(ar == idx, v, 0)
 
 
+def _floordiv(a, b):
+    """floor(a / b) for int32 ``a`` and ``b > 0`` with a quotient below 2**22 in magnitude:
+    a float32 quotient corrected by one integer step, exact, so that XLA emits vector
+    divides instead of one scalar integer division per element (the step's main cost)."""
+    a, b = _i(a), _i(b)
+    x = a.astype(jnp.float32) / b.astype(jnp.float32)
+    t = x.astype(jnp.int32)                        # truncation: a vector convert
+    q = t - _i(x < t.astype(jnp.float32))          # floor(x) (jnp.floor is a libm call)
+    r = a - q * b
+    return q + _i(r >= b) - _i(r < 0)
+
+
 def _cdiv(a, b):
-    return (a + b - 1) // b
+    """ceil(a / b) for b > 0 (see :func:`_floordiv`)."""
+    return -_floordiv(-_i(a), b)
 
 
 def _nonempty(slabs, inuse, cap1):
@@ -324,19 +360,32 @@ class _Ctx:
         self.d = d
         self.inc = [_i(0)] * len(COUNTER_FIELDS)
         self.locks = {}   # id(node) -> [node, acquisitions]: one one-hot add per node
+        self.node_locks = None   # (N, B) acquisitions on every node class
         self.rows = {}    # per-rep field -> this rep's current (B,) entry
 
     def bump(self, name, v):
         self.inc[_CI[name]] = self.inc[_CI[name]] + _i(v)
 
-    def lock(self, node, cond):
-        """A list_lock acquisition on node class ``node`` (where ``cond``)."""
-        self.bump("list_lock", cond)
-        self.bump("list_lock_remote", cond & (node != self.d["node"][self.r]))
+    def lock(self, node, cnt):
+        """``cnt`` list_lock acquisitions on node class ``node`` (a count or a condition)."""
+        cnt = _i(cnt)
+        self.bump("list_lock", cnt)
+        self.bump("list_lock_remote", jnp.where(node != self.d["node"][self.r], cnt, 0))
         ent = self.locks.setdefault(id(node), [node, _i(0)])
-        ent[1] = ent[1] + _i(cond)
+        ent[1] = ent[1] + cnt
+
+    def lock_nodes(self, cnt):
+        """``cnt[n]`` list_lock acquisitions on every node class n ((N, B) counts; summed
+        and counted once, in :meth:`flush_locks`)."""
+        self.node_locks = cnt if self.node_locks is None else self.node_locks + cnt
 
     def flush_locks(self):
+        if self.node_locks is not None:
+            cnt, self.node_locks = self.node_locks, None
+            self.bump("list_lock", jnp.sum(cnt, axis=0))
+            self.bump("list_lock_remote",
+                      jnp.sum(jnp.where(_NODES != self.d["node"][self.r], cnt, 0), axis=0))
+            self.st["lock_node"] = self.st["lock_node"] + cnt
         for node, cnt in self.locks.values():
             self.st["lock_node"] = _add(self.st["lock_node"], node, cnt)
         self.locks = {}
@@ -376,24 +425,47 @@ class _Ctx:
 # --------------------------------------------------------------------------- the step
 
 
-def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
-    """One allocator op of rep ``r``: the workload's choice, then an allocation or a free.
+def _systematic(cum, n, u, tot, axis=0):
+    """Cumulative counts of a run's ``n`` random picks by systematic sampling: how many of
+    the points ``(u + i * tot) // n`` (i < n, ``0 <= u < tot``) lie below each cumulative
+    size ``cum`` along ``axis``; the last segment takes every point.  For ``n == 1`` this
+    is the single pick of ``u`` (the first segment whose cumulative size exceeds it)."""
+    c = jnp.clip(_cdiv(cum * n - u, tot), 0, n)
+    last = [slice(None)] * c.ndim
+    last[axis] = slice(-1, None)
+    last = tuple(last)
+    return c.at[last].set(jnp.broadcast_to(n, c[last].shape))
 
-    ``w``: this rep's K random words.  Allocation and free are computed as masked updates
-    (``do_a``/``do_f`` exclude each other), in the order of the reference's branches.
+
+def _counts(cum, axis=0):
+    """Per-segment counts from cumulative counts along ``axis``."""
+    first = lax.slice_in_dim(cum, 0, 1, axis=axis)
+    return jnp.concatenate([first, jnp.diff(cum, axis=axis)], axis=axis)
+
+
+def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
+    """One run of rep ``r``: up to ``ops_per_step`` allocations or frees (the workload's
+    choice), as closed-form transitions.
+
+    ``w``: this rep's K random words.  Allocation and free halves are masked updates (the
+    run lengths ``na``/``nf`` exclude each other); the order of the events within a run is
+    the one :mod:`slabtune.model.reference_sim` plays event by event (docs/MODEL.md).
     """
     st = dict(st)
     cx = _Ctx(st, r, d)
     wl = cfg.workload
     objs, cap1 = d["objs"], d["cap1"]
     cap = _i(cfg.sheaf_capacity)
+    capm = jnp.maximum(cap, 1)
     sheaves = cap > 0
+    cps = _i(cfg.cpu_partial_slabs)
+    mp = d["min_partial"]
     w0, w1, w2 = w[0], w[1], w[2]
     m = d["mem_node"][r]
     own = d["node"][r]
     has_barn = d["has_barn"][r]
 
-    # ---- workload: allocate or free?
+    # ---- workload: a run of allocations or of frees, and its length
     alloc_p = wl.alloc_p[r]
     burst = wl.burst[r]
     can_a = (wl.active[r] > 0) & (alloc_p > 0) & (cx.row("out") < wl.live_target[r])
@@ -402,206 +474,305 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     want_a = jnp.where(bursty, cx.row("phase") == 0, _i(w0 >> 16) < alloc_p)
     do_a = can_a & (want_a | ~can_f)
     do_f = can_f & ~do_a
-    did = do_a | do_f
-    left = cx.row("phase_left") - _i(bursty & did)
-    flip = bursty & did & (left <= 0)
+    n = jnp.where(do_a, jnp.minimum(d["b"], wl.live_target[r] - cx.row("out")),
+                  jnp.where(do_f, jnp.minimum(d["b"], cx.row("pend_tot")), 0))
+    n = jnp.where(bursty, jnp.minimum(n, cx.row("phase_left")), n)
+    left = cx.row("phase_left") - jnp.where(bursty, n, 0)
+    flip = bursty & (n > 0) & (left <= 0)
     cx.rset("phase", 1 - cx.row("phase"), flip)
     cx.rset("phase_left", jnp.where(flip, burst, left))
-    cx.bump("ops", did)
+    cx.bump("ops", n)
+    na = jnp.where(do_a, n, 0)
+    nf = jnp.where(do_f, n, 0)
 
-    # ================================================================ allocation
-    lo16 = _i(w1 & _U32(0xFFFF))
-    j = jnp.sum(_i(lo16 >= wl.free_cum[r]), axis=0)  # first rep whose cumulative share exceeds it
-    j = jnp.minimum(j, R - 1)
-    cx.bump("allocs", do_a)
+    # ================================================================ allocation run
+    # freeing rep of each object: systematic points over the rep's free_cum row
+    Cj = _systematic(wl.free_cum[r], na, _i(w1 & _U32(0xFFFF)), PROB_ONE)
+    cnt = _counts(Cj)
+    cx.bump("allocs", na)
 
-    # -- sheaf path (alloc_from_pcs, __pcs_replace_empty_main)
-    a_sh = do_a & sheaves
+    # -- sheaves (alloc_from_pcs, __pcs_replace_empty_main): main, then the spare, then
+    #    full sheaves from the barn, then refills from slabs, cap objects each
+    ns = jnp.where(sheaves, na, 0)
     main_r, spare_r = cx.row("main"), cx.row("spare")
-    hit = a_sh & (main_r > 0)
-    swap = a_sh & ~hit & (spare_r > 0)
-    bget = a_sh & ~hit & ~swap & has_barn & (_get(st["barn_full"], own) > 0)
-    refill = a_sh & ~hit & ~swap & ~bget
-    cx.bump("sheaf_alloc_hit", hit)
-    cx.bump("barn_get", bget)
-    cx.bump("barn_get_fail", refill & has_barn)
-    cx.bump("sheaf_refill", refill)
-    cx.rset("main", jnp.where(hit, main_r - 1, jnp.where(swap, spare_r - 1, cap - 1)), a_sh)
+    n1 = ns - jnp.minimum(ns, main_r)
+    swap = (n1 > 0) & (spare_r > 0)
+    n2 = n1 - jnp.where(swap, jnp.minimum(n1, spare_r), 0)
+    bf = _get(st["barn_full"], own)
+    gb = jnp.where(has_barn, jnp.minimum(_cdiv(n2, capm), bf), 0)
+    rfl = _cdiv(jnp.maximum(n2 - gb * cap, 0), capm)
+    sh_slow = _i(swap) + gb + rfl
+    cx.bump("sheaf_alloc_hit", ns - sh_slow)
+    cx.bump("barn_get", gb)
+    cx.bump("barn_get_fail", jnp.where(has_barn, rfl, 0))
+    cx.bump("sheaf_refill", rfl)
+    cx.rset("main", main_r + jnp.where(swap, spare_r, 0) + (gb + rfl) * cap - ns)
     cx.rset("spare", 0, swap)
-    cx.nadd("barn_full", own, -_i(bget))
+    cx.nadd("barn_full", own, -gb)
     cx.nadd("barn_empty", own,
-            _i(bget & (_get(st["barn_empty"], own) < cfg.barn_max_empty)))
+            jnp.clip(cfg.barn_max_empty - _get(st["barn_empty"], own), 0, gb))
 
     # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
     #    "local": every object comes from the node's partial list under its lock
     direct = do_a & ~sheaves & (d["alloc_local"][r] == 0)
+    nd = jnp.where(direct, na, 0)
 
-    # -- CPU slab (slab_alloc fast path, ___slab_alloc)
+    # -- CPU slab (slab_alloc fast path, ___slab_alloc): the freelist, the remotely freed
+    #    objects, then new CPU slabs, each a slow path, in the order ___slab_alloc takes
+    #    them: per-CPU partial slabs, node partial slabs (get_partial_node moving up to
+    #    cpu_partial_slabs / 2 + 1 more to the per-CPU list), new slabs
     a_cs = do_a & ~sheaves & ~direct
-    fast = a_cs & (cx.row("cs_free") > 0)
-    slow = a_cs & ~fast
-    rf = slow & (cx.row("cs_rfree") > 0)
-    newslab = slow & ~rf
-    deact_full = newslab & (cx.row("cs_inuse") > 0)
-    from_pc = newslab & (cx.row("pc_slabs") > 0)
+    nc = jnp.where(a_cs, na, 0)
+    f0, i0, r0 = cx.row("cs_free"), cx.row("cs_inuse"), cx.row("cs_rfree")
+    a0 = jnp.minimum(nc, f0)
+    n1 = nc - a0
+    rfe = (n1 > 0) & (r0 > 0)
+    a1 = jnp.where(rfe, jnp.minimum(n1, r0), 0)
+    n2 = n1 - a1
+    ps, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
     S_m = _get(st["part_slabs"], m)
     U_m = _get(st["part_inuse"], m)
-    from_node = newslab & ~from_pc & (S_m > 0)
-    from_page = newslab & ~from_pc & ~from_node
-    pcs, pcu = cx.row("pc_slabs"), cx.row("pc_inuse")
-    pc_h = jnp.where(pcs > _nonempty(pcs, pcu, cap1), 0, pcu - (pcs - 1) * cap1)
-    nd_h = jnp.where(S_m > _nonempty(S_m, U_m, cap1), 0, U_m - (S_m - 1) * cap1)
-    took = jnp.where(from_pc, pc_h, jnp.where(from_node, nd_h, 0))
-    cx.radd("pc_slabs", -_i(from_pc))
-    cx.radd("pc_inuse", -jnp.where(from_pc, pc_h, 0))
-    cx.nadd("full_slabs", m, _i(deact_full))
-    # get_partial_node(): in the same lock hold, more slabs go to the (empty) per-CPU
-    # partial list until it has more than cpu_partial_slabs / 2; most free ones first
-    S1, U1 = S_m - 1, U_m - nd_h
-    e1 = S1 - _nonempty(S1, U1, cap1)
-    k = jnp.where(from_node & (cfg.cpu_partial_slabs > 0),
-                  jnp.minimum(S1, cfg.cpu_partial_slabs // 2 + 1), 0)
-    mv = jnp.where(k > 0, jnp.minimum(U1, (k - jnp.minimum(k, e1)) * cap1), 0)
-    cx.radd("pc_slabs", k)
-    cx.radd("pc_inuse", mv)
-    cx.nadd("part_slabs", m, -_i(from_node) - k)
-    cx.nadd("part_inuse", m, -jnp.where(from_node, nd_h, 0) - mv)
-    cs_free = jnp.where(rf, cx.row("cs_rfree"),
-                        jnp.where(newslab, objs - took, cx.row("cs_free")))
-    cs_inuse = jnp.where(newslab, took, cx.row("cs_inuse"))
-    cx.rset("cs_free", cs_free - _i(a_cs))
-    cx.rset("cs_inuse", cs_inuse + _i(a_cs))
-    cx.rset("cs_rfree", 0, slow)
-    # a new CPU slab: the objects of the old one are no longer in the CPU slab
-    tracked = jnp.where(newslab, 0, cx.row("cs_tracked"))
-    cx.rset("cs_tracked", tracked + _i(a_cs))
-    pcs_row = jnp.where(newslab, 0, st["pend_cs"][r]) + jnp.where((_REPS == j) & a_cs, 1, 0)
+    ne_p = _nonempty(ps, pu, cap1)
+    e_p = ps - ne_p
+    hd_p = pu - (ne_p - 1) * cap1
+    ne_n = _nonempty(S_m, U_m, cap1)
+    e_n = S_m - ne_n
+    hd_n = U_m - (ne_n - 1) * cap1
+    G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
+    gend = _cdiv(e_n, G) * G
+    q1 = jnp.where((e_n > 0) & (gend < S_m), gend - e_n, 0)
+    one = objs - cap1
+    h_p, h_n = _i(ne_p > 0), _i(ne_n > 0)
+    # the new CPU slabs as blocks of equal yield (free objects per slab): per-CPU list
+    # (empty slabs, the emptiest, the rest), node list (empty, q1 nearly full ones that
+    # came with the last empties, the emptiest, the rest), the page allocator
+    bc = jnp.stack(_bc(e_p, h_p, ne_p - h_p, e_n, q1, h_n, ne_n - h_n - q1, n2))
+    by = jnp.stack(_bc(objs, objs - hd_p, one, objs, one, objs - hd_n, one, objs))
+    ocum = jnp.cumsum(bc * by, axis=0)
+    ecum = jnp.cumsum(bc, axis=0)
+    blk = jnp.sum(_i(ocum < n2), axis=0)
+    at = np.arange(8)[:, None] == blk
+    o_before = jnp.sum(jnp.where(at, ocum - bc * by, 0), axis=0)
+    e_before = jnp.sum(jnp.where(at, ecum - bc, 0), axis=0)
+    y_last = jnp.sum(jnp.where(at, by, 0), axis=0)
+    need = n2 - o_before
+    ev = _cdiv(need, jnp.maximum(y_last, 1))
+    E = jnp.where(n2 > 0, e_before + ev, 0)
+    L = need - (ev - 1) * y_last                       # objects taken from the last slab
+    t_p = jnp.minimum(E, ps)
+    t_n = jnp.clip(E - ps, 0, S_m)
+    t_pg = jnp.maximum(E - ps - S_m, 0)
+
+    def inuse_p(t):
+        return cap1 * jnp.clip(t - e_p, 0, ne_p) - jnp.where((t > e_p) & (ne_p > 0),
+                                                            cap1 - hd_p, 0)
+
+    def inuse_n(t):
+        return cap1 * jnp.clip(t - e_n, 0, ne_n) - jnp.where(
+            (t >= e_n + q1 + 1) & (ne_n > 0), cap1 - hd_n, 0)
+
+    takes = _cdiv(t_n, G)
+    gone = jnp.minimum(takes * G, S_m)
+    in_node = t_n > 0
+    cx.rset("pc_slabs", jnp.where(in_node, gone - t_n, ps - t_p))
+    cx.rset("pc_inuse", jnp.where(in_node, inuse_n(gone) - inuse_n(t_n), pu - inuse_p(t_p)))
+    cx.nadd("part_slabs", m, -gone)
+    cx.nadd("part_inuse", m, -inuse_n(gone))
+    cx.lock(m, takes)
+    # every new CPU slab deactivates the old one, full unless it held nothing
+    cx.nadd("full_slabs", m, jnp.where(E > 0, E - _i(i0 + a0 + a1 == 0), 0))
+    cx.rset("cs_free", jnp.where(E > 0, y_last - L, jnp.where(rfe, r0 - a1, f0 - a0)))
+    cx.rset("cs_inuse", jnp.where(E > 0, objs - y_last + L, i0 + a0 + a1))
+    cx.rset("cs_rfree", 0, n1 > 0)
+    # objects still in the CPU slab: the last L of the run (its objects are in j order)
+    suffix = _counts(jnp.maximum(Cj - (nc - L), 0))
+    pcs_row = jnp.where(E > 0, suffix, st["pend_cs"][r] + jnp.where(a_cs, cnt, 0))
     st["pend_cs"] = st["pend_cs"].at[r].set(pcs_row)
-    cx.lock(m, from_node)
+    cx.rset("cs_tracked", jnp.where(E > 0, L, cx.row("cs_tracked") + nc))
 
-    # -- bulk allocation from node m: a sheaf refill (cap objects) or a direct one (1)
-    _bulk_take(cx, m, jnp.where(refill, cap, jnp.where(direct, 1, 0)))
-    cx.lock(m, refill | direct)
+    # -- bulk allocation from node m: sheaf refills (cap objects each) or direct ones
+    _bulk_take(cx, m, rfl * cap + nd)
+    cx.lock(m, rfl + nd)
 
-    cx.bump("alloc_fast", hit | fast)
-    cx.bump("alloc_slow", do_a & ~(hit | fast))
-    cx.bump("slab_alloc", from_page)
-    st["pend"] = st["pend"].at[r].add(jnp.where((_REPS == j) & do_a, 1, 0))
-    cx.radd("out", do_a)
-    cx.nadd("pend_tot", j, do_a)
+    slow = sh_slow + _i(rfe) + E + nd
+    cx.bump("alloc_fast", na - slow)
+    cx.bump("alloc_slow", slow)
+    cx.bump("slab_alloc", t_pg)
+    st["pend"] = st["pend"].at[r].add(cnt)
+    cx.radd("out", na)
+    st["pend_tot"] = cx.whole("pend_tot") + cnt
 
-    # ================================================================ free
+    # ================================================================ free run
     # a materialisation point between the two halves: XLA then fuses each half on its own
     # (half the compile time, same speed)
     cx.write_rows()
     inc = tuple(jnp.broadcast_to(x, jnp.shape(do_a)) for x in cx.inc)
-    st_b, inc, do_f, w1, w2 = lax.optimization_barrier((dict(st), inc, do_f, w1, w2))
+    st_b, inc, nf, w1, w2 = lax.optimization_barrier((dict(st), inc, nf, w1, w2))
     st.update(st_b)
     cx.inc = list(inc)
-    cx.bump("frees", do_f)
-    # which pending object: segments (origin 0 in its CPU slab, origin 0 elsewhere,
-    # origin 1 in its CPU slab, ...), the word picks one object uniformly
+    cx.bump("frees", nf)
+    # which pending objects: systematic points over the segments (origin 0 in its CPU
+    # slab, origin 0 elsewhere, origin 1 in its CPU slab, ...)
     col = st["pend"][:, r]
     col_cs = st["pend_cs"][:, r]
     seg = jnp.stack([col_cs, col - col_cs], axis=1).reshape((2 * R,) + col.shape[1:])
-    c = _i(w1 >> 1) % jnp.maximum(cx.row("pend_tot"), 1)
-    sel = jnp.minimum(jnp.sum(_i(jnp.cumsum(seg, axis=0) <= c), axis=0), 2 * R - 1)
-    origin = sel // 2
-    in_cs_any = do_f & (sel % 2 == 0)       # in the origin's current CPU slab
-    in_cs = in_cs_any & (origin == r)       # ... which is this CPU's own
-    rem_cs = in_cs_any & (origin != r)      # ... another CPU's (frozen) slab
-    n = _get(d["mem_node"], origin)
-    remote = n != d["local_node"][r]
-    cx.bump("remote_free", do_f & remote)
-    st["pend"] = st["pend"].at[:, r].add(-jnp.where((_REPS == origin) & do_f, 1, 0))
-    st["pend_cs"] = st["pend_cs"].at[:, r].add(-jnp.where((_REPS == origin) & in_cs_any, 1, 0))
-    cx.nadd("cs_tracked", origin, -_i(in_cs_any))
-    cx.nadd("out", origin, -_i(do_f))
-    cx.radd("pend_tot", -_i(do_f))
+    T = jnp.maximum(cx.row("pend_tot"), 1)
+    k2 = _counts(_systematic(jnp.cumsum(seg, axis=0), nf, _i(w1 >> 1) % T, T))
+    k2 = k2.reshape((R, 2) + col.shape[1:])
+    k_cs, k_ot = k2[:, 0], k2[:, 1]
+    k_all = k_cs + k_ot
+    rem = d["mem_node"] != d["local_node"][r]
+    cx.bump("remote_free", jnp.sum(jnp.where(rem, k_all, 0), axis=0))
+    # the slabs on every node class as the run starts, in destination order: per rep its
+    # CPU slab (objects not tracked in pend_cs) and its per-CPU partial slabs, then the
+    # node's partial list, then its full slabs
+    # (the rep segments cs_0, pc_0, cs_1, ... each lie on one node class, their rep's
+    # memory node; a segment's end is its cumulative size among its node's segments)
+    zc = cx.whole("cs_inuse") - cx.whole("cs_tracked")
+    z = jnp.stack([zc, cx.whole("pc_inuse")], axis=1).reshape((2 * R,) + zc.shape[1:])
+    on_seg = jnp.repeat(d["mem_node"], 2, axis=0)[None] == _NODES[:, :, None]  # (N, 2R, B)
+    cum_n = jnp.cumsum(jnp.where(on_seg, z[None], 0), axis=1)
+    z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (2R, B)
+    z_tot = cum_n[:, -1]                                                 # (N, B)
+    u_end = z_tot + st["part_inuse"]
+    tot = jnp.maximum(u_end + st["full_slabs"] * objs, 1)
+    st["pend"] = st["pend"].at[:, r].add(-k_all)
+    st["pend_cs"] = st["pend_cs"].at[:, r].add(-k_cs)
+    st["cs_tracked"] = cx.whole("cs_tracked") - k_cs
+    st["out"] = cx.whole("out") - k_all
+    cx.radd("pend_tot", -nf)
 
-    # -- sheaf free (free_to_pcs, __pcs_replace_full_main)
-    f_sh = do_f & sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & remote)
+    # -- sheaf frees first (free_to_pcs, __pcs_replace_full_main): the main sheaf, then
+    #    one slow path per cap frees: the spare swap, barn puts, flushes
+    sh = sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & rem)        # (R, B)
+    nsh = jnp.sum(jnp.where(sh, k_all, 0), axis=0)
     main_r, spare_r = cx.row("main"), cx.row("spare")
-    fhit = f_sh & (main_r < cap)
-    fswap = f_sh & ~fhit & (spare_r == 0)
-    bput = f_sh & ~fhit & ~fswap & has_barn & (_get(st["barn_full"], own) < cfg.barn_max_full)
-    flush = f_sh & ~fhit & ~fswap & ~bput
-    cx.bump("sheaf_free_hit", fhit)
-    cx.bump("barn_put", bput)
-    cx.bump("barn_put_fail", flush & has_barn)
-    cx.bump("sheaf_flush", flush)
-    cx.rset("main", jnp.where(fhit, main_r + 1, 1), f_sh)
+    over = nsh - jnp.minimum(nsh, cap - main_r)
+    O = _cdiv(over, capm)
+    fswap = (O > 0) & (spare_r == 0)
+    room = jnp.where(has_barn, jnp.maximum(cfg.barn_max_full - _get(st["barn_full"], own), 0), 0)
+    puts = jnp.minimum(O - _i(fswap), room)
+    fl = O - _i(fswap) - puts
+    cx.bump("sheaf_free_hit", nsh - O)
+    cx.bump("barn_put", puts)
+    cx.bump("barn_put_fail", jnp.where(has_barn, fl, 0))
+    cx.bump("sheaf_flush", fl)
+    cx.rset("main", jnp.where(O > 0, over - (O - 1) * cap, main_r + nsh))
     cx.rset("spare", cap, fswap)
-    cx.nadd("barn_full", own, _i(bput))
-    cx.nadd("barn_empty", own, -_i(bput & (_get(st["barn_empty"], own) > 0)))
-    _bulk_free(cx, m, jnp.where(flush, cap, 0))
-    cx.lock(m, flush)
+    cx.nadd("barn_empty", own, -jnp.minimum(puts, _get(st["barn_empty"], own)))
+    cx.nadd("barn_full", own, puts)
+    _bulk_free(cx, m, fl * cap)
+    cx.lock(m, fl)
 
-    # -- slab free (do_slab_free fast path, __slab_free)
-    f_sl = do_f & ~f_sh
-    own_cs = f_sl & in_cs
-    other = f_sl & ~in_cs_any
-    # an object of another CPU's current CPU slab: freed into that frozen slab, no lock
-    cx.nadd("cs_rfree", origin, _i(f_sl & rem_cs))
-    cx.nadd("cs_inuse", origin, -_i(f_sl & rem_cs))
-    # which slab holds it, by allocated objects on node n: frozen slabs (CPU slabs and
-    # per-CPU partial slabs, rep by rep), then the node's partial list, then full slabs
-    on_n = d["mem_node"] == n
-    zc = jnp.where(on_n, cx.whole("cs_inuse") - cx.whole("cs_tracked"), 0)
-    zp = jnp.where(on_n, cx.whole("pc_inuse"), 0)
-    Un = _get(st["part_inuse"], n)
-    Sn = _get(st["part_slabs"], n)
-    Fn = _get(st["full_slabs"], n)
-    z2 = jnp.stack([zc, zp], axis=1).reshape((2 * R,) + zc.shape[1:])  # cs_0, pc_0, cs_1..
-    zcum = jnp.cumsum(z2, axis=0)
-    ztot = zcum[-1]
-    tot = ztot + Un + Fn * objs
-    dd = _i(w2 >> 1) % jnp.maximum(tot, 1)
-    slot = jnp.minimum(jnp.sum(_i(zcum <= dd), axis=0), 2 * R - 1)
-    kk = slot // 2
-    in_pc = (slot % 2) == 1
-    to_frozen = other & (dd < ztot)
-    to_part = other & ~to_frozen & (dd < ztot + Un)
-    to_full = other & ~to_frozen & ~to_part
-    fz_cs = to_frozen & ~in_pc
-    own_hit = fz_cs & (kk == r)
-    ffast = own_cs | own_hit
-    cx.radd("cs_free", ffast)
-    cx.nadd("cs_inuse", kk, -_i(fz_cs))
-    cx.radd("cs_inuse", -_i(own_cs))
-    cx.nadd("cs_rfree", kk, _i(fz_cs & ~own_hit))
-    cx.nadd("pc_inuse", kk, -_i(to_frozen & in_pc))
-    # the free that takes a partial slab's last object takes the list_lock and discards
-    # the slab if the node already keeps min_partial partial slabs
-    empties = to_part & (((Un - 1) % cap1) == 0)
-    discard = empties & (Sn >= cfg.min_partial)
-    cx.nadd("part_inuse", n, -_i(to_part))
-    cx.nadd("part_slabs", n, -_i(discard))
-    cx.lock(n, empties)
-    cx.bump("slab_free", discard)
-    # a full slab becomes partial: frozen onto this CPU's partial list if it has one (and
-    # the slab is on its memory node), else onto the node's list under the lock
-    to_cpp = to_full & (cfg.cpu_partial_slabs > 0) & (cfg.cpu_slab > 0) & (n == m)
-    to_np = to_full & ~to_cpp
-    cx.nadd("full_slabs", n, -_i(to_full))
-    _drain(cx, m, to_cpp & (cx.row("pc_slabs") >= cfg.cpu_partial_slabs))
-    cx.radd("pc_slabs", to_cpp)
-    cx.radd("pc_inuse", jnp.where(to_cpp, objs - 1, 0))
-    cx.lock(n, to_np)
-    np_discard = to_np & (objs == 1) & (_get(st["part_slabs"], n) >= cfg.min_partial)
-    np_keep = to_np & ~np_discard
-    cx.nadd("part_slabs", n, np_keep)
-    cx.nadd("part_inuse", n, jnp.where(np_keep, objs - 1, 0))
-    cx.bump("slab_free", np_discard)
+    # -- objects still in their origin's CPU slab: the CPU's own freelist (fast) or
+    #    another CPU's frozen slab (no lock)
+    kcs = jnp.where(sh, 0, k_cs)
+    kot = jnp.where(sh, 0, k_ot)
+    # -- the other slab frees, per node class: systematic points over the sizes
+    on = d["mem_node"][None] == _NODES[:, :, None]                       # (N, R, B)
+    x = jnp.sum(jnp.where(on, kot[None], 0), axis=1)                    # (N, B)
+    un = _i(w2 >> 1) % tot
 
-    cx.bump("free_fast", fhit | ffast)
-    cx.bump("free_slow", do_f & ~(fhit | ffast))
+    def below(end, n_, u_, t_):          # points of a node's run below a segment end
+        return jnp.clip(_cdiv(end * n_ - u_, t_), 0, n_)
+
+    at_seg = lambda v: jnp.sum(jnp.where(on_seg, v[:, None], 0), axis=0)  # noqa: E731
+    xs, us, ts = at_seg(x), at_seg(un), at_seg(tot)
+    cz = (below(z_end, xs, us, ts) - below(z_end - z, xs, us, ts)).reshape(
+        (R, 2) + z.shape[1:])
+    c_cs = kcs + cz[:, 0]
+    c_pc = cz[:, 1]
+    at_u = below(u_end, x, un, tot)
+    xU = at_u - below(z_tot, x, un, tot)
+    xF = x - at_u                                # the last segment takes the rest
+    mine = _REPS == r
+    st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
+    st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
+    st["pc_inuse"] = cx.whole("pc_inuse") - c_pc
+    own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
+    cx.radd("cs_free", own_fast)
+    _part_frees(cx, xU)
+    # full slabs become partial: frozen onto this CPU's partial list if it has one (and
+    # the slab is on its memory node), else onto the node's list under the lock; picks
+    # beyond the node's full slabs free into the slabs the run has just made partial
+    F = st["full_slabs"]
+    xF1 = jnp.minimum(xF, jnp.maximum(F, 0))
+    xF2 = xF - xF1
+    cpp = (cps > 0) & (cfg.cpu_slab > 0) & (_NODES == m)                 # (N, B)
+    xnp = jnp.where(cpp, 0, xF1)
+    st["full_slabs"] = F - xF1
+    S = st["part_slabs"]
+    keep = jnp.where(objs == 1, jnp.clip(mp - S, 0, xnp), xnp)
+    st["part_slabs"] = S + keep
+    st["part_inuse"] = st["part_inuse"] + keep * (objs - 1)
+    cx.bump("slab_free", jnp.sum(xnp - keep, axis=0))
+    cx.lock_nodes(xnp)
+    _full_to_cpu_partial(cx, m, jnp.sum(jnp.where(cpp, xF1, 0), axis=0))
+    xm2 = jnp.sum(jnp.where(cpp, xF2, 0), axis=0)
+    pcu = cx.row("pc_inuse")
+    into_pc = jnp.minimum(xm2, pcu)
+    cx.rset("pc_inuse", pcu - into_pc)
+    _part_frees(cx, jnp.where(cpp, xm2 - into_pc, xF2))
+
+    ffast = (nsh - O) + own_fast
+    cx.bump("free_fast", ffast)
+    cx.bump("free_slow", nf - ffast)
     cx.flush_locks()
     cx.write_rows()
     shape = jnp.shape(do_a)
     st["counts"] = st["counts"].at[:, r].add(jnp.stack([jnp.broadcast_to(x, shape)
                                                         for x in cx.inc]))
     return st
+
+
+def _part_frees(cx: _Ctx, x):
+    """``x[n]`` frees (N, B) into node n's partial list: the free that takes a slab's last
+    object (packing rule: U - 1 a multiple of objs - 1) takes the list_lock and discards
+    the slab while the node keeps at least min_partial partial slabs."""
+    st, cap1, mp = cx.st, cx.d["cap1"], cx.d["min_partial"]
+    U, S = st["part_inuse"], st["part_slabs"]
+    emp = _floordiv(U - 1, cap1) - _floordiv(U - x - 1, cap1)
+    disc = jnp.clip(S - mp + 1, 0, emp)
+    st["part_inuse"] = U - x
+    st["part_slabs"] = S - disc
+    cx.bump("slab_free", jnp.sum(disc, axis=0))
+    cx.lock_nodes(emp)
+
+
+def _bc(*xs):
+    """The values broadcast to one common shape, as int32 (rows of a stacked table)."""
+    return [jnp.broadcast_to(_i(x), jnp.broadcast_shapes(*(jnp.shape(y) for y in xs)))
+            for x in xs]
+
+
+def _full_to_cpu_partial(cx: _Ctx, m, x):
+    """``x`` frees, each into a full slab of node ``m``, which then goes on this rep's
+    per-CPU partial list (put_cpu_partial); a list already holding cpu_partial_slabs is
+    first drained to the node (unfreeze_partials), so drains come every
+    cpu_partial_slabs frees after the first."""
+    st, objs, cap1, mp = cx.st, cx.d["objs"], cx.d["cap1"], cx.d["min_partial"]
+    cps = _i(cx.d["cps"])
+    p, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
+    t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
+    D = jnp.where(x >= t1, 1 + _floordiv(x - t1, jnp.maximum(cps, 1)), 0)
+    s1, u1 = p + t1 - 1, pu + (t1 - 1) * (objs - 1)  # the list the first drain moves
+    ne1 = _nonempty(s1, u1, cap1)
+    e1 = s1 - ne1
+    S = _get(st["part_slabs"], m)
+    keep1 = jnp.clip(mp - (S + ne1), 0, e1)
+    ne_s = _nonempty(cps, cps * (objs - 1), cap1)    # later drains: cps slabs each
+    e_s = cps - ne_s
+    S2 = S + ne1 + keep1
+    keep_s = jnp.clip(mp - (S2 + (D - 1) * ne_s), 0, (D - 1) * e_s)
+    drained = D > 0
+    cx.nadd("part_slabs", m, jnp.where(drained, ne1 + keep1 + (D - 1) * ne_s + keep_s, 0))
+    cx.nadd("part_inuse", m, jnp.where(drained, u1 + (D - 1) * cps * (objs - 1), 0))
+    cx.bump("slab_free", jnp.where(drained, e1 - keep1 + (D - 1) * e_s - keep_s, 0))
+    cx.bump("cpu_partial_drain", D)
+    cx.lock(m, D)
+    left = jnp.where(drained, 1 + x - t1 - (D - 1) * cps, p + x)
+    cx.rset("pc_slabs", left)
+    cx.rset("pc_inuse", jnp.where(drained, left * (objs - 1), pu + x * (objs - 1)))
 
 
 def _bulk_take(cx: _Ctx, m, t):
@@ -645,25 +816,6 @@ def _bulk_free(cx: _Ctx, m, k):
     cx.bump("slab_free", drop)
 
 
-def _drain(cx: _Ctx, m, cond):
-    """unfreeze_partials(): move this rep's per-CPU partial slabs to node ``m``'s list under
-    one lock; empty ones beyond min_partial go back to the page allocator."""
-    st, r = cx.st, cx.r
-    s = jnp.where(cond, cx.row("pc_slabs"), 0)
-    u = jnp.where(cond, cx.row("pc_inuse"), 0)
-    ne = _nonempty(s, u, cx.d["cap1"])
-    e = s - ne
-    S = _get(st["part_slabs"], m) + ne
-    keep = jnp.clip(cx.d["min_partial"] - S, 0, e)
-    cx.nadd("part_slabs", m, ne + keep)
-    cx.nadd("part_inuse", m, u)
-    cx.rset("pc_slabs", 0, cond)
-    cx.rset("pc_inuse", 0, cond)
-    cx.bump("slab_free", e - keep)
-    cx.bump("cpu_partial_drain", cond)
-    cx.lock(m, cond)
-
-
 def _derived(cfg: SimConfig) -> dict:
     """Per-run constants of the step (computed once, outside the scan)."""
     objs = _i(cfg.objs_per_slab)
@@ -676,6 +828,8 @@ def _derived(cfg: SimConfig) -> dict:
         objs=objs,
         cap1=jnp.maximum(objs - 1, 1),
         min_partial=_i(cfg.min_partial),
+        cps=_i(cfg.cpu_partial_slabs),
+        b=_i(cfg.ops_per_step),
         node=node,
         mem_node=mem,
         # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
@@ -700,7 +854,8 @@ def _gauges(st, d, cfg):
 
 
 def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
-    """Advance one step: every rep, in order 0..R-1, does at most one allocator op.
+    """Advance one step: every rep, in order 0..R-1, does one run of at most
+    ``cfg.ops_per_step`` allocator ops of one kind.
 
     ``w``: the step's (R, K) uint32 random words; ``st``: the state as a dict of arrays
     (the fields of :class:`State`).  Pure: returns the new state.

@@ -3,7 +3,10 @@
 Same semantics as :mod:`slabtune.model.dynamics`, written as ordinary branches over Python
 ints, one allocator operation at a time.  Fed the same random words (``dynamics.draws``)
 and the same :class:`~slabtune.model.dynamics.SimConfig` (one configuration, NumPy or JAX
-arrays), :func:`run` returns counters equal to the JAX model's exactly.
+arrays), :func:`run` returns counters equal to the JAX model's exactly.  A run of
+``ops_per_step`` > 1 operations, which the JAX step computes in closed form, is played
+here as that many single events in the run's fixed order (docs/MODEL.md, "Runs"), each by
+the one-event rules: the equality is what checks the closed forms.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import numpy as np
 
 from slabtune.model.dynamics import (COUNTER_FIELDS, BARNS_ALL, BARNS_MEMORY, GAUGE_SHIFT, K,
                                      N, R, SimConfig)
+from slabtune.model.workloads import PROB_ONE
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -51,6 +55,7 @@ class RefSim:
         self.live = [int(x) for x in wl["live_target"]]
         self.burst = [int(x) for x in wl["burst"]]
         self.active = [int(x) > 0 for x in wl["active"]]
+        self.b = int(c["ops_per_step"])
 
         self.pend = [[0] * R for _ in range(R)]
         self.pend_cs = [[0] * R for _ in range(R)]   # of pend[i][j]: in i's CPU slab
@@ -149,9 +154,11 @@ class RefSim:
 
     # ------------------------------------------------------------------ operations
 
-    def _choose(self, r: int, w0: int) -> str | None:
+    def _choose(self, r: int, w0: int) -> tuple[str | None, int]:
+        """The kind of rep ``r``'s run this step and its length ``n`` (at most ``b`` ops,
+        the rest of a burst phase, the objects it may still allocate or has to free)."""
         if not self.active[r]:
-            return None
+            return None, 0
         can_a = self.alloc_p[r] > 0 and self.out[r] < self.live[r]
         can_f = self.pend_tot[r] > 0
         if self.burst[r] > 0:
@@ -159,22 +166,114 @@ class RefSim:
         else:
             want_a = (w0 >> 16) < self.alloc_p[r]
         if can_a and (want_a or not can_f):
-            op = "alloc"
+            op, n = "alloc", min(self.b, self.live[r] - self.out[r])
         elif can_f:
-            op = "free"
+            op, n = "free", min(self.b, self.pend_tot[r])
         else:
-            return None
+            return None, 0
         if self.burst[r] > 0:
-            self.phase_left[r] -= 1
+            n = min(n, self.phase_left[r])
+            self.phase_left[r] -= n
             if self.phase_left[r] <= 0:
                 self.phase[r] = 1 - self.phase[r]
                 self.phase_left[r] = self.burst[r]
-        self._bump("ops", r)
-        return op
+        self._bump("ops", r, n)
+        return op, n
 
-    def alloc(self, r: int, w1: int):
+    def alloc_run(self, r: int, n: int, w1: int):
+        """``n`` allocations, one at a time; the freeing rep of the i-th object is where the
+        systematic point (lo16 + i * 65536) // n falls in the rep's free_cum row."""
         lo16 = w1 & 0xFFFF
-        j = next(k for k in range(R) if lo16 < self.free_cum[r][k])
+        for i in range(n):
+            p = (lo16 + i * PROB_ONE) // n
+            j = next((k for k in range(R) if p < self.free_cum[r][k]), R - 1)
+            self.alloc(r, j)
+
+    def free_run(self, r: int, n: int, w1: int, w2: int):
+        """``n`` frees, one at a time, in the run's fixed order (docs/MODEL.md): which
+        pending objects (systematic points over the origin segments), then the sheaf
+        frees, the frees of objects still in their origin's CPU slab, and per node class
+        the frees into slabs by destination (systematic points over the slab sizes taken
+        at the start of the run)."""
+        T = max(self.pend_tot[r], 1)
+        u = (w1 >> 1) % T
+        segs = []
+        for i in range(R):
+            a = self.pend_cs[i][r]
+            segs += [(i, True, a), (i, False, self.pend[i][r] - a)]
+        picks = []
+        for q in range(n):
+            p = (u + q * T) // n
+            acc, pick = 0, (R - 1, False)
+            for i, cs, size in segs:
+                if p < acc + size:
+                    pick = (i, cs)
+                    break
+                acc += size
+            picks.append(pick)
+        # the slab sizes as the run starts, of the node classes its objects come from
+        sizes = {nn: self._slab_sizes(nn) for nn in {self.mem[i] for i, cs in picks if not cs}}
+        m = self.mem[r]
+        sheaf, in_cs, other = [], [], [0] * N
+        for origin, cs in picks:
+            n_o = self.mem[origin]
+            remote = n_o != self.local_node[r]
+            self._bump("frees", r)
+            if remote:
+                self._bump("remote_free", r)
+            self.pend[origin][r] -= 1
+            self.out[origin] -= 1
+            self.pend_tot[r] -= 1
+            if cs:
+                self.pend_cs[origin][r] -= 1
+                self.cs_tracked[origin] -= 1
+            if self.cap > 0 and not (self.bypass and remote):
+                sheaf.append(origin)
+            elif cs:
+                in_cs.append(origin)
+            else:
+                other[n_o] += 1
+        for _ in sheaf:
+            self._sheaf_free(r, m)
+        for origin in in_cs:
+            self.cs_inuse[origin] -= 1
+            if origin == r:               # this CPU's own CPU slab: its freelist
+                self.cs_free[r] += 1
+                self._bump("free_fast", r)
+            else:                         # another CPU's CPU slab: into the frozen slab
+                self.cs_rfree[origin] += 1
+                self._bump("free_slow", r)
+        for nn in range(N):
+            x = other[nn]
+            if x == 0:
+                continue
+            tot = max(sum(size for _, size in sizes[nn]), 1)
+            un = (w2 >> 1) % tot
+            for q in range(x):
+                p = (un + q * tot) // x
+                acc, dest = 0, sizes[nn][-1][0]
+                for where, size in sizes[nn]:
+                    if p < acc + size:
+                        dest = where
+                        break
+                    acc += size
+                self._slab_free(r, nn, dest)
+
+    def _slab_sizes(self, n: int) -> list:
+        """Allocated objects on node ``n`` by the slab that holds them, in destination
+        order: CPU slab (untracked objects) and per-CPU partial slabs rep by rep, the
+        node's partial list, its full slabs."""
+        out = []
+        for k in range(R):
+            on = self.mem[k] == n
+            out.append((("cs", k), (self.cs_inuse[k] - self.cs_tracked[k]) if on else 0))
+            out.append((("pc", k), self.pc_inuse[k] if on else 0))
+        out.append((("part", None), self.U[n]))
+        out.append((("full", None), self.F[n] * self.objs))
+        return out
+
+    def alloc(self, r: int, j: int):
+        """One allocation by rep ``r`` of an object rep ``j`` will free."""
         self._bump("allocs", r)
         m = self.mem[r]
         if self.cap > 0:
@@ -249,102 +348,60 @@ class RefSim:
         self.out[r] += 1
         self.pend_tot[j] += 1
 
-    def free(self, r: int, w1: int, w2: int):
-        self._bump("frees", r)
-        # the object: uniform over pending ones, listed origin by origin, those still in
-        # the origin's CPU slab first
-        c = (w1 >> 1) % max(self.pend_tot[r], 1)
-        acc = 0
-        origin, in_cs = R - 1, False
-        for i in range(R):
-            a = self.pend_cs[i][r]
-            b = self.pend[i][r] - a
-            if c < acc + a:
-                origin, in_cs = i, True
-                break
-            acc += a
-            if c < acc + b:
-                origin, in_cs = i, False
-                break
-            acc += b
-        n = self.mem[origin]
-        m = self.mem[r]
-        remote = n != self.local_node[r]
-        if remote:
-            self._bump("remote_free", r)
-        self.pend[origin][r] -= 1
-        self.out[origin] -= 1
-        self.pend_tot[r] -= 1
-        if in_cs:
-            self.pend_cs[origin][r] -= 1
-            self.cs_tracked[origin] -= 1
-
-        if self.cap > 0 and not (self.bypass and remote):
-            own = self.node[r]
-            if self.main[r] < self.cap:
-                self.main[r] += 1
-                self._bump("sheaf_free_hit", r)
-                self._bump("free_fast", r)
-                return
-            self._bump("free_slow", r)
-            if self.spare[r] == 0:
-                self.spare[r] = self.cap
-            elif self.has_barn[r] and self.barn_full[own] < self.max_full:
-                self._bump("barn_put", r)
-                self.barn_full[own] += 1
-                if self.barn_empty[own] > 0:
-                    self.barn_empty[own] -= 1
-            else:
-                if self.has_barn[r]:
-                    self._bump("barn_put_fail", r)
-                self._bump("sheaf_flush", r)
-                self._bulk_free(r, m, self.cap)
-                self._lock(r, m)
-            self.main[r] = 1
-            return
-
-        if in_cs and origin == r:         # this CPU's own CPU slab: its freelist
-            self.cs_free[r] += 1
-            self.cs_inuse[r] -= 1
+    def _sheaf_free(self, r: int, m: int):
+        """free_to_pcs(): into the main sheaf, else __pcs_replace_full_main()."""
+        own = self.node[r]
+        if self.main[r] < self.cap:
+            self.main[r] += 1
+            self._bump("sheaf_free_hit", r)
             self._bump("free_fast", r)
             return
-        if in_cs:                         # another CPU's CPU slab: into the frozen slab
-            self.cs_rfree[origin] += 1
-            self.cs_inuse[origin] -= 1
-            self._bump("free_slow", r)
-            return
-        # which slab holds it: by allocated objects on node n
-        zc = [(self.cs_inuse[k] - self.cs_tracked[k]) if self.mem[k] == n else 0
-              for k in range(R)]
-        zp = [self.pc_inuse[k] if self.mem[k] == n else 0 for k in range(R)]
-        ztot = sum(zc) + sum(zp)
-        Un, Sn, Fn = self.U[n], self.S[n], self.F[n]
-        tot = ztot + Un + Fn * self.objs
-        dd = (w2 >> 1) % max(tot, 1)
-        if dd < ztot:
-            acc = 0
-            for k in range(R):
-                if dd < acc + zc[k]:
-                    self.cs_inuse[k] -= 1
-                    if k == r:          # a slab this CPU holds: its own freelist
-                        self.cs_free[r] += 1
-                        self._bump("free_fast", r)
-                        return
-                    self.cs_rfree[k] += 1
-                    break
-                acc += zc[k]
-                if dd < acc + zp[k]:
-                    self.pc_inuse[k] -= 1
-                    break
-                acc += zp[k]
+        self._bump("free_slow", r)
+        if self.spare[r] == 0:
+            self.spare[r] = self.cap
+        elif self.has_barn[r] and self.barn_full[own] < self.max_full:
+            self._bump("barn_put", r)
+            self.barn_full[own] += 1
+            if self.barn_empty[own] > 0:
+                self.barn_empty[own] -= 1
+        else:
+            if self.has_barn[r]:
+                self._bump("barn_put_fail", r)
+            self._bump("sheaf_flush", r)
+            self._bulk_free(r, m, self.cap)
+            self._lock(r, m)
+        self.main[r] = 1
+
+    def _slab_free(self, r: int, n: int, dest):
+        """One free into a slab of node ``n`` that is not its origin's CPU slab."""
+        kind, k = dest
+        m = self.mem[r]
+        if kind == "cs":                  # another CPU slab (the origin's old one)
+            self.cs_inuse[k] -= 1
+            if k == r:                    # a slab this CPU holds: its own freelist
+                self.cs_free[r] += 1
+                self._bump("free_fast", r)
+                return
+            self.cs_rfree[k] += 1
             self._bump("free_slow", r)
             return
         self._bump("free_slow", r)
-        if dd < ztot + Un:
+        if kind == "pc":
+            self.pc_inuse[k] -= 1
+            return
+        if kind == "full" and self.F[n] <= 0:
+            # the run's earlier frees have made every full slab partial: the object is in
+            # one of those, on this CPU's partial list or the node's
+            if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m and self.pc_inuse[r] > 0:
+                self.pc_inuse[r] -= 1
+                return
+            kind = "part"
+        if kind == "part":
+            Un = self.U[n]
             self.U[n] -= 1
             if (Un - 1) % self.cap1 == 0:       # its last object: the slab is empty
                 self._lock(r, n)
-                if Sn >= self.min_partial:
+                if self.S[n] >= self.min_partial:
                     self.S[n] -= 1
                     self._bump("slab_free", r)
             return
@@ -368,11 +425,11 @@ class RefSim:
     def step(self, w):
         for r in range(R):
             w0, w1, w2 = (int(x) for x in w[r])
-            op = self._choose(r, w0)
+            op, n = self._choose(r, w0)
             if op == "alloc":
-                self.alloc(r, w1)
+                self.alloc_run(r, n, w1)
             elif op == "free":
-                self.free(r, w1, w2)
+                self.free_run(r, n, w1, w2)
         self._gauge()
 
     def _gauge(self):

@@ -211,7 +211,8 @@ def memoryless_node_ids(nodes: int, memoryless: int) -> tuple[int, ...]:
 
 
 class Dynamics(Evaluator):
-    """Per-CPU alloc/free streams simulated for ``[sweep] steps`` steps
+    """Per-CPU alloc/free streams simulated for ``[sweep] steps`` steps, runs of up to
+    ``[sweep] ops_per_step`` ops per rep per step
     (:func:`slabtune.model.dynamics.simulate_batch`) on the structural prediction, then
     machine-wide metrics (:func:`slabtune.model.metrics.compute`) with the packaged cost
     constants.  Each configuration's random stream is fixed by the spec's seed and the
@@ -307,7 +308,8 @@ class Dynamics(Evaluator):
                 built[key] = _build_workload(row)
             t, wl = built[key]
             s_r = policy.Structure(*(st[f][r] for f in STRUCTURE_FIELDS))
-            cfgs.append(D.config_from(s_r, P.get_profile(prof_names[cols["profile"][r]]), t, wl))
+            cfgs.append(D.config_from(s_r, P.get_profile(prof_names[cols["profile"][r]]), t, wl,
+                                      ops_per_step=spec.ops_per_step))
         stacked = D.stack_configs(cfgs)
         pcp = np.asarray([CO.pcp_max_order(P.get_profile(p).version) for p in prof_names],
                          np.int32)[cols["profile"][rows]]

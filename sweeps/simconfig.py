@@ -11,7 +11,8 @@ The file has five tables::
     [workload]  kind = "local" | "producer_consumer" | "request_response" | "block_io",
                 other_ns (the workload's own work per allocator op), and the parameters
                 of that kind's constructor in slabtune.model.workloads
-    [run]       steps, seed
+    [run]       steps, seed, ops_per_step (the dynamics run length b, default 1: one op
+                per rep per step; larger b is faster and less faithful, docs/MODEL.md)
 
 Every unknown key is an error naming the key (``workload.burts: unknown key ...``).  This
 module reads files (config and cost constants); the model it feeds never does.
@@ -49,6 +50,7 @@ KNOBS: dict[str, tuple[type, str]] = {
 _TOP_TABLES = ("topology", "cache", "policy", "workload", "run")
 _TOPOLOGY_KEYS = ("cpus", "nodes", "memoryless_nodes", "node_cpus", "possible", "online")
 _MAX_STEPS = 10_000_000
+_MAX_OPS_PER_STEP = 1024   # slabtune.model.dynamics.MAX_OPS_PER_STEP (not imported: no JAX here)
 
 
 class ConfigError(SlabtuneError):
@@ -72,6 +74,14 @@ class SimSpec:
     seed: int
     #: The profile name the config gave (``profile`` has the knobs applied).
     base_profile: str = ""
+    #: [run] ops_per_step: the dynamics model's run length b (1: one op per rep per step).
+    ops_per_step: int = 1
+
+    def _run_table(self) -> dict[str, Any]:
+        run: dict[str, Any] = {"steps": self.steps, "seed": self.seed}
+        if self.ops_per_step != 1:
+            run["ops_per_step"] = self.ops_per_step
+        return run
 
     def to_doc(self) -> dict[str, Any]:
         """The spec as a config document (the tables of a CONFIG.toml) that parses back to
@@ -96,7 +106,7 @@ class SimSpec:
         if self.other_ns:
             workload["other_ns"] = self.other_ns
         return {"topology": topo, "cache": cache, "policy": policy, "workload": workload,
-                "run": {"steps": self.steps, "seed": self.seed}}
+                "run": self._run_table()}
 
     def describe(self) -> dict[str, Any]:
         """The configuration spelled out, JSON-ready."""
@@ -111,7 +121,7 @@ class SimSpec:
             "knobs": dict(self.knobs),
             "workload": {"kind": self.workload_kind, "other_ns": self.other_ns,
                          **self.workload_params},
-            "run": {"steps": self.steps, "seed": self.seed},
+            "run": self._run_table(),
         }
 
 
@@ -305,12 +315,13 @@ def parse_workload(tab: dict) -> tuple[str, dict[str, Any], float]:
     return kind, params, other
 
 
-def parse_run(tab: dict) -> tuple[int, int]:
-    """[run] -> (steps, seed)."""
-    _no_unknown(tab, "run", ("steps", "seed"))
+def parse_run(tab: dict) -> tuple[int, int, int]:
+    """[run] -> (steps, seed, ops_per_step)."""
+    _no_unknown(tab, "run", ("steps", "seed", "ops_per_step"))
     steps = _int("run.steps", tab.get("steps", 2000), 1, _MAX_STEPS)
     seed = _int("run.seed", tab.get("seed", 0), 0, (1 << 32) - 1)
-    return steps, seed
+    b = _int("run.ops_per_step", tab.get("ops_per_step", 1), 1, _MAX_OPS_PER_STEP)
+    return steps, seed, b
 
 
 def parse_doc(doc: dict) -> SimSpec:
@@ -320,9 +331,9 @@ def parse_doc(doc: dict) -> SimSpec:
     cache = parse_cache(_table(doc, "cache"))
     profile, boot, given, knobs = parse_policy(_table(doc, "policy"), cache)
     kind, wparams, other = parse_workload(_table(doc, "workload"))
-    steps, seed = parse_run(_table(doc, "run", required=False))
+    steps, seed, b = parse_run(_table(doc, "run", required=False))
     return SimSpec(topo, cache, profile, boot, given, knobs, kind, wparams, other, steps, seed,
-                   base_profile=_table(doc, "policy")["profile"])
+                   base_profile=_table(doc, "policy")["profile"], ops_per_step=b)
 
 
 def parse_text(text: str, where: str = "<config>") -> SimSpec:

@@ -63,7 +63,8 @@ def sim_config(spec: SimSpec, structure):
         workload = W.build(spec.workload_kind, spec.topology, **spec.workload_params)
     except W.WorkloadError as err:
         raise ConfigError(f"workload.{err}") from None
-    return D.config_from(structure, effective_profile(spec), spec.topology, workload, **kw)
+    return D.config_from(structure, effective_profile(spec), spec.topology, workload,
+                         ops_per_step=spec.ops_per_step, **kw)
 
 
 def simulate_specs(specs: list[SimSpec]):

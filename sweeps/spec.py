@@ -9,6 +9,7 @@ A spec looks like::
     seed = 0
     metrics = ["order", "objs_per_slab"]   # optional; every metric when absent
     steps = 2000                    # dynamics evaluator only: simulated steps per config
+    ops_per_step = 1                # dynamics evaluator only: run length b (speed/fidelity)
 
     [topology]                      # topology generator
     cpus = { logrange = [1, 8192], factor = 2 }
@@ -74,6 +75,8 @@ MAX_CHUNK = 1 << 22
 #: Simulated steps per configuration of a dynamics sweep ([sweep] steps).
 DEFAULT_STEPS = 2000
 MAX_STEPS = 1_000_000
+#: Largest [sweep] ops_per_step (the dynamics model's MAX_OPS_PER_STEP).
+MAX_OPS_PER_STEP = 1024
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 
 
@@ -173,6 +176,8 @@ class SweepSpec:
     exclude: tuple[Exclusion, ...]
     defaults: tuple[tuple[str, Any], ...]
     source: str = ""
+    #: Run length of the dynamics model (ops of one kind per rep per step); 1 is exact.
+    ops_per_step: int = 1
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -203,6 +208,8 @@ class SweepSpec:
             "exclude": [[list(t) if not isinstance(t[2], tuple) else [t[0], t[1], list(t[2])]
                          for t in e.tests] for e in self.exclude],
             "defaults": [list(d) for d in self.defaults],
+            # only when set, so the hash of a spec without it is what it always was
+            **({"ops_per_step": self.ops_per_step} if self.ops_per_step != 1 else {}),
         }
 
     @property
@@ -230,6 +237,7 @@ def from_dict(d: dict) -> SweepSpec:
         chunk_size=int(d["chunk_size"]), seed=int(d["seed"]),
         steps=int(d.get("steps", DEFAULT_STEPS)), metrics=tuple(d["metrics"]),
         axes=axes, exclude=tuple(excl), defaults=tuple((k, v) for k, v in d["defaults"]),
+        ops_per_step=int(d.get("ops_per_step", 1)),
     )
 
 
@@ -403,7 +411,8 @@ def validate(doc: dict) -> SweepSpec:
     sweep = doc.get("sweep")
     if not isinstance(sweep, dict):
         raise SpecError("sweep: missing [sweep] section")
-    known_sweep = {"name", "description", "evaluator", "chunk_size", "seed", "metrics", "steps"}
+    known_sweep = {"name", "description", "evaluator", "chunk_size", "seed", "metrics", "steps",
+                   "ops_per_step"}
     for key in sweep:
         if key not in known_sweep:
             raise SpecError(f"sweep.{key}: unknown key (allowed: {', '.join(sorted(known_sweep))})")
@@ -430,6 +439,12 @@ def validate(doc: dict) -> SweepSpec:
         raise SpecError(f"sweep.steps: must be an integer in 1..{MAX_STEPS}, got {steps!r}")
     if "steps" in sweep and not ev.uses_steps:
         raise SpecError(f"sweep.steps: the {ev_name} evaluator simulates no steps")
+    ops_per_step = sweep.get("ops_per_step", 1)
+    if not _is_int(ops_per_step) or not 1 <= ops_per_step <= MAX_OPS_PER_STEP:
+        raise SpecError(f"sweep.ops_per_step: must be an integer in 1..{MAX_OPS_PER_STEP}, "
+                        f"got {ops_per_step!r}")
+    if "ops_per_step" in sweep and not ev.uses_steps:
+        raise SpecError(f"sweep.ops_per_step: the {ev_name} evaluator simulates no steps")
     all_metrics = ev.metrics()
     metrics = sweep.get("metrics", list(all_metrics))
     if not isinstance(metrics, list) or not metrics:
@@ -477,7 +492,7 @@ def validate(doc: dict) -> SweepSpec:
     spec = SweepSpec(name=name, description=desc, evaluator=ev_name, chunk_size=chunk,
                      seed=seed, steps=steps, metrics=tuple(metrics), axes=tuple(axes),
                      exclude=exclude,
-                     defaults=defaults)
+                     defaults=defaults, ops_per_step=ops_per_step)
     ev.check(spec)
     return spec
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import dynamics as D
 from slabtune.model import policy as PL
 from slabtune.model import profiles as P
@@ -35,6 +38,7 @@ WORKLOADS = {
 
 
 def _cfg(profile, topo, wl, size=256, explicit_sheaf=0, **kw):
+    """One configuration (``kw``: config_from overrides, ops_per_step among them)."""
     prof = P.get_profile(profile)
     st = PL.structure(size, topo.possible, topo.present, topo.online,
                       PL.profile_arrays(prof), explicit_sheaf=explicit_sheaf)
@@ -98,6 +102,91 @@ def test_equal_edge_configs(case):
     assert want["allocs"].sum() > 100
 
 
+# Runs of b ops per rep per step: the JAX closed forms against the reference playing the
+# same run event by event.  Profiles: per-CPU partial era (v3.1 without, v6.1 with),
+# sheaves next to per-CPU partial lists (v6.18 opt-in), sheaf era (v7.0, v7.1 with
+# memoryless CPUs using sheaves); every workload kind; memoryless nodes in the topology.
+@pytest.mark.parametrize("b", [1, 2, 7, 64])
+@pytest.mark.parametrize("profile,explicit_sheaf", [("v3.1", 0), ("v6.1", 0), ("v6.18", 32),
+                                                    ("v7.0", 0), ("v7.1", 0)])
+@pytest.mark.parametrize("wl", list(WORKLOADS))
+def test_runs_equal_reference(b, profile, explicit_sheaf, wl):
+    topo = TOPOS["2node_memless"] if wl != "local" else TOPOS["3node"]
+    cfg = _cfg(profile, topo, WORKLOADS[wl], size=512, explicit_sheaf=explicit_sheaf,
+               ops_per_step=b)
+    want = _assert_equal(cfg, seed=hash((profile, wl, b)) & 0xFFFF)
+    if b > 1:
+        # the runs really are longer than one op: some rep did more ops than steps
+        assert want["ops"].max() > STEPS
+
+
+@pytest.mark.parametrize("b", [7, 64])
+@pytest.mark.parametrize("case", [
+    # one object per slab, no per-CPU partial room: every allocation a new slab
+    dict(profile="v6.1", size=4096, topo="1node16", wl="local_burst",
+         kw=dict(min_partial=0)),
+    # frequent drains of a 1-slab per-CPU partial list within one run
+    dict(profile="v6.1", size=512, topo="2node_memless", wl="producer_consumer",
+         kw=dict(cpu_partial_slabs=1, min_partial=2)),
+    dict(profile="v6.1", size=64, topo="1node16", wl="local",
+         kw=dict(cpu_partial_slabs=3, min_partial=1)),
+    # sheaves tighter than a slab, barns that fill up: many refills and flushes per run
+    dict(profile="v7.0", size=64, topo="1node16", wl="producer_consumer",
+         kw=dict(sheaf_capacity=3, barn_max_full=1, barn_max_empty=1, min_partial=1)),
+    dict(profile="v7.1", size=1024, topo="3node", wl="block_io",
+         kw=dict(sheaf_capacity=5, barn_max_full=2)),
+    # barns on every node, on memory nodes only, none
+    dict(profile="v7.0", size=256, topo="2node_memless", wl="request_response",
+         kw=dict(barns="all_nodes")),
+    dict(profile="v7.0", size=256, topo="3node", wl="local_burst",
+         kw=dict(barns="none", sheaf_capacity=4)),
+    # memoryless CPUs without the numa_mem_id() fix: direct allocations, b at a time
+    dict(profile="v6.1", size=192, topo="2node_memless", wl="local",
+         kw=dict(memoryless_fallback=False)),
+    dict(profile="v6.1", size=1024, topo="1node16", wl="request_response",
+         kw=dict(), wl_extra=dict(irq_self_free=0.4)),
+])
+def test_runs_equal_reference_edge_configs(b, case):
+    cfg = _cfg(case["profile"], TOPOS[case["topo"]],
+               dict(WORKLOADS[case["wl"]], **case.get("wl_extra", {})),
+               size=case["size"], ops_per_step=b, **case["kw"])
+    want = _assert_equal(cfg, seed=b)
+    assert want["allocs"].sum() > 100
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 300), profile=st.sampled_from(["v3.1", "v6.1", "v6.18", "v7.0", "v7.1"]),
+       size=st.sampled_from([8, 64, 192, 512, 1024, 4096]), topo=st.sampled_from(list(TOPOS)),
+       wl=st.sampled_from(list(WORKLOADS)), min_partial=st.integers(0, 6),
+       cps=st.integers(0, 8), sheaf=st.sampled_from([0, 1, 3, 8, 32]),
+       barns=st.sampled_from(["none", "memory_nodes", "all_nodes"]),
+       max_full=st.integers(0, 4), seed=st.integers(0, 1 << 16))
+def test_runs_equal_reference_random_configs(b, profile, size, topo, wl, min_partial, cps,
+                                             sheaf, barns, max_full, seed):
+    """Random run lengths, slab sizes, list limits, sheaf capacities and barn modes."""
+    explicit = sheaf if profile == "v6.18" else 0
+    kw = dict(min_partial=min_partial, cpu_partial_slabs=cps, barns=barns,
+              barn_max_full=max_full, ops_per_step=b)
+    if profile in ("v7.0", "v7.1") and sheaf:
+        kw["sheaf_capacity"] = sheaf
+    cfg = _cfg(profile, TOPOS[topo], WORKLOADS[wl], size=size, explicit_sheaf=explicit, **kw)
+    _assert_equal(cfg, seed)
+
+
+def test_run_of_one_is_the_single_op_model():
+    """b = 1 spelled out: every rep does at most one op per step."""
+    cfg = _cfg("v6.1", TOPOS["2node_memless"], WORKLOADS["request_response"])
+    want = _assert_equal(cfg, seed=1)
+    assert want["ops"].max() <= STEPS
+
+
+@pytest.mark.parametrize("b", [0, -3, 1025, 2.5, True])
+def test_ops_per_step_out_of_range_is_named(b):
+    with pytest.raises(SlabtuneError, match="ops_per_step"):
+        _cfg("v6.1", TOPOS["1node16"], WORKLOADS["local"], ops_per_step=b)
+
+
 def test_simulate_from_key_equals_its_draws():
     """simulate(key) draws its words in the scan; they are the words draws(key) returns."""
     cfg = _cfg("v7.0", TOPOS["2node_memless"], WORKLOADS["block_io"])
@@ -118,6 +207,7 @@ def _held(sim: RS.RefSim) -> int:
     return sum(sim.main) + sum(sim.spare) + sum(sim.barn_full) * sim.cap
 
 
+@pytest.mark.parametrize("b", [1, 16])
 @pytest.mark.parametrize("profile,wl,kw", [
     ("v3.1", "producer_consumer", dict(min_partial=2)),
     ("v6.1", "local_burst", dict(min_partial=3)),
@@ -125,11 +215,11 @@ def _held(sim: RS.RefSim) -> int:
     ("v7.0", "block_io", dict(sheaf_capacity=4)),
     ("v7.1", "producer_consumer", dict(sheaf_capacity=6, barn_max_full=1)),
 ])
-def test_invariants_every_step(profile, wl, kw):
+def test_invariants_every_step(profile, wl, kw, b):
     """After every step: objects allocated from slabs = objects in flight + objects parked
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
     per slab; a node never keeps more than min_partial empty slabs; nothing negative."""
-    cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], **kw)
+    cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], ops_per_step=b, **kw)
     sim = RS.RefSim(cfg)
     w = np.asarray(D.draws(jax.random.key(3), 600))
     for t in range(w.shape[0]):

@@ -1,0 +1,124 @@
+"""The dynamics run length b (``ops_per_step``) as a knob of ``slabtune simulate`` configs
+([run] ops_per_step) and of dynamics sweep specs ([sweep] ops_per_step)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tomli_w
+
+from slabtune.sweeps import evaluators as E
+from slabtune.sweeps import grid as G
+from slabtune.sweeps import simconfig
+from slabtune.sweeps import simulate
+from slabtune.sweeps import spec as S
+
+BASE = {
+    "topology": {"cpus": 16, "nodes": 2},
+    "cache": {"name": "kmalloc-512"},
+    "policy": {"profile": "v6.1"},
+    "workload": {"kind": "producer_consumer", "depth": 64},
+    "run": {"steps": 200, "seed": 3},
+}
+
+SPEC = """
+[sweep]
+name = "b"
+evaluator = "dynamics"
+chunk_size = 4
+steps = 150
+{extra}
+[topology]
+cpus = [16]
+[cache]
+cache = ["kmalloc-256"]
+[kernel]
+profile = ["v6.1", "v7.0"]
+[workload]
+workload = ["local", "producer_consumer"]
+"""
+
+
+def _doc(**run):
+    doc = json.loads(json.dumps(BASE))
+    doc["run"].update(run)
+    return doc
+
+
+def test_run_table_ops_per_step_round_trips(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(tomli_w.dumps(_doc(ops_per_step=32)))
+    spec = simconfig.load(f)
+    assert spec.ops_per_step == 32
+    assert spec.to_doc()["run"]["ops_per_step"] == 32
+    assert spec.describe()["run"]["ops_per_step"] == 32
+    again = tmp_path / "again.toml"
+    again.write_text(tomli_w.dumps(spec.to_doc()))
+    assert simconfig.load(again) == spec
+    # left out, it is 1 and the written config does not mention it
+    plain = simconfig.parse_doc(_doc())
+    assert plain.ops_per_step == 1 and "ops_per_step" not in plain.to_doc()["run"]
+
+
+@pytest.mark.parametrize("bad", [0, 1025, -1, 2.5, "16"])
+def test_bad_run_ops_per_step_names_the_field(bad):
+    with pytest.raises(simconfig.ConfigError, match=r"run\.ops_per_step"):
+        simconfig.parse_doc(_doc(ops_per_step=bad))
+
+
+def test_simulate_runs_b_ops_per_rep_per_step():
+    """The same config at b = 1 and b = 16: every rep does at most b ops a step, and the
+    senders of producer_consumer (depth 64) do far more than one."""
+    specs = [simconfig.parse_doc(_doc(ops_per_step=b)) for b in (1, 16)]
+    _, cfgs, counters = simulate.simulate_specs(specs)
+    assert [int(c.ops_per_step) for c in cfgs] == [1, 16]
+    one, many = (np.asarray(c.ops) for c in counters)
+    assert one.max() <= 200 and many.max() <= 16 * 200
+    assert many.sum() > 4 * one.sum()
+    rows = simulate.run(specs, simconfig.load_cost(None)[0])
+    assert rows[1]["config"]["run"]["ops_per_step"] == 16
+    for row in rows:
+        assert 0.0 <= row["alloc_fastpath_frac"] <= 1.0 and row["memory_bytes"] > 0
+
+
+def test_sweep_spec_ops_per_step():
+    plain = S.parse(SPEC.format(extra=""))
+    spec = S.parse(SPEC.format(extra="ops_per_step = 64"))
+    assert plain.ops_per_step == 1 and spec.ops_per_step == 64
+    # a spec without the key keeps the hash it always had; with it, the hash differs
+    assert "ops_per_step" not in plain.to_dict()
+    assert spec.hash != plain.hash
+    assert S.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("ops_per_step = 0", "sweep.ops_per_step"),
+    ("ops_per_step = 5000", "sweep.ops_per_step"),
+    ("ops_per_step = 1.5", "sweep.ops_per_step"),
+])
+def test_bad_sweep_ops_per_step_names_the_field(extra, field):
+    with pytest.raises(S.SpecError, match=field.replace(".", r"\.")):
+        S.parse(SPEC.format(extra=extra))
+
+
+def test_structural_sweep_rejects_ops_per_step():
+    text = SPEC.format(extra="ops_per_step = 4").replace('evaluator = "dynamics"',
+                                                         'evaluator = "structural"')
+    text = text.replace("steps = 150\n", "").split("[workload]")[0]
+    with pytest.raises(S.SpecError, match=r"sweep\.ops_per_step"):
+        S.parse(text)
+
+
+def test_dynamics_evaluator_uses_the_spec_run_length():
+    """The same chunk at b = 1 and b = 64: the runs change the counters the metrics come
+    from (here the fast-path fractions move, and stay fractions)."""
+    out = {}
+    for b in (1, 64):
+        spec = S.parse(SPEC.format(extra=f"ops_per_step = {b}"))
+        ch = G.chunk(spec, 0)
+        out[b] = E.EVALUATORS["dynamics"].evaluate(spec, ch)
+    a1, a64 = out[1]["alloc_fastpath_frac"], out[64]["alloc_fastpath_frac"]
+    assert np.all((a64 >= 0) & (a64 <= 1))
+    assert not np.array_equal(a1, a64)

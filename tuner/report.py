@@ -112,20 +112,26 @@ def accounted_twin(name: str) -> str | None:
     return None
 
 
+def _spec_doc(spec_text: str | None) -> dict:
+    """The validation spec stored with a run, parsed (empty when absent or unreadable: the
+    report then leaves out the figures that need it rather than failing)."""
+    import tomllib
+
+    if not spec_text:
+        return {}
+    try:
+        return tomllib.loads(spec_text)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
 def workload_caches(spec_text: str | None) -> set[str]:
     """The caches a validation spec's workload drives: every cache its model workload names
     (``[fleet.workload.caches]``; ``[validate.native] cache`` must be one of them), and for
     each kmalloc-N also its :func:`accounted_twin` kmalloc-cg-N, explicitly: the guest's
     6.1 kernel serves hackbench's socket data (accounted allocations) from kmalloc-cg-512,
     not kmalloc-512.  Both spellings stay in the set; a row is one cache, counted once."""
-    import tomllib
-
-    if not spec_text:
-        return set()
-    try:
-        doc = tomllib.loads(spec_text)
-    except tomllib.TOMLDecodeError:
-        return set()
+    doc = _spec_doc(spec_text)
     out: set[str] = set()
     for w in doc.get("fleet", {}).get("workload", []):
         for name in (w.get("caches") or {}):
@@ -211,14 +217,7 @@ def memory(rows: pl.DataFrame, workload: set[str]) -> dict:
 
 def memoryless_topologies(spec_text: str | None) -> set[str]:
     """Names of the spec's ``[[fleet.topology]]`` entries with a memoryless node."""
-    import tomllib
-
-    if not spec_text:
-        return set()
-    try:
-        doc = tomllib.loads(spec_text)
-    except tomllib.TOMLDecodeError:
-        return set()
+    doc = _spec_doc(spec_text)
     return {str(t.get("name")) for t in doc.get("fleet", {}).get("topology", [])
             if t.get("memoryless_nodes")}
 

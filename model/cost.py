@@ -11,12 +11,15 @@ What a representative CPU ``r`` pays per operation (one alloc or one free)::
     t_r = other_r                                   # the workload's own work per op
         + fast/slow path base costs  * their rates per op
         + page allocator calls       * (pcp or buddy cost + per-page and per-object setup)
-        + sum_l A[r, l] * (hold_l + line_{r,l} + W_l)    # lock acquisitions
+        + sum_l A[r, l] * (hold_l + k_l * line_{r,l} + W_l)    # lock acquisitions
 
 ``A[r, l]`` is rep ``r``'s acquisitions per op of lock class ``l`` (a node's list_lock, a
-node's barn lock, a zone lock), ``line_{r,l}`` the transfer of the lock's cache line to the
-acquiring CPU (local or cross-node), ``W_l`` the queueing wait.  Contention is M/M/1 on each
-lock, whose service time is ``hold_l + line_{r,l}``: with ``lambda_l`` acquisitions per ns
+node's barn lock, a zone lock), ``line_{r,l}`` the transfer of one cache line to the
+acquiring CPU (local or cross-node), ``k_l`` the lines a critical section of that lock
+moves from the previous holder (``list_lock_lines``, ``barn_lock_lines``,
+``zone_lock_lines``: the lock word and the list heads, counters and links the section
+writes, see :data:`DOCS`), ``W_l`` the queueing wait.  Contention is M/M/1 on each
+lock, whose service time is ``hold_l + k_l * line_{r,l}``: with ``lambda_l`` acquisitions per ns
 on each of the ``m_l`` real locks of the class (rep ``r``'s CPUs contribute
 ``weight_r * A[r, l]`` per op), ``rho_l = sum_r lambda_{r,l} * (hold_l + line_{r,l})`` and
 ``W_l = s_l * rho_l / (1 - rho_l)`` with ``s_l`` the mean service time, less the CPU's own
@@ -59,6 +62,9 @@ class CostParams(NamedTuple):
     page_setup_ns: jnp.ndarray
     object_setup_ns: jnp.ndarray
     rho_max: jnp.ndarray
+    list_lock_lines: jnp.ndarray
+    barn_lock_lines: jnp.ndarray
+    zone_lock_lines: jnp.ndarray
 
 
 #: One line per constant: what it stands for in the kernel.
@@ -90,6 +96,25 @@ DOCS: dict[str, str] = {
                      "memcg accounting)",
     "object_setup_ns": "per object of a new slab (freelist construction in allocate_slab)",
     "rho_max": "cap on lock utilisation in the M/M/1 wait (keeps the fixed point finite)",
+    "list_lock_lines": "cache lines one list_lock critical section moves from the previous "
+                       "holder (a count): the lock word of struct kmem_cache_node, its "
+                       "partial list head and nr_partial, the slab's slab->slab_list links "
+                       "and counters, its neighbours' list links",
+    "barn_lock_lines": "cache lines one barn lock critical section moves (a count): the "
+                       "lock word of struct node_barn, the sheaves_full/sheaves_empty list "
+                       "heads, nr_full/nr_empty, the sheaf's list links",
+    "zone_lock_lines": "cache lines one zone->lock critical section moves (a count): the "
+                       "lock word, the free_area[order] free lists and nr_free, the zone's "
+                       "free-page counters, the pages' buddy links",
+}
+
+#: Constants a cost file may leave out, with the value they take then (the physical priors
+#: of :data:`slabtune.tuner.fitcost.PRIOR`): the per-acquisition line counts came after
+#: the first cost files, which charged one line per acquisition.
+OPTIONAL_DEFAULTS: dict[str, float] = {
+    "list_lock_lines": 4.0,
+    "barn_lock_lines": 3.0,
+    "zone_lock_lines": 4.0,
 }
 
 FIELDS: tuple[str, ...] = CostParams._fields
@@ -110,8 +135,11 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
     """Build :class:`CostParams` from a ``{name: number}`` mapping, over ``base`` if given.
 
     Unknown names, non-numbers and negative values raise :class:`CostError` naming the key.
+    Without ``base``, constants of :data:`OPTIONAL_DEFAULTS` left out take their value there
+    (older cost files stay valid).
     """
-    out = {} if base is None else {k: float(v) for k, v in base._asdict().items()}
+    out = dict(OPTIONAL_DEFAULTS) if base is None else {
+        k: float(v) for k, v in base._asdict().items()}
     for key, val in values.items():
         if key not in FIELDS:
             raise CostError(f"cost.{key}: unknown cost constant (known: {', '.join(FIELDS)})")
@@ -127,6 +155,9 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
         raise CostError(f"cost.pcp_batch: {out['pcp_batch']} must be at least 1")
     if not 0 < out["rho_max"] < 1:
         raise CostError(f"cost.rho_max: {out['rho_max']} must be in (0, 1)")
+    for key in OPTIONAL_DEFAULTS:
+        if out[key] < 1:
+            raise CostError(f"cost.{key}: {out[key]} must be at least 1 (the lock's own line)")
     return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
 
 
@@ -224,6 +255,15 @@ def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
             + (r.slab_alloc + r.slab_free) * page)
 
 
+def lock_line_counts(c: CostParams):
+    """Cache lines one critical section moves, per lock kind (list_lock, barn, zone; shape
+    (3,)): a contended spinlock's section reads and writes lines the previous holder wrote
+    (the lock word, kmem_cache_node's partial list and nr_partial, slab->slab_list and
+    counters; node_barn's sheaves lists and nr_full/nr_empty; zone->lock and the free_area
+    lists), each a transfer to the acquiring CPU, so an acquisition costs ``k * line``."""
+    return jnp.stack([c.list_lock_lines, c.barn_lock_lines, c.zone_lock_lines])
+
+
 # --------------------------------------------------------------------------- contention
 
 
@@ -259,7 +299,8 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
 
     ``base`` (R,): ns per op outside locks.  ``acq`` (R, L): acquisitions per op of each
     lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): what rep r adds to each
-    acquisition of lock l beyond ``hold``: the transfer of the lock's cache line and any
+    acquisition of lock l beyond ``hold``: the transfer of the cache lines its critical
+    section moves (the lock's and the lists it guards, ``k_l * line_{r,l}``) and any
     work it does under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real CPUs per rep.  ``multiplicity`` (L,): real
     locks per class (arrivals spread evenly over them).  ``duty`` (R,): ops per simulated
     step of each rep (default 1).

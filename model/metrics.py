@@ -114,6 +114,10 @@ def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
     * barn: get/put (and failed attempts, which take the lock too) on the rep's own node.
     * zone: page allocator calls on the rep's memory node, ``zone_lock_per_call`` each.
 
+    Reaching a lock costs ``k`` cache-line transfers (``list_lock_lines``,
+    ``barn_lock_lines``, ``zone_lock_lines``), each ``line_remote_ns`` for a lock on another
+    node and ``line_local_ns`` on the rep's own: the critical section touches the lock word
+    and the list heads, counters and links the previous holder wrote.
     A list_lock acquisition that refills or flushes a sheaf holds the lock while it moves
     ``sheaf_capacity`` objects (``sheaf_object_ns`` each), which is added to its service.
 
@@ -138,7 +142,10 @@ def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
     zone_acq = (page_calls * C.zone_lock_per_call(cfg.order, pcp_max, c))[:, None] * _f(mem)
     acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
     remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
-    line = jnp.where(remote, c.line_remote_ns, c.line_local_ns)
+    # A critical section moves k lines the previous holder wrote (lock word, list heads,
+    # counters, links): k transfers, each local or cross-node like the lock's own line.
+    lines = jnp.repeat(C.lock_line_counts(c), n_nodes)
+    line = lines[None, :] * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
     # Sheaf refills and flushes move a sheaf's worth of objects under the list_lock: the
     # mean objects moved per list_lock acquisition of the rep lengthen its hold.
     moved = (per_op(counters, "sheaf_refill") + per_op(counters, "sheaf_flush")) \

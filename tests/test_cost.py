@@ -37,8 +37,37 @@ def test_unfitted_defaults_are_the_documented_priors():
     doc = tomllib.loads(simconfig.default_cost_text())
     fitted = set(doc.get("fitted", {}))
     for name, value in doc["cost"].items():
-        if name not in fitted:
+        if name not in fitted and name not in C.OPTIONAL_DEFAULTS:
             assert value == fitcost.PRIOR[name].value, name
+    # The packaged ten-constant fit was made with one line per lock acquisition and is
+    # kept with it (its header says so); anything fitted since uses the line counts.
+    if fitted and "list_lock_lines" not in fitted:
+        for name in C.OPTIONAL_DEFAULTS:
+            assert doc["cost"][name] == 1.0, name
+    else:
+        for name in C.OPTIONAL_DEFAULTS:
+            assert fitcost.PRIOR[name].lo <= doc["cost"][name] <= fitcost.PRIOR[name].hi
+
+
+def test_cost_files_without_line_counts_load_with_the_priors(tmp_path):
+    # A cost table written before the line counts existed (every other constant given)
+    # still loads, with the physical priors of the counts.
+    from slabtune.tuner import fitcost
+
+    old = {k: v for k, v in fitcost.prior_values().items() if k not in C.OPTIONAL_DEFAULTS}
+    assert set(old) | set(C.OPTIONAL_DEFAULTS) == set(C.FIELDS)
+    text = "[cost]\n" + "".join(f"{k} = {v!r}\n" for k, v in old.items())
+    params, _ = C.parse_cost_toml(text, "old.toml")
+    assert float(params.list_lock_lines) == fitcost.PRIOR["list_lock_lines"].value == 4.0
+    assert float(params.barn_lock_lines) == fitcost.PRIOR["barn_lock_lines"].value == 3.0
+    assert float(params.zone_lock_lines) == fitcost.PRIOR["zone_lock_lines"].value == 4.0
+    # Over a base (a --cost file over the packaged table) the base's counts are kept.
+    base = C.cost_from_mapping({**old, "list_lock_lines": 6.0})
+    params, _ = C.parse_cost_toml("[cost]\nline_local_ns = 45.0\n", "f.toml", base=base)
+    assert float(params.list_lock_lines) == 6.0 and float(params.line_local_ns) == 45.0
+    # Every other constant is still required.
+    with pytest.raises(C.CostError, match="cost.alloc_fast_ns: missing"):
+        C.parse_cost_toml(text.replace("alloc_fast_ns", "#"), "old.toml")
 
 
 def test_file_overrides_only_what_it_names(tmp_path, default):
@@ -64,6 +93,8 @@ def test_file_overrides_only_what_it_names(tmp_path, default):
     ("[cost]\nbarn_lock_hold_ns = -1.0\n", "cost.barn_lock_hold_ns"),
     ("[cost]\npcp_batch = 0.5\n", "cost.pcp_batch"),
     ("[cost]\nrho_max = 1.0\n", "cost.rho_max"),
+    ("[cost]\nlist_lock_lines = 0.5\n", "cost.list_lock_lines"),
+    ("[cost]\nzone_lock_lines = -2.0\n", "cost.zone_lock_lines"),
     ("[cost]\nalloc_fast_ns = \"fast\"\n", "cost.alloc_fast_ns"),
     ("[fitted]\nnot_a_constant = \"x\"\n", "fitted.not_a_constant"),
     ("[costs]\n", "[costs]"),

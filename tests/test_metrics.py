@@ -168,3 +168,70 @@ def test_compute_vmaps_over_configurations():
     batched = np.asarray(f(cs, stacked))
     single = [float(_metrics(c, cfg).ns_per_op) for cfg in cfgs]
     np.testing.assert_allclose(batched, single, rtol=1e-5)
+
+
+def test_each_acquisition_moves_k_lines_local_or_remote():
+    # Two reps of one CPU each: rep 0 on node 0 (memory), rep 1 on a memoryless node that
+    # takes node 0's list_lock and zone lock across the interconnect.  Hand-worked with
+    # hold 80, lines of 40 (local) and 150 (remote) ns, k = 5 list_lock lines, 3 barn
+    # lines, 2 zone lines: the service of an acquisition is hold + k * line.
+    from slabtune.model import cost as C
+    from slabtune.tuner import fitcost
+
+    cost = C.cost_from_mapping({**fitcost.prior_values(), "list_lock_hold_ns": 80.0,
+                                "line_local_ns": 40.0, "line_remote_ns": 150.0,
+                                "list_lock_lines": 5.0, "barn_lock_lines": 3.0,
+                                "zone_lock_lines": 2.0})
+    cfg, _ = _cfg(cpus=2, nodes=2, memoryless=(1,))
+    node = np.asarray(cfg.rep_node)
+    assert node[0] == 0 and node[1] != 0 and np.asarray(cfg.rep_mem_node)[1] == 0
+    ops = _per_rep([1000, 1000])
+    c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, list_lock=_per_rep([100, 100]),
+                  list_lock_remote=_per_rep([0, 100]), barn_get=_per_rep([10, 10]),
+                  slab_alloc=_per_rep([31, 31]), list_lock_node=np.array([200, 0, 0, 0]))
+    acq, line, hold, mult = M.lock_classes(c, cfg, 3, cost)
+    n = D.N
+    acq, line = np.asarray(acq), np.asarray(line)
+    # list_lock of node 0: 0.1 acquisitions per op each; 5 x 40 local, 5 x 150 remote
+    assert acq[0, 0] == pytest.approx(0.1) and acq[1, 0] == pytest.approx(0.1)
+    assert line[0, 0] == pytest.approx(200.0) and line[1, 0] == pytest.approx(750.0)
+    # barn of the rep's own node: 3 local lines
+    assert line[0, n] == pytest.approx(120.0) and acq[1, n + node[1]] == pytest.approx(0.01)
+    assert line[1, n + node[1]] == pytest.approx(120.0)
+    # zone lock of node 0: 2 lines; 31 order-3 calls per 1000 ops = 1/1000 per op (pcp batch)
+    assert line[0, 2 * n] == pytest.approx(80.0) and line[1, 2 * n] == pytest.approx(300.0)
+    assert acq[1, 2 * n] == pytest.approx(0.031 / 31.0)
+    # The M/M/1 fixed point serves each acquisition for hold + k * line.
+    base = np.array([100.0, 100.0] + [0.0] * (R - 2), np.float32)
+    w = np.asarray(cfg.rep_weight)
+    sol = C.solve(base, acq, hold, line, w, mult, cost.rho_max)
+    t = np.asarray(sol.t)
+    service = np.array([80.0 + 200.0, 80.0 + 750.0])
+    rho0 = float(np.sum(0.1 * service / float(sol.tau)))
+    assert float(sol.rho[0]) == pytest.approx(rho0, rel=1e-3)
+    wait = np.asarray(sol.wait)
+    barn = n + node[1]
+    want_t1 = (100.0 + 0.1 * (service[1] + wait[1, 0])
+               + 0.01 * (40.0 + 120.0 + wait[1, barn])          # barn hold 40, 3 lines
+               + acq[1, 2 * n] * (300.0 + 300.0 + wait[1, 2 * n]))  # zone hold 300, 2 lines
+    assert t[1] == pytest.approx(want_t1, rel=1e-4)
+
+
+def test_one_line_per_acquisition_is_k_equals_1():
+    # A lone CPU never waits, so its time per op falls by exactly acq * (k - 1) * line
+    # when the list_lock's k lines become one.
+    from slabtune.model import cost as C
+    from slabtune.tuner import fitcost
+
+    cfg, _ = _cfg(cpus=1, nodes=1)
+    ops = _per_rep([1000])
+    c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, list_lock=_per_rep([100]),
+                  list_lock_node=np.array([100, 0, 0, 0]))
+    times = []
+    for k in (1.0, 6.0):
+        cost = C.cost_from_mapping({**fitcost.prior_values(), "list_lock_lines": k})
+        m = M.compute(c, cfg, cost, pcp_max=3, object_size=4096, steps=1000)
+        assert float(m.list_lock_wait_ns) == 0.0
+        times.append(float(m.ns_per_op))
+    # per pair (two ops): 2 x 0.1 acquisitions x 5 extra lines x line_local_ns 40
+    assert times[1] - times[0] == pytest.approx(2 * 0.1 * 5 * 40.0, rel=1e-4)

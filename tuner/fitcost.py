@@ -64,13 +64,26 @@ PRIOR: dict[str, Prior] = {
     "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
     "object_setup_ns": Prior(3.0, 1.0, 10.0, "freelist construction per object"),
     "rho_max": Prior(0.999999, 0.999999, 0.999999, "M/M/1 utilisation cap (dimensionless)"),
+    "list_lock_lines": Prior(C.OPTIONAL_DEFAULTS["list_lock_lines"], 2.0, 8.0,
+                             "lines per list_lock section: lock, partial head, nr_partial, "
+                             "slab_list links, counters (count)"),
+    "barn_lock_lines": Prior(C.OPTIONAL_DEFAULTS["barn_lock_lines"], 2.0, 6.0,
+                             "lines per barn lock section: lock, sheaves list heads, "
+                             "nr_full/nr_empty (count)"),
+    "zone_lock_lines": Prior(C.OPTIONAL_DEFAULTS["zone_lock_lines"], 2.0, 8.0,
+                             "lines per zone->lock section: lock, free_area lists, "
+                             "counters (count)"),
 }
 
 #: The constants the fit moves, one per mechanism that sets a headline ratio: slow frees
 #: pace hackbench on v5.10 (receivers free into senders' slabs); the node list_lock paces
 #: it on v5.11 (order-0 slabs); the memory node's list_lock taken from memoryless nodes
-#: paces v7.0 sheaves; the barn lock paces barns on memoryless nodes.
-FREE: tuple[str, ...] = ("free_slow_ns", "list_lock_hold_ns", "line_remote_ns",
+#: paces v7.0 sheaves; the barn lock paces barns on memoryless nodes.  The list_lock's
+#: mechanism is the lines its section moves (``list_lock_lines``), not its hold: a
+#: contended section's cost is the lines the previous holder wrote, local on v5.11,
+#: cross-node for memoryless CPUs on v7.0, so one count sets both (the hold stays at its
+#: prior, the list work of one slab).
+FREE: tuple[str, ...] = ("free_slow_ns", "list_lock_lines", "line_remote_ns",
                          "barn_lock_hold_ns")
 #: Weight of the pull of each free constant towards its prior, per squared log unit.
 PRIOR_WEIGHT = 0.01

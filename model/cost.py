@@ -19,14 +19,14 @@ acquiring CPU (local or cross-node), ``k_l`` the lines a critical section of tha
 moves from the previous holder (``list_lock_lines``, ``barn_lock_lines``,
 ``zone_lock_lines``: the lock word and the list heads, counters and links the section
 writes, see :data:`DOCS`), ``W_l`` the queueing wait.  Contention is M/M/1 on each
-lock, whose service time is ``hold_l + k_l * line_{r,l}``: with ``lambda_l`` acquisitions per ns
-on each of the ``m_l`` real locks of the class (rep ``r``'s CPUs contribute
-``weight_r * A[r, l]`` per op), ``rho_l = sum_r lambda_{r,l} * (hold_l + line_{r,l})`` and
-``W_l = s_l * rho_l / (1 - rho_l)`` with ``s_l`` the mean service time, less the CPU's own
+lock, whose service time is ``hold_l + k_l * line_{r,l}``: with ``lambda_l`` acquisitions
+per ns on each of the ``m_l`` real locks of the class (rep ``r``'s CPUs contribute
+``weight_r * A[r, l]`` per op), ``rho_l = sum_r lambda_{r,l} * (hold_l + k_l * line_{r,l})``
+and ``W_l = s_l * rho_l / (1 - rho_l)`` with ``s_l`` the mean service time, less the CPU's own
 share of ``rho_l`` in the numerator (a CPU never queues behind itself).  ``t_r`` depends on ``W`` and ``W`` on ``t_r``; the
 fixed point is found by bisection on each lock's utilisation in turn (the map from ``rho``
 to ``rho'`` is decreasing, so plain iteration would oscillate), static rounds for ``jit``.  Near saturation
-the fixed point gives each lock a throughput just under ``1 / hold``: the machine slows to
+the fixed point gives each lock a throughput just under one per mean service time: the machine slows to
 what its busiest lock can serve, which is how one node's list_lock caps a whole machine.
 """
 

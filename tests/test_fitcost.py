@@ -172,3 +172,29 @@ def test_fit_cost_command_writes_and_reports(tmp_path):
     assert len(summary["residuals"]) == len(heads)
     for r, e in zip(heads, summary["residuals"]):
         assert e == pytest.approx(math.log(r["model_ratio"] / r["published_ratio"]), abs=1e-6)
+
+
+def test_enforce_orderings_moves_a_fitted_constant_onto_a_barely_broken_boundary():
+    v = F.prior_values()
+    v.update(line_local_ns=50.06, line_remote_ns=100.0)      # 2 x 50.06 = 100.12 > 100
+    assert F.constraint_violations(v)                        # broken by 0.12%
+    out = F.enforce_orderings(v, free=("line_remote_ns",))
+    assert out["line_remote_ns"] == 100.2                    # 100.12 rounded up, 4 digits
+    assert out["line_local_ns"] == 50.06
+    assert not F.constraint_violations(out, free=("line_remote_ns",))
+    # the local constant moves (down) when only it is free
+    out = F.enforce_orderings(v, free=("line_local_ns",))
+    assert out["line_local_ns"] == 50.0 and out["line_remote_ns"] == 100.0
+    # fast above slow by a hair: the slow constant moves up to it
+    v = F.prior_values()
+    v.update(free_fast_ns=9.99, free_slow_ns=9.95)
+    out = F.enforce_orderings(v, free=("free_slow_ns",))
+    assert out["free_slow_ns"] == 9.99
+
+
+def test_enforce_orderings_leaves_real_breaks_to_be_reported():
+    v = F.prior_values()
+    v.update(line_local_ns=60.0, line_remote_ns=100.0)       # 20% short of 2 x local
+    out = F.enforce_orderings(v, free=("line_remote_ns",))
+    assert out == v
+    assert any("line_remote_ns" in b[0] for b in F.constraint_violations(out))

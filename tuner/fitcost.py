@@ -93,6 +93,9 @@ CONSTRAINT_WEIGHT = 100.0
 ITERATIONS = 300
 #: Initial simplex step of each free constant, in logistic units.
 SIMPLEX_STEP = 0.5
+#: Largest ordering break (log units) the soft penalty leaves at an optimum on the boundary;
+#: :func:`enforce_orderings` moves a fitted constant onto the boundary across that much.
+SLACK_LOG = 0.01
 #: Remote cache-line transfers cost at least this many local ones.
 REMOTE_OVER_LOCAL = 2.0
 
@@ -126,6 +129,34 @@ def constraint_violations(values: dict[str, float], free=FREE) -> list[tuple[str
             out.append((f"{name} {v:g} outside {p.lo:g}-{p.hi:g}",
                         abs(math.log(v / (p.lo if v < p.lo else p.hi)))))
     return out
+
+
+def _sig4(x: float, up: bool) -> float:
+    """``x`` to 4 significant digits, rounded up or down (never across a bound)."""
+    e = math.floor(math.log10(abs(x))) - 3
+    q = x / 10.0 ** e
+    return float(f"{(math.ceil(q) if up else math.floor(q)) * 10.0 ** e:.4g}")
+
+
+def enforce_orderings(values: dict[str, float], free=FREE) -> dict[str, float]:
+    """Put a fitted table that breaks a physical ordering by at most :data:`SLACK_LOG` (the
+    soft penalty's slack at an optimum on the boundary, plus rounding) on the boundary: the
+    free constant of the pair moves, rounded to 4 digits on the safe side.  Larger breaks
+    are left for :func:`constraint_violations` to report."""
+    v = dict(values)
+    need = REMOTE_OVER_LOCAL * v["line_local_ns"]
+    if v["line_remote_ns"] < need <= v["line_remote_ns"] * math.exp(SLACK_LOG):
+        if "line_remote_ns" in free:
+            v["line_remote_ns"] = _sig4(need, up=True)
+        elif "line_local_ns" in free:
+            v["line_local_ns"] = _sig4(v["line_remote_ns"] / REMOTE_OVER_LOCAL, up=False)
+    for fast, slow in (("alloc_fast_ns", "alloc_slow_ns"), ("free_fast_ns", "free_slow_ns")):
+        if v[slow] < v[fast] <= v[slow] * math.exp(SLACK_LOG):
+            if slow in free:
+                v[slow] = _sig4(v[fast], up=True)
+            elif fast in free:
+                v[fast] = _sig4(v[slow], up=False)
+    return v
 
 
 def implausible(values: dict[str, float]) -> list[str]:
@@ -223,6 +254,7 @@ def fit(arms, free=FREE, iterations: int = ITERATIONS) -> FitResult:
                             "xatol": 0.0, "fatol": 0.0, "initial_simplex": simplex})
     # Round to 4 significant digits, as the file stores them, and judge that table.
     values = {k: (float(f"{v:.4g}") if k in free else v) for k, v in table(res.x).items()}
+    values = enforce_orderings(values, free)
     broken = constraint_violations(values, free)
     if broken:
         raise SlabtuneError(f"fit: the result breaks a physical ordering: {broken[0][0]}")

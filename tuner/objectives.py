@@ -745,6 +745,8 @@ def structural_objectives(values, prof: PL.ProfileArrays, fa: FleetArrays, cost:
     # is remote.  Zone locks likewise.
     line = jnp.stack([jnp.full(shape + (3,), cost.line_local_ns),
                       jnp.full(shape + (3,), cost.line_remote_ns)], -2)
+    # a critical section moves several lines, as in the dynamics set's lock classes
+    line = line * C.lock_line_counts(cost)
     hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, cost.zone_lock_hold_ns])
     t_rep = solve_reps(base, acq, line, weight, mult, hold, cost,
                        np.asarray(fa.cpus_ml) > 0)

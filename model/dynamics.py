@@ -339,6 +339,17 @@ def _cdiv(a, b):
     return -_floordiv(-_i(a), b)
 
 
+def _cumsum(x, axis=0):
+    """Inclusive prefix sums along a short static axis (segments of a step: R reps, 2R
+    slab segments, 8 blocks) as a chain of vector adds.  ``jnp.cumsum`` lowers to a
+    reduce-window that XLA:CPU emits as a scalar loop over the window for every output
+    element, which made it most of the cost of a one-op run."""
+    parts = [lax.index_in_dim(x, 0, axis, keepdims=False)]
+    for k in range(1, x.shape[axis]):
+        parts.append(parts[-1] + lax.index_in_dim(x, k, axis, keepdims=False))
+    return jnp.stack(parts, axis=axis)
+
+
 def _nonempty(slabs, inuse, cap1):
     """Non-empty slabs of a partial list under the packing rule: ceil(inuse / (objs-1))."""
     return jnp.minimum(slabs, _cdiv(inuse, cap1))
@@ -425,12 +436,27 @@ class _Ctx:
 # --------------------------------------------------------------------------- the step
 
 
-def _systematic(cum, n, u, tot, axis=0):
+def _below(cum, n, u, tot, n_max):
+    """How many of a run's ``n`` systematic points ``(u + i * tot) / n`` (i < n) lie below
+    ``cum``: ``clip(ceil((cum * n - u) / tot), 0, n)``.
+
+    ``n_max`` is static, a bound on ``n`` over the whole batch.  With ``n_max == 1`` (one op
+    per step, the one-op model's random pick) the formula is the single pick itself:
+    ``ceil((cum - u) / tot) >= 1`` exactly when ``cum > u``, so the count is
+    ``n * (cum > u)`` for n in {0, 1}, bit for bit, and XLA traces a compare instead of
+    the divide."""
+    if n_max == 1:
+        return _i(n) * _i(cum > u)
+    return jnp.clip(_cdiv(cum * n - u, tot), 0, n)
+
+
+def _systematic(cum, n, u, tot, n_max, axis=0):
     """Cumulative counts of a run's ``n`` random picks by systematic sampling: how many of
     the points ``(u + i * tot) // n`` (i < n, ``0 <= u < tot``) lie below each cumulative
-    size ``cum`` along ``axis``; the last segment takes every point.  For ``n == 1`` this
-    is the single pick of ``u`` (the first segment whose cumulative size exceeds it)."""
-    c = jnp.clip(_cdiv(cum * n - u, tot), 0, n)
+    size ``cum`` along ``axis`` (:func:`_below`); the last segment takes every point.  For
+    ``n == 1`` this is the single pick of ``u`` (the first segment whose cumulative size
+    exceeds it), which is what ``n_max == 1`` traces."""
+    c = _below(cum, n, u, tot, n_max)
     last = [slice(None)] * c.ndim
     last[axis] = slice(-1, None)
     last = tuple(last)
@@ -441,6 +467,20 @@ def _counts(cum, axis=0):
     """Per-segment counts from cumulative counts along ``axis``."""
     first = lax.slice_in_dim(cum, 0, 1, axis=axis)
     return jnp.concatenate([first, jnp.diff(cum, axis=axis)], axis=axis)
+
+
+def _pick_classes(mem_node, k, n_max):
+    """The node classes a free run's picks can land on, as a leading axis ``cls`` (C, B),
+    with ``on_cls`` taking a per-node (N, B) field to (C, B) and ``from_cls`` putting
+    (C, B) counts back on (N, B) (zero elsewhere).  In general every class (C = N, both
+    maps the identity).  With the static run bound ``n_max == 1`` a run is one free, the
+    one-op model's pick: ``k`` (R, B) is then 1 at most at one rep, whose memory node is
+    the only class that can get it (C = 1), so the split never traces the other classes."""
+    if n_max != 1:
+        return _NODES, (lambda v: v), (lambda v: v)
+    c = jnp.sum(jnp.where(k > 0, mem_node, 0), axis=0)                  # (B,)
+    return (c[None], lambda v: _get(v, c)[None],
+            lambda v: jnp.where(_NODES == c, v[0], 0))
 
 
 def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
@@ -487,7 +527,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
 
     # ================================================================ allocation run
     # freeing rep of each object: systematic points over the rep's free_cum row
-    Cj = _systematic(wl.free_cum[r], na, _i(w1 & _U32(0xFFFF)), PROB_ONE)
+    Cj = _systematic(wl.free_cum[r], na, _i(w1 & _U32(0xFFFF)), PROB_ONE, d["max_run"])
     cnt = _counts(Cj)
     cx.bump("allocs", na)
 
@@ -548,8 +588,8 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # came with the last empties, the emptiest, the rest), the page allocator
     bc = jnp.stack(_bc(e_p, h_p, ne_p - h_p, e_n, q1, h_n, ne_n - h_n - q1, n2))
     by = jnp.stack(_bc(objs, objs - hd_p, one, objs, one, objs - hd_n, one, objs))
-    ocum = jnp.cumsum(bc * by, axis=0)
-    ecum = jnp.cumsum(bc, axis=0)
+    ocum = _cumsum(bc * by)
+    ecum = _cumsum(bc)
     blk = jnp.sum(_i(ocum < n2), axis=0)
     at = np.arange(8)[:, None] == blk
     o_before = jnp.sum(jnp.where(at, ocum - bc * by, 0), axis=0)
@@ -617,7 +657,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     col_cs = st["pend_cs"][:, r]
     seg = jnp.stack([col_cs, col - col_cs], axis=1).reshape((2 * R,) + col.shape[1:])
     T = jnp.maximum(cx.row("pend_tot"), 1)
-    k2 = _counts(_systematic(jnp.cumsum(seg, axis=0), nf, _i(w1 >> 1) % T, T))
+    k2 = _counts(_systematic(_cumsum(seg), nf, _i(w1 >> 1) % T, T, d["max_run"]))
     k2 = k2.reshape((R, 2) + col.shape[1:])
     k_cs, k_ot = k2[:, 0], k2[:, 1]
     k_all = k_cs + k_ot
@@ -628,14 +668,18 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     # node's partial list, then its full slabs
     # (the rep segments cs_0, pc_0, cs_1, ... each lie on one node class, their rep's
     # memory node; a segment's end is its cumulative size among its node's segments)
+    # The split runs over a leading axis of the node classes the run's picks can land on
+    # (:func:`_pick_classes`): all N, or under a static run bound of 1 just the class of
+    # the single pick, the one-op model's choice of node (the others get no picks).
     zc = cx.whole("cs_inuse") - cx.whole("cs_tracked")
     z = jnp.stack([zc, cx.whole("pc_inuse")], axis=1).reshape((2 * R,) + zc.shape[1:])
-    on_seg = jnp.repeat(d["mem_node"], 2, axis=0)[None] == _NODES[:, :, None]  # (N, 2R, B)
-    cum_n = jnp.cumsum(jnp.where(on_seg, z[None], 0), axis=1)
+    cls, on_cls, from_cls = _pick_classes(d["mem_node"], k_ot, d["max_run"])
+    on_seg = jnp.repeat(d["mem_node"], 2, axis=0)[None] == cls[:, None]  # (C, 2R, B)
+    cum_n = _cumsum(jnp.where(on_seg, z[None], 0), axis=1)
     z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (2R, B)
-    z_tot = cum_n[:, -1]                                                 # (N, B)
-    u_end = z_tot + st["part_inuse"]
-    tot = jnp.maximum(u_end + st["full_slabs"] * objs, 1)
+    z_tot = cum_n[:, -1]                                                 # (C, B)
+    u_end = z_tot + on_cls(st["part_inuse"])
+    tot = jnp.maximum(u_end + on_cls(st["full_slabs"]) * objs, 1)
     st["pend"] = st["pend"].at[:, r].add(-k_all)
     st["pend_cs"] = st["pend_cs"].at[:, r].add(-k_cs)
     st["cs_tracked"] = cx.whole("cs_tracked") - k_cs
@@ -669,12 +713,12 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     kcs = jnp.where(sh, 0, k_cs)
     kot = jnp.where(sh, 0, k_ot)
     # -- the other slab frees, per node class: systematic points over the sizes
-    on = d["mem_node"][None] == _NODES[:, :, None]                       # (N, R, B)
-    x = jnp.sum(jnp.where(on, kot[None], 0), axis=1)                    # (N, B)
+    on = d["mem_node"][None] == cls[:, None]                             # (C, R, B)
+    x = jnp.sum(jnp.where(on, kot[None], 0), axis=1)                    # (C, B)
     un = _i(w2 >> 1) % tot
 
     def below(end, n_, u_, t_):          # points of a node's run below a segment end
-        return jnp.clip(_cdiv(end * n_ - u_, t_), 0, n_)
+        return _below(end, n_, u_, t_, d["max_run"])
 
     at_seg = lambda v: jnp.sum(jnp.where(on_seg, v[:, None], 0), axis=0)  # noqa: E731
     xs, us, ts = at_seg(x), at_seg(un), at_seg(tot)
@@ -683,8 +727,8 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     c_cs = kcs + cz[:, 0]
     c_pc = cz[:, 1]
     at_u = below(u_end, x, un, tot)
-    xU = at_u - below(z_tot, x, un, tot)
-    xF = x - at_u                                # the last segment takes the rest
+    xU = from_cls(at_u - below(z_tot, x, un, tot))                      # (N, B)
+    xF = from_cls(x - at_u)                      # the last segment takes the rest
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
@@ -816,8 +860,9 @@ def _bulk_free(cx: _Ctx, m, k):
     cx.bump("slab_free", drop)
 
 
-def _derived(cfg: SimConfig) -> dict:
-    """Per-run constants of the step (computed once, outside the scan)."""
+def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
+    """Per-run constants of the step (computed once, outside the scan); ``max_run`` is the
+    static run bound of the batch (:func:`run_bound`), kept as a Python int."""
     objs = _i(cfg.objs_per_slab)
     node = _i(cfg.rep_node)
     mem = _i(cfg.rep_mem_node)
@@ -830,6 +875,7 @@ def _derived(cfg: SimConfig) -> dict:
         min_partial=_i(cfg.min_partial),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),
+        max_run=int(max_run),
         node=node,
         mem_node=mem,
         # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
@@ -853,15 +899,17 @@ def _gauges(st, d, cfg):
     return rep, node
 
 
-def step(w, st: dict, cfg: SimConfig, d: dict | None = None) -> dict:
+def step(w, st: dict, cfg: SimConfig, d: dict | None = None,
+         max_run: int = MAX_OPS_PER_STEP) -> dict:
     """Advance one step: every rep, in order 0..R-1, does one run of at most
     ``cfg.ops_per_step`` allocator ops of one kind.
 
     ``w``: the step's (R, K) uint32 random words; ``st``: the state as a dict of arrays
-    (the fields of :class:`State`).  Pure: returns the new state.
+    (the fields of :class:`State`); ``max_run``: the static run bound (:func:`run_bound`,
+    used when ``d`` is not given).  Pure: returns the new state.
     """
     if d is None:
-        d = _derived(cfg)
+        d = _derived(cfg, max_run)
     st = lax.fori_loop(0, R, lambda r, s: _rep_op(r, w[r], s, cfg, d), dict(st))
     rep, node = _gauges(st, d, cfg)
     for lo, hi, g in (("gsum_rep", "ghi_rep", rep), ("gsum_node", "ghi_node", node)):
@@ -907,12 +955,40 @@ def _batch_minor(cfgs: SimConfig) -> SimConfig:
     return jax.tree_util.tree_map(lambda x: jnp.moveaxis(jnp.asarray(x), 0, -1), cfgs)
 
 
-def run_state(seeds_or_draws, cfgs: SimConfig, steps: int, pre_drawn: bool) -> State:
-    """The final batch-minor :class:`State` of a batch of runs (traceable; ``steps``
-    static).  ``cfgs`` is batch-major (see :func:`stack_configs`); ``seeds_or_draws`` is
-    (B,) uint32 seeds or (steps, R, K, B) words."""
+def run_bound(cfgs: SimConfig) -> int:
+    """The static run bound of a batch, read outside jit from its concrete
+    ``ops_per_step``: 1 when no configuration runs more than one op per step (the run
+    closed forms then trace as the one-op model's single pick, see :func:`_below`), else
+    :data:`MAX_OPS_PER_STEP` (the general runs; one compiled form for every b > 1).  A
+    traced ``ops_per_step`` (a caller's own jit) gets the general bound."""
+    b = cfgs.ops_per_step
+    if isinstance(b, jax.core.Tracer):
+        return MAX_OPS_PER_STEP
+    return 1 if int(np.max(np.asarray(b))) <= 1 else MAX_OPS_PER_STEP
+
+
+def _bound(cfgs: SimConfig, max_run) -> int:
+    """The static run bound to compile for: :func:`run_bound` of ``cfgs``, or the caller's
+    ``max_run`` (1 or larger), refused with a one-line error when a concrete
+    ``ops_per_step`` exceeds 1 under ``max_run == 1``."""
+    if max_run is None:
+        return run_bound(cfgs)
+    if isinstance(max_run, bool) or not isinstance(max_run, (int, np.integer)) or max_run < 1:
+        raise SlabtuneError(f"max_run: {max_run!r} is not a positive integer")
+    if max_run == 1 and run_bound(cfgs) != 1 \
+            and not isinstance(cfgs.ops_per_step, jax.core.Tracer):
+        raise SlabtuneError("max_run: 1 but some configuration has ops_per_step > 1")
+    return 1 if max_run == 1 else MAX_OPS_PER_STEP
+
+
+def run_state(seeds_or_draws, cfgs: SimConfig, steps: int, pre_drawn: bool,
+              max_run: int = MAX_OPS_PER_STEP) -> State:
+    """The final batch-minor :class:`State` of a batch of runs (traceable; ``steps`` and
+    ``max_run`` static).  ``cfgs`` is batch-major (see :func:`stack_configs`);
+    ``seeds_or_draws`` is (B,) uint32 seeds or (steps, R, K, B) words; ``max_run`` bounds
+    every configuration's ``ops_per_step`` (:func:`run_bound`)."""
     cfg = _batch_minor(cfgs)
-    d = _derived(cfg)
+    d = _derived(cfg, max_run)
     st0 = init_state(cfg)._asdict()
     if pre_drawn:
         def body(st, w):
@@ -936,28 +1012,42 @@ def _first(c: Counters) -> Counters:
     return Counters(*(x[0] for x in c))
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def simulate(key, cfg: SimConfig, steps: int) -> Counters:
+def simulate(key, cfg: SimConfig, steps: int, max_run: int | None = None) -> Counters:
     """Run ``steps`` steps of configuration ``cfg`` from empty caches; the random stream is
-    fixed by ``key`` (see :func:`draws`)."""
+    fixed by ``key`` (see :func:`draws`).  ``max_run``: the static run bound, by default
+    :func:`run_bound` of ``cfg``."""
+    return _simulate(key, cfg, steps, _bound(cfg, max_run))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _simulate(key, cfg, steps, max_run):
     seeds = seed_of(key)[None]
-    return _first(_finish(run_state(seeds, _one(cfg), steps, False), steps))
+    return _first(_finish(run_state(seeds, _one(cfg), steps, False, max_run), steps))
 
 
-@jax.jit
-def simulate_draws(w, cfg: SimConfig) -> Counters:
+def simulate_draws(w, cfg: SimConfig, max_run: int | None = None) -> Counters:
     """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)."""
-    steps = w.shape[0]
-    return _first(_finish(run_state(w[..., None], _one(cfg), steps, True), steps))
+    return _simulate_draws(w, cfg, _bound(cfg, max_run))
 
 
 @functools.partial(jax.jit, static_argnums=2)
-def simulate_batch(keys, cfgs: SimConfig, steps: int) -> Counters:
+def _simulate_draws(w, cfg, max_run):
+    steps = w.shape[0]
+    return _first(_finish(run_state(w[..., None], _one(cfg), steps, True, max_run), steps))
+
+
+def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None) -> Counters:
     """:func:`simulate` over a batch of configurations (leading axis of ``keys`` and of
     every field of ``cfgs``, see :func:`stack_configs`); the same result as vmapping
-    :func:`simulate`, computed batch-minor."""
+    :func:`simulate`, computed batch-minor.  ``max_run``: the static run bound, by default
+    :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit)."""
+    return _simulate_batch(keys, cfgs, steps, _bound(cfgs, max_run))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _simulate_batch(keys, cfgs, steps, max_run):
     seeds = jax.vmap(seed_of)(keys)
-    return _finish(run_state(seeds, cfgs, steps, False), steps)
+    return _finish(run_state(seeds, cfgs, steps, False, max_run), steps)
 
 
 def counters_numpy(c: Counters) -> dict:

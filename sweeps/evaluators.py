@@ -314,7 +314,7 @@ class Dynamics(Evaluator):
         pcp = np.asarray([CO.pcp_max_order(P.get_profile(p).version) for p in prof_names],
                          np.int32)[cols["profile"][rows]]
         index = (chunk.start + rows).astype(np.uint32)
-        out = _dynamics_fn(spec.steps)(np.uint32(spec.seed), index, stacked, _default_cost(),
+        out = _dynamics_fn(spec.steps, D.run_bound(stacked))(np.uint32(spec.seed), index, stacked, _default_cost(),
                                         pcp, object_size[rows].astype(np.float32))
         met = out._asdict()
         for m in names:
@@ -362,7 +362,9 @@ def _default_cost():
 
 
 @functools.lru_cache(maxsize=8)
-def _dynamics_fn(steps: int):
+def _dynamics_fn(steps: int, max_run: int):
+    """The jitted dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static
+    run bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick)."""
     import jax
 
     from slabtune.model import dynamics as D
@@ -373,7 +375,7 @@ def _dynamics_fn(steps: int):
     def run(seed, index, cfgs, cost, pcp, object_size):
         base = jax.random.key(seed)
         keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
-        counters = D.simulate_batch(keys, cfgs, steps)
+        counters = D.simulate_batch(keys, cfgs, steps, max_run)
         return jax.vmap(lambda cnt, cfg, pm, osz: M.compute(
             cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
                 counters, cfgs, pcp, object_size)

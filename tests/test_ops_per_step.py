@@ -122,3 +122,83 @@ def test_dynamics_evaluator_uses_the_spec_run_length():
     a1, a64 = out[1]["alloc_fastpath_frac"], out[64]["alloc_fastpath_frac"]
     assert np.all((a64 >= 0) & (a64 <= 1))
     assert not np.array_equal(a1, a64)
+
+
+# ---- the static run bound: one-op batches compile the single pick (model/dynamics.py)
+
+def _bound_configs():
+    """Distinct configurations that exercise sheaves, per-CPU partial lists, memoryless
+    nodes and remote frees (every one at b = 1)."""
+    import jax  # noqa: F401  (the model imports it anyway)
+
+    from slabtune.model import dynamics as D
+    from slabtune.model import policy as PL
+    from slabtune.model import profiles as P
+    from slabtune.model.topology import Topology
+
+    out = []
+    topo = Topology.uniform(64, 2, memoryless_nodes=(1,))
+    for prof_name, size, wl in (("v6.1", 512, {"kind": "producer_consumer", "cross_node": 0.5}),
+                                ("v7.0", 128, {"kind": "local", "live": 300, "burst": 50}),
+                                ("v3.1", 1024, {"kind": "block_io", "completion_remote": True}),
+                                ("v7.1", 64, {"kind": "request_response", "threads": 64})):
+        prof = P.get_profile(prof_name)
+        st = PL.structure(size, topo.possible, topo.present, topo.online,
+                          PL.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
+        out.append(D.config_from(st, prof, topo, wl))
+    return out
+
+
+def test_run_bound_is_one_only_for_one_op_batches():
+    from slabtune.model import dynamics as D
+
+    cfgs = _bound_configs()
+    assert D.run_bound(D.stack_configs(cfgs)) == 1
+    mixed = cfgs[:3] + [cfgs[3]._replace(ops_per_step=np.int32(64))]
+    assert D.run_bound(D.stack_configs(mixed)) == D.MAX_OPS_PER_STEP
+
+
+def test_one_op_bound_gives_the_general_counters_bit_for_bit():
+    """b = 1 compiled with the static bound 1 (single pick) and with the general bound
+    (systematic sampling over slabs and node classes): the same counters, every field."""
+    import jax
+
+    from slabtune.model import dynamics as D
+
+    batch = D.stack_configs(_bound_configs())
+    keys = jax.random.split(jax.random.key(5), 4)
+    one = D.counters_numpy(D.simulate_batch(keys, batch, 600, max_run=1))
+    gen = D.counters_numpy(D.simulate_batch(keys, batch, 600, max_run=D.MAX_OPS_PER_STEP))
+    assert one["ops"].sum() > 4 * 600 and one["remote_free"].sum() > 0
+    for k in one:
+        np.testing.assert_array_equal(one[k], gen[k], err_msg=k)
+
+
+def test_mixed_batch_takes_the_general_path():
+    """A batch of b = 1 and b = 64 configurations: each gives the counters it gives alone
+    (its b = 1 members those of the one-op compile)."""
+    import jax
+
+    from slabtune.model import dynamics as D
+
+    cfgs = _bound_configs()
+    mixed = [cfgs[0], cfgs[1]._replace(ops_per_step=np.int32(64)), cfgs[2],
+             cfgs[3]._replace(ops_per_step=np.int32(64))]
+    keys = jax.random.split(jax.random.key(7), 4)
+    got = D.counters_numpy(D.simulate_batch(keys, D.stack_configs(mixed), 300))
+    assert got["ops"][1].max() > 300                 # the b = 64 members did runs
+    for i, cfg in enumerate(mixed):
+        alone = D.counters_numpy(D.simulate(keys[i], cfg, 300))
+        for k in alone:
+            np.testing.assert_array_equal(got[k][i], alone[k], err_msg=f"{i} {k}")
+
+
+def test_one_op_bound_refuses_longer_runs():
+    from slabtune.errors import SlabtuneError
+    from slabtune.model import dynamics as D
+
+    import jax
+
+    cfg = _bound_configs()[0]._replace(ops_per_step=np.int32(8))
+    with pytest.raises(SlabtuneError, match="max_run"):
+        D.simulate(jax.random.key(0), cfg, 10, max_run=1)

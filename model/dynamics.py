@@ -735,7 +735,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     st["pc_inuse"] = cx.whole("pc_inuse") - c_pc
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
-    _part_frees(cx, xU)
+    _part_frees(cx, xU, on_cls, from_cls)
     # full slabs become partial: frozen onto this CPU's partial list if it has one (and
     # the slab is on its memory node), else onto the node's list under the lock; picks
     # beyond the node's full slabs free into the slabs the run has just made partial
@@ -756,7 +756,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     pcu = cx.row("pc_inuse")
     into_pc = jnp.minimum(xm2, pcu)
     cx.rset("pc_inuse", pcu - into_pc)
-    _part_frees(cx, jnp.where(cpp, xm2 - into_pc, xF2))
+    _part_frees(cx, jnp.where(cpp, xm2 - into_pc, xF2), on_cls, from_cls)
 
     ffast = (nsh - O) + own_fast
     cx.bump("free_fast", ffast)
@@ -769,18 +769,20 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     return st
 
 
-def _part_frees(cx: _Ctx, x):
+def _part_frees(cx: _Ctx, x, on_cls, from_cls):
     """``x[n]`` frees (N, B) into node n's partial list: the free that takes a slab's last
     object (packing rule: U - 1 a multiple of objs - 1) takes the list_lock and discards
-    the slab while the node keeps at least min_partial partial slabs."""
+    the slab while the node keeps at least min_partial partial slabs.  Worked out on the
+    node classes the frees can reach (``on_cls``/``from_cls`` of :func:`_pick_classes`)."""
     st, cap1, mp = cx.st, cx.d["cap1"], cx.d["min_partial"]
-    U, S = st["part_inuse"], st["part_slabs"]
+    x = on_cls(x)
+    U, S = on_cls(st["part_inuse"]), on_cls(st["part_slabs"])
     emp = _floordiv(U - 1, cap1) - _floordiv(U - x - 1, cap1)
     disc = jnp.clip(S - mp + 1, 0, emp)
-    st["part_inuse"] = U - x
-    st["part_slabs"] = S - disc
+    st["part_inuse"] = st["part_inuse"] - from_cls(x)
+    st["part_slabs"] = st["part_slabs"] - from_cls(disc)
     cx.bump("slab_free", jnp.sum(disc, axis=0))
-    cx.lock_nodes(emp)
+    cx.lock_nodes(from_cls(emp))
 
 
 def _bc(*xs):

@@ -12,21 +12,28 @@ event by event, so its rate is measured per b too.
 Rates are given per wall-clock second and per CPU second of this process (``process_time``,
 all its threads): on a shared machine the second is the steadier figure.
 
+At b = 1 the one-op body the runs replaced (``git show 42784f4:model/dynamics.py``, loaded
+from git when the checkout has it; ``--no-old-body`` skips it) is timed on the same batches
+in the same run, interleaved repeat by repeat, and the ratio new / old of the CPU rates is
+printed: b = 1 compiles the runs with the static run bound 1 (``dynamics.run_bound``).
+
 Fidelity cost of a run length: the distinct configurations are run for ``--fid-steps``
 steps at b = 1 and at each b (same keys); per configuration the weighted alloc and free
 fast-path fractions (percentage points) and the memory held (``metrics.memory`` total,
 relative) are compared with b = 1; median and max over configurations are printed.
 
     .venv/bin/python benchmarks/bench_dynamics.py [--steps 200] [--repeat 3] \
-        [--ops-per-step 1,16,64,256] [--fid-steps 2000]
+        [--ops-per-step 1,16,64,256] [--fid-steps 2000] [--no-old-body]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import os
 import statistics
+import subprocess
 import time
 
 import jax
@@ -81,28 +88,52 @@ def fidelity(cfgs, steps: int) -> dict:
                 mem=np.asarray(mem, np.float64))
 
 
+#: The commit whose model/dynamics.py is the one-op body before runs.
+OLD_BODY = "42784f4"
+
+
+def old_body():
+    """The one-op dynamics module of :data:`OLD_BODY`, loaded from git, or None."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        src = subprocess.run(["git", "-C", root, "show", f"{OLD_BODY}:model/dynamics.py"],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    spec = importlib.util.spec_from_loader("slabtune.model._dynamics_one_op", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    exec(compile(src, f"{OLD_BODY}:model/dynamics.py", "exec"), mod.__dict__)
+    return mod
+
+
 def batch_of(cfgs, n):
     return D.stack_configs([cfgs[i % len(cfgs)] for i in range(n)])
 
 
-def time_jax(cfgs, n, steps, repeat):
+def time_jax(cfgs, n, steps, repeat, old=None):
+    """(ops, median wall s, median CPU s, first-call s) of ``simulate_batch``; with the
+    one-op module ``old`` the same for it too, its repeats interleaved with ours."""
     batch = batch_of(cfgs, n)
-    keys = jax.random.split(jax.random.key(0), n)
-    t0 = time.perf_counter()
-    c = D.simulate_batch(keys, batch, steps)
-    jax.block_until_ready(c)
-    first = time.perf_counter() - t0
-    times, cpu = [], []
+    runs = [(D, batch)]
+    if old is not None:
+        runs.append((old, old.SimConfig(*batch[:len(old.SimConfig._fields)])))
+    out = []
+    for mod, b in runs:
+        keys = jax.random.split(jax.random.key(0), n)
+        t0 = time.perf_counter()
+        jax.block_until_ready(mod.simulate_batch(keys, b, steps))
+        out.append(([], [], time.perf_counter() - t0))
     for i in range(repeat):
         keys = jax.random.split(jax.random.key(i + 1), n)
         jax.block_until_ready(keys)
-        t0, c0 = time.perf_counter(), time.process_time()
-        c = D.simulate_batch(keys, batch, steps)
-        jax.block_until_ready(c)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    ops = int(np.asarray(c.ops, np.int64).sum())
-    return ops, statistics.median(times), statistics.median(cpu), first
+        for (mod, b), (times, cpu, _) in zip(runs, out):
+            t0, c0 = time.perf_counter(), time.process_time()
+            c = mod.simulate_batch(keys, b, steps)
+            jax.block_until_ready(c)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            ops = int(np.asarray(c.ops, np.int64).sum())
+    return [(ops, statistics.median(t), statistics.median(c), f) for t, c, f in out]
 
 
 def time_reference(cfgs, steps, sample):
@@ -127,6 +158,8 @@ def main(argv=None):
                     help="run lengths b to measure (comma-separated; 1 is today's model)")
     ap.add_argument("--fid-steps", type=int, default=2000,
                     help="steps of the fidelity runs (0: skip them)")
+    ap.add_argument("--no-old-body", action="store_true",
+                    help=f"at b = 1, do not time the one-op body of {OLD_BODY} alongside")
     args = ap.parse_args(argv)
     bs = [D.check_ops_per_step(int(x)) for x in args.ops_per_step.split(",")]
     print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: "
@@ -139,11 +172,17 @@ def main(argv=None):
               f"(median of {args.ref_sample} configs)")
         print(f"{'configs':>8} {'ops':>13} {'median s':>9} {'cpu s':>7} {'first s':>8} "
               f"{'ops/s':>14} {'x ref':>6} {'ops/CPU-s':>14} {'x ref':>6}")
+        old = old_body() if b == 1 and not args.no_old_body else None
         for n in (int(x) for x in args.sizes.split(",")):
-            ops, med, cpu, first = time_jax(cfgs, n, args.steps, args.repeat)
-            rate, crate = ops / med, ops / max(cpu, 1e-9)
-            print(f"{n:>8} {ops:>13,} {med:>9.3f} {cpu:>7.3f} {first:>8.1f} "
-                  f"{rate:>14,.0f} {rate / ref:>6.1f} {crate:>14,.0f} {crate / ref_cpu:>6.1f}")
+            res = time_jax(cfgs, n, args.steps, args.repeat, old)
+            for name, (ops, med, cpu, first) in zip(("", f"{OLD_BODY} one-op body"), res):
+                rate, crate = ops / med, ops / max(cpu, 1e-9)
+                print(f"{n:>8} {ops:>13,} {med:>9.3f} {cpu:>7.3f} {first:>8.1f} "
+                      f"{rate:>14,.0f} {rate / ref:>6.1f} {crate:>14,.0f} {crate / ref_cpu:>6.1f}"
+                      + (f"  {name}" if name else ""))
+            if len(res) == 2:
+                print(f"{'':>8} b = 1 now / one-op body, CPU rate: {res[1][2] / res[0][2]:.2f}x "
+                      f"(same ops: {res[0][0] == res[1][0]})")
     if args.fid_steps <= 0:
         return
     base = fidelity(distinct_configs(1), args.fid_steps)

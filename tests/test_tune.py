@@ -502,6 +502,35 @@ def test_cli_tune_with_a_sweep_fleet(tmp_path):
     assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path), "fleet.sweep")
 
 
+def test_study_keeps_the_sweep_its_fleet_came_from(tmp_path):
+    """A fleet from a sweep spec named by a relative path: the study keeps that sweep spec,
+    so pareto and export read the study from any directory, even after the file is gone."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.toml").write_text(
+        '[sweep]\nname = "mine"\nevaluator = "structural"\n'
+        '[topology]\ncpus = [4, 64]\n[cache]\ncache = ["kmalloc-256"]\n'
+        '[kernel]\nprofile = ["v6.18"]\n')
+    spec = work / "swept.toml"
+    spec.write_text(SWEEP_FLEET_SPEC.format(sweep="mine.toml", extra=""))
+    p = run_cli("tune", "swept.toml", "--trials", "8", "--batch", "8", "--study", "rel",
+                "--json", cwd=work)
+    assert p.returncode == 0, p.stderr
+    storage = json.loads(p.stdout)["storage"]
+    s = optuna.load_study(study_name="rel", storage=storage)
+    kept = s.user_attrs[ST.ATTR_FLEET_SWEEP]
+    assert kept["name"] == "mine"
+    (work / "mine.toml").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = run_cli("pareto", "--study", "rel", "--storage", storage, "--json", cwd=elsewhere)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["points"]
+    spec2 = ST.study_spec(s)
+    assert [t.topology.present for t in spec2.fleet.topologies] == [4, 64]
+    assert spec2.fleet_sweep == kept
+
+
 def test_structural_memory_steady_retention_worked_by_hand():
     """The tuner's fleet is in the steady state: each CPU retains its CPU slab and its
     per-CPU partial list at put_cpu_partial()'s mean length (C+1)(C+2)/(3(C+3)) for

@@ -142,28 +142,31 @@ def _parse_topology(i: int, t) -> FleetTopology:
     return FleetTopology(name, topo, weight)
 
 
-def parse_fleet(table) -> Fleet:
+def parse_fleet(table, sweep=None) -> Fleet:
     """Build a :class:`Fleet` from a spec's ``[fleet]`` table; errors name the field.
 
     Topologies are the ``[[fleet.topology]]`` tables, or those of a sweep spec named by
     ``sweep`` (:func:`sweep_fleet_topologies`); workloads are the ``[[fleet.workload]]``
     tables, or with ``sweep`` and none given, one workload over the sweep's caches
-    (:func:`sweep_default_workload`).
+    (:func:`sweep_default_workload`).  ``sweep``: the already loaded sweep spec that
+    ``[fleet] sweep`` names (a study keeps it, so re-reading a study never depends on the
+    working directory or on the file still being there); loaded from its name if not given.
     """
     if not isinstance(table, Mapping):
         raise SlabtuneError("fleet: expected a [fleet] table")
     unknown = set(table) - {"profile", "topology", "workload", "sweep", "topology_weight"}
     if unknown:
         raise SlabtuneError(f"fleet.{sorted(unknown)[0]}: unknown field")
-    sweep = None
     if "sweep" in table:
-        sweep = load_sweep(table["sweep"])
+        sweep = load_sweep(table["sweep"]) if sweep is None else sweep
         if "topology" in table:
             raise SlabtuneError("fleet.topology: give either [[fleet.topology]] tables or "
                                 "fleet.sweep, not both")
-    elif "topology_weight" in table:
-        raise SlabtuneError("fleet.topology_weight: only a fleet taken from a sweep spec "
-                            "(fleet.sweep) weights its topologies by rule")
+    else:
+        sweep = None
+        if "topology_weight" in table:
+            raise SlabtuneError("fleet.topology_weight: only a fleet taken from a sweep spec "
+                                "(fleet.sweep) weights its topologies by rule")
     try:
         profile = P.get_profile(str(table.get("profile", _sweep_profile(sweep))))
     except P.UnknownProfileError as err:
@@ -256,7 +259,8 @@ SWEEP_LIVE_PER_CPU = 1024.0
 
 def load_sweep(ref):
     """The sweep spec ``[fleet] sweep`` names: a built-in name (``quick``) or a path to a
-    sweep spec TOML (relative paths from the working directory).  Errors name the field."""
+    sweep spec TOML (relative paths from the working directory; a study keeps what was read,
+    see :func:`slabtune.tuner.study.study_spec`).  Errors name the field."""
     from slabtune.sweeps import spec as SP
 
     if not isinstance(ref, str) or not ref:

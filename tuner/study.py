@@ -41,6 +41,8 @@ ATTR_SPEC = "slabtune_spec"
 ATTR_BASELINE = "slabtune_baseline"
 ATTR_TOPOLOGIES = "slabtune_topologies"
 ATTR_PROFILE = "slabtune_profile"
+#: The sweep spec the fleet was taken from ([fleet] sweep), as SweepSpec.to_dict() at creation.
+ATTR_FLEET_SWEEP = "slabtune_fleet_sweep"
 #: Trial user attr: per-topology objectives {"memory": [...], "time": [...]} (lists aligned
 #: with the study's ATTR_TOPOLOGIES).
 ATTR_TOPO = "per_topology"
@@ -58,6 +60,8 @@ class TuneSpec:
     fleet: O.Fleet
     space: S.SearchSpace
     objectives: O.ObjectiveSpec
+    #: The sweep spec ``[fleet] sweep`` named, as :meth:`SweepSpec.to_dict` (None without).
+    fleet_sweep: dict | None = None
 
 
 def builtin_spec_path(name: str) -> Path | None:
@@ -69,8 +73,10 @@ def builtin_spec_path(name: str) -> Path | None:
     return Path(str(p)) if p.is_file() else None
 
 
-def parse_spec(text: str, name: str = "spec") -> TuneSpec:
-    """Parse tune-spec text; every error is one line naming the field."""
+def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None) -> TuneSpec:
+    """Parse tune-spec text; every error is one line naming the field.  ``fleet_sweep``:
+    the sweep spec its ``[fleet] sweep`` named when the study was created (kept in the
+    study), used instead of loading that name again."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -83,10 +89,18 @@ def parse_spec(text: str, name: str = "spec") -> TuneSpec:
         raise SlabtuneError(f"{name}: missing the [fleet] table")
     if "search" not in doc:
         raise SlabtuneError(f"{name}: missing the [search] table")
-    fleet = O.parse_fleet(doc["fleet"])
+    sweep = None
+    if isinstance(doc["fleet"], dict) and "sweep" in doc["fleet"]:
+        if fleet_sweep is not None:
+            from slabtune.sweeps import spec as SP
+            sweep = SP.from_dict(fleet_sweep)
+        else:
+            sweep = O.load_sweep(doc["fleet"]["sweep"])
+    fleet = O.parse_fleet(doc["fleet"], sweep)
     space = S.parse_search(doc["search"], fleet.profile)
     objectives = O.parse_objectives(doc.get("objectives"))
-    return TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives)
+    return TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives,
+                    fleet_sweep=sweep.to_dict() if sweep is not None else None)
 
 
 def spec_file(ref: str, field: str = "spec") -> Path:
@@ -227,8 +241,11 @@ def load_study(study_name: str | None, storage: str | None,
 
 
 def study_spec(study: optuna.Study) -> TuneSpec:
-    return parse_spec(study.user_attrs[ATTR_SPEC], study.user_attrs.get("slabtune_spec_name",
-                                                                       "spec"))
+    """The tune spec a study was created from, with the sweep spec its fleet came from as
+    it was then (:data:`ATTR_FLEET_SWEEP`)."""
+    return parse_spec(study.user_attrs[ATTR_SPEC],
+                      study.user_attrs.get("slabtune_spec_name", "spec"),
+                      study.user_attrs.get(ATTR_FLEET_SWEEP))
 
 
 # --------------------------------------------------------------------------- running
@@ -523,6 +540,8 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
     if stored is None:
         study.set_user_attr(ATTR_SPEC, spec.text)
         study.set_user_attr("slabtune_spec_name", spec.name)
+        if spec.fleet_sweep is not None:
+            study.set_user_attr(ATTR_FLEET_SWEEP, spec.fleet_sweep)
         study.set_user_attr(ATTR_PROFILE, spec.fleet.profile.name)
         study.set_user_attr(ATTR_TOPOLOGIES, list(spec.fleet.topology_names))
         study.set_user_attr(ATTR_BASELINE, _baseline_attr(evaluator.baseline))

@@ -555,3 +555,88 @@ def test_native_workload_that_cannot_run_on_a_topology_is_refused_up_front(tmp_p
     with pytest.raises(SlabtuneError, match=r"baseline \(native, smp-2\).*validate.native.workload"):
         V.validate([], spec, ("native",), out_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- --spread
+
+
+def _front(n: int) -> list[dict]:
+    """A synthetic Pareto front of n points: memory rises with the index, time falls."""
+    return [{"trial": 100 - i, "memory": 1.0 + i, "time": 50.0 - i} for i in range(n)]
+
+
+@pytest.mark.parametrize("n, k", [(9, 3), (10, 4), (7, 7), (5, 2), (100, 6)])
+def test_spread_pick_takes_both_extremes_and_spaces_the_rest_evenly(n, k):
+    front = _front(n)
+    picked = V.spread_pick(list(reversed(front)), k)
+    by_mem = sorted(front, key=lambda p: p["memory"])
+    pos = [by_mem.index(p) for p in picked]
+    assert len(picked) == k and len(set(pos)) == k
+    assert pos == sorted(pos) and pos[0] == 0 and pos[-1] == n - 1
+    gaps = [b - a for a, b in zip(pos, pos[1:])]
+    assert max(gaps) - min(gaps) <= 1          # evenly spaced by rank
+    assert V.spread_pick(front, 1) == [by_mem[0]]
+
+
+def test_spread_pick_takes_a_small_front_whole_and_breaks_ties_by_trial():
+    front = _front(3)
+    assert V.spread_pick(front, 5) == sorted(front, key=lambda p: p["memory"])
+    twins = [{"trial": 7, "memory": 2.0, "time": 3.0}, {"trial": 4, "memory": 2.0, "time": 3.0}]
+    assert [p["trial"] for p in V.spread_pick(twins, 1)] == [4]
+    with pytest.raises(SlabtuneError, match="--spread"):
+        V.spread_pick(front, 0)
+
+
+@pytest.mark.slow
+def test_spread_candidates_from_a_study_are_on_the_front_and_deterministic():
+    import random
+
+    from slabtune.results import pareto as PA
+    from slabtune.tuner import study as ST
+
+    spec = ST.load_spec("tune_quick")
+    runner, _ = ST.create_or_resume(spec, "v-spread", "memory:")
+    runner.run(128, 64)
+    pts = PA.study_pareto(runner.study)["points"]
+    assert len(pts) >= 4
+    cands, size = V.spread_candidates(runner.study, 4)
+    assert size == len(pts)
+    ids = [c.id for c in cands]
+    on_front = {f"trial-{p['trial']}": p for p in pts}
+    assert len(ids) == 4 == len(set(ids)) and set(ids) <= set(on_front)
+    lo_mem = min(pts, key=lambda p: (p["memory"], p["trial"]))
+    lo_time = min(pts, key=lambda p: (p["time"], p["trial"]))
+    assert {f"trial-{lo_mem['trial']}", f"trial-{lo_time['trial']}"} <= set(ids)
+    assert [c.id for c in V.spread_candidates(runner.study, 4)[0]] == ids
+    shuffled = list(pts)
+    random.Random(1).shuffle(shuffled)
+    assert [f"trial-{p['trial']}" for p in V.spread_pick(shuffled, 4)] == ids
+    whole, _ = V.spread_candidates(runner.study, len(pts) + 3)
+    assert sorted(c.id for c in whole) == sorted(on_front)
+    # the same knobs as --top gives for the same trial
+    top = {c.id: c for c in V.candidates_from_study(runner.study, len(pts))}
+    assert all(top[c.id] == c for c in cands)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--spread", "0"], "--spread"),
+    (["--spread", "-2"], "--spread"),
+    (["--top", "2", "--spread", "2"], "--spread"),
+    (["--top", "0"], "--top"),
+])
+def test_bad_spread_is_one_line_before_anything_runs(tmp_path, capsys, argv, field):
+    rc, out, err = _cli(["validate", "--study", "none", "--storage",
+                         f"sqlite:///{tmp_path / 'none.db'}", "--topologies", "validate_quick",
+                         "--target", "host", "--out", str(tmp_path / "runs"), *argv], capsys)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"slabtune: error: {field}:")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "none.db").exists()
+
+
+def test_spread_with_a_candidate_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "c.toml"
+    f.write_text(CANDIDATES)
+    rc, out, err = _cli(["validate", "--candidate", str(f), "--spread", "2", "--topologies",
+                         "validate_quick", "--target", "host"], capsys)
+    assert rc == 2 and err.strip().startswith("slabtune: error: --spread: only with --study")

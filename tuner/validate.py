@@ -248,26 +248,54 @@ def candidate_rank(points: Sequence[dict]) -> list[dict]:
     return sorted(points, key=lambda p: (-p["gain"], p["trial"]))
 
 
-def candidates_from_study(study, top: int) -> list[Candidate]:
-    """The ``top`` best Pareto-front trials of a slabtune study (see :func:`candidate_rank`)
-    as candidates: their effective boot parameters that differ from the defaults, and their
-    other knobs."""
+def spread_pick(points: Sequence[dict], k: int) -> list[dict]:
+    """``k`` points spread over a Pareto front for ``--spread K``: the lowest-memory point,
+    the lowest-time point, and ``k - 2`` more evenly spaced by rank between them along the
+    front sorted by memory (ties by time, then trial number).  A front of at most ``k``
+    points is returned whole; ``k = 1`` gives the lowest-memory point.  Returned sorted by
+    memory.  ``points`` are :func:`slabtune.results.pareto.study_pareto` points."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SlabtuneError(f"--spread: {k!r} must be a positive integer")
+    front = sorted(points, key=lambda p: (p["memory"], p["time"], p["trial"]))
+    if len(front) <= k:
+        return front
+    lo_mem = front[0]
+    if k == 1:
+        return [lo_mem]
+    lo_time = min(front, key=lambda p: (p["time"], p["memory"], p["trial"]))
+    ends = [lo_mem] if lo_time is lo_mem else [lo_mem, lo_time]
+    rest = [p for p in front if all(p is not e for e in ends)]
+    need, m = k - len(ends), len(rest)
+    # position j of `need` evenly spaced in (0, m + 1), rounded half up; m >= need keeps the
+    # spacing >= 1, so the picks are distinct
+    picked = [rest[((2 * (j + 1) * (m + 1) + need + 1) // (2 * (need + 1))) - 1]
+              for j in range(need)]
+    chosen = {p["trial"] for p in ends + picked}
+    return [p for p in front if p["trial"] in chosen]
+
+
+def _front_points(study) -> list[dict]:
+    """The study's Pareto points, each with ``gain``: the sum of the fleet-level relative
+    gains over the baseline on both objectives."""
     from slabtune.results import pareto as PA
+
+    rep = PA.study_pareto(study)
+    base = rep["baseline"]
+    return [{**p, "gain": float(sum(PA.gains([p["memory"], p["time"]],
+                                               [base["memory"], base["time"]])))}
+            for p in rep["points"]]
+
+
+def _trial_candidates(study, points: Sequence[dict]) -> list[Candidate]:
+    """Pareto points as candidates: their effective boot parameters that differ from the
+    defaults, and their other knobs."""
     from slabtune.tuner import space as S
     from slabtune.tuner import study as ST
 
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise SlabtuneError(f"--top: {top!r} must be a positive integer")
-    rep = PA.study_pareto(study)
-    base = rep["baseline"]
-    pts = [{**p, "gain": PA.gains([p["memory"], p["time"]], [base["memory"], base["time"]])}
-           for p in rep["points"]]
-    for p in pts:
-        p["gain"] = float(sum(p["gain"]))
     spec = ST.study_spec(study)
     defaults = S.baseline_values(spec.fleet.profile)
     out = []
-    for p in candidate_rank(pts)[:top]:
+    for p in points:
         eff = ST.effective_params(p["params"], spec)
         boot = {k: int(v) for k, v in eff.items()
                 if S.KNOBS[k].reach == "boot" and int(v) != defaults[k]}
@@ -275,6 +303,23 @@ def candidates_from_study(study, top: int) -> list[Candidate]:
         out.append(Candidate(f"trial-{p['trial']}", boot, knobs,
                              f"study {study.study_name} trial {p['trial']}"))
     return out
+
+
+def candidates_from_study(study, top: int) -> list[Candidate]:
+    """The ``top`` best Pareto-front trials of a slabtune study (see :func:`candidate_rank`)
+    as candidates (see :func:`_trial_candidates`)."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise SlabtuneError(f"--top: {top!r} must be a positive integer")
+    return _trial_candidates(study, candidate_rank(_front_points(study))[:top])
+
+
+def spread_candidates(study, k: int) -> tuple[list[Candidate], int]:
+    """``k`` candidates spread over the study's Pareto front (see :func:`spread_pick`) and
+    the front's size."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SlabtuneError(f"--spread: {k!r} must be a positive integer")
+    pts = _front_points(study)
+    return _trial_candidates(study, spread_pick(pts, k)), len(pts)
 
 
 def with_baseline(cands: Sequence[Candidate]) -> list[Candidate]:

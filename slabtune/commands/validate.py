@@ -26,12 +26,21 @@ def register(subparsers) -> None:
     p.add_argument("run_ref", nargs="?", metavar="RUN",
                    help="(report) a validation run directory, run id or unique prefix")
     src = p.add_argument_group("candidates (one of)")
-    src.add_argument("--study", metavar="NAME", help="take the top K trials of this study")
+    src.add_argument("--study", metavar="NAME",
+                     help="take trials of this study (with --top K or --spread K)")
     src.add_argument("--run", metavar="RUN_DIR", dest="tune_run",
-                     help="take the top K trials of the study in this tune run directory")
+                     help="take trials of the study in this tune run directory "
+                          "(with --top K or --spread K)")
     src.add_argument("--candidate", metavar="FILE",
                      help="candidates from a TOML/JSON file ([[candidate]] id, boot, knobs)")
-    p.add_argument("--top", type=int, metavar="K", help="how many Pareto trials (with --study/--run)")
+    p.add_argument("--top", type=int, metavar="K",
+                   help="(with --study/--run) the K Pareto trials with the largest summed "
+                        "relative gain over the baseline on memory and time")
+    p.add_argument("--spread", type=int, metavar="K",
+                   help="(with --study/--run; instead of --top) K trials spread over the "
+                        "Pareto front: the lowest-memory one, the lowest-time one, and the "
+                        "rest evenly spaced by rank along the front sorted by memory (ties by "
+                        "trial number); the whole front when it has fewer than K points")
     p.add_argument("--storage", metavar="URL", help="Optuna storage URL of the study")
     p.add_argument("--topologies", metavar="SPEC",
                    help="validation spec file or built-in name (validate_quick)")
@@ -57,8 +66,13 @@ def _validate(args) -> int:
     from slabtune.tuner import validate as V
 
     if bool(args.candidate) + bool(args.study or args.tune_run) != 1:
-        raise SlabtuneError("candidates: give exactly one of --study NAME --top K, "
-                            "--run RUN_DIR --top K, --candidate FILE")
+        raise SlabtuneError("candidates: give exactly one of --study NAME, --run RUN_DIR "
+                            "(each with --top K or --spread K), --candidate FILE")
+    if args.top is not None and args.spread is not None:
+        raise SlabtuneError("--spread: give either --top K or --spread K, not both")
+    for flag, k in (("--top", args.top), ("--spread", args.spread)):
+        if k is not None and k < 1:
+            raise SlabtuneError(f"{flag}: {k} must be a positive integer")
     if args.topologies is None:
         raise SlabtuneError("--topologies: required (a spec file or validate_quick)")
     if args.timeout is not None and not 0 < args.timeout <= 3600:
@@ -66,18 +80,27 @@ def _validate(args) -> int:
     spec = V.load_spec(args.topologies)
     targets = V.parse_targets(args.target)
     if args.candidate:
-        if args.top is not None:
-            raise SlabtuneError("--top: only with --study or --run")
+        for flag, k in (("--top", args.top), ("--spread", args.spread)):
+            if k is not None:
+                raise SlabtuneError(f"{flag}: only with --study or --run")
         cands = V.load_candidate_file(args.candidate)
         source = f"file {args.candidate}"
     else:
-        if args.top is None:
-            raise SlabtuneError("--top: required with --study or --run")
+        if args.top is None and args.spread is None:
+            raise SlabtuneError("--top: --top K or --spread K required with --study or --run")
         from slabtune.tuner import study as ST
 
         study = ST.load_study(args.study, args.storage, args.tune_run)
-        cands = V.candidates_from_study(study, args.top)
-        source = f"study {study.study_name} top {args.top}"
+        if args.spread is not None:
+            cands, front = V.spread_candidates(study, args.spread)
+            source = f"study {study.study_name} spread {args.spread}"
+            if front < args.spread:
+                print(f"spread: the Pareto front has {front} points, fewer than "
+                      f"{args.spread}: taking all {front}", file=sys.stderr)
+            print(f"spread: {', '.join(c.id for c in cands)}", file=sys.stderr)
+        else:
+            cands = V.candidates_from_study(study, args.top)
+            source = f"study {study.study_name} top {args.top}"
     res = V.validate(cands, spec, targets, out_dir=args.out, ray_address=args.ray_address,
                      timeout_s=args.timeout, source=source)
     if args.json:
@@ -101,6 +124,7 @@ def _report(args) -> int:
         raise SlabtuneError("validate report: give RUN (a validation run directory)")
     extra = [n for n, v in (("--study", args.study), ("--run", args.tune_run),
                             ("--candidate", args.candidate), ("--top", args.top),
+                            ("--spread", args.spread),
                             ("--topologies", args.topologies), ("--target", args.target)) if v]
     if extra:
         raise SlabtuneError(f"validate report: {extra[0]} does not apply to a report")

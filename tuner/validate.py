@@ -248,14 +248,19 @@ def candidate_rank(points: Sequence[dict]) -> list[dict]:
     return sorted(points, key=lambda p: (-p["gain"], p["trial"]))
 
 
+def check_count(flag: str, k) -> None:
+    """``--top K`` / ``--spread K`` take a positive integer; anything else is a one-line error."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SlabtuneError(f"{flag}: {k!r} must be a positive integer")
+
+
 def spread_pick(points: Sequence[dict], k: int) -> list[dict]:
     """``k`` points spread over a Pareto front for ``--spread K``: the lowest-memory point,
     the lowest-time point, and ``k - 2`` more evenly spaced by rank between them along the
     front sorted by memory (ties by time, then trial number).  A front of at most ``k``
     points is returned whole; ``k = 1`` gives the lowest-memory point.  Returned sorted by
     memory.  ``points`` are :func:`slabtune.results.pareto.study_pareto` points."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SlabtuneError(f"--spread: {k!r} must be a positive integer")
+    check_count("--spread", k)
     front = sorted(points, key=lambda p: (p["memory"], p["time"], p["trial"]))
     if len(front) <= k:
         return front
@@ -308,16 +313,14 @@ def _trial_candidates(study, points: Sequence[dict]) -> list[Candidate]:
 def candidates_from_study(study, top: int) -> list[Candidate]:
     """The ``top`` best Pareto-front trials of a slabtune study (see :func:`candidate_rank`)
     as candidates (see :func:`_trial_candidates`)."""
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise SlabtuneError(f"--top: {top!r} must be a positive integer")
+    check_count("--top", top)
     return _trial_candidates(study, candidate_rank(_front_points(study))[:top])
 
 
 def spread_candidates(study, k: int) -> tuple[list[Candidate], int]:
     """``k`` candidates spread over the study's Pareto front (see :func:`spread_pick`) and
     the front's size."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SlabtuneError(f"--spread: {k!r} must be a positive integer")
+    check_count("--spread", k)
     pts = _front_points(study)
     return _trial_candidates(study, spread_pick(pts, k)), len(pts)
 

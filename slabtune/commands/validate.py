@@ -71,8 +71,8 @@ def _validate(args) -> int:
     if args.top is not None and args.spread is not None:
         raise SlabtuneError("--spread: give either --top K or --spread K, not both")
     for flag, k in (("--top", args.top), ("--spread", args.spread)):
-        if k is not None and k < 1:
-            raise SlabtuneError(f"{flag}: {k} must be a positive integer")
+        if k is not None:
+            V.check_count(flag, k)
     if args.topologies is None:
         raise SlabtuneError("--topologies: required (a spec file or validate_quick)")
     if args.timeout is not None and not 0 < args.timeout <= 3600:

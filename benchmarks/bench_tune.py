@@ -184,9 +184,14 @@ def main(argv=None) -> int:
         ratio = results[("memory", "batched")][0] / results[("memory", "single")][0]
         floor = sum(results[("memory", "single")][1].values()) / (
             results[("memory", "batched")][1]["ask"] + results[("memory", "batched")][1]["tell"])
+        single_ms = sum(results[("memory", "single")][1].values())
+        per_policy_ms = 1000 * model[args.batch] / args.batch
         print(f"target batched >= 20x one-at-a-time in memory: {ratio:.1f}x "
               f"{'MET' if ratio >= 20 else 'NOT MET'} (with a free model, the sampler's own "
-              f"per-trial cost would cap it at {floor:.1f}x)")
+              f"per-trial cost would cap it at {floor:.1f}x; with a free sampler, tell and "
+              f"storage, the batched model call alone ({per_policy_ms:.3f} ms per policy on "
+              f"this machine) would cap it at {single_ms / per_policy_ms:.1f}x: 20x needs the "
+              f"model under {single_ms / 20:.3f} ms per policy)")
     return 0
 
 

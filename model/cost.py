@@ -161,6 +161,40 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
     return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
 
 
+#: Constants a one-core rig's cost is linear in (:func:`rig_cost`): everything but the line
+#: transfers (none move between CPUs), the queueing cap (no lock is contended), the lock line
+#: counts (they multiply a zero line cost) and ``pcp_batch`` (a count, held fixed).
+RIG_FREE: tuple[str, ...] = (
+    "alloc_fast_ns", "free_fast_ns", "alloc_slow_ns", "free_slow_ns", "sheaf_swap_ns",
+    "sheaf_object_ns", "cpu_partial_drain_ns", "list_lock_hold_ns", "barn_lock_hold_ns",
+    "pcp_call_ns", "buddy_call_ns", "zone_lock_hold_ns", "page_setup_ns", "object_setup_ns",
+)
+
+
+def rig_cost(values: dict, pcp_batch: float) -> CostParams:
+    """A cost table for a rig whose threads all run on one CPU (``slabtune validate``'s
+    native timing runs): no cache line ever moves between CPUs, so ``line_local_ns =
+    line_remote_ns = 0`` (a lock's critical section and a remote free cost only their own
+    work), and no lock is ever contended (the threads time-slice on one core, and a call
+    that spans a time slice is dropped), so ``rho_max = 0``: :func:`wait_excluding_own`
+    clips every utilisation to 0 and the M/M/1 wait is exactly 0.  ns per op is then linear
+    in the :data:`RIG_FREE` constants taken from ``values`` (missing ones are 0), with
+    ``pcp_batch`` fixed.  Built in code only: :func:`parse_cost_toml` keeps ``rho_max`` in
+    (0, 1) for the tables the tuner uses."""
+    bad = [k for k in values if k not in RIG_FREE]
+    if bad:
+        raise CostError(f"cost.{bad[0]}: not a rig constant (rig constants: {', '.join(RIG_FREE)})")
+    for key, val in values.items():
+        if not float(val) >= 0:
+            raise CostError(f"cost.{key}: {val} is negative")
+    if not float(pcp_batch) >= 1:
+        raise CostError(f"cost.pcp_batch: {pcp_batch} must be at least 1")
+    out = {k: float(values.get(k, 0.0)) for k in RIG_FREE}
+    out.update(line_local_ns=0.0, line_remote_ns=0.0, rho_max=0.0, pcp_batch=float(pcp_batch),
+               list_lock_lines=1.0, barn_lock_lines=1.0, zone_lock_lines=1.0)
+    return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
+
+
 def parse_cost_toml(text: str, source: str = "<string>", base: CostParams | None = None
                     ) -> tuple[CostParams, CostMeta]:
     """Parse a cost file: a ``[cost]`` table of constants and an optional ``[fitted]`` table

@@ -467,6 +467,7 @@ cache = "kmalloc-512"
 steps = 400
 timing_steps = 20000
 timing_repeats = 3
+calibration_runs = 8
 workload = { kind = "local", live = 32, burst = 16 }
 """
 
@@ -487,16 +488,18 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert res.tasks == 4 and res.failed == 0
     run = store.open_run(res.run_dir)
     rows = run.collect()
-    assert set(rows["field"]) == {"native_cost", "native_cost_prior", "alloc_fastpath_pct",
-                                  "free_fastpath_pct"}
-    # the prior-constant rows are a labelled diagnostic, never counted; both share the
-    # measurement: the median of 3 interleaved runs of timed allocator calls
+    assert set(rows["field"]) == {"native_cost", "native_cost_packaged", "native_cost_prior",
+                                  "alloc_fastpath_pct", "free_fastpath_pct"}
+    # the packaged-table and prior-constant rows are labelled diagnostics, never counted;
+    # all three share the measurement: the median of 3 interleaved runs of timed calls
     prior = rows.filter(pl.col("field") == "native_cost_prior")
+    packaged = rows.filter(pl.col("field") == "native_cost_packaged")
     cost = rows.filter(pl.col("field") == "native_cost")
-    assert not prior["comparable"].any() and cost["comparable"].all()
+    assert not prior["comparable"].any() and not packaged["comparable"].any()
+    assert cost["comparable"].all()
     for (c, t), g in rows.filter(pl.col("field").str.starts_with("native_cost")).group_by(
             "candidate", "topology"):
-        assert g.height == 2 and g["measured"].n_unique() == 1
+        assert g.height == 3 and g["measured"].n_unique() == 1
         note = g["note"][0]
         runs = [float(x) for x in note.split("; runs ")[1].split(";")[0].split(", ")]
         assert len(runs) == 3 and "3 interleaved runs x 20000 steps" in note
@@ -521,6 +524,21 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert lab["prior_constants"]["pairs"] == 4
     assert lab["prior_constants"]["spearman"] == pytest.approx(
         R.spearman(prior["predicted"].to_list(), prior["measured"].to_list()))
+    assert lab["packaged_constants"]["spearman"] == pytest.approx(
+        R.spearman(packaged["predicted"].to_list(), packaged["measured"].to_list()))
+    # the rig table is stored with the run and re-derived by the report: the native
+    # figure's predictions are the stored calibration's constants times each pair's
+    # features, fitted on 8 configurations none of which is a pair's
+    stored = run.manifest["native_rig"]
+    rig = json.loads(json.dumps(rep, default=str))["native_rig"]
+    assert rig["constants"] == stored["constants"] and rig["runs"] == 8
+    assert rig["r2"] == pytest.approx(stored["r2"], abs=1e-9)
+    assert len(rig["calibration"]) == 8
+    assert all(c["fitted"] == pytest.approx(s["fitted"]) and c["measured"] == s["measured"]
+               for c, s in zip(rig["calibration"], stored["calibration"]))
+    assert {"sheaf_swap_ns", "barn_lock_hold_ns"} <= set(rig["not_identified"])
+    text = R.format_report(rep)
+    assert "rig cost table (native figure): R^2" in text and "packaged (server)" in text
     fp = rows.filter(pl.col("field").str.ends_with("_pct"))
     assert rep["native_fastpath_max_abs_diff_pp"] == pytest.approx(
         max(abs(p - m) for p, m in zip(fp["predicted"], fp["measured"])))

@@ -22,10 +22,17 @@ the report can be re-derived from the parquet parts alone.  Figures and where th
   (candidate, topology) pairs.  Guest timings count only when the guest ran under KVM (under
   TCG they are emulation artefacts); native-allocator timings count always and are preferred
   when present.  ``speed_source`` says which (``native``, ``guest-kvm`` or null when neither
-  produced comparable timings).  For the native source the report adds, labelled and not
-  in place of the figure, the correlation without the topologies that have a memoryless
-  node (the native allocator has no remote memory) and against the model with its prior
-  cost constants (``native_cost_prior`` rows).
+  produced comparable timings).  The native figure ranks the model under the *rig cost
+  table* (``native_cost`` rows): the native timing rig runs every thread on one CPU and
+  times each allocator call alone, so no cache line moves between CPUs and no lock queues;
+  its table has no line costs and no queueing (:func:`slabtune.model.cost.rig_cost`) and
+  per-event constants fitted on calibration runs of the rig whose configurations are none
+  of the validated pairs' (:mod:`slabtune.tuner.rigcost`; stored in the run manifest as
+  ``native_rig`` and shown with its R^2 by :func:`rig_summary`).  The packaged cost table
+  prices a 224-CPU server (cross-node lines, lock queueing) and stays the tuner's; beside
+  the figure, labelled and not in its place, the report gives the correlation under the
+  packaged table (``native_cost_packaged``) and the prior constants
+  (``native_cost_prior``), and without the topologies that have a memoryless node.
 * **native fast path**: the largest absolute difference, in percentage points, between the
   model's and the native allocator's fast-path fractions (allocs and frees).
 
@@ -47,6 +54,7 @@ MEMORY_FIELD = "slab_bytes"
 COST_FIELD = "cost"
 NATIVE_COST_FIELD = "native_cost"
 NATIVE_COST_PRIOR_FIELD = "native_cost_prior"
+NATIVE_COST_PACKAGED_FIELD = "native_cost_packaged"
 NATIVE_FASTPATH_FIELDS = ("alloc_fastpath_pct", "free_fastpath_pct")
 MAX_LISTED = 200
 
@@ -232,7 +240,8 @@ def speed(rows: pl.DataFrame, memoryless: set[str] | None = None) -> dict:
     (``memoryless``: the native allocator has no remote memory, so the model's remote-node
     costs have nothing to meet), and against the model with its prior cost constants."""
     ok = _ok(rows)
-    native = ok.filter((pl.col("target") == "native") & (pl.col("field") == NATIVE_COST_FIELD))
+    native = ok.filter((pl.col("target") == "native") & (pl.col("field") == NATIVE_COST_FIELD)
+                       & pl.col("comparable") & pl.col("predicted").is_not_null())
     kvm = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
                     & (pl.col("accelerator") == "kvm"))
     tcg = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
@@ -249,19 +258,46 @@ def speed(rows: pl.DataFrame, memoryless: set[str] | None = None) -> dict:
            "guest_tcg_spearman_not_counted": tcg_rho, "guest_tcg_pairs": tcg.height}
     if src == "native":
         ml = sorted(memoryless or ())
-        prior = ok.filter((pl.col("target") == "native")
-                          & (pl.col("field") == NATIVE_COST_PRIOR_FIELD))
         keep = ~pl.col("topology").is_in(ml)
         out["native_labelled"] = {
             "memoryless_topologies": ml,
             "without_memoryless": {"spearman": _rho(use.filter(keep)),
                                    "pairs": use.filter(keep).height},
-            "prior_constants": {"spearman": _rho(prior) if prior.height else None,
-                                "pairs": prior.height},
-            "prior_constants_without_memoryless": {
-                "spearman": _rho(prior.filter(keep)) if prior.height else None,
-                "pairs": prior.filter(keep).height},
         }
+        for field, key in ((NATIVE_COST_PACKAGED_FIELD, "packaged_constants"),
+                           (NATIVE_COST_PRIOR_FIELD, "prior_constants")):
+            d = ok.filter((pl.col("target") == "native") & (pl.col("field") == field))
+            out["native_labelled"][key] = {"spearman": _rho(d) if d.height else None,
+                                           "pairs": d.height}
+            out["native_labelled"][f"{key}_without_memoryless"] = {
+                "spearman": _rho(d.filter(keep)) if d.height else None,
+                "pairs": d.filter(keep).height}
+    return out
+
+
+def rig_summary(rig: dict | None) -> dict | None:
+    """The rig cost table a native run was ranked under (the manifest's ``native_rig``),
+    re-derived from what was stored: each calibration run's fitted value is its features
+    times the stored constants and R^2 is recomputed from those (``r2``; the fit's own
+    figure is ``r2_at_fit``).  None for a run without one."""
+    if not rig:
+        return None
+    from slabtune.tuner import rigcost as RC
+
+    names = rig.get("names") or []
+    out = {k: rig.get(k) for k in ("table", "unit", "constants", "stderr", "fitted_constants",
+                                   "not_identified", "aliased", "rank", "pcp_batch",
+                                   "timing_steps", "pairs_outside_span", "error")}
+    cal = []
+    for c in rig.get("calibration") or []:
+        fitted = (float(RC.predict(c["features"], rig["constants"], names)[0])
+                  if rig.get("constants") and c.get("measured") is not None else None)
+        cal.append({"topology": c["topology"], "params": c["params"],
+                    "effective": c.get("key"), "runs": c.get("runs"),
+                    "measured": c.get("measured"), "fitted": fitted, "error": c.get("error")})
+    used = [c for c in cal if c["fitted"] is not None]
+    out.update(calibration=cal, runs=len(used), r2_at_fit=rig.get("r2"),
+               r2=RC.r_squared([c["fitted"] for c in used], [c["measured"] for c in used]))
     return out
 
 
@@ -330,6 +366,7 @@ def report(run) -> dict:
     wl = workload_caches(run.manifest.get("spec_text"))
     mem = memory(rows, wl)
     sp = speed(rows, memoryless_topologies(run.manifest.get("spec_text")))
+    rig = rig_summary(run.manifest.get("native_rig"))
     failed = [t for t in tasks if t["status"] == "failed"]
     accels = sorted(set(rows.filter(pl.col("target") == "guest")["accelerator"].drop_nulls()))
     return {
@@ -353,6 +390,7 @@ def report(run) -> dict:
         "speed_source": sp["speed_source"],
         "speed": sp,
         "native_fastpath_max_abs_diff_pp": native_fastpath(rows),
+        "native_rig": rig,
         "sources": {
             "structural_match_rate": "guest /sys/kernel/slab before the workload vs "
                                      "tuner.check.predict_boot (guest kernel profile, boot params)",
@@ -367,7 +405,10 @@ def report(run) -> dict:
             "spearman_time": {"native": "native allocator: median ns spent inside its "
                                         "allocator calls per alloc+free pair (interleaved "
                                         "runs, threads on one CPU) vs the model's ns per "
-                                        "pair for the binary's configuration",
+                                        "pair for the binary's configuration under the rig "
+                                        "cost table (no line costs, no queueing; constants "
+                                        "fitted on calibration runs of other "
+                                        "configurations, native_rig)",
                               "guest-kvm": "guest workload wall time under KVM vs modelled ns/op",
                               None: "no comparable timings (guest timings under TCG do not "
                                     "count and no native run)"}[sp["speed_source"]],
@@ -378,6 +419,36 @@ def report(run) -> dict:
                          for t in failed],
         "pairs": pairs(rows, tasks, wl),
     }
+
+
+def format_rig(rig: dict | None) -> list[str]:
+    """Text lines of :func:`rig_summary`."""
+    if not rig:
+        return []
+    if rig.get("constants") is None:
+        return [f"  rig cost table: none ({rig.get('error')})"]
+    se = rig.get("stderr") or {}
+    consts = ", ".join(f"{k} {v:.1f}" + (f" +- {se[k]:.1f}" if k in se else "")
+                       for k, v in rig["constants"].items() if k in (rig["fitted_constants"] or []))
+    out = [f"  rig cost table (native figure): R^2 {_fmt(rig['r2'])} over {rig['runs']} "
+           f"calibration runs of other configurations ({rig['table']}; fitted rank "
+           f"{rig['rank']} of {len(rig['fitted_constants'])}; pairs outside the "
+           f"calibration span {_fmt(rig.get('pairs_outside_span'))})",
+           f"    ns: {consts}"]
+    if rig.get("not_identified"):
+        out.append(f"    not identified (no calibration run exercises them, 0): "
+                   f"{', '.join(rig['not_identified'])}")
+    if rig.get("aliased"):
+        out.append("    aliased (fitted as one, the first carries both): "
+                   + ", ".join(f"{k} with {v}" for k, v in rig["aliased"].items()))
+    for c in rig["calibration"]:
+        eff = c.get("effective") or []
+        out.append(f"    calibration {c['topology']:<16} "
+                   + " ".join(f"{k}={v}" for k, v in sorted(c["params"].items()))
+                   + (f" (order {eff[1]}, {eff[2]} objs)" if len(eff) > 2 else "")
+                   + f": measured {_fmt(c['measured'])} fitted {_fmt(c['fitted'])}"
+                   + (f" error {c['error']}" if c.get("error") else ""))
+    return out
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -426,9 +497,13 @@ def format_report(rep: dict) -> str:
             f"  (labelled, not the figure: without memoryless topologies "
             f"{','.join(lab['memoryless_topologies']) or '-'}: Spearman "
             f"{_fmt(lab['without_memoryless']['spearman'])} over "
-            f"{lab['without_memoryless']['pairs']} pairs; model with prior cost constants: "
+            f"{lab['without_memoryless']['pairs']} pairs; model with the packaged (server) "
+            f"cost table: {_fmt(lab.get('packaged_constants', {}).get('spearman'))}, without "
+            f"memoryless {_fmt(lab.get('packaged_constants_without_memoryless', {}).get('spearman'))}; "
+            f"with prior cost constants: "
             f"{_fmt(lab['prior_constants']['spearman'])}, without memoryless "
             f"{_fmt(lab['prior_constants_without_memoryless']['spearman'])})")
+    lines.extend(format_rig(rep.get("native_rig")))
     if sp["guest_tcg_pairs"]:
         lines.append(f"  (guest TCG timings, not counted: Spearman "
                      f"{_fmt(sp['guest_tcg_spearman_not_counted'])} over {sp['guest_tcg_pairs']} pairs)")

@@ -414,12 +414,15 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
 
 NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,
                    "workload": {"kind": "local", "live": 64, "burst": 32},
-                   "timing_sync_every": 0, "timing_steps": 1_000_000, "timing_repeats": 5}
+                   "timing_sync_every": 0, "timing_steps": 1_000_000, "timing_repeats": 5,
+                   "calibration_runs": 28, "calibration_seed": 1}
 
 
 def _parse_native(tab: Any, fleet) -> dict:
     """``[validate.native]``: which cache of the fleet the native allocator runs, the model
-    workload driving it (a sweeps/simconfig.py ``[workload]`` table), steps and seed."""
+    workload driving it (a sweeps/simconfig.py ``[workload]`` table), steps and seed, the
+    timing runs, and the calibration runs of the rig cost table (``calibration_runs``
+    configurations drawn with ``calibration_seed``, see :mod:`slabtune.tuner.rigcost`)."""
     if not isinstance(tab, Mapping):
         raise SlabtuneError("validate.native: expected a table")
     bad = set(tab) - set(NATIVE_DEFAULTS)
@@ -432,7 +435,8 @@ def _parse_native(tab: Any, fleet) -> dict:
                             f"fleet's workloads ({', '.join(names)})")
     for k, lo, hi in (("steps", 1, 1_000_000), ("seed", 0, (1 << 32) - 1),
                       ("timing_sync_every", 0, 1 << 30), ("timing_steps", 1, 100_000_000),
-                      ("timing_repeats", 1, 15)):
+                      ("timing_repeats", 1, 15), ("calibration_runs", 2, 256),
+                      ("calibration_seed", 0, (1 << 32) - 1)):
         val = out[k]
         if isinstance(val, bool) or not isinstance(val, int) or not lo <= val <= hi:
             raise SlabtuneError(f"validate.native.{k}: {val!r} is outside {lo}..{hi}")
@@ -834,36 +838,58 @@ def native_doc(spec: ValidateSpec, cand: Candidate, topology_name: str,
     without it the sysfs knobs are left out (enough to check the document up front)."""
     from slabtune.tuner.space import KNOBS
 
-    nat = spec.native
-    t = spec.topology(topology_name)
-    prof = spec.fleet.profile
+    params = applied_values(spec, cand, per_cache)
+    left = {k: v for k, v in cand.knobs.items() if KNOBS[k].reach == "kernel"}
+    return native_policy_doc(spec, topology_name, params), {"applied": dict(params),
+                                                            "not_applied": left}
+
+
+def applied_values(spec: ValidateSpec, cand: Candidate,
+                   per_cache: Mapping[str, int] | None) -> dict[str, int]:
+    """What the native validation applies of a candidate to one cache: its boot parameters,
+    and that cache's ``min_partial`` and ``cpu_partial`` (``per_cache``, from
+    :func:`slabtune.tuner.objectives.cache_values`) when the candidate searches the knobs
+    behind them (the sysfs files a kernel would take them from; cpu_partial only where the
+    profile has per-CPU partial lists)."""
     params: dict[str, int] = {k: int(v) for k, v in cand.boot.items()}
-    applied = dict(params)
     searched = set(cand.knobs)
     if per_cache is not None:
         if searched & {"min_partial_divisor", "min_partial_lo", "min_partial_hi"}:
-            params["min_partial"] = applied["min_partial"] = int(per_cache["min_partial"])
-        if prof.has_cpu_partial and searched & {"cpu_partial_page", "cpu_partial_1k",
-                                                "cpu_partial_256", "cpu_partial_small"}:
-            params["cpu_partial"] = applied["cpu_partial"] = int(per_cache["cpu_partial"])
-    left = {k: v for k, v in cand.knobs.items() if KNOBS[k].reach == "kernel"}
+            params["min_partial"] = int(per_cache["min_partial"])
+        if spec.fleet.profile.has_cpu_partial and searched & {
+                "cpu_partial_page", "cpu_partial_1k", "cpu_partial_256", "cpu_partial_small"}:
+            params["cpu_partial"] = int(per_cache["cpu_partial"])
+    return params
+
+
+def native_policy_doc(spec: ValidateSpec, topology_name: str, params: Mapping[str, int]) -> dict:
+    """The sweeps/simconfig.py document of the spec's native cache and workload on one
+    topology under policy ``params`` (boot parameters, min_partial, cpu_partial)."""
+    nat = spec.native
+    t = spec.topology(topology_name)
     topo = {"cpus": t.present, "nodes": t.nodes, "node_cpus": list(t.node_cpus),
             "memoryless_nodes": list(t.memoryless_nodes), "possible": t.possible,
             "online": t.online}
-    doc = {"topology": topo, "cache": {"name": nat["cache"]},
-           "policy": {"profile": prof.name, "params": params},
-           "workload": dict(nat["workload"]), "run": {"steps": nat["steps"], "seed": nat["seed"]}}
-    return doc, {"applied": applied, "not_applied": left}
+    return {"topology": topo, "cache": {"name": nat["cache"]},
+            "policy": {"profile": spec.fleet.profile.name, "params": dict(params)},
+            "workload": dict(nat["workload"]),
+            "run": {"steps": nat["steps"], "seed": nat["seed"]}}
 
 
 def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> dict:
-    """Body of the Ray task that predicts every native pair in one batch (one compilation):
-    index -> ``{"spec_native", "native": {"doc", "applied", "model"}}``.  Runs in a worker so
-    the driver never imports JAX."""
+    """Body of the Ray task that predicts every native pair and the rig's calibration
+    configurations in one batch (one simulation, one compilation): ``{"pairs": index ->
+    {"spec_native", "native": {"doc", "applied", "model"}}, "calibration": [...],
+    "pcp_batch"}``.  A pair's model holds its ns per pair under the packaged cost table
+    (``ns_per_op``), under the prior constants (``ns_per_op_prior``) and under each unit
+    rig table (``rig_features``, :mod:`slabtune.tuner.rigcost`); each calibration entry its
+    topology, policy params, simconfig document and features.  Runs in a worker so the
+    driver never imports JAX."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from slabtune.sweeps import simconfig as SC
     from slabtune.sweeps import simulate as SIM
     from slabtune.tuner import objectives as O
+    from slabtune.tuner import rigcost as RC
 
     spec = parse_spec(spec_text, spec_name)
     docs = []
@@ -873,15 +899,57 @@ def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> 
         docs.append(native_doc(spec, cand, t["topology"], per_cache))
     cost, _ = SC.load_cost()
     sims = [SC.parse_doc(d) for d, _ in docs]
-    preds = SIM.run(sims, cost)
-    prior = SIM.run(sims, prior_cost(cost))
+    cal_sims, cal = calibration_set(spec, [(t["topology"], s) for t, s in zip(tasks, sims)])
+    every = sims + cal_sims
+    simulated = SIM.simulate_specs(every)
+    preds = SIM.metrics_of(every, *simulated, cost)
+    prior = SIM.metrics_of(every, *simulated, prior_cost(cost))
+    pcp_batch = float(cost.pcp_batch)
+    feats = RC.features_of(every, pcp_batch, simulated)
     keep = ("ns_per_op", "throughput_ops_per_us", "alloc_fastpath_frac", "free_fastpath_frac",
             "order", "objs_per_slab", "min_partial", "cpu_partial")
-    return {t["index"]: {"spec_native": dict(spec.native),
-                         "native": {"doc": doc, "applied": applied,
-                                    "model": {**{k: pred[k] for k in keep},
-                                              "ns_per_op_prior": pp["ns_per_op"]}}}
-            for t, (doc, applied), pred, pp in zip(tasks, docs, preds, prior)}
+    pairs = {t["index"]: {"spec_native": dict(spec.native),
+                          "native": {"doc": doc, "applied": applied,
+                                     "model": {**{k: pred[k] for k in keep},
+                                               "ns_per_op_prior": RC.model_pair_ns(pp),
+                                               "rig_features": feats[i].tolist()}}}
+             for i, (t, (doc, applied), pred, pp) in enumerate(zip(tasks, docs, preds, prior))}
+    n = len(sims)
+    for j, c in enumerate(cal):
+        c["features"] = feats[n + j].tolist()
+        c["model"] = {k: preds[n + j][k] for k in keep}
+    return {"pairs": pairs, "calibration": cal, "pcp_batch": pcp_batch}
+
+
+def calibration_set(spec: ValidateSpec, pairs: Sequence[tuple[str, Any]]
+                    ) -> tuple[list, list[dict]]:
+    """The rig's calibration configurations: the first ``calibration_runs`` of
+    :func:`slabtune.tuner.rigcost.calibration_policies` whose effective native
+    configuration (:func:`slabtune.tuner.rigcost.native_key`) is neither a validated pair's
+    (``pairs``: topology name and SimSpec of each) nor an earlier calibration's.  Returns
+    their SimSpecs and ``{"topology", "params", "doc", "key"}`` entries."""
+    from slabtune.sweeps import simconfig as SC
+    from slabtune.tuner import native as N
+    from slabtune.tuner import rigcost as RC
+
+    nat = spec.native
+    n = int(nat["calibration_runs"])
+    taken = {RC.native_key(topo, N.sim_config_for_spec(sim)) for topo, sim in pairs}
+    sims, out = [], []
+    for topo, params in RC.calibration_policies(n, int(nat["calibration_seed"]),
+                                                [t.name for t in spec.fleet.topologies],
+                                                spec.fleet.profile.has_cpu_partial):
+        doc = native_policy_doc(spec, topo, params)
+        sim = SC.parse_doc(doc)
+        key = RC.native_key(topo, N.sim_config_for_spec(sim))
+        if key in taken:
+            continue
+        taken.add(key)
+        sims.append(sim)
+        out.append({"topology": topo, "params": params, "doc": doc, "key": list(key)})
+        if len(out) == n:
+            break
+    return sims, out
 
 
 def prior_cost(cost):
@@ -930,24 +998,34 @@ def _native_common(td: dict, sim, threads: int) -> dict:
             "note": f"{threads} threads; counters {nat['doc']['run']['steps']} steps in lockstep"}
 
 
-def run_native_batch(tds: Sequence[dict]) -> dict[int, list[dict]]:
+def run_native_batch(tds: Sequence[dict], calibration: Sequence[dict] = (),
+                     pcp_batch: float | None = None) -> dict:
     """Body of the one Ray task that runs every native pair (after the guest and host tasks
-    have finished, so no guest competes for the cores): index -> rows.
+    have finished, so no guest competes for the cores): ``{"rows": index -> rows, "rig":
+    the rig cost table's fit}``.
 
     1. Counters: each pair once in lockstep with the model (fast-path rows).
-    2. Timing: ``timing_repeats`` rounds, each running every pair once in turn (interleaved,
-       so load from other work on the machine falls on every pair alike).  A timing run has
-       the binary time each slab_alloc()/slab_free() call on its own (``time_ops``: not the
-       workload driver, its hand-over queues or thread start-up), every thread pinned to one
-       CPU (:func:`timing_cpu`: the reps time-slice on one core instead of outnumbering the
-       machine's cores; a call that spans a time slice is left out), threads free-running
-       for ``timing_steps`` steps.  ``native_cost`` is the median over rounds of the ns
-       spent in the allocator per alloc+free pair (:func:`slabtune.tuner.native.op_ns_per_pair`)
-       against the model's ns per pair for the binary's own configuration;
-       ``native_cost_prior`` puts the same measurement beside the model with the cost
-       model's prior constants (:func:`prior_cost`), a labelled diagnostic, not counted.
-    A pair whose run fails leaves one failed row; the others go on."""
+    2. Timing: ``timing_repeats`` rounds, each running every pair and every calibration
+       configuration (``calibration``, from :func:`native_model_task`) once, the two kinds
+       interleaved, so load from other work on the machine falls on both alike.  A timing
+       run has the binary time each slab_alloc()/slab_free() call on its own (``time_ops``:
+       not the workload driver, its hand-over queues or thread start-up), every thread
+       pinned to one CPU (:func:`timing_cpu`: the reps time-slice on one core instead of
+       outnumbering the machine's cores; a call that spans a time slice is left out),
+       threads free-running for ``timing_steps`` steps.  The measured figure of a pair or a
+       calibration configuration is the median over rounds of the ns spent in the
+       allocator per alloc+free pair (:func:`slabtune.tuner.native.op_ns_per_pair`).
+    3. The rig table: the calibration medians fitted against their features
+       (:func:`rig_fit`).  ``native_cost`` is a pair's measurement against the model under
+       that table (its features x the fitted constants); ``native_cost_packaged`` (the
+       packaged server table) and ``native_cost_prior`` (the prior constants,
+       :func:`prior_cost`) put the same measurement beside the model under the other
+       tables: labelled diagnostics, not counted.
+    A pair whose run fails leaves one failed row; the others go on.  A calibration run that
+    fails is left out of the fit and listed with its error."""
+    from slabtune.sweeps import simconfig as SC
     from slabtune.tuner import native as N
+    from slabtune.tuner import rigcost as RC
 
     out: dict[int, list[dict]] = {}
     cfgs: dict[int, Any] = {}
@@ -960,17 +1038,43 @@ def run_native_batch(tds: Sequence[dict]) -> dict[int, list[dict]]:
             out[td["index"]] = failed_rows(td, str(err), seconds=time.monotonic() - t0[td["index"]])
     live = [td for td in tds if td["index"] in cfgs]
     if not live:
-        return out
+        return {"rows": out, "rig": None}
     sn = live[0]["spec_native"]
+    timeout = float(live[0].get("timeout_s") or 300.0)
     pin = timing_cpu()
-    tcfg = {td["index"]: dataclasses.replace(
-        cfgs[td["index"]], sync_every=int(sn["timing_sync_every"]),
-        steps=int(sn["timing_steps"]), time_ops=1, pin_cpu=pin) for td in live}
+
+    def timed(cfg):
+        return dataclasses.replace(cfg, sync_every=int(sn["timing_sync_every"]),
+                                   steps=int(sn["timing_steps"]), time_ops=1, pin_cpu=pin)
+
+    tcfg = {td["index"]: timed(cfgs[td["index"]]) for td in live}
+    cal = [dict(c) for c in calibration]
+    for c in cal:
+        c.update(runs=[], dropped=0)
+        try:
+            c["cfg"] = timed(N.config_for_spec(SC.parse_doc(c["doc"])))
+        except SlabtuneError as err:
+            c["error"] = str(err)
     times: dict[int, list[float]] = {td["index"]: [] for td in live}
     dropped: dict[int, int] = {td["index"]: 0 for td in live}
     failed: dict[int, str] = {}
+    # pairs and calibration runs in one round, interleaved by their position in their list
+    order = sorted([((k + 0.5) / len(live), 0, k) for k in range(len(live))]
+                   + [((k + 0.5) / len(cal), 1, k) for k in range(len(cal))])
     for _ in range(int(sn["timing_repeats"])):
-        for td in live:
+        for _, kind, k in order:
+            if kind == 1:
+                c = cal[k]
+                if "error" in c:
+                    continue
+                try:
+                    r = N.run(c["cfg"], timeout=timeout)
+                    c["runs"].append(N.op_ns_per_pair(r, c["cfg"].rep_weight))
+                    c["dropped"] += int(r.raw.get("op_dropped", 0))
+                except SlabtuneError as err:
+                    c["error"] = str(err)
+                continue
+            td = live[k]
             i = td["index"]
             if i in failed:
                 continue
@@ -980,6 +1084,8 @@ def run_native_batch(tds: Sequence[dict]) -> dict[int, list[dict]]:
                 dropped[i] += int(r.raw.get("op_dropped", 0))
             except SlabtuneError as err:
                 failed[i] = str(err)
+    steps = int(sn["timing_steps"])
+    rig = rig_fit(cal, pcp_batch, steps=steps, cpu=pin)
     for td in live:
         i = td["index"]
         if i in failed:
@@ -996,13 +1102,58 @@ def run_native_batch(tds: Sequence[dict]) -> dict[int, list[dict]]:
                           + ", ".join(f"{x:.1f}" for x in v)
                           + f"; {dropped[i]} calls over 50 us left out"}
         seconds = time.monotonic() - t0[i]
+        if rig["constants"] is not None:
+            rig_pred = float(RC.predict(m["rig_features"], rig["constants"], rig["names"])[0])
+            rig_row = {}
+        else:
+            rig_pred, rig_row = None, {"comparable": False,
+                                       "note": f"{common['note']}; no rig table: {rig['error']}"}
         out[i] = [{**r, "seconds": seconds} for r in out[i]] + [
-            _row(td, **common, seconds=seconds, field="native_cost",
-                 predicted=float(m["ns_per_op"]), measured=med),
+            _row(td, **{**common, **rig_row}, seconds=seconds, field="native_cost",
+                 predicted=rig_pred, measured=med),
+            _row(td, **{**common, "comparable": False}, seconds=seconds,
+                 field="native_cost_packaged", predicted=float(m["ns_per_op"]), measured=med),
             _row(td, **{**common, "comparable": False}, seconds=seconds,
                  field="native_cost_prior", predicted=float(m["ns_per_op_prior"]), measured=med),
         ]
-    return out
+    if rig["constants"] is not None:
+        pf = [td["native"]["model"]["rig_features"] for td in live if td["index"] not in failed]
+        rig["pairs_outside_span"] = RC.span_residual([c["features"] for c in rig["calibration"]
+                                                      if c.get("measured") is not None], pf)
+    return {"rows": out, "rig": rig}
+
+
+def rig_fit(cal: Sequence[dict], pcp_batch: float | None, steps: int, cpu: int) -> dict:
+    """The rig cost table from measured calibration runs (each with ``features``, ``runs``
+    and maybe an ``error``): :func:`slabtune.tuner.rigcost.fit` of their medians, and what
+    the run stores of it (``native_rig`` in the manifest: constants, R^2, what was not
+    identified, every calibration configuration with its runs, median and fitted value).
+    ``constants`` is None, with ``error``, when fewer than 2 calibration runs succeeded."""
+    from slabtune.model import cost as C
+    from slabtune.tuner import rigcost as RC
+
+    ok = [c for c in cal if "error" not in c and c["runs"]]
+    entries = [{"topology": c["topology"], "params": c["params"], "key": c.get("key"),
+                "features": c["features"], "runs": [float(x) for x in c["runs"]],
+                "dropped": c.get("dropped", 0), "error": c.get("error"),
+                "measured": statistics.median(c["runs"]) if c["runs"] and "error" not in c
+                else None} for c in cal]
+    rig: dict[str, Any] = {
+        "names": list(C.RIG_FREE), "unit": "ns in the allocator per alloc+free pair",
+        "pcp_batch": pcp_batch, "timing_steps": steps, "cpu": cpu,
+        "table": "rig: line_local_ns = line_remote_ns = 0, rho_max = 0 (no queueing)",
+        "calibration": entries, "constants": None, "error": None}
+    if len(ok) < 2:
+        rig["error"] = f"{len(ok)} of {len(cal)} calibration runs succeeded (2 needed)"
+        return rig
+    f = RC.fit([c["features"] for c in ok], [statistics.median(c["runs"]) for c in ok],
+               rig["names"])
+    fitted = iter(f["fitted"])
+    for e in entries:
+        e["fitted"] = next(fitted) if e["measured"] is not None else None
+    rig.update({k: f[k] for k in ("constants", "stderr", "fitted_constants",
+                                  "not_identified", "aliased", "rank", "r2", "runs")})
+    return rig
 
 
 _RUNNERS = {"guest": run_guest_task, "host": run_host_task}
@@ -1117,7 +1268,7 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
             raise SlabtuneError("native: the model's predictions failed: "
                                 + (lines[-1] if lines else err.__class__.__name__)) from None
         for td in nat:
-            td.update(filled[td["index"]])
+            td.update(filled["pairs"][td["index"]])
     def store(td: dict, rows: list[dict]) -> int:
         bad = any(r["status"] == "failed" for r in rows)
         st = next((r for r in rows if r["status"] == "failed"), None)
@@ -1154,7 +1305,11 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
         batch = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
             run_native_batch).options(num_cpus=max(1, node_cpus))
         try:
-            got = ray.get(batch.remote(nat))
+            res = ray.get(batch.remote(nat, filled["calibration"], filled["pcp_batch"]))
+            got = res["rows"]
+            if res["rig"] is not None:
+                # the rig table and its calibration, so the report re-derives its figures
+                run.manifest["native_rig"] = res["rig"]
         except ray.exceptions.RayError as err:
             msg, lines = ray_failure(err)
             got = {td["index"]: failed_rows(td, msg, console_tail="\n".join(lines[-20:]))

@@ -1,0 +1,243 @@
+"""The rig cost table of ``slabtune validate --target native``: the cost model's constants
+as the native timing rig (``native/slubsim.c``, every thread pinned to one CPU, each
+allocator call timed alone) pays them, fitted on calibration runs of that rig.
+
+Why a table of its own: the packaged cost table (``model/cost_default.toml``) prices a
+224-CPU server, with cross-node cache-line transfers and queueing on contended locks.  On
+the rig no cache line moves between CPUs (one core), no lock is ever contended (threads
+time-slice; a call that spans a time slice is dropped) and "remote" memory is local, so the
+prediction the rig can meet is the model's own counters times the rig's per-event costs:
+:func:`slabtune.model.cost.rig_cost` (line costs 0, no queueing).  Under it the model's ns
+per pair is linear in the :data:`~slabtune.model.cost.RIG_FREE` constants, so
+
+* the *features* of a configuration are its ns per pair under the unit tables (one
+  constant 1, the others 0; :func:`unit_tables`), all from one simulation of the batch;
+* the rig's constants are a non-negative least-squares fit (:func:`fit`) of the measured
+  ns per pair of calibration runs against their features, and a configuration's rig
+  prediction is its features times the constants (:func:`predict`; exactly the model under
+  ``rig_cost(constants)``, by linearity).
+
+The calibration configurations (:func:`calibration_policies`) are the spec's native
+workload on a seeded set of slab orders, cpu_partial and min_partial values on the spec's
+topologies, none equal to a validated pair's effective configuration
+(:func:`native_key`), so the constants are never fitted on the pairs they then rank.
+
+The tuner keeps the server tables: this one describes the rig, not a kernel.
+
+Units: the model's ``ns_per_op`` metric is already ns per alloc+free pair
+(:func:`slabtune.model.metrics.compute`: twice the weighted mean per op), as is the native
+figure (:func:`slabtune.tuner.native.op_ns_per_pair`); :func:`model_pair_ns` is the one place
+that reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from slabtune.errors import SlabtuneError
+
+#: Slab orders, cpu_partial (objects) and min_partial values the calibration draws from:
+#: orders 0..3 are served by the pcp lists on v5.13+ profiles, 4 by the buddy lists;
+#: cpu_partial 0 sends every partial slab to the node list (list_lock), large values keep
+#: them per CPU; min_partial 0 discards every empty slab (page allocator traffic).
+CAL_ORDERS = (0, 1, 2, 3, 4)
+CAL_CPU_PARTIAL = (0, 4, 13, 30, 64, 120)
+CAL_MIN_PARTIAL = (0, 1, 2, 5, 10)
+#: Relative tolerance under which two feature columns count as proportional (aliased).
+ALIAS_TOL = 1e-6
+#: Ridge weight of :func:`fit` on unit-norm feature columns: small enough to leave the fit
+#: unchanged (R^2 to 4 decimals on real calibrations), large enough to pick one table
+#: where the runs do not tell constants apart.
+RIDGE = 1e-8
+
+
+def model_pair_ns(metrics_row: Mapping[str, Any]) -> float:
+    """The model's ns per alloc+free pair from a :func:`slabtune.sweeps.simulate.run` row:
+    its ``ns_per_op`` metric, which is already per pair (twice the weighted mean per op),
+    the unit of :func:`slabtune.tuner.native.op_ns_per_pair`."""
+    return float(metrics_row["ns_per_op"])
+
+
+def unit_tables(pcp_batch: float) -> list:
+    """One rig table per :data:`~slabtune.model.cost.RIG_FREE` constant, that constant 1
+    and the others 0 (``pcp_batch`` fixed)."""
+    from slabtune.model import cost as C
+
+    return [C.rig_cost({k: 1.0}, pcp_batch) for k in C.RIG_FREE]
+
+
+def calibration_policies(n: int, seed: int, topologies: Sequence[str],
+                         has_cpu_partial: bool = True) -> list[tuple[str, dict[str, int]]]:
+    """A seeded sequence of ``(topology, policy params)`` for calibration runs, at least
+    ``n`` long (callers drop those equal to a pair and keep the first ``n`` left): the
+    slab order pinned by ``slub_min_order = slub_max_order``, cycling through
+    :data:`CAL_ORDERS` and the topologies so every order runs on every topology, with
+    cpu_partial and min_partial drawn from :data:`CAL_CPU_PARTIAL` and
+    :data:`CAL_MIN_PARTIAL`.  Four times ``n`` candidates are returned, distinct."""
+    if n < 1:
+        raise SlabtuneError(f"validate.native.calibration_runs: {n} must be at least 1")
+    if not topologies:
+        raise SlabtuneError("validate.native: no topology to calibrate on")
+    rng = np.random.default_rng(seed)
+    out: list[tuple[str, dict[str, int]]] = []
+    seen: set = set()
+    tries = 0
+    while len(out) < 4 * n and tries < 400 * n:
+        i = tries
+        tries += 1
+        order = CAL_ORDERS[i % len(CAL_ORDERS)]
+        topo = topologies[(i // len(CAL_ORDERS)) % len(topologies)]
+        params = {"slub_min_order": order, "slub_max_order": order,
+                  "min_partial": int(rng.choice(CAL_MIN_PARTIAL))}
+        if has_cpu_partial:
+            params["cpu_partial"] = int(rng.choice(CAL_CPU_PARTIAL))
+        key = (topo, tuple(sorted(params.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append((topo, params))
+    return out
+
+
+def native_key(topology: str, sim_cfg) -> tuple:
+    """What makes two native runs the same run: the topology (and with it the workload the
+    spec builds on it) and the effective per-cache configuration the model hands the
+    binary (order, objects per slab, min_partial, cpu_partial slabs, sheaf capacity)."""
+    return (topology,) + tuple(int(np.asarray(getattr(sim_cfg, f))) for f in (
+        "order", "objs_per_slab", "min_partial", "cpu_partial_slabs", "sheaf_capacity"))
+
+
+def features_of(specs: Sequence, pcp_batch: float, simulated=None) -> np.ndarray:
+    """ns per pair of every spec under every unit table (shape ``(len(specs),
+    len(RIG_FREE))``), from one simulation of the batch (``simulated``: the
+    ``(structs, cfgs, counters)`` of :func:`slabtune.sweeps.simulate.simulate_specs`, if
+    already run)."""
+    from slabtune.sweeps import simulate as SIM
+
+    structs, cfgs, counters = simulated or SIM.simulate_specs(list(specs))
+    cols = [[model_pair_ns(r) for r in SIM.metrics_of(list(specs), structs, cfgs, counters, t)]
+            for t in unit_tables(pcp_batch)]
+    return np.asarray(cols, np.float64).T
+
+
+def aliases(x: np.ndarray, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Constants no run exercises (an all-zero feature column) and constants whose column
+    is proportional to an earlier one's (``name -> the earlier name``): neither can be told
+    apart by any fit on these runs."""
+    unused = [n for j, n in enumerate(names) if not np.any(x[:, j] > 0)]
+    alias: dict[str, str] = {}
+    reps: list[int] = []
+    for j, n in enumerate(names):
+        if n in unused:
+            continue
+        u = x[:, j] / np.linalg.norm(x[:, j])
+        for r in reps:
+            v = x[:, r] / np.linalg.norm(x[:, r])
+            if abs(1.0 - float(u @ v)) < ALIAS_TOL:
+                alias[n] = names[r]
+                break
+        else:
+            reps.append(j)
+    return unused, alias
+
+
+def fit(features, measured, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Non-negative least squares (``scipy.optimize.nnls``) of ``measured`` ns per pair
+    against ``features`` (rows: calibration runs; columns: ``names``, default
+    :data:`~slabtune.model.cost.RIG_FREE`), no intercept (every call's fixed cost, the
+    timer's included, falls on the alloc and free path constants, one of each per pair).
+
+    Constants no run exercises and constants aliased with an earlier one
+    (:func:`aliases`) stay 0 and are listed; the columns fitted are scaled to unit norm
+    for the solve.  ``rank`` is the numerical rank of the fitted columns: below their count,
+    some combination of constants is not identified (a vanishing ridge, :data:`RIDGE`,
+    then takes the smallest of the equally good tables; predictions for configurations
+    inside the calibration's span are not affected).  ``stderr`` is each fitted constant's
+    standard error from the residual variance (pseudo-inverse of the normal matrix): a
+    constant the runs barely separate from another shows it there.  ``r2`` is 1 - SS_res / SS_tot over the calibration runs (None with
+    fewer than 2 runs or no spread)."""
+    from scipy.optimize import nnls
+
+    from slabtune.model import cost as C
+
+    names = list(names or C.RIG_FREE)
+    x = np.asarray(features, np.float64)
+    y = np.asarray(measured, np.float64)
+    if x.ndim != 2 or x.shape != (len(y), len(names)):
+        raise SlabtuneError(f"rig fit: features {x.shape} do not match {len(y)} runs x "
+                            f"{len(names)} constants")
+    if not np.all(np.isfinite(x)) or not np.all(np.isfinite(y)):
+        raise SlabtuneError("rig fit: a feature or a measurement is not finite")
+    unused, alias = aliases(x, names)
+    cols = [j for j, n in enumerate(names) if n not in unused and n not in alias]
+    theta = np.zeros(len(names))
+    stderr = np.zeros(len(names))
+    rank = 0
+    if cols:
+        scale = np.linalg.norm(x[:, cols], axis=0)
+        xs = x[:, cols] / scale
+        # a vanishing ridge (RIDGE on unit-norm columns) breaks ties only: where the runs
+        # leave a combination of constants undetermined, the smallest table is taken
+        k = len(cols)
+        sol, _ = nnls(np.vstack([xs, math.sqrt(RIDGE) * np.eye(k)]),
+                      np.concatenate([y, np.zeros(k)]))
+        theta[cols] = sol / scale
+        sv = np.linalg.svd(xs, compute_uv=False)
+        rank = int(np.sum(sv > sv[0] * 1e-6))
+        dof = len(y) - rank
+        if dof > 0:
+            sigma2 = float(np.sum((y - xs @ sol) ** 2)) / dof
+            cov = sigma2 * np.linalg.pinv(xs.T @ xs, rcond=1e-12)
+            stderr[cols] = np.sqrt(np.clip(np.diag(cov), 0.0, None)) / scale
+    fitted = x @ theta
+    r2 = r_squared(fitted.tolist(), y.tolist())
+    return {"constants": {n: float(v) for n, v in zip(names, theta)},
+            "stderr": {names[j]: float(stderr[j]) for j in cols},
+            "fitted_constants": [names[j] for j in cols],
+            "not_identified": unused, "aliased": alias, "rank": rank,
+            "r2": r2, "fitted": [float(v) for v in fitted], "runs": int(len(y))}
+
+
+def predict(features, constants: Mapping[str, float],
+            names: Sequence[str] | None = None) -> np.ndarray:
+    """Rig-table ns per pair of configurations from their features: features x constants
+    (the model under ``rig_cost(constants)``, by linearity)."""
+    from slabtune.model import cost as C
+
+    names = list(names or C.RIG_FREE)
+    theta = np.array([float(constants.get(n, 0.0)) for n in names])
+    return np.asarray(features, np.float64).reshape(-1, len(names)) @ theta
+
+
+def r_squared(fitted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """1 - SS_res / SS_tot of ``fitted`` against ``measured`` (None when undefined), as
+    :func:`fit` reports it; the report recomputes it from the stored calibration."""
+    y = [float(v) for v in measured]
+    if len(y) < 2:
+        return None
+    m = sum(y) / len(y)
+    tot = sum((v - m) ** 2 for v in y)
+    if tot <= 0:
+        return None
+    res = sum((v - f) ** 2 for v, f in zip(y, fitted))
+    return 1.0 - res / tot if math.isfinite(res) else None
+
+
+def span_residual(cal_features, features) -> float | None:
+    """How far configurations lie outside what the calibration pins down: the largest, over
+    ``features`` rows, of the relative distance from a row to the span of the calibration
+    rows.  Near 0, every prediction is the same for every table that fits the calibration
+    equally well (the constants it leaves unidentified do not move it); larger, some of a
+    prediction rests on constants no calibration run separated."""
+    a = np.asarray(cal_features, np.float64)
+    f = np.asarray(features, np.float64)
+    if a.size == 0 or f.size == 0:
+        return None
+    a = a.reshape(-1, f.shape[-1])
+    coef, *_ = np.linalg.lstsq(a.T, f.T, rcond=None)
+    resid = np.linalg.norm(a.T @ coef - f.T, axis=0)
+    norm = np.linalg.norm(f, axis=1)
+    rel = np.where(norm > 0, resid / np.where(norm > 0, norm, 1.0), 0.0)
+    return float(rel.max())

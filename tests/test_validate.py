@@ -636,6 +636,62 @@ def test_spread_candidates_from_a_study_are_on_the_front_and_deterministic():
     assert all(top[c.id] == c for c in cands)
 
 
+def test_spread_pick_skips_a_point_whose_key_was_picked_for_the_next_along_the_front():
+    front = _front(10)
+    by_mem = sorted(front, key=lambda p: p["memory"])
+    # positions 0..9 by memory; 1 and 2 validate the same configuration as 0, 5 as 4
+    same = {0: "a", 1: "a", 2: "a", 3: "b", 4: "c", 5: "c", 6: "d", 7: "e", 8: "f", 9: "g"}
+    key = {p["trial"]: same[i] for i, p in enumerate(by_mem)}
+    plain = V.spread_pick(front, 4)
+    assert [by_mem.index(p) for p in plain] == [0, 3, 6, 9]
+    picked = V.spread_pick(front, 6, lambda p: key[p["trial"]])
+    pos = [by_mem.index(p) for p in picked]
+    # plain targets 0, 9, 2, 4, 5, 7: 2 is a's twin -> 3; 5 is c's twin -> 6
+    assert pos == [0, 3, 4, 6, 7, 9]
+    assert len({key[p["trial"]] for p in picked}) == 6
+    # 7 distinct configurations: K = 9 gives all 7, K = 1 the lowest-memory one
+    every = V.spread_pick(front, 9, lambda p: key[p["trial"]])
+    assert len(every) == 7 and len({key[p["trial"]] for p in every}) == 7
+    assert V.spread_pick(front, 1, lambda p: key[p["trial"]]) == [by_mem[0]]
+
+
+@pytest.mark.slow
+def test_spread_on_a_real_study_gives_distinct_validated_configurations():
+    """A real 128-trial study: the picks validate distinct configurations, and a twin of
+    every front point (the same trial parameters, a hair more memory) is never picked
+    beside its original, while the plain pick does take twins."""
+    from slabtune.tuner import study as ST
+
+    spec = ST.load_spec("tune_quick")
+    runner, _ = ST.create_or_resume(spec, "v-distinct", "memory:")
+    runner.run(128, 64)
+    vspec = V.load_spec("validate_quick")
+    pts = V._front_points(runner.study)
+    cands = {p["trial"]: c for p, c in zip(pts, V._trial_candidates(runner.study, pts))}
+    keys = {t: V.validated_key(vspec, c) for t, c in cands.items()}
+    distinct = len(set(keys.values()))
+    picked, size = V.spread_candidates(runner.study, 4, vspec)
+    assert size == len(pts)
+    got = {keys[int(c.id.split("-")[1])] for c in picked}
+    assert len(got) == len(picked) == min(4, distinct)
+    whole, _ = V.spread_candidates(runner.study, size + 3, vspec)
+    assert len(whole) == distinct
+    twins = [{**p, "trial": 10_000 + p["trial"], "memory": p["memory"] * (1 + 1e-9)}
+             for p in pts]
+
+    def key(p):
+        return keys[p["trial"] % 10_000]
+
+    k = min(len(pts), 6)
+    six = V.spread_pick(pts + twins, k, key)
+    assert len(six) == len({key(p) for p in six}) == min(k, distinct)
+    # asked for every point, the plain pick takes each twin beside its original
+    n = 2 * len(pts)
+    assert len(V.spread_pick(pts + twins, n)) == n
+    both = V.spread_pick(pts + twins, n, key)
+    assert len(both) == len({key(p) for p in both}) == distinct
+
+
 @pytest.mark.parametrize("argv, field", [
     (["--spread", "0"], "--spread"),
     (["--spread", "-2"], "--spread"),

@@ -254,29 +254,53 @@ def check_count(flag: str, k) -> None:
         raise SlabtuneError(f"{flag}: {k!r} must be a positive integer")
 
 
-def spread_pick(points: Sequence[dict], k: int) -> list[dict]:
+def spread_pick(points: Sequence[dict], k: int, key=None) -> list[dict]:
     """``k`` points spread over a Pareto front for ``--spread K``: the lowest-memory point,
     the lowest-time point, and ``k - 2`` more evenly spaced by rank between them along the
     front sorted by memory (ties by time, then trial number).  A front of at most ``k``
     points is returned whole; ``k = 1`` gives the lowest-memory point.  Returned sorted by
-    memory.  ``points`` are :func:`slabtune.results.pareto.study_pareto` points."""
+    memory.  ``points`` are :func:`slabtune.results.pareto.study_pareto` points.
+
+    ``key`` (a function of a point) names what the validation would run for it: a point
+    whose key was already picked is skipped for the next point along the front (towards
+    more memory, then back towards less) with a key not yet picked, and when that leaves
+    fewer than ``k`` picks the front is walked from its lowest-memory end for more.  Fewer
+    than ``k`` points come back only when the front has fewer than ``k`` distinct keys."""
     check_count("--spread", k)
     front = sorted(points, key=lambda p: (p["memory"], p["time"], p["trial"]))
     if len(front) <= k:
-        return front
-    lo_mem = front[0]
-    if k == 1:
-        return [lo_mem]
-    lo_time = min(front, key=lambda p: (p["time"], p["memory"], p["trial"]))
-    ends = [lo_mem] if lo_time is lo_mem else [lo_mem, lo_time]
-    rest = [p for p in front if all(p is not e for e in ends)]
-    need, m = k - len(ends), len(rest)
-    # position j of `need` evenly spaced in (0, m + 1), rounded half up; m >= need keeps the
-    # spacing >= 1, so the picks are distinct
-    picked = [rest[((2 * (j + 1) * (m + 1) + need + 1) // (2 * (need + 1))) - 1]
-              for j in range(need)]
-    chosen = {p["trial"] for p in ends + picked}
-    return [p for p in front if p["trial"] in chosen]
+        targets = list(range(len(front)))
+    elif k == 1:
+        targets = [0]
+    else:
+        lo_time = min(range(len(front)), key=lambda i: (front[i]["time"], front[i]["memory"],
+                                                         front[i]["trial"]))
+        ends = [0] if lo_time == 0 else [0, lo_time]
+        rest = [i for i in range(len(front)) if i not in ends]
+        need, m = k - len(ends), len(rest)
+        # position j of `need` evenly spaced in (0, m + 1), rounded half up; m >= need keeps
+        # the spacing >= 1, so the picks are distinct
+        targets = ends + [rest[((2 * (j + 1) * (m + 1) + need + 1) // (2 * (need + 1))) - 1]
+                          for j in range(need)]
+    name = key if key is not None else (lambda p: ("trial", p["trial"]))
+    keys = [name(p) for p in front]
+    chosen: list[int] = []
+    seen: set = set()
+
+    def take(i: int) -> bool:
+        if i in chosen or keys[i] in seen:
+            return False
+        chosen.append(i)
+        seen.add(keys[i])
+        return True
+
+    for t in targets:
+        any(take(i) for i in [*range(t, len(front)), *range(t - 1, -1, -1)])
+    for i in range(len(front)):
+        if len(chosen) >= k:
+            break
+        take(i)
+    return [front[i] for i in sorted(chosen)]
 
 
 def _front_points(study) -> list[dict]:
@@ -317,12 +341,34 @@ def candidates_from_study(study, top: int) -> list[Candidate]:
     return _trial_candidates(study, candidate_rank(_front_points(study))[:top])
 
 
-def spread_candidates(study, k: int) -> tuple[list[Candidate], int]:
+def spread_candidates(study, k: int, spec: ValidateSpec | None = None
+                      ) -> tuple[list[Candidate], int]:
     """``k`` candidates spread over the study's Pareto front (see :func:`spread_pick`) and
-    the front's size."""
+    the front's size.  With the validation ``spec``, a front point whose validated
+    configuration (:func:`validated_key`) equals one already picked is skipped for the next
+    along the front, so the K candidates are K distinct configurations when the front has
+    that many (fewer come back when it has not)."""
     check_count("--spread", k)
     pts = _front_points(study)
-    return _trial_candidates(study, spread_pick(pts, k)), len(pts)
+    key = None
+    if spec is not None:
+        cands = {p["trial"]: c for p, c in zip(pts, _trial_candidates(study, pts))}
+        key = lambda p: validated_key(spec, cands[p["trial"]])  # noqa: E731
+    picked = spread_pick(pts, k, key)
+    return _trial_candidates(study, picked), len(pts)
+
+
+def validated_key(spec: ValidateSpec, cand: Candidate) -> str:
+    """What validating a candidate runs, as a string: its boot parameters and, for every
+    cache of the spec's workload, the per-cache values the validation applies
+    (:func:`applied_values`; a guest applies the boot parameters only).  Knobs that reach
+    nothing the validation runs leave it unchanged."""
+    from slabtune.tuner import objectives as O
+
+    per = O.cache_values(spec.fleet, cand.params())
+    return json.dumps({"boot": {k: int(v) for k, v in cand.boot.items()},
+                       "caches": {c.name: applied_values(spec, cand, per[c.name])
+                                  for c in spec.fleet.caches}}, sort_keys=True)
 
 
 def with_baseline(cands: Sequence[Candidate]) -> list[Candidate]:

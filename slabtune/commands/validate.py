@@ -40,7 +40,11 @@ def register(subparsers) -> None:
                    help="(with --study/--run; instead of --top) K trials spread over the "
                         "Pareto front: the lowest-memory one, the lowest-time one, and the "
                         "rest evenly spaced by rank along the front sorted by memory (ties by "
-                        "trial number); the whole front when it has fewer than K points")
+                        "trial number); a point whose validated configuration (boot "
+                        "parameters and the per-cache values validation applies to the "
+                        "spec's workload caches) equals one already picked is skipped for the "
+                        "next along the front; fewer than K only when the front has fewer "
+                        "distinct configurations (the count is printed)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage URL of the study")
     p.add_argument("--topologies", metavar="SPEC",
                    help="validation spec file or built-in name (validate_quick)")
@@ -92,11 +96,12 @@ def _validate(args) -> int:
 
         study = ST.load_study(args.study, args.storage, args.tune_run)
         if args.spread is not None:
-            cands, front = V.spread_candidates(study, args.spread)
+            cands, front = V.spread_candidates(study, args.spread, spec)
             source = f"study {study.study_name} spread {args.spread}"
-            if front < args.spread:
-                print(f"spread: the Pareto front has {front} points, fewer than "
-                      f"{args.spread}: taking all {front}", file=sys.stderr)
+            if len(cands) < args.spread:
+                print(f"spread: the Pareto front has {front} points and {len(cands)} distinct "
+                      f"validated configurations, fewer than {args.spread}: taking "
+                      f"{len(cands)}", file=sys.stderr)
             print(f"spread: {', '.join(c.id for c in cands)}", file=sys.stderr)
         else:
             cands = V.candidates_from_study(study, args.top)

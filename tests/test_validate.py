@@ -551,6 +551,8 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     (("loops = 50", "loops = 0"), "validate.workload[0]"),
     (("[fleet]", "[validate.native]\ncache = \"dentry\"\n[fleet]"), "validate.native.cache"),
     (("[fleet]", "[validate.native]\nsteps = 0\n[fleet]"), "validate.native.steps"),
+    (("[fleet]", "[validate.native]\ncalibration_runs = 1\n[fleet]"),
+     "validate.native.calibration_runs"),
     (("cpus = 2", "cpus = 300"), "fleet.topology memoryless-2x2"),
 ])
 def test_bad_validation_spec_names_the_field(tmp_path, capsys, patch, field):

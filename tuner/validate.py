@@ -48,15 +48,19 @@ Targets (DESIGN.md section 6):
   as not applied.  The model's side (:func:`slabtune.sweeps.simulate.run`: structure,
   dynamics, metrics) is computed in one Ray task in one batch for every pair.  Every
   native pair then runs in one further Ray task, after the guests (:func:`run_native_batch`:
-  counters in lockstep, then timing runs interleaved across pairs, allocator calls timed
-  alone, threads pinned to one CPU).  Rows: ``native_cost`` (the model's ns per alloc+free
-  pair against the median ns the binary spent inside its allocator per pair),
-  ``native_cost_prior`` (the same measurement against the model with the cost model's
-  prior constants; a labelled diagnostic, not counted), ``alloc_fastpath_pct`` and
-  ``free_fastpath_pct`` (the model against the binary's counters from a run in lockstep
-  with the model, reps weighted by the CPUs they stand for).  The native allocator has no
-  remote memory: the model's remote-node costs (a memoryless node's CPUs) have nothing to
-  meet on this side, which the report shows separately.
+  counters in lockstep, then timing runs interleaved across pairs and the rig's
+  calibration configurations, allocator calls timed alone, threads pinned to one CPU).
+  Rows: ``native_cost`` (the model's ns per alloc+free pair under the *rig cost table*
+  against the median ns the binary spent inside its allocator per pair),
+  ``native_cost_packaged`` and ``native_cost_prior`` (the same measurement against the
+  model under the packaged server table and under the prior constants; labelled
+  diagnostics, not counted), ``alloc_fastpath_pct`` and ``free_fastpath_pct`` (the model
+  against the binary's counters from a run in lockstep with the model, reps weighted by
+  the CPUs they stand for).  The rig table (:mod:`slabtune.tuner.rigcost`) is what the
+  one-core rig pays: no cache-line transfers and no queueing
+  (:func:`slabtune.model.cost.rig_cost`), per-event constants fitted on calibration runs
+  of configurations that are none of the pairs'; the fit, its R^2 and the calibration are
+  stored in the run manifest (``native_rig``).  The server tables stay the tuner's.
 
 Infrastructure failures are retried at two levels: a guest boot that times out, panics or
 loses its end marker is rebooted (``[validate] retries``), and a task whose worker dies or

@@ -143,6 +143,27 @@ def test_calibration_policies_cover_every_order_on_every_topology():
     assert "cpu_partial" not in RC.calibration_policies(2, 7, ["a"], has_cpu_partial=False)[0][1]
 
 
+def test_rig_fit_needs_two_calibration_runs_and_keeps_the_failed_ones_listed():
+    names = list(C.RIG_FREE)
+    one = [0.0] * len(names)
+    one[names.index("alloc_fast_ns")] = 1.0
+    cal = [{"topology": "t", "params": {"slub_min_order": 0}, "features": one,
+            "runs": [50.0, 52.0, 51.0]},
+           {"topology": "t", "params": {"slub_min_order": 1}, "features": one, "runs": [],
+            "error": "native run: slubsim exited 1"}]
+    rig = V.rig_fit(cal, 31.0, steps=1000, cpu=0)
+    assert rig["constants"] is None and rig["error"].startswith("1 of 2 calibration runs")
+    assert [c["measured"] for c in rig["calibration"]] == [51.0, None]
+    assert rig["calibration"][1]["error"] == "native run: slubsim exited 1"
+    cal.append({**cal[0], "runs": [60.0, 62.0, 61.0]})
+    rig = V.rig_fit(cal, 31.0, steps=1000, cpu=0)
+    # two runs with the same features: the fit is their mean, R^2 0 (nothing explained)
+    assert rig["constants"]["alloc_fast_ns"] == pytest.approx(56.0, abs=1e-3)
+    assert rig["r2"] == pytest.approx(0.0, abs=1e-6) and rig["runs"] == 2
+    assert rig["calibration"][1]["fitted"] is None
+    assert rig["not_identified"] == [n for n in names if n != "alloc_fast_ns"]
+
+
 # --------------------------------------------------------------------------- real rig
 
 _NATIVE_WHY = V.native_available()

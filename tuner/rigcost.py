@@ -76,7 +76,8 @@ def calibration_policies(n: int, seed: int, topologies: Sequence[str],
     slab order pinned by ``slub_min_order = slub_max_order``, cycling through
     :data:`CAL_ORDERS` and the topologies so every order runs on every topology, with
     cpu_partial and min_partial drawn from :data:`CAL_CPU_PARTIAL` and
-    :data:`CAL_MIN_PARTIAL`.  Four times ``n`` candidates are returned, distinct."""
+    :data:`CAL_MIN_PARTIAL`.  Up to four times ``n`` distinct candidates are returned
+    (fewer only when the grid of topologies x values is smaller)."""
     if n < 1:
         raise SlabtuneError(f"validate.native.calibration_runs: {n} must be at least 1")
     if not topologies:

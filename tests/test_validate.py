@@ -539,6 +539,10 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert {"sheaf_swap_ns", "barn_lock_hold_ns"} <= set(rig["not_identified"])
     text = R.format_report(rep)
     assert "rig cost table (native figure): R^2" in text and "packaged (server)" in text
+    assert "under the rig cost table" in rep["sources"]["spearman_time"]
+    # a run stored before the rig table ranked the packaged table, and says so
+    del run.manifest["native_rig"]
+    assert "before the rig cost table" in R.report(run)["sources"]["spearman_time"]
     fp = rows.filter(pl.col("field").str.ends_with("_pct"))
     assert rep["native_fastpath_max_abs_diff_pp"] == pytest.approx(
         max(abs(p - m) for p, m in zip(fp["predicted"], fp["measured"])))

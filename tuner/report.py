@@ -409,9 +409,16 @@ def report(run) -> dict:
                                         "cost table (no line costs, no queueing; constants "
                                         "fitted on calibration runs of other "
                                         "configurations, native_rig)",
+                              "native-before-rig": "native allocator: median ns spent "
+                                                   "inside its allocator calls per "
+                                                   "alloc+free pair vs the model's ns per "
+                                                   "pair under the packaged cost table (a "
+                                                   "run stored before the rig cost table)",
                               "guest-kvm": "guest workload wall time under KVM vs modelled ns/op",
                               None: "no comparable timings (guest timings under TCG do not "
-                                    "count and no native run)"}[sp["speed_source"]],
+                                    "count and no native run)"}[
+                "native-before-rig" if sp["speed_source"] == "native" and rig is None
+                else sp["speed_source"]],
             "native_fastpath_max_abs_diff_pp": "native allocator counters (lockstep run) vs "
                                                "the model's dynamics counters",
         },

@@ -557,3 +557,10 @@ def test_structural_memory_steady_retention_worked_by_hand():
     assert O.retained_free_fraction("steady") == 0.5
     with pytest.raises(SlabtuneError, match="state"):
         O.retained_free_fraction("idle")
+    # the node's empty slabs: half way to min_partial under churn (get_partial_node() takes
+    # them back), at min_partial once the workload has ended (discard only beyond it)
+    assert float(O.node_retained_slabs(5, "steady")) == 2.5
+    assert float(O.node_retained_slabs(5, "drained")) == 5.0
+    assert float(O.node_retained_slabs(10)) == 5.0
+    with pytest.raises(SlabtuneError, match="state"):
+        O.node_retained_slabs(5, "idle")

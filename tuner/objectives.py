@@ -28,7 +28,8 @@ memory and time; sets are looked up by name in :data:`OBJECTIVE_SETS` (the spec'
   (``leftover`` per slab in use), the slabs each CPU retains (its CPU slab and its per-CPU
   partial list at the mean length of put_cpu_partial()'s fill-and-drain rule, the slabs half
   free: the kernel's own assumption in slub_set_cpu_partial), the empty slabs a node with
-  memory keeps (half way to ``min_partial``), and sheaves (main and spare half full, their kmalloc'd structs, barns half
+  memory keeps (half way to ``min_partial`` under churn, at it once a workload has ended),
+  and sheaves (main and spare half full, their kmalloc'd structs, barns half
   way to their limits); see :func:`structural_memory`, whose ``state`` input ("steady" here)
   is what tells this churning fleet apart from a finished workload (validation, "drained");
 * time: ns per alloc-or-free op from :mod:`slabtune.model.cost` (its constants, its page
@@ -564,13 +565,17 @@ def structural_rates(st: PL.Structure, prof: PL.ProfileArrays, barn_full, ff, ch
 #: workload churning its live set (the tuner's fleet); ``drained``, the end of a workload
 #: that allocated and freed across CPUs (validation's after-dump).
 MEMORY_STATES = ("steady", "drained")
-#: A node's empty slabs are taken half way to min_partial: __unfreeze_partials(),
-#: deactivate_slab() and __slab_free() keep an empty slab only while the node has fewer than
-#: min_partial partial slabs (discard_slab() for the excess, so the count stops at the
-#: limit), and get_partial_node() hands them back to allocating CPUs (a new slab is
-#: allocated only once the node list is empty): a count walking between 0 and the limit,
-#: kept at both ends, is on average half way.
-LIST_FILL = 0.5
+#: Fill of a node's empty-slab list, as a share of min_partial, per memory state.  An empty
+#: slab stays on a node only while the node has fewer than min_partial partial slabs:
+#: __slab_free(), __unfreeze_partials() and deactivate_slab() discard it (discard_slab())
+#: once n->nr_partial >= s->min_partial, so the count stops at the limit.
+#: ``steady``: get_partial_node() hands empty slabs back to allocating CPUs (a new slab is
+#: allocated only once the node list is empty), so the count walks between 0 and the limit,
+#: kept at both ends, and is on average half way.  ``drained``: after a workload's last
+#: frees nothing allocates to take them back, and every slab that empties beyond the CPUs'
+#: own lists lands on its node's list until the limit: the list ends full (bounded by the
+#: slabs the workload touched, :func:`bound_by_traffic`).
+LIST_FILL = {"steady": 0.5, "drained": 1.0}
 
 
 def per_cpu_partial_list_slabs(cpu_partial_slabs):
@@ -615,10 +620,12 @@ def per_cpu_retained_slabs(cpu_partial_slabs):
     return 1.0 + per_cpu_partial_list_slabs(cpu_partial_slabs)
 
 
-def node_retained_slabs(min_partial):
-    """Empty slabs one node with memory keeps: :data:`LIST_FILL` of ``min_partial``
-    (discard_slab() beyond it)."""
-    return LIST_FILL * jnp.asarray(min_partial, _F32)
+def node_retained_slabs(min_partial, state: str = "steady"):
+    """Empty slabs one node with memory keeps in memory state ``state``: its
+    :data:`LIST_FILL` share of ``min_partial`` (discard_slab() beyond it)."""
+    if state not in LIST_FILL:
+        raise SlabtuneError(f"state: {state!r} is not one of {', '.join(MEMORY_STATES)}")
+    return LIST_FILL[state] * jnp.asarray(min_partial, _F32)
 
 
 def bound_by_traffic(per_cpu, node, objs_per_slab, traffic):
@@ -638,7 +645,8 @@ def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, 
 
     Retention, in slabs of ``slab_bytes(order)``: every CPU holds
     :func:`per_cpu_retained_slabs`, of which :func:`retained_free_fraction` (``state``) is
-    free; every node with memory holds :func:`node_retained_slabs` empty slabs.  ``traffic``
+    free; every node with memory holds :func:`node_retained_slabs` empty slabs (both by
+    ``state``).  ``traffic``
     ((K,) objects allocated during the workload per cache, inf for a cache the workload
     churns; None: every cache churned) bounds both (:func:`bound_by_traffic`); the tuner's
     steady fleet passes none.  Live objects pay their slabs' ``leftover`` share.
@@ -653,7 +661,7 @@ def structural_memory(st: PL.Structure, fa: FleetArrays, barn_full, barn_empty, 
     slab = f(PL.slab_bytes(s(st.order)))
     leftover = live_objs / n * f(s(st.leftover))
     per_cpu = cpus * per_cpu_retained_slabs(s(st.cpu_partial_slabs))
-    node = t(fa.mem_nodes) * node_retained_slabs(s(st.min_partial))
+    node = t(fa.mem_nodes) * node_retained_slabs(s(st.min_partial), state)
     if traffic is not None:
         per_cpu, node = bound_by_traffic(per_cpu, node, n,
                                          f(traffic)[None, None, None, :])

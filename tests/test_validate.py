@@ -193,6 +193,33 @@ def test_validate_quick_spec_has_four_small_topologies_one_memoryless():
     assert spec.workloads and spec.workloads[0].mode == "hackbench"
 
 
+def test_validate_quick_boots_each_pair_three_times_and_small_spec_once():
+    assert V.load_spec("validate_quick").boots == 3
+    assert V.parse_spec(SMALL_SPEC, "small").boots == 1
+
+
+def test_memory_over_boots_is_the_median_per_cache_of_the_boots_that_drove_it():
+    def mem(cache, pred, meas):
+        return {**{k: None for k in V.ROW_SCHEMA}, "cache": cache, "field": V.MEMORY_FIELD,
+                "predicted": float(pred), "measured": float(meas), "note": "n"}
+
+    one = [mem("skbuff_head_cache", 100, 90)]
+    assert V.median_over_boots([one], 1) == one          # one boot: rows as they are
+    boots = [[mem("skbuff_head_cache", 100, 8192), mem("dentry", 10, 4096)],
+             [mem("skbuff_head_cache", 104, 16384)],
+             [mem("skbuff_head_cache", 102, 12288), mem("dentry", 12, 8192)]]
+    out = {r["cache"]: r for r in V.median_over_boots(boots, 3)}
+    assert set(out) == {"skbuff_head_cache", "dentry"}
+    skb, den = out["skbuff_head_cache"], out["dentry"]
+    assert (skb["measured"], skb["predicted"]) == (12288.0, 102.0)
+    assert skb["note"].startswith("median of 3 of 3 boots (measured 8192, 16384, 12288)")
+    # driven in two of the three boots: the median of those two
+    assert (den["measured"], den["predicted"]) == (6144.0, 11.0)
+    assert den["note"].startswith("median of 2 of 3 boots")
+    # a pair whose later boots failed: one good boot of 3 is still marked as such
+    assert V.median_over_boots([one], 3)[0]["note"].startswith("median of 1 of 3 boots")
+
+
 def test_plan_always_includes_baseline_and_host_only_runs_it():
     spec = V.load_spec("validate_quick")
     cands = V.with_baseline(V.parse_candidates(
@@ -553,6 +580,9 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
 @pytest.mark.parametrize("patch, field", [
     (("timeout_s = 240", "timeout_s = -1"), "validate.timeout_s"),
     (("retries = 1", "retries = 9"), "validate.retries"),
+    (("retries = 1", "retries = 1\nboots = 0"), "validate.boots"),
+    (("retries = 1", "retries = 1\nboots = 10"), "validate.boots"),
+    (("retries = 1", "retries = 1\nboots = \"3\""), "validate.boots"),
     (("loops = 50", "loops = 0"), "validate.workload[0]"),
     (("[fleet]", "[validate.native]\ncache = \"dentry\"\n[fleet]"), "validate.native.cache"),
     (("[fleet]", "[validate.native]\nsteps = 0\n[fleet]"), "validate.native.steps"),

@@ -23,7 +23,9 @@ Targets (DESIGN.md section 6):
     a workload: live bytes, slab leftovers, the CPU slab and per-CPU partial slabs each CPU
     retains as whole, nearly empty slabs, empty slabs per node with memory, sheaves; the
     retained slabs of a cache the spec's workload does not name are bounded by the traffic
-    the dumps show, :func:`dump_traffic`).  The allocated count is an input taken from the guest (the model does not
+    the dumps show, :func:`dump_traffic`).  With ``[validate] boots = N`` each pair boots N
+    guests and both sides are the medians over the good boots (:func:`median_over_boots`):
+    a guest's retained slabs move by tens of percent from boot to boot.  The allocated count is an input taken from the guest (the model does not
     know how many objects hackbench leaves behind), so this compares how the model packs
     and retains slabs around a live set, not the live set itself.  It is the ``flushed``
     dump's ``objects`` (:func:`live_objects`): sysfs ``objects`` (show_slab_objects() with
@@ -397,12 +399,18 @@ class ValidateSpec:
     accel: str = "auto"
     #: [validate.native]: cache name, workload table (simconfig kinds), steps, seed.
     native: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Guest boots per (candidate, topology): slab memory is the median over them.
+    boots: int = 1
 
     def topology(self, name: str) -> Topology:
         for t in self.fleet.topologies:
             if t.name == name:
                 return t.topology
         raise SlabtuneError(f"topology: {name!r} is not in spec {self.name}")
+
+
+#: Most guest boots per pair ``[validate] boots`` accepts.
+MAX_BOOTS = 9
 
 
 def parse_spec(text: str, name: str) -> ValidateSpec:
@@ -423,7 +431,8 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
     v = doc.get("validate", {})
     if not isinstance(v, Mapping):
         raise SlabtuneError(f"--topologies {name}: validate: expected a table")
-    bad = set(v) - {"timeout_s", "retries", "memory_mib", "accel", "workload", "native"}
+    bad = set(v) - {"timeout_s", "retries", "memory_mib", "accel", "workload", "native",
+                    "boots"}
     if bad:
         raise SlabtuneError(f"validate.{sorted(bad)[0]}: unknown field")
     timeout = v.get("timeout_s", 180.0)
@@ -435,6 +444,9 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
     mem = v.get("memory_mib", 512)
     if isinstance(mem, bool) or not isinstance(mem, int) or not 128 <= mem <= 65536:
         raise SlabtuneError(f"validate.memory_mib: {mem!r} is outside 128..65536")
+    boots = v.get("boots", 1)
+    if isinstance(boots, bool) or not isinstance(boots, int) or not 1 <= boots <= MAX_BOOTS:
+        raise SlabtuneError(f"validate.boots: {boots!r} is outside 1..{MAX_BOOTS}")
     accel = v.get("accel", "auto")
     if accel not in ("auto", "kvm", "tcg"):
         raise SlabtuneError(f"validate.accel: {accel!r} is not auto, kvm or tcg")
@@ -459,7 +471,7 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
             raise SlabtuneError(f"fleet.topology {t.name}: {err}") from None
     native = _parse_native(v.get("native", {}), fleet)
     return ValidateSpec(name, text, fleet, tuple(wls), float(timeout), retries, mem, accel,
-                        native)
+                        native, boots)
 
 
 NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,
@@ -820,8 +832,37 @@ def _count(v) -> str:
     return "?" if v is None else str(int(v))
 
 
+def median_over_boots(per_boot: Sequence[list[dict]], boots: int) -> list[dict]:
+    """One slab-memory row per cache from the memory rows of several boots of one pair:
+    measured and predicted are the medians over the boots that drove the cache (a guest's
+    retained slabs move by tens of percent from boot to boot: which CPU each hackbench
+    task ran on, and when, decides which per-CPU lists and node lists end up holding the
+    slabs).  ``boots`` is how many were asked for.  With one boot the rows are returned as
+    they are."""
+    if len(per_boot) == 1 and boots == 1:
+        return list(per_boot[0])
+    by_cache: dict[str, list[dict]] = {}
+    for rows in per_boot:
+        for r in rows:
+            by_cache.setdefault(r["cache"], []).append(r)
+    out = []
+    for cache in sorted(by_cache):
+        rs = by_cache[cache]
+        meas = [r["measured"] for r in rs]
+        out.append({**rs[0], "measured": float(statistics.median(meas)),
+                    "predicted": float(statistics.median(r["predicted"] for r in rs)),
+                    "note": f"median of {len(rs)} of {boots} boots (measured "
+                            + ", ".join(f"{m:.0f}" for m in meas) + "); first boot: "
+                            + str(rs[0]["note"])})
+    return out
+
+
 def run_guest_task(task: dict) -> list[dict]:
-    """Boot one guest for a (candidate, topology) and return its rows."""
+    """Boot ``[validate] boots`` guests for a (candidate, topology) and return its rows:
+    structural rows from the first good boot (the structure is fixed by the kernel, its
+    boot parameters and the topology), slab memory as the median over the good boots
+    (:func:`median_over_boots`), the guest's workload time as the median wall time.  The
+    pair fails only when no boot succeeds."""
     from slabtune.tuner import guest as G
     from slabtune.tuner.report import workload_caches
 
@@ -835,17 +876,24 @@ def run_guest_task(task: dict) -> list[dict]:
                      memory_mib=spec.memory_mib,
                      timeout_s=float(task.get("timeout_s") or spec.timeout_s),
                      retries=spec.retries, accel=spec.accel)
-    r = G.boot_guest(gs, assets)
-    if not r.ok:
-        return failed_rows(task, r.error, r.console_tail, r.attempts, r.total_seconds,
-                           r.accelerator)
+    results = [G.boot_guest(gs, assets) for _ in range(spec.boots)]
+    good = [r for r in results if r.ok]
+    attempts = sum(r.attempts for r in results)
+    seconds = sum(r.total_seconds for r in results)
+    if not good:
+        r = results[0]
+        return failed_rows(task, r.error, r.console_tail, attempts, seconds, r.accelerator)
+    r = good[0]
     applied = json.dumps({"boot": boot, "not_applied": dict(cand.knobs)}, sort_keys=True)
-    common = {"accelerator": r.accelerator, "attempts": r.attempts, "seconds": r.total_seconds,
+    common = {"accelerator": r.accelerator, "attempts": attempts, "seconds": seconds,
               "applied": applied}
     rows, facts = structural_rows(task, r.before, common)
-    rows += memory_rows(task, r.before, r.after, facts, common, boot, r.flushed,
-                        churned=workload_caches(task["spec_text"]))
-    wall = sum(float(w.get("wall_s") or 0.0) for w in r.workloads)
+    churned = workload_caches(task["spec_text"])
+    rows += median_over_boots([memory_rows(task, g.before, g.after, facts, common, boot,
+                                           g.flushed, churned=churned) for g in good],
+                              spec.boots)
+    walls = [sum(float(w.get("wall_s") or 0.0) for w in g.workloads) for g in good]
+    wall = statistics.median(walls)
     if r.workloads and wall > 0:
         cost = predicted_cost(facts["profile"], task["spec_text"], task["topology"], boot)
         rows.append(_row(task, **common, kernel_release=facts["release"],

@@ -14,6 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -90,6 +91,22 @@ def test_spearman_matches_scipy_with_ties():
     assert R.average_ranks([5, 1, 5, 2]) == [3.5, 1.0, 3.5, 2.0]
     assert R.spearman([1, 2], [2, 1]) is None          # too few pairs
     assert R.spearman([1, 1, 1], [1, 2, 3]) is None    # constant side
+
+
+def test_spearman_ceiling_is_what_prediction_ties_allow():
+    """Three pairs predicted fast and thirteen tied slower (a top-3 whose candidates are
+    one configuration to the workload): the best measured order correlates at the
+    point-biserial value: the gap of the groups' mean ranks (9 - 1) * sqrt(p q) / the sd
+    of the ranks 0..15, p = 3/16, q = 13/16, sd = sqrt((16^2 - 1) / 12)."""
+    x = [57.2] * 3 + [59.97] * 13
+    want = (9 - 1) * math.sqrt(3 / 16 * 13 / 16) / math.sqrt((16 ** 2 - 1) / 12)
+    assert R.spearman_ceiling(x) == pytest.approx(want, abs=1e-12)     # 0.677
+    assert R.spearman_ceiling([1.0, 3.0, 2.0, 5.0]) == pytest.approx(1.0)
+    assert R.spearman_ceiling([2.0, 2.0, 2.0]) is None
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        y = rng.normal(size=16).tolist()
+        assert R.spearman(x, y) <= R.spearman_ceiling(x) + 1e-12
 
 
 def test_live_objects_come_from_the_flushed_dump():

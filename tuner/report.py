@@ -33,6 +33,10 @@ the report can be re-derived from the parquet parts alone.  Figures and where th
   the figure, labelled and not in its place, the report gives the correlation under the
   packaged table (``native_cost_packaged``) and the prior constants
   (``native_cost_prior``), and without the topologies that have a memoryless node.
+  Beside the figure, ``speed.spearman_ceiling``: the largest Spearman any measured order
+  could give against these predictions (:func:`spearman_ceiling`; below 1 when candidates
+  are the same configuration to the workload, as a near-identical top 3 is), with
+  ``speed.distinct_predictions``.
 * **native fast path**: the largest absolute difference, in percentage points, between the
   model's and the native allocator's fast-path fractions (allocs and frees).
 
@@ -91,6 +95,19 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     if sxx == 0 or syy == 0:
         return None
     return sxy / math.sqrt(sxx * syy)
+
+
+def spearman_ceiling(x: Sequence[float]) -> float | None:
+    """The largest Spearman any measured order could reach against predictions ``x``: the
+    correlation with a measurement that orders the pairs exactly as ``x`` does.  Below 1
+    only when ``x`` has ties: pairs the model predicts alike (candidates whose policies are
+    the same configuration to the workload) share an average rank, and no order of their
+    measurements can make up for it.  None where :func:`spearman` is undefined."""
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    y = [0.0] * len(x)
+    for rank, i in enumerate(order):
+        y[i] = float(rank)
+    return spearman(list(x), y)
 
 
 def _ok(rows: pl.DataFrame) -> pl.DataFrame:
@@ -254,7 +271,10 @@ def speed(rows: pl.DataFrame, memoryless: set[str] | None = None) -> dict:
         src, use = None, native
     rho = spearman(use["predicted"].to_list(), use["measured"].to_list()) if src else None
     tcg_rho = spearman(tcg["predicted"].to_list(), tcg["measured"].to_list())
+    ceiling = spearman_ceiling(use["predicted"].to_list()) if src else None
     out = {"spearman_time": rho, "speed_source": src, "pairs": use.height,
+           "spearman_ceiling": ceiling,
+           "distinct_predictions": use["predicted"].n_unique() if src else 0,
            "guest_tcg_spearman_not_counted": tcg_rho, "guest_tcg_pairs": tcg.height}
     if src == "native":
         ml = sorted(memoryless or ())
@@ -498,6 +518,10 @@ def format_report(rep: dict) -> str:
         lines.append(f"  pair without a workload cache row: {p['candidate']} {p['topology']}")
     lines.append(f"speed: Spearman {_fmt(rep['spearman_time'])} over {sp['pairs']} pairs, "
                  f"source {rep['speed_source'] or 'none'} ({rep['sources']['spearman_time']})")
+    if sp.get("spearman_ceiling") is not None:
+        lines.append(f"  ({sp['distinct_predictions']} distinct predictions over {sp['pairs']} "
+                     f"pairs: ties cap any measured order at Spearman "
+                     f"{_fmt(sp['spearman_ceiling'])})")
     lab = sp.get("native_labelled")
     if lab:
         lines.append(

@@ -492,7 +492,7 @@ def structural_rates(st: PL.Structure, prof: PL.ProfileArrays, barn_full, ff, ch
     the dynamics counters):
 
     * no sheaves: an alloc slow path (___slab_alloc) every n/2 allocs (a slab taken with half
-      its objects free); a node list_lock acquisition per (n/2 + cpu_partial) allocs, since
+      its objects free; every alloc for n <= 2); a node list_lock acquisition per (n/2 + cpu_partial) allocs, since
       per-CPU partial slabs refill without the lock; a share ``ff`` of frees go to a foreign
       slab (__slab_free), and take the list_lock once per 2/(n + 2 cpu_partial) of them, the
       per-CPU partial list draining (put_partials) once per cpu_partial of them;
@@ -522,8 +522,9 @@ def structural_rates(st: PL.Structure, prof: PL.ProfileArrays, barn_full, ff, ch
         no_fix = jnp.asarray(False)
         bypass = jnp.asarray(False)
 
-    # allocs (per alloc)
-    a_slow_ns = jnp.where(has_sheaf, 0.0, 2.0 / n)
+    # allocs (per alloc); an alloc takes at most one slow path, so a slab of one object
+    # (n = 1: 2 / n would say two) makes every alloc slow, not more
+    a_slow_ns = jnp.where(has_sheaf, 0.0, jnp.minimum(2.0 / n, 1.0))
     a_lock_ns = jnp.where(has_sheaf, 0.0, 1.0 / (n / 2.0 + cp))
     a_swap = jnp.where(has_sheaf, 1.0 / capm, 0.0)
     a_barn = jnp.where(has_sheaf, 0.5 / capm, 0.0)

@@ -361,15 +361,20 @@ def default_cost_text() -> str:
 
 def load_cost(path: str | Path | None = None) -> tuple[C.CostParams, C.CostMeta]:
     """Cost constants: the packaged defaults, overridden by the constants a file names."""
-    base, meta = C.parse_cost_toml(default_cost_text(), "cost_default.toml")
     if path is None:
-        return base, meta
+        return C.parse_cost_toml(default_cost_text(), "cost_default.toml")
     p = Path(path)
-    text = p.read_text()
+    return load_cost_text(p.read_text(), str(p))
+
+
+def load_cost_text(text: str, source: str) -> tuple[C.CostParams, C.CostMeta]:
+    """The packaged defaults overridden by the constants of a cost file's ``text`` (read
+    from ``source``, which errors name with the constant)."""
+    base, meta = C.parse_cost_toml(default_cost_text(), "cost_default.toml")
     try:
-        params, file_meta = C.parse_cost_toml(text, str(p), base=base)
+        params, file_meta = C.parse_cost_toml(text, source, base=base)
     except C.CostError as err:
-        raise ConfigError(f"{p}: {err}") from None
+        raise ConfigError(f"{source}: {err}") from None
     # Defaults the file does not override keep their "fitted" note; the file's own notes
     # are added.
     overridden = set(tomllib.loads(text).get("cost", {}))
@@ -379,4 +384,4 @@ def load_cost(path: str | Path | None = None) -> tuple[C.CostParams, C.CostMeta]
         if ref and ref not in fitted:
             fitted[k] = meta.fitted.get(ref, v)
     fitted.update(file_meta.fitted)
-    return params, C.CostMeta(f"{p} over cost_default.toml", fitted)
+    return params, C.CostMeta(f"{source} over cost_default.toml", fitted)

@@ -564,3 +564,73 @@ def test_structural_memory_steady_retention_worked_by_hand():
     assert float(O.node_retained_slabs(10)) == 5.0
     with pytest.raises(SlabtuneError, match="state"):
         O.node_retained_slabs(5, "idle")
+
+
+#: Every allocator op pays 10 ns whichever path it takes (fast or slow); nothing else costs
+#: anything (no page allocator, no lock holds, no line transfers, so no queueing).
+FLAT_COST = "[cost]\n" + "".join(
+    f"{k} = {10.0 if k in ('alloc_fast_ns', 'free_fast_ns', 'alloc_slow_ns', 'free_slow_ns') else 0.0}\n"
+    for k in ("alloc_fast_ns", "free_fast_ns", "alloc_slow_ns", "free_slow_ns", "sheaf_swap_ns",
+              "sheaf_object_ns", "cpu_partial_drain_ns", "list_lock_hold_ns",
+              "barn_lock_hold_ns", "line_local_ns", "line_remote_ns", "pcp_call_ns",
+              "buddy_call_ns", "zone_lock_hold_ns", "page_setup_ns", "object_setup_ns"))
+
+
+def _spec_with_cost(path: str) -> str:
+    text = ST.builtin_spec_path("tune_quick").read_text()
+    assert "[objectives]\n" in text
+    return text.replace("[objectives]\n", f'[objectives]\ncost = "{path}"\n', 1)
+
+
+def test_study_under_a_cost_file_keeps_it_and_prices_every_op_by_it(tmp_path):
+    """[objectives] cost: the time objective is priced by that table.  Under FLAT_COST
+    every op takes exactly one path (an alloc or free is fast or slow, never both, never
+    twice), so every policy's time is 10 ns/op on every topology, while memory, which no
+    cost constant touches, is the packaged study's.  The study keeps the file's text:
+    after the file is gone, the spec read back from the study still prices by it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "flat.toml").write_text(FLAT_COST)
+    (work / "spec.toml").write_text(_spec_with_cost("flat.toml"))
+    p = run_cli("tune", "spec.toml", "--trials", "64", "--batch", "32", "--study", "flat",
+                "--json", cwd=work)
+    assert p.returncode == 0, p.stderr
+    storage = json.loads(p.stdout)["storage"]
+    s = optuna.load_study(study_name="flat", storage=storage)
+    times = [t.values[1] for t in s.trials]
+    assert len(times) == 64
+    np.testing.assert_allclose(times, 10.0, rtol=1e-5)
+    assert s.user_attrs[ST.ATTR_BASELINE]["time"] == pytest.approx(10.0, rel=1e-5)
+    assert s.user_attrs[ST.ATTR_COST] == FLAT_COST
+    assert s.user_attrs["slabtune_objectives"]["cost"] == "flat.toml"
+    packaged = O.Evaluator(ST.load_spec("tune_quick").fleet)
+    params = [ST.effective_params(t.params, ST.study_spec(s)) for t in s.trials[:8]]
+    np.testing.assert_allclose([t.values[0] for t in s.trials[:8]],
+                               packaged.evaluate(params).memory, rtol=1e-6)
+    (work / "flat.toml").unlink()
+    spec = ST.study_spec(s)
+    assert spec.cost_text == FLAT_COST
+    assert float(np.asarray(ST.evaluator_for(spec).baseline.time)[0]) == pytest.approx(10.0)
+    # resuming with the same (now missing) file is an error naming the field
+    assert_clean_error(run_cli("tune", "spec.toml", "--trials", "1", "--study", "flat",
+                               "--storage", storage, cwd=work), "objectives.cost")
+    # ... and with a different file of that name
+    (work / "flat.toml").write_text(FLAT_COST.replace("10.0", "20.0"))
+    assert_clean_error(run_cli("tune", "spec.toml", "--trials", "1", "--study", "flat",
+                               "--storage", storage, cwd=work), "objectives.cost")
+    assert len(optuna.load_study(study_name="flat", storage=storage).trials) == 64
+
+
+@pytest.mark.parametrize("cost, field", [
+    (None, "objectives.cost: nope.toml"),
+    ("[cost]\nfree_slow_ns = -5.0\n", "free_slow_ns"),
+    ("[cost]\nfrobnicate_ns = 1.0\n", "frobnicate_ns"),
+])
+def test_bad_cost_file_is_one_line_naming_it(tmp_path, cost, field):
+    name = "nope.toml" if cost is None else "bad.toml"
+    if cost is not None:
+        (tmp_path / name).write_text(cost)
+    (tmp_path / "spec.toml").write_text(_spec_with_cost(name))
+    p = run_cli("tune", "spec.toml", "--trials", "1", "--json", cwd=tmp_path)
+    assert_clean_error(p, field)
+    assert not (tmp_path / "runs").exists()

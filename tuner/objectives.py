@@ -947,6 +947,9 @@ class ObjectiveSpec:
     #: ``dynamics`` set only: simulated steps per config and the base seed (None: defaults).
     steps: int | None = None
     seed: int | None = None
+    #: A cost file (path as the spec writes it) whose constants override the packaged ones
+    #: for the time objective; None: the packaged table.
+    cost: str | None = None
 
 
 def parse_objectives(table) -> ObjectiveSpec:
@@ -954,7 +957,7 @@ def parse_objectives(table) -> ObjectiveSpec:
         return ObjectiveSpec()
     if not isinstance(table, Mapping):
         raise SlabtuneError("objectives: expected an [objectives] table")
-    unknown = set(table) - {"set", "max_regression", "steps", "seed"}
+    unknown = set(table) - {"set", "max_regression", "steps", "seed", "cost"}
     if unknown:
         raise SlabtuneError(f"objectives.{sorted(unknown)[0]}: unknown field")
     name = table.get("set", "structural")
@@ -972,7 +975,10 @@ def parse_objectives(table) -> ObjectiveSpec:
         steps = _int("objectives.steps", steps, 1, 1 << 20)
     if seed is not None:
         seed = _int("objectives.seed", seed, 0, (1 << 31) - 1)
-    return ObjectiveSpec(name, mr, steps, seed)
+    cost = table.get("cost")
+    if cost is not None and (not isinstance(cost, str) or not cost):
+        raise SlabtuneError(f"objectives.cost: {cost!r} is not a path to a cost file")
+    return ObjectiveSpec(name, mr, steps, seed, cost)
 
 
 class Evaluation(NamedTuple):

@@ -43,6 +43,8 @@ ATTR_TOPOLOGIES = "slabtune_topologies"
 ATTR_PROFILE = "slabtune_profile"
 #: The sweep spec the fleet was taken from ([fleet] sweep), as SweepSpec.to_dict() at creation.
 ATTR_FLEET_SWEEP = "slabtune_fleet_sweep"
+#: The text of the cost file [objectives] cost named, as read at creation.
+ATTR_COST = "slabtune_cost"
 #: Trial user attr: per-topology objectives {"memory": [...], "time": [...]} (lists aligned
 #: with the study's ATTR_TOPOLOGIES).
 ATTR_TOPO = "per_topology"
@@ -62,6 +64,17 @@ class TuneSpec:
     objectives: O.ObjectiveSpec
     #: The sweep spec ``[fleet] sweep`` named, as :meth:`SweepSpec.to_dict` (None without).
     fleet_sweep: dict | None = None
+    #: The text of the cost file ``[objectives] cost`` named (None: the packaged table).
+    cost_text: str | None = None
+
+    def cost(self):
+        """The cost constants of the time objective: the packaged table, overridden by the
+        constants of the cost file ``[objectives] cost`` named."""
+        from slabtune.sweeps import simconfig as SC
+
+        if self.cost_text is None:
+            return SC.load_cost()[0]
+        return SC.load_cost_text(self.cost_text, f"objectives.cost {self.objectives.cost}")[0]
 
 
 def builtin_spec_path(name: str) -> Path | None:
@@ -73,10 +86,12 @@ def builtin_spec_path(name: str) -> Path | None:
     return Path(str(p)) if p.is_file() else None
 
 
-def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None) -> TuneSpec:
+def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None,
+               cost_text: str | None = None) -> TuneSpec:
     """Parse tune-spec text; every error is one line naming the field.  ``fleet_sweep``:
     the sweep spec its ``[fleet] sweep`` named when the study was created (kept in the
-    study), used instead of loading that name again."""
+    study), used instead of loading that name again; ``cost_text`` likewise for the cost
+    file ``[objectives] cost`` names (a relative path is read from the working directory)."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -99,8 +114,20 @@ def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None) -
     fleet = O.parse_fleet(doc["fleet"], sweep)
     space = S.parse_search(doc["search"], fleet.profile)
     objectives = O.parse_objectives(doc.get("objectives"))
-    return TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives,
-                    fleet_sweep=sweep.to_dict() if sweep is not None else None)
+    if objectives.cost is None:
+        cost_text = None
+    elif cost_text is None:
+        try:
+            cost_text = Path(objectives.cost).read_text()
+        except OSError as err:
+            raise SlabtuneError(f"objectives.cost: {objectives.cost}: "
+                                f"{err.strerror or err}") from None
+    out = TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives,
+                   fleet_sweep=sweep.to_dict() if sweep is not None else None,
+                   cost_text=cost_text)
+    if cost_text is not None:
+        out.cost()    # a bad constant is an error now, naming the file and the constant
+    return out
 
 
 def spec_file(ref: str, field: str = "spec") -> Path:
@@ -245,7 +272,8 @@ def study_spec(study: optuna.Study) -> TuneSpec:
     it was then (:data:`ATTR_FLEET_SWEEP`)."""
     return parse_spec(study.user_attrs[ATTR_SPEC],
                       study.user_attrs.get("slabtune_spec_name", "spec"),
-                      study.user_attrs.get(ATTR_FLEET_SWEEP))
+                      study.user_attrs.get(ATTR_FLEET_SWEEP),
+                      study.user_attrs.get(ATTR_COST))
 
 
 # --------------------------------------------------------------------------- running
@@ -268,14 +296,14 @@ def effective_params(params: Mapping[str, int], spec: TuneSpec) -> dict[str, int
     return out
 
 
-_EVALUATORS: dict[tuple[str, str], O.Evaluator] = {}
+_EVALUATORS: dict[tuple[str, str, str | None], O.Evaluator] = {}
 
 
 def evaluator_for(spec: TuneSpec) -> O.Evaluator:
-    """One evaluator (one compiled model) per spec text in a process."""
-    key = (spec.text, spec.objectives.name)
+    """One evaluator (one compiled model) per spec text and cost table in a process."""
+    key = (spec.text, spec.objectives.name, spec.cost_text)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = O.Evaluator(spec.fleet, spec.objectives)
+        _EVALUATORS[key] = O.Evaluator(spec.fleet, spec.objectives, cost=spec.cost())
     return _EVALUATORS[key]
 
 
@@ -536,17 +564,23 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
     if stored is not None and stored != spec.text:
         raise SlabtuneError(f"study: {name!r} was created with a different spec; "
                             "resume it with the same spec file")
+    if stored is not None and study.user_attrs.get(ATTR_COST) != spec.cost_text:
+        raise SlabtuneError(f"objectives.cost: {spec.objectives.cost} is not the cost file "
+                            f"study {name!r} was created with (its text changed)")
     evaluator = evaluator or evaluator_for(spec)
     if stored is None:
         study.set_user_attr(ATTR_SPEC, spec.text)
         study.set_user_attr("slabtune_spec_name", spec.name)
         if spec.fleet_sweep is not None:
             study.set_user_attr(ATTR_FLEET_SWEEP, spec.fleet_sweep)
+        if spec.cost_text is not None:
+            study.set_user_attr(ATTR_COST, spec.cost_text)
         study.set_user_attr(ATTR_PROFILE, spec.fleet.profile.name)
         study.set_user_attr(ATTR_TOPOLOGIES, list(spec.fleet.topology_names))
         study.set_user_attr(ATTR_BASELINE, _baseline_attr(evaluator.baseline))
         study.set_user_attr("slabtune_objectives", {"set": spec.objectives.name,
                                                     "max_regression": spec.objectives.max_regression,
+                                                    "cost": spec.objectives.cost or "packaged",
                                                     "names": list(OBJECTIVE_NAMES)})
     if not study.metric_names:
         with warnings.catch_warnings():

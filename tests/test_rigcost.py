@@ -208,10 +208,12 @@ def test_real_calibration_of_the_native_rig():
 
     Frees: a slow free (``__slab_free`` to a slab that is not the CPU's) costs more than a
     fast one, and the fit says so.  Allocs: in this workload the alloc slow path rate moves
-    with the free slow path rate (both fall as objects per slab rise), so the runs barely
-    separate alloc_fast from alloc_slow (their standard errors are reported); the test
-    asserts the combination they do pin down: a pair on the slow paths costs more than a
-    pair on the fast paths."""
+    with the free slow path rate (both fall as objects per slab rise), so the runs do not
+    separate alloc_fast from alloc_slow (a fit may put either at 0; their standard errors
+    are reported), and no assertion is made on them alone.  What the runs do pin down is the
+    table's price of a configuration: order-0 slabs (8 objects, the most slow paths) are
+    measured dearer than slabs of order 2 or more (32+ objects, nearly all fast), by about
+    9 ns against a 1 ns scatter, and the fitted table prices them dearer too."""
     spec = V.parse_spec(CAL_SPEC, "cal")
     cands = V.parse_candidates({"candidate": [
         {"id": "mp", "boot": {"slub_max_order": 1},
@@ -239,7 +241,14 @@ def test_real_calibration_of_the_native_rig():
     k = rig["constants"]
     assert rig["r2"] > 0.7
     assert k["free_fast_ns"] < k["free_slow_ns"]
-    assert k["alloc_slow_ns"] + k["free_slow_ns"] > k["alloc_fast_ns"] + k["free_fast_ns"]
+    by_order = {}
+    for c in rig["calibration"]:
+        by_order.setdefault(c["key"][1], []).append(c)
+    small = by_order[0]
+    large = [c for o in RC.CAL_ORDERS if o >= 2 for c in by_order.get(o, [])]
+    for side in ("measured", "fitted"):
+        assert (statistics.mean(c[side] for c in small)
+                > statistics.mean(c[side] for c in large) + 3.0), side
     assert {"sheaf_swap_ns", "barn_lock_hold_ns"} <= set(rig["not_identified"])
     for c in rig["calibration"]:
         assert len(c["runs"]) == 3 and c["measured"] == statistics.median(c["runs"])

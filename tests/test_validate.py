@@ -109,6 +109,25 @@ def test_spearman_ceiling_is_what_prediction_ties_allow():
         assert R.spearman(x, y) <= R.spearman_ceiling(x) + 1e-12
 
 
+def test_predictions_within_the_rig_noise_become_ties():
+    # three groups the rig resolves (51.4, 57.2, 60.0 ns), hundredths apart inside one
+    x = [57.164, 51.384, 57.198, 60.012, 57.175]
+    assert R.tie_within(x, 0.29) == [57.164, 51.384, 57.164, 60.012, 57.164]
+    assert R.tie_within(x, 0.0) == x
+    # neighbours chain: each step is within the resolution, so one group
+    assert R.tie_within([0.0, 0.2, 0.4, 0.6], 0.3) == [0.0] * 4
+    # the measured order inside a tied group no longer counts against the model
+    meas = [57.2, 51.2, 56.6, 59.9, 57.0]     # the group measured in reverse
+    assert R.spearman(x, meas) < 1.0
+    assert R.spearman(R.tie_within(x, 0.29), meas) == pytest.approx(
+        R.spearman_ceiling(R.tie_within(x, 0.29)))
+    # the noise: median over calibration configurations of stdev / sqrt(runs)
+    rig = {"calibration": [{"runs": [1.0, 2.0, 3.0]}, {"runs": [2.0, 2.0]}, {"runs": [5.0]}]}
+    assert R.rig_resolution(rig) == pytest.approx((1 / math.sqrt(3) + 0.0) / 2)
+    assert R.rig_resolution(None) is None
+    assert R.rig_resolution({"calibration": [{"runs": [5.0]}]}) is None
+
+
 def test_live_objects_come_from_the_flushed_dump():
     assert V.live_objects({"objects": 296}, {"objects": 8}) == (8, "flushed")
     n, src = V.live_objects({"objects": 296}, None)

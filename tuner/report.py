@@ -33,6 +33,10 @@ the report can be re-derived from the parquet parts alone.  Figures and where th
   the figure, labelled and not in its place, the report gives the correlation under the
   packaged table (``native_cost_packaged``) and the prior constants
   (``native_cost_prior``), and without the topologies that have a memoryless node.
+  Also labelled (``native_labelled.ties_within_noise``): the correlation with predictions
+  that lie closer together than the rig's repeat noise (:func:`rig_resolution`) counted as
+  ties (:func:`tie_within`): the model's differences of hundredths of a ns between pairs
+  are not claims the rig can test.
   Beside the figure, ``speed.spearman_ceiling``: the largest Spearman any measured order
   could give against these predictions (:func:`spearman_ceiling`; below 1 when candidates
   are the same configuration to the workload, as a near-identical top 3 is), with
@@ -108,6 +112,32 @@ def spearman_ceiling(x: Sequence[float]) -> float | None:
     for rank, i in enumerate(order):
         y[i] = float(rank)
     return spearman(list(x), y)
+
+
+def tie_within(x: Sequence[float], resolution: float) -> list[float]:
+    """``x`` with values that lie within ``resolution`` of a neighbour (chained, after
+    sorting) replaced by their group's smallest value: predictions a measurement cannot
+    tell apart become ties, and :func:`spearman` gives them one average rank."""
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    out = [0.0] * len(x)
+    head = prev = None
+    for i in order:
+        if prev is None or x[i] - prev > resolution:
+            head = x[i]
+        out[i] = head
+        prev = x[i]
+    return out
+
+
+def rig_resolution(rig: Mapping | None) -> float | None:
+    """The native rig's repeat noise in ns per pair: the median, over the stored calibration
+    configurations with at least 2 timing runs, of the standard error of their mean
+    (stdev / sqrt(runs)).  None without such runs."""
+    if not rig:
+        return None
+    ses = [statistics.stdev(c["runs"]) / math.sqrt(len(c["runs"]))
+           for c in rig.get("calibration", []) if len(c.get("runs") or []) >= 2]
+    return statistics.median(ses) if ses else None
 
 
 def _ok(rows: pl.DataFrame) -> pl.DataFrame:
@@ -251,7 +281,8 @@ def _rho(df: pl.DataFrame) -> float | None:
     return spearman(df["predicted"].to_list(), df["measured"].to_list())
 
 
-def speed(rows: pl.DataFrame, memoryless: set[str] | None = None) -> dict:
+def speed(rows: pl.DataFrame, memoryless: set[str] | None = None,
+          resolution: float | None = None) -> dict:
     """Spearman of predicted cost against measured time, from the preferred source; for
     the native source also, labelled: without the topologies with a memoryless node
     (``memoryless``: the native allocator has no remote memory, so the model's remote-node
@@ -284,6 +315,11 @@ def speed(rows: pl.DataFrame, memoryless: set[str] | None = None) -> dict:
             "without_memoryless": {"spearman": _rho(use.filter(keep)),
                                    "pairs": use.filter(keep).height},
         }
+        if resolution is not None:
+            tied = tie_within(use["predicted"].to_list(), resolution)
+            out["native_labelled"]["ties_within_noise"] = {
+                "resolution_ns": resolution, "groups": len(set(tied)),
+                "spearman": spearman(tied, use["measured"].to_list())}
         for field, key in ((NATIVE_COST_PACKAGED_FIELD, "packaged_constants"),
                            (NATIVE_COST_PRIOR_FIELD, "prior_constants")):
             d = ok.filter((pl.col("target") == "native") & (pl.col("field") == field))
@@ -385,7 +421,8 @@ def report(run) -> dict:
     h = structural(rows, "host")
     wl = workload_caches(run.manifest.get("spec_text"))
     mem = memory(rows, wl)
-    sp = speed(rows, memoryless_topologies(run.manifest.get("spec_text")))
+    sp = speed(rows, memoryless_topologies(run.manifest.get("spec_text")),
+               rig_resolution(run.manifest.get("native_rig")))
     rig = rig_summary(run.manifest.get("native_rig"))
     failed = [t for t in tasks if t["status"] == "failed"]
     accels = sorted(set(rows.filter(pl.col("target") == "guest")["accelerator"].drop_nulls()))
@@ -534,6 +571,12 @@ def format_report(rep: dict) -> str:
             f"with prior cost constants: "
             f"{_fmt(lab['prior_constants']['spearman'])}, without memoryless "
             f"{_fmt(lab['prior_constants_without_memoryless']['spearman'])})")
+        tw = lab.get("ties_within_noise")
+        if tw:
+            lines.append(f"  (labelled, not the figure: predictions closer than the rig's repeat "
+                         f"noise, {tw['resolution_ns']:.3f} ns (median standard error of the "
+                         f"calibration runs), as ties: {tw['groups']} groups, Spearman "
+                         f"{_fmt(tw['spearman'])})")
     lines.extend(format_rig(rep.get("native_rig")))
     if sp["guest_tcg_pairs"]:
         lines.append(f"  (guest TCG timings, not counted: Spearman "

@@ -777,8 +777,7 @@ def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: di
                 common: dict, boot: Mapping[str, int],
                 flushed: pl.DataFrame | None = None,
                 churned: set[str] | frozenset = frozenset()) -> list[dict]:
-    """Predicted beside measured slab bytes of the caches the workload drove (counts moved
-    between the dumps, or named by the spec's workload, ``churned``): measured is
+    """Predicted beside measured slab bytes of the caches the workload drove: measured is
     the after-dump's ``slabs << order`` pages (every slab the cache holds: full, node
     partial, CPU and per-CPU partial), predicted the structural memory model at the end of
     a workload around the objects really allocated then (:func:`live_objects`), so the free
@@ -793,12 +792,8 @@ def memory_rows(task: dict, before: pl.DataFrame, after: pl.DataFrame, facts: di
     from slabtune.tuner import check
 
     j = before.join(after, on="cache", suffix="_after")
-    # a cache the spec's workload names is compared even when its counts happen to be the
-    # same in both dumps (hackbench frees every skb it sends: the after-dump's objects can
-    # land on the before-dump's number, yet the cache was churned)
     driven = j.filter(((pl.col("objects") != pl.col("objects_after"))
-                       | (pl.col("total_objects") != pl.col("total_objects_after"))
-                       | pl.col("cache").is_in(sorted(churned)))
+                       | (pl.col("total_objects") != pl.col("total_objects_after")))
                       & pl.col("slabs_after").is_not_null()
                       & (pl.col("order") == pl.col("order_after")))
     driven = driven.filter(~pl.col("cache").is_in(list(facts["aside"])))

@@ -384,11 +384,17 @@ def test_guest_and_host_rows_match_the_model(guest_run):
 @needs_guest
 def test_guest_memory_and_cost_rows(guest_run):
     rows = store.open_run(guest_run.run_dir).collect().filter(pl.col("target") == "guest")
+    # hackbench over sockets drives skbuff_head_cache.  A cache is compared when its counts
+    # moved between the dumps; hackbench frees every skb it sends, so in one boot the
+    # after-dump's counts can land on the before-dump's (seen once in a CI run), and the
+    # memory row of that boot is then missing: asked of either guest, not of each.
+    skb = rows.filter((pl.col("field") == V.MEMORY_FIELD)
+                      & (pl.col("cache") == "skbuff_head_cache"))
+    assert skb.height >= 1
     for cand in ("baseline", "order1"):
         r = rows.filter(pl.col("candidate") == cand)
         mem = r.filter(pl.col("field") == V.MEMORY_FIELD)
-        # hackbench over sockets drives skbuff_head_cache
-        assert "skbuff_head_cache" in mem["cache"].to_list()
+        assert mem.height >= 1
         orders = dict(r.filter(pl.col("field") == "order").select("cache", "measured").iter_rows())
         for c, m, pred, note in mem.select("cache", "measured", "predicted", "note").iter_rows():
             slab = 4096 << int(orders[c])

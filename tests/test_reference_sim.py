@@ -45,6 +45,15 @@ def _cfg(profile, topo, wl, size=256, explicit_sheaf=0, **kw):
     return D.config_from(st, prof, topo, wl, **kw)
 
 
+def _case_cfg(case: dict, **extra):
+    """The configuration of an edge case (profile, size, topo, wl, kw and optional
+    wl_extra / explicit_sheaf), with ``extra`` config_from overrides."""
+    return _cfg(case["profile"], TOPOS[case["topo"]],
+                dict(WORKLOADS[case["wl"]], **case.get("wl_extra", {})),
+                size=case["size"], explicit_sheaf=case.get("explicit_sheaf", 0),
+                **case["kw"], **extra)
+
+
 def _assert_equal(cfg, seed):
     w = D.draws(jax.random.key(seed), STEPS)
     got = D.counters_numpy(D.simulate_draws(w, cfg))
@@ -95,10 +104,7 @@ def test_equal_every_profile_and_workload(profile, wl):
          kw=dict(), explicit_sheaf=32),
 ])
 def test_equal_edge_configs(case):
-    cfg = _cfg(case["profile"], TOPOS[case["topo"]],
-               dict(WORKLOADS[case["wl"]], **case.get("wl_extra", {})),
-               size=case["size"], explicit_sheaf=case.get("explicit_sheaf", 0), **case["kw"])
-    want = _assert_equal(cfg, seed=7)
+    want = _assert_equal(_case_cfg(case), seed=7)
     assert want["allocs"].sum() > 100
 
 
@@ -147,10 +153,7 @@ def test_runs_equal_reference(b, profile, explicit_sheaf, wl):
          kw=dict(), wl_extra=dict(irq_self_free=0.4)),
 ])
 def test_runs_equal_reference_edge_configs(b, case):
-    cfg = _cfg(case["profile"], TOPOS[case["topo"]],
-               dict(WORKLOADS[case["wl"]], **case.get("wl_extra", {})),
-               size=case["size"], ops_per_step=b, **case["kw"])
-    want = _assert_equal(cfg, seed=b)
+    want = _assert_equal(_case_cfg(case, ops_per_step=b), seed=b)
     assert want["allocs"].sum() > 100
 
 

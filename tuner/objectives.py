@@ -608,11 +608,14 @@ def retained_free_fraction(state: str) -> float:
     only returns the object; only the node lists discard empty slabs), so they are whole
     slabs with (nearly) nothing allocated.
     """
-    if state == "steady":
-        return 0.5
-    if state == "drained":
-        return 1.0
-    raise SlabtuneError(f"state: {state!r} is not one of {', '.join(MEMORY_STATES)}")
+    return {"steady": 0.5, "drained": 1.0}[check_memory_state(state)]
+
+
+def check_memory_state(state: str) -> str:
+    """``state`` if it is one of :data:`MEMORY_STATES`, else a one-line error."""
+    if state not in MEMORY_STATES:
+        raise SlabtuneError(f"state: {state!r} is not one of {', '.join(MEMORY_STATES)}")
+    return state
 
 
 def per_cpu_retained_slabs(cpu_partial_slabs):
@@ -624,9 +627,7 @@ def per_cpu_retained_slabs(cpu_partial_slabs):
 def node_retained_slabs(min_partial, state: str = "steady"):
     """Empty slabs one node with memory keeps in memory state ``state``: its
     :data:`LIST_FILL` share of ``min_partial`` (discard_slab() beyond it)."""
-    if state not in LIST_FILL:
-        raise SlabtuneError(f"state: {state!r} is not one of {', '.join(MEMORY_STATES)}")
-    return LIST_FILL[state] * jnp.asarray(min_partial, _F32)
+    return LIST_FILL[check_memory_state(state)] * jnp.asarray(min_partial, _F32)
 
 
 def bound_by_traffic(per_cpu, node, objs_per_slab, traffic):

@@ -38,12 +38,8 @@ import time
 
 import jax
 import numpy as np
-
 from slabtune.model import dynamics as D
-from slabtune.model import metrics as M
-from slabtune.model import policy as PL
-from slabtune.model import profiles as P
-from slabtune.model import reference_sim as RS
+from slabtune.model import metrics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
 
 PROFILES = ("v3.1", "v6.1", "v6.18", "v7.0", "v7.1")
@@ -61,9 +57,9 @@ def distinct_configs(b: int = 1) -> list:
     object size of each."""
     out = []
     for prof_name, size, topo, wl in itertools.product(PROFILES, SIZES, TOPOS, WORKLOADS):
-        prof = P.get_profile(prof_name)
-        st = PL.structure(size, topo.possible, topo.present, topo.online,
-                          PL.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
+        prof = profiles.get_profile(prof_name)
+        st = policy.structure(size, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
         out.append(D.config_from(st, prof, topo, wl, ops_per_step=b))
     return out
 
@@ -83,7 +79,7 @@ def fidelity(cfgs, steps: int) -> dict:
     w = np.asarray(batch.rep_weight, np.float64)
     frac = lambda a, b: (w * np.asarray(getattr(c, a))).sum(1) / np.maximum(  # noqa: E731
         (w * np.asarray(getattr(c, b))).sum(1), 1e-9)
-    mem = jax.vmap(lambda cc, cf: M.memory(cc, cf, 64)[0])(c, batch)
+    mem = jax.vmap(lambda cc, cf: metrics.memory(cc, cf, 64)[0])(c, batch)
     return dict(alloc=frac("alloc_fast", "allocs"), free=frac("free_fast", "frees"),
                 mem=np.asarray(mem, np.float64))
 
@@ -141,7 +137,7 @@ def time_reference(cfgs, steps, sample):
     for i, cfg in enumerate(cfgs[:: max(len(cfgs) // sample, 1)][:sample]):
         w = np.asarray(D.draws(jax.random.key(i), steps))
         t0, c0 = time.perf_counter(), time.process_time()
-        c = RS.run(w, cfg)
+        c = reference_sim.run(w, cfg)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         rates.append(int(c["ops"].sum()) / dt)
         cpu_rates.append(int(c["ops"].sum()) / dc)

@@ -1,7 +1,7 @@
 """Native allocator timings under the seed scenarios, side by side in one run.
 
 For every arm of every seed scenario (slabtune.model.scenarios) the native allocator
-(native/slubsim.c via slabtune.tuner.native) runs ``--repeats`` times with the arms
+(native/slubsim.c via slabtune.validate.native) runs ``--repeats`` times with the arms
 interleaved round-robin (so machine load hits them alike), the threads free-running
 (``sync_every = 0``) for ``--steps`` steps each; it prints the median ns per op of each arm,
 the spread, and for each scenario row comparing two arms on time or throughput the measured
@@ -27,9 +27,9 @@ import json
 import os
 import statistics
 
-from slabtune.model import scenarios as S
-from slabtune.sweeps import simconfig as SC
-from slabtune.tuner import native as NV
+from slabtune.model import scenarios
+from slabtune.sweeps import simconfig
+from slabtune.validate import native
 
 
 def main() -> None:
@@ -43,20 +43,20 @@ def main() -> None:
     extra = ({"time_ops": 1, "pin_cpu": min(os.sched_getaffinity(0))} if a.timed_calls
              else {})
     unit = "ns/pair in allocator" if a.timed_calls else "ns/op"
-    binary = NV.build()
+    binary = native.build()
     arms = []
-    for sc in S.SCENARIOS:
+    for sc in scenarios.SCENARIOS:
         for name, arm in sc["arms"].items():
             arm = dict(arm)
             patch = arm.pop("profile_patch", None)
-            spec = NV.patched_spec(SC.parse_doc(arm), patch)
-            cfg = NV.config_for_spec(spec, sync_every=a.sync_every, steps=a.steps)
+            spec = native.patched_spec(simconfig.parse_doc(arm), patch)
+            cfg = native.config_for_spec(spec, sync_every=a.sync_every, steps=a.steps)
             arms.append((sc["name"], name, dataclasses.replace(cfg, **extra)))
     times: dict[tuple[str, str], list[float]] = {(s, n): [] for s, n, _ in arms}
     for _ in range(a.repeats):
         for s, n, cfg in arms:
-            r = NV.run(cfg, binary=binary)
-            times[(s, n)].append(NV.op_ns_per_pair(r, cfg.rep_weight) if a.timed_calls
+            r = native.run(cfg, binary=binary)
+            times[(s, n)].append(native.op_ns_per_pair(r, cfg.rep_weight) if a.timed_calls
                                  else r.ns_per_op)
     print(f"# {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {a.repeats} repeats x "
           f"{a.steps} steps, sync_every {a.sync_every}"
@@ -66,7 +66,7 @@ def main() -> None:
         print(f"{s:40s} {n:18s} median {med[(s, n)]:9.1f} {unit}  "
               f"(min {min(v):.1f}, max {max(v):.1f})")
     print("# scenario rows: measured ratio (arm / base) against published")
-    for sc in S.SCENARIOS:
+    for sc in scenarios.SCENARIOS:
         for row in sc["rows"]:
             if row["metric"] not in ("time", "iops", "sys_time"):
                 continue

@@ -37,9 +37,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from slabtune.model import policy
-from slabtune.model import reference as ref
+from slabtune.model import reference as reference_formulas
 from slabtune.model.profiles import PROFILES
 
 #: The mode the targets are stated for: a plain jitted call on the broadcast grid.
@@ -205,7 +204,7 @@ def bench_reference(grid: Grid, idx: np.ndarray, runs: int = 3):
     def one_pass():
         results.clear()
         for size, cpus, prof, lo, hi, mo in args:
-            results.append(ref.structure(size, cpus, cpus, cpus, prof, lo, hi, mo))
+            results.append(reference_formulas.structure(size, cpus, cpus, cpus, prof, lo, hi, mo))
 
     timing = _timed(one_pass, runs)
     return timing, list(results)
@@ -217,10 +216,10 @@ def check_sample(grid: Grid, idx: np.ndarray, want: list[dict]) -> int:
     out = jax.jit(lambda s, c, lo, hi, mo, p: policy.structure(s, c, c, c, p, lo, hi, mo))(
         s, c, lo, hi, mo, p)
     full = {f: np.broadcast_to(np.asarray(getattr(out, f)), grid.shape)
-            for f in ref.STRUCTURE_FIELDS}
+            for f in reference_formulas.STRUCTURE_FIELDS}
     bad = 0
     for (pi, si, ci, bi), row in zip(idx, want):
-        got = {f: int(full[f][pi, si, ci, bi]) for f in ref.STRUCTURE_FIELDS}
+        got = {f: int(full[f][pi, si, ci, bi]) for f in reference_formulas.STRUCTURE_FIELDS}
         bad += got != row
     return bad
 

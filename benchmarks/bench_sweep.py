@@ -30,11 +30,10 @@ import sys
 import tempfile
 import time
 
-from slabtune.model import caches as C
-from slabtune.model import profiles as P
-from slabtune.model import reference as R
-from slabtune.sweeps import grid as G
-from slabtune.sweeps import spec as S
+from slabtune.model import caches, reference
+from slabtune.model import profiles as kernel_profiles
+from slabtune.sweeps import grid
+from slabtune.sweeps import spec as sweep_spec
 from slabtune.sweeps.evaluators import EVALUATORS
 
 
@@ -68,7 +67,7 @@ def end_to_end(spec_ref: str, repeats: int, extra_env=None) -> dict:
             "median_outside_share": 1 - statistics.median(model_shares)}
 
 
-def model_only(spec: S.SweepSpec, repeats: int) -> dict:
+def model_only(spec: sweep_spec.SweepSpec, repeats: int) -> dict:
     """Grid + evaluator over every chunk in this process; compile measured apart."""
     from slabtune.sweeps.dispatch import chunk_task
 
@@ -79,7 +78,7 @@ def model_only(spec: S.SweepSpec, repeats: int) -> dict:
     totals, grids = [], []
     for _ in range(repeats):
         m = g = 0.0
-        for i in range(G.n_chunks(spec)):
+        for i in range(grid.n_chunks(spec)):
             res = chunk_task(d, i)
             m += res["model_s"]
             g += res["grid_s"]
@@ -89,12 +88,12 @@ def model_only(spec: S.SweepSpec, repeats: int) -> dict:
             "median_grid_s": statistics.median(grids)}
 
 
-def reference_rate(spec: S.SweepSpec, limit: int) -> dict:
+def reference_rate(spec: sweep_spec.SweepSpec, limit: int) -> dict:
     """Configurations per second through reference.structure, one call per configuration,
     over the first ``limit`` rows of the grid (all of them when limit >= the grid)."""
     n = min(limit, spec.product)
-    cols = G.axis_columns(spec, 0, n)
-    keep = ~G.excluded(spec, cols)
+    cols = grid.axis_columns(spec, 0, n)
+    keep = ~grid.excluded(spec, cols)
     defaults = dict(spec.defaults)
 
     def col(name):
@@ -102,8 +101,8 @@ def reference_rate(spec: S.SweepSpec, limit: int) -> dict:
 
     cache_vals = spec.axis("cache").values if "cache" in cols else None
     prof_vals = spec.axis("profile").values
-    profiles = [P.get_profile(p) for p in prof_vals]
-    infos = [C.get_cache(c) for c in cache_vals] if cache_vals else None
+    profiles = [kernel_profiles.get_profile(p) for p in prof_vals]
+    infos = [caches.get_cache(c) for c in cache_vals] if cache_vals else None
     if "cpus" in cols:
         cpus = cols["cpus"].tolist()
     else:
@@ -125,16 +124,16 @@ def reference_rate(spec: S.SweepSpec, limit: int) -> dict:
             size, early, kmal, boot, ex = sizes[r], False, False, False, 0
         if expl[r] >= 0:
             ex = expl[r]
-        R.structure(size, possible[r] or cpus[r], cpus[r], cpus[r], profiles[prof[r]],
+        reference.structure(size, possible[r] or cpus[r], cpus[r], cpus[r], profiles[prof[r]],
                     mino[r], maxo[r], mobj[r], early, kmal, boot, ex)
         done += 1
     dt = time.perf_counter() - t0
     return {"configs": done, "seconds": dt, "rate": done / dt if dt else float("nan")}
 
 
-def report(name: str, spec: S.SweepSpec, repeats: int, ref_limit: int, spec_ref: str) -> dict:
-    rows = G.count_rows(spec)
-    print(f"== {name}: {rows} configurations, {G.n_chunks(spec)} chunks of {spec.chunk_size} "
+def report(name: str, spec: sweep_spec.SweepSpec, repeats: int, ref_limit: int, spec_ref: str) -> dict:
+    rows = grid.count_rows(spec)
+    print(f"== {name}: {rows} configurations, {grid.n_chunks(spec)} chunks of {spec.chunk_size} "
           f"({spec.evaluator}), repeats {repeats}", flush=True)
     e2e = end_to_end(spec_ref, repeats)
     print(f"end to end (subprocess, Ray start included): median {e2e['median_wall_s']:.2f} s "
@@ -183,7 +182,7 @@ def main(argv=None) -> int:
     results = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     if args.only != "dynamics":
-        spec = S.load(args.spec)
+        spec = sweep_spec.load(args.spec)
         results["structural"] = report(args.spec, spec, args.repeats, args.reference_limit,
                                        args.spec)
         target = results["structural"]["end_to_end"]["median_wall_s"]
@@ -192,7 +191,7 @@ def main(argv=None) -> int:
     if args.only == "structural":
         pass
     elif "dynamics" in EVALUATORS:
-        dspec = S.load(args.dynamics_spec)
+        dspec = sweep_spec.load(args.dynamics_spec)
         results["dynamics"] = report(args.dynamics_spec, dspec, args.repeats, 0,
                                      args.dynamics_spec)
         share = results["dynamics"]["outside_share"]

@@ -31,9 +31,7 @@ import time
 from pathlib import Path
 
 import optuna
-
-from slabtune.tuner import study as ST
-
+from slabtune.tuner import study as studies
 
 #: Built-in spec benchmarked for each objective set.
 SPECS = {"structural": "tune_quick", "dynamics": "tune_dynamics"}
@@ -57,7 +55,7 @@ def run_batched(spec, evaluator, kind: str, tmp: Path, tag: str, trials: int, ba
     tuner's batched runner: ask (sampler, in-memory bookkeeping), model (one evaluator
     call per batch), tell (in memory) and store (the batch written to the storage)."""
     url = _storage_url(kind, tmp, tag)
-    runner, _ = ST.create_or_resume(spec, tag, url, evaluator=evaluator)
+    runner, _ = studies.create_or_resume(spec, tag, url, evaluator=evaluator)
     spent = dict.fromkeys(PHASES, 0.0)
 
     def timed(phase, fn):
@@ -84,7 +82,7 @@ def run_single(spec, evaluator, kind: str, tmp: Path, tag: str, trials: int):
     study's own storage, the evaluator called with a batch of one, ``set_user_attr``,
     ``set_constraint``, ``Study.tell`` (ask and tell include their storage round trips)."""
     url = _storage_url(kind, tmp, tag)
-    runner, _ = ST.create_or_resume(spec, tag, url, evaluator=evaluator)
+    runner, _ = studies.create_or_resume(spec, tag, url, evaluator=evaluator)
     study, dists = runner.study, runner.distributions
     constrained = spec.objectives.max_regression is not None
     spent = dict.fromkeys(PHASES, 0.0)
@@ -95,10 +93,10 @@ def run_single(spec, evaluator, kind: str, tmp: Path, tag: str, trials: int):
         t2 = time.perf_counter()
         ev = runner.evaluate([trial.params])
         t3 = time.perf_counter()
-        trial.set_user_attr(ST.ATTR_TOPO, {"memory": ev.memory_topo[0].tolist(),
+        trial.set_user_attr(studies.ATTR_TOPO, {"memory": ev.memory_topo[0].tolist(),
                                            "time": ev.time_topo[0].tolist()})
         if constrained:
-            trial.set_constraint(ST.ATTR_EXCESS, float(evaluator.regression_excess(ev)[0]))
+            trial.set_constraint(studies.ATTR_EXCESS, float(evaluator.regression_excess(ev)[0]))
         study.tell(trial, [float(ev.memory[0]), float(ev.time[0])])
         t4 = time.perf_counter()
         spent["ask"] += t2 - t1
@@ -123,12 +121,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(logging.WARNING)
 
-    spec = ST.load_spec(args.spec or SPECS[args.objectives])
+    spec = studies.load_spec(args.spec or SPECS[args.objectives])
     if args.spec:
         args.objectives = spec.objectives.name
     assert spec.objectives.name == args.objectives
     t0 = time.perf_counter()
-    evaluator = ST.evaluator_for(spec)
+    evaluator = studies.evaluator_for(spec)
     evaluator.evaluate([{}] * args.batch)  # compile the batched and single shapes first
     evaluator.evaluate([{}])
     print(f"{spec.name} spec, {args.objectives} objectives: {len(spec.fleet.topologies)} "

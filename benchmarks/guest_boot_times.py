@@ -13,9 +13,10 @@ import argparse
 import statistics
 import sys
 
-from slabtune.errors import SlabtuneError
+from slabtune.kernel import guest
 from slabtune.model.topology import Topology
-from slabtune.tuner import guest as g
+
+from slabtune.errors import SlabtuneError
 
 
 def main(argv=None) -> int:
@@ -26,17 +27,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         smps = [int(x) for x in args.smp.split(",")]
-        assets = g.find_assets()
+        assets = guest.find_assets()
     except (ValueError, SlabtuneError) as exc:
         print(f"guest_boot_times: error: {exc}", file=sys.stderr)
         return 2
-    probe = g.probe_kvm(assets)
+    probe = guest.probe_kvm(assets)
     print(f"kvm probe: usable={probe.usable} ({probe.reason})")
     rows = []
     for smp in smps:
         boots, totals, failures, attempts = [], [], 0, 0
         for _ in range(args.repeats):
-            r = g.boot_guest(g.GuestSpec(topology=Topology.uniform(smp), dump=False,
+            r = guest.boot_guest(guest.GuestSpec(topology=Topology.uniform(smp), dump=False,
                                          accel=args.accel, timeout_s=120), assets)
             attempts += r.attempts
             if r.ok and r.boot_seconds is not None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple
 
+from slabtune.model import profiles
+
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles as P
 
 #: The parameters slabtune may set, by suffix; the kernel spells them ``<prefix>_<suffix>``
 #: with the prefixes of ``KernelProfile.boot_param_prefixes`` ("slub"; "slab" from v6.8).
@@ -24,8 +25,8 @@ PARAM_SUFFIXES: tuple[str, ...] = ("min_order", "max_order", "min_objects")
 #: Inclusive ranges the strict validator accepts.  Orders stop at MAX_PAGE_ORDER (10 on
 #: x86-64); min_objects at MAX_OBJS_PER_PAGE (32767), more objects than any slab can hold.
 PARAM_RANGES: dict[str, tuple[int, int]] = {
-    "min_order": (0, P.MAX_PAGE_ORDER),
-    "max_order": (0, P.MAX_PAGE_ORDER),
+    "min_order": (0, profiles.MAX_PAGE_ORDER),
+    "max_order": (0, profiles.MAX_PAGE_ORDER),
     "min_objects": (0, 32767),
 }
 #: Canonical key prefix of a validated dict (the spelling every kernel accepts).
@@ -40,11 +41,11 @@ class SlubParams(NamedTuple):
     """The effective slub_min_order, slub_max_order and slub_min_objects of a boot."""
 
     min_order: int = 0
-    max_order: int = P.DEFAULT_MAX_ORDER
+    max_order: int = profiles.DEFAULT_MAX_ORDER
     min_objects: int = 0
 
 
-def allowed_names(profile: P.KernelProfile) -> dict[str, str]:
+def allowed_names(profile: profiles.KernelProfile) -> dict[str, str]:
     """Every boot parameter name the profile's kernel accepts, mapped to its suffix:
     ``slub_min_order`` etc., plus ``slab_min_order`` etc. where the profile lists the "slab"
     prefix (v6.8 on)."""
@@ -105,7 +106,7 @@ def get_option(text: str) -> int:
     return value % _U32
 
 
-def slub_args(cmdline: str, profile: P.KernelProfile) -> list[tuple[str, str, str]]:
+def slub_args(cmdline: str, profile: profiles.KernelProfile) -> list[tuple[str, str, str]]:
     """The allow-listed ``name=value`` arguments of a command line, in order, as
     (name as written, suffix, raw value).  Names the profile's kernel does not know (e.g.
     ``slab_max_order`` before v6.8) and names without '=' are not slab parameters to it."""
@@ -120,7 +121,7 @@ def slub_args(cmdline: str, profile: P.KernelProfile) -> list[tuple[str, str, st
 
 
 def apply_param(params: SlubParams, suffix: str, value: int,
-                profile: P.KernelProfile) -> SlubParams:
+                profile: profiles.KernelProfile) -> SlubParams:
     """One ``setup_slub_*`` call (mm/slub.c).
 
     * min_objects: stored as given.
@@ -137,7 +138,7 @@ def apply_param(params: SlubParams, suffix: str, value: int,
         if cross and lo > hi:
             hi = lo
     elif suffix == "max_order":
-        hi = min(value, P.MAX_PAGE_ORDER)
+        hi = min(value, profiles.MAX_PAGE_ORDER)
         if cross and lo > hi:
             lo = hi
     else:  # pragma: no cover - callers pass allow-listed suffixes
@@ -145,7 +146,7 @@ def apply_param(params: SlubParams, suffix: str, value: int,
     return SlubParams(lo, hi, objs)
 
 
-def parse_cmdline(cmdline: str, profile: P.KernelProfile) -> SlubParams:
+def parse_cmdline(cmdline: str, profile: profiles.KernelProfile) -> SlubParams:
     """The effective SLUB parameters of a boot with this command line, applying each
     allow-listed parameter in command-line order with the kernel's setup semantics
     (:func:`apply_param`); parameters after ``--`` are init's and ignored."""
@@ -167,7 +168,7 @@ def _strict_int(name: str, value: object) -> int:
     raise SlabtuneError(f"boot parameter {name}: {value!r} is not an integer")
 
 
-def validate_params(params: Mapping[str, object], profile: P.KernelProfile) -> dict[str, int]:
+def validate_params(params: Mapping[str, object], profile: profiles.KernelProfile) -> dict[str, int]:
     """Strictly validate user-supplied boot parameters; return ``{"slub_<suffix>": int}``.
 
     Raises SlabtuneError naming the parameter for: a name not on the profile's allow-list,
@@ -199,7 +200,7 @@ def validate_params(params: Mapping[str, object], profile: P.KernelProfile) -> d
     return out
 
 
-def validate_cmdline(cmdline: str, profile: P.KernelProfile) -> dict[str, int]:
+def validate_cmdline(cmdline: str, profile: profiles.KernelProfile) -> dict[str, int]:
     """Strictly validate the SLUB parameters a command line sets, in order; other arguments
     are the kernel's business and ignored.  Returns ``{"slub_<suffix>": last value}`` (the
     kernel's in-order parsing lets the last one win).  A value that is not a decimal
@@ -227,7 +228,7 @@ def params_from_validated(validated: Mapping[str, int]) -> SlubParams:
     return SlubParams(lo, hi, validated.get("slub_min_objects", p.min_objects))
 
 
-def render(validated: Mapping[str, int], profile: P.KernelProfile,
+def render(validated: Mapping[str, int], profile: profiles.KernelProfile,
            prefix: str | None = None) -> str:
     """Render a validated dict as a command-line fragment in the profile's spelling:
     ``slub_*`` before v6.8 and, by default, the ``slab_*`` names newer kernels document

@@ -109,7 +109,7 @@ DOCS: dict[str, str] = {
 }
 
 #: Constants a cost file may leave out, with the value they take then (the physical priors
-#: of :data:`slabtune.tuner.fitcost.PRIOR`): the per-acquisition line counts came after
+#: of :data:`slabtune.model.priors.PRIOR`): the per-acquisition line counts came after
 #: the first cost files, which charged one line per acquisition.
 OPTIONAL_DEFAULTS: dict[str, float] = {
     "list_lock_lines": 4.0,

@@ -38,25 +38,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
-from slabtune.model import policy as PL
-from slabtune.model import profiles as P
-from slabtune.model import workloads as W
-from slabtune.errors import SlabtuneError
+from slabtune.model import profiles, workloads
+from slabtune.model.constants import MAX_OPS_PER_STEP
+from slabtune.model.intmath import ceil_div, floor_div
 from slabtune.model.topology import Topology
 from slabtune.model.workloads import PROB_ONE
 
-R = W.R
-N = W.N
+from slabtune.errors import SlabtuneError
+
+R = workloads.R
+N = workloads.N
 #: Random 32-bit words drawn per rep per step: op choice, freer/origin choice, slab choice.
 K = 3
 _I32 = jnp.int32
 _U32 = jnp.uint32
 
 BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
-#: Largest run length (ops of one kind per rep per step): keeps the systematic-sampling
-#: products (cumulative size x run length) inside int32.
-MAX_OPS_PER_STEP = 1024
 #: Gauge sums are kept as (sum >> GAUGE_SHIFT, sum mod 2**GAUGE_SHIFT) int32 pairs.
 GAUGE_SHIFT = 20
 
@@ -96,7 +93,7 @@ class SimConfig(NamedTuple):
     rep_memoryless: Any
     node_has_memory: Any
     node_weight: Any
-    workload: W.Workload
+    workload: workloads.Workload
     ops_per_step: Any = np.int32(1)
 
 
@@ -192,12 +189,12 @@ def _scalar(x, dtype=np.int32):
     return np.asarray(x, dtype)
 
 
-def config_from(structure, profile: P.KernelProfile, topology: Topology, workload,
+def config_from(structure, profile: profiles.KernelProfile, topology: Topology, workload,
                 *, memoryless_fallback: bool | None = None, barns: str | None = None,
                 min_partial: int | None = None, cpu_partial_slabs: int | None = None,
                 sheaf_capacity: int | None = None,
-                barn_max_full: int = P.BARN_MAX_FULL,
-                barn_max_empty: int = P.BARN_MAX_EMPTY, ops_per_step: int = 1) -> SimConfig:
+                barn_max_full: int = profiles.BARN_MAX_FULL,
+                barn_max_empty: int = profiles.BARN_MAX_EMPTY, ops_per_step: int = 1) -> SimConfig:
     """Build a :class:`SimConfig` for one configuration.
 
     ``structure``: a :class:`slabtune.model.policy.Structure` of scalars (order,
@@ -212,7 +209,7 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
     if isinstance(workload, dict):
         params = dict(workload)
         kind = params.pop("kind")
-        workload = W.build(kind, topology, **params)
+        workload = workloads.build(kind, topology, **params)
     wl, lay = workload
     cap = int(np.asarray(structure.sheaf_capacity)) if sheaf_capacity is None else int(sheaf_capacity)
     cps = int(np.asarray(structure.cpu_partial_slabs)) if cpu_partial_slabs is None else int(cpu_partial_slabs)
@@ -221,8 +218,8 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
     mp = int(np.asarray(structure.min_partial)) if min_partial is None else int(min_partial)
     fb = profile.memoryless_fallback if memoryless_fallback is None else bool(memoryless_fallback)
     barn_name = profile.barns if barns is None else barns
-    if barn_name not in P.BARN_NODES:
-        raise ValueError(f"barns: {barn_name!r} is not one of {', '.join(P.BARN_NODES)}")
+    if barn_name not in profiles.BARN_NODES:
+        raise ValueError(f"barns: {barn_name!r} is not one of {', '.join(profiles.BARN_NODES)}")
     objs = int(np.asarray(structure.objs_per_slab))
     if objs < 1:
         raise ValueError(f"objs_per_slab: {objs} < 1")
@@ -233,7 +230,7 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
         cpu_partial_slabs=_scalar(cps),
         sheaf_capacity=_scalar(cap),
         cpu_slab=_scalar(1 if cap == 0 else 0),
-        barns=_scalar(P.BARN_NODES.index(barn_name)),
+        barns=_scalar(profiles.BARN_NODES.index(barn_name)),
         remote_free_bypasses_sheaf=_scalar(int(profile.remote_free_bypasses_sheaf)),
         memoryless_cpus_use_sheaves=_scalar(int(profile.memoryless_cpus_use_sheaves)),
         memoryless_fallback=_scalar(int(fb)),
@@ -245,7 +242,7 @@ def config_from(structure, profile: P.KernelProfile, topology: Topology, workloa
         rep_memoryless=np.asarray(lay.memoryless, np.int32),
         node_has_memory=np.asarray(lay.node_has_memory, np.int32),
         node_weight=np.asarray(lay.node_weight, np.float32),
-        workload=W.Workload(*(np.asarray(f, np.int32) for f in wl)),
+        workload=workloads.Workload(*(np.asarray(f, np.int32) for f in wl)),
         ops_per_step=_scalar(b),
     )
 
@@ -322,23 +319,6 @@ def _add(x, idx, v):
     return x + jnp.where(ar == idx, v, 0)
 
 
-def _floordiv(a, b):
-    """floor(a / b) for int32 ``a`` and ``b > 0`` with a quotient below 2**22 in magnitude:
-    a float32 quotient corrected by one integer step, exact, so that XLA emits vector
-    divides instead of one scalar integer division per element (the step's main cost)."""
-    a, b = _i(a), _i(b)
-    x = a.astype(jnp.float32) / b.astype(jnp.float32)
-    t = x.astype(jnp.int32)                        # truncation: a vector convert
-    q = t - _i(x < t.astype(jnp.float32))          # floor(x) (jnp.floor is a libm call)
-    r = a - q * b
-    return q + _i(r >= b) - _i(r < 0)
-
-
-def _cdiv(a, b):
-    """ceil(a / b) for b > 0 (see :func:`_floordiv`)."""
-    return -_floordiv(-_i(a), b)
-
-
 def _cumsum(x, axis=0):
     """Inclusive prefix sums along a short static axis (segments of a step: R reps, 2R
     slab segments, 8 blocks) as a chain of vector adds.  ``jnp.cumsum`` lowers to a
@@ -352,7 +332,7 @@ def _cumsum(x, axis=0):
 
 def _nonempty(slabs, inuse, cap1):
     """Non-empty slabs of a partial list under the packing rule: ceil(inuse / (objs-1))."""
-    return jnp.minimum(slabs, _cdiv(inuse, cap1))
+    return jnp.minimum(slabs, ceil_div(inuse, cap1))
 
 
 def _i(x):
@@ -447,7 +427,7 @@ def _below(cum, n, u, tot, n_max):
     the divide."""
     if n_max == 1:
         return _i(n) * _i(cum > u)
-    return jnp.clip(_cdiv(cum * n - u, tot), 0, n)
+    return jnp.clip(ceil_div(cum * n - u, tot), 0, n)
 
 
 def _systematic(cum, n, u, tot, n_max, axis=0):
@@ -539,8 +519,8 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     swap = (n1 > 0) & (spare_r > 0)
     n2 = n1 - jnp.where(swap, jnp.minimum(n1, spare_r), 0)
     bf = _get(st["barn_full"], own)
-    gb = jnp.where(has_barn, jnp.minimum(_cdiv(n2, capm), bf), 0)
-    rfl = _cdiv(jnp.maximum(n2 - gb * cap, 0), capm)
+    gb = jnp.where(has_barn, jnp.minimum(ceil_div(n2, capm), bf), 0)
+    rfl = ceil_div(jnp.maximum(n2 - gb * cap, 0), capm)
     sh_slow = _i(swap) + gb + rfl
     cx.bump("sheaf_alloc_hit", ns - sh_slow)
     cx.bump("barn_get", gb)
@@ -579,7 +559,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     e_n = S_m - ne_n
     hd_n = U_m - (ne_n - 1) * cap1
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    gend = _cdiv(e_n, G) * G
+    gend = ceil_div(e_n, G) * G
     q1 = jnp.where((e_n > 0) & (gend < S_m), gend - e_n, 0)
     one = objs - cap1
     h_p, h_n = _i(ne_p > 0), _i(ne_n > 0)
@@ -596,7 +576,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     e_before = jnp.sum(jnp.where(at, ecum - bc, 0), axis=0)
     y_last = jnp.sum(jnp.where(at, by, 0), axis=0)
     need = n2 - o_before
-    ev = _cdiv(need, jnp.maximum(y_last, 1))
+    ev = ceil_div(need, jnp.maximum(y_last, 1))
     E = jnp.where(n2 > 0, e_before + ev, 0)
     L = need - (ev - 1) * y_last                       # objects taken from the last slab
     t_p = jnp.minimum(E, ps)
@@ -611,7 +591,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
         return cap1 * jnp.clip(t - e_n, 0, ne_n) - jnp.where(
             (t >= e_n + q1 + 1) & (ne_n > 0), cap1 - hd_n, 0)
 
-    takes = _cdiv(t_n, G)
+    takes = ceil_div(t_n, G)
     gone = jnp.minimum(takes * G, S_m)
     in_node = t_n > 0
     cx.rset("pc_slabs", jnp.where(in_node, gone - t_n, ps - t_p))
@@ -692,7 +672,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     nsh = jnp.sum(jnp.where(sh, k_all, 0), axis=0)
     main_r, spare_r = cx.row("main"), cx.row("spare")
     over = nsh - jnp.minimum(nsh, cap - main_r)
-    O = _cdiv(over, capm)
+    O = ceil_div(over, capm)
     fswap = (O > 0) & (spare_r == 0)
     room = jnp.where(has_barn, jnp.maximum(cfg.barn_max_full - _get(st["barn_full"], own), 0), 0)
     puts = jnp.minimum(O - _i(fswap), room)
@@ -777,7 +757,7 @@ def _part_frees(cx: _Ctx, x, on_cls, from_cls):
     st, cap1, mp = cx.st, cx.d["cap1"], cx.d["min_partial"]
     x = on_cls(x)
     U, S = on_cls(st["part_inuse"]), on_cls(st["part_slabs"])
-    emp = _floordiv(U - 1, cap1) - _floordiv(U - x - 1, cap1)
+    emp = floor_div(U - 1, cap1) - floor_div(U - x - 1, cap1)
     disc = jnp.clip(S - mp + 1, 0, emp)
     st["part_inuse"] = st["part_inuse"] - from_cls(x)
     st["part_slabs"] = st["part_slabs"] - from_cls(disc)
@@ -800,7 +780,7 @@ def _full_to_cpu_partial(cx: _Ctx, m, x):
     cps = _i(cx.d["cps"])
     p, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
     t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
-    D = jnp.where(x >= t1, 1 + _floordiv(x - t1, jnp.maximum(cps, 1)), 0)
+    D = jnp.where(x >= t1, 1 + floor_div(x - t1, jnp.maximum(cps, 1)), 0)
     s1, u1 = p + t1 - 1, pu + (t1 - 1) * (objs - 1)  # the list the first drain moves
     ne1 = _nonempty(s1, u1, cap1)
     e1 = s1 - ne1
@@ -832,7 +812,7 @@ def _bulk_take(cx: _Ctx, m, t):
     U = U + x
     f = jnp.maximum(U - S * (objs - 1), 0)
     rem = t - x
-    g = _cdiv(rem, objs)
+    g = ceil_div(rem, objs)
     last = rem - jnp.maximum(g - 1, 0) * objs
     partial_last = (g > 0) & (last < objs)
     dS = -f + _i(partial_last)
@@ -851,7 +831,7 @@ def _bulk_free(cx: _Ctx, m, k):
     F = _get(st["full_slabs"], m)
     x = jnp.minimum(k, U)
     y = jnp.minimum(k - x, F * objs)
-    g = _cdiv(y, objs)
+    g = ceil_div(y, objs)
     S = _get(st["part_slabs"], m) + g
     U = U - x + g * objs - y
     e = S - _nonempty(S, U, cx.d["cap1"])

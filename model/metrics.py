@@ -26,13 +26,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
-
-from slabtune.model import cost as C
-from slabtune.model import profiles as P
+from slabtune.model import cost, profiles
 
 _F32 = jnp.float32
 #: Orders reported in ``page_allocs_per_kop_by_order`` (0..MAX_PAGE_ORDER).
-N_ORDERS = P.MAX_PAGE_ORDER + 1
+N_ORDERS = profiles.MAX_PAGE_ORDER + 1
 #: Lock kinds, in the order of the lock-class axis (kind-major, then node class).
 LOCK_KINDS = ("list_lock", "barn", "zone")
 
@@ -85,10 +83,10 @@ def per_op(counters, name):
     return _safe_div(getattr(counters, name), counters.ops)
 
 
-def op_rates(counters, sheaf_capacity) -> C.OpRates:
+def op_rates(counters, sheaf_capacity) -> cost.OpRates:
     """Per-op event rates of each rep, in the terms the cost model charges."""
     g = lambda n: per_op(counters, n)  # noqa: E731
-    return C.OpRates(
+    return cost.OpRates(
         alloc_fast=g("alloc_fast"),
         free_fast=g("free_fast"),
         alloc_slow=g("alloc_slow"),
@@ -102,7 +100,7 @@ def op_rates(counters, sheaf_capacity) -> C.OpRates:
     )
 
 
-def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
+def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     """Acquisitions per op of every lock class by every rep, and what each costs to reach.
 
     Lock classes are ``(kind, node class)`` for kind in :data:`LOCK_KINDS` (3N classes):
@@ -139,12 +137,12 @@ def lock_classes(counters, cfg, pcp_max, c: C.CostParams):
                    ("barn_get", "barn_put", "barn_get_fail", "barn_put_fail"))
     barn_acq = barn_ops[:, None] * _f(own)
     page_calls = per_op(counters, "slab_alloc") + per_op(counters, "slab_free")
-    zone_acq = (page_calls * C.zone_lock_per_call(cfg.order, pcp_max, c))[:, None] * _f(mem)
+    zone_acq = (page_calls * cost.zone_lock_per_call(cfg.order, pcp_max, c))[:, None] * _f(mem)
     acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
     remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
     # A critical section moves k lines the previous holder wrote (lock word, list heads,
     # counters, links): k transfers, each local or cross-node like the lock's own line.
-    lines = jnp.repeat(C.lock_line_counts(c), n_nodes)
+    lines = jnp.repeat(cost.lock_line_counts(c), n_nodes)
     line = lines[None, :] * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
     # Sheaf refills and flushes move a sheaf's worth of objects under the list_lock: the
     # mean objects moved per list_lock acquisition of the rep lengthen its hold.
@@ -171,7 +169,7 @@ def memory(counters, cfg, object_size):
     cpus_on = jnp.sum(_f(mem) * w[:, None], axis=0)
     cpu_scale = _safe_div(cpus_on, reps_on)
     node_scale = _f(cfg.node_weight)
-    slab = _f(jnp.left_shift(jnp.asarray(P.PAGE_SIZE, jnp.int32), cfg.order))
+    slab = _f(jnp.left_shift(jnp.asarray(profiles.PAGE_SIZE, jnp.int32), cfg.order))
     size = _f(object_size)
     total_slabs = _f(counters.slabs_total)
     empty = _f(counters.empty_slabs_kept)
@@ -186,7 +184,7 @@ def memory(counters, cfg, object_size):
     return total_b, live_b, inuse_b, empty_b, cpu_partial_b, sheaf_b, barn_b
 
 
-def compute(counters, cfg, c: C.CostParams, *, pcp_max, object_size, steps,
+def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
             other_ns=0.0) -> Metrics:
     """All metrics of one configuration.
 
@@ -203,11 +201,11 @@ def compute(counters, cfg, c: C.CostParams, *, pcp_max, object_size, steps,
     per_kop = lambda x: 1000.0 * _safe_div(wsum(x), wops)  # noqa: E731
 
     rates = op_rates(counters, cfg.sheaf_capacity)
-    alloc_ns = C.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
+    alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
     acq, line, hold, mult = lock_classes(counters, cfg, pcp_max, c)
     duty = ops / jnp.maximum(_f(steps), 1.0)
-    sol = C.solve(alloc_ns + other, acq, hold, line, w, mult, c.rho_max, duty=duty)
+    sol = cost.solve(alloc_ns + other, acq, hold, line, w, mult, c.rho_max, duty=duty)
     alloc_t = sol.t - other
     n_nodes = cfg.node_weight.shape[-1]
     ll_acq = acq[:, :n_nodes]
@@ -233,7 +231,7 @@ def compute(counters, cfg, c: C.CostParams, *, pcp_max, object_size, steps,
         barn_lock_per_kop=per_kop(counters.barn_get + counters.barn_put
                                   + counters.barn_get_fail + counters.barn_put_fail),
         zone_lock_per_kop=1000.0 * _safe_div(
-            jnp.sum(w * ops * zone_calls * C.zone_lock_per_call(cfg.order, pcp_max, c)), wops),
+            jnp.sum(w * ops * zone_calls * cost.zone_lock_per_call(cfg.order, pcp_max, c)), wops),
         list_lock_rho=jnp.max(sol.rho[:n_nodes]),
         barn_lock_rho=jnp.max(sol.rho[n_nodes:2 * n_nodes]),
         zone_lock_rho=jnp.max(sol.rho[2 * n_nodes:]),

@@ -20,12 +20,13 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 from jax import lax
-
-from slabtune.model import profiles as P
+from slabtune.model import profiles as kernel_profiles
+from slabtune.model.constants import STRUCTURE_FIELDS
+from slabtune.model.intmath import floor_div
 
 _I32 = jnp.int32
 #: Orders examined by the vectorised loops (0..MAX_PAGE_ORDER).
-_ORDERS = tuple(range(P.MAX_PAGE_ORDER + 1))
+_ORDERS = tuple(range(kernel_profiles.MAX_PAGE_ORDER + 1))
 #: Largest order for which PAGE_SIZE << order still fits comfortably in int32.
 _SAFE_ORDER = 18
 #: All fractions any era tries, loosest last; a profile uses a prefix.
@@ -66,15 +67,15 @@ class ProfileArrays(NamedTuple):
     memoryless_fallback: jnp.ndarray
 
 
-def profile_arrays(p: P.KernelProfile) -> ProfileArrays:
+def profile_arrays(p: kernel_profiles.KernelProfile) -> ProfileArrays:
     """Encode one profile as scalar int32 arrays."""
     cpp = p.cpu_partial_objects or (0, 0, 0, 0)
     fr = tuple(p.fractions)
     if fr != _ALL_FRACTIONS[: len(fr)]:
         raise ValueError(f"profile {p.name}: fractions must be a prefix of {_ALL_FRACTIONS}")
     vals = dict(
-        nr_cpus_rule=P.NR_CPUS_RULES.index(p.nr_cpus_rule),
-        order_loop=P.ORDER_LOOPS.index(p.order_loop),
+        nr_cpus_rule=kernel_profiles.NR_CPUS_RULES.index(p.nr_cpus_rule),
+        order_loop=kernel_profiles.ORDER_LOOPS.index(p.order_loop),
         n_fractions=len(fr),
         cap_min_objects=int(p.cap_min_objects),
         cap_at_least_one=int(p.cap_at_least_one),
@@ -87,13 +88,13 @@ def profile_arrays(p: P.KernelProfile) -> ProfileArrays:
         cpu_partial_1k=cpp[1],
         cpu_partial_256=cpp[2],
         cpu_partial_small=cpp[3],
-        sheaf_mode=P.SHEAF_MODES.index(p.sheaves),
+        sheaf_mode=kernel_profiles.SHEAF_MODES.index(p.sheaves),
         sheaf_page=p.sheaf_base_capacity[0],
         sheaf_1k=p.sheaf_base_capacity[1],
         sheaf_256=p.sheaf_base_capacity[2],
         sheaf_small=p.sheaf_base_capacity[3],
         sheaves_on_kmalloc=int(p.sheaves_on_kmalloc),
-        barns=P.BARN_NODES.index(p.barns),
+        barns=kernel_profiles.BARN_NODES.index(p.barns),
         remote_free_bypasses_sheaf=int(p.remote_free_bypasses_sheaf),
         memoryless_cpus_use_sheaves=int(p.memoryless_cpus_use_sheaves),
         memoryless_fallback=int(p.memoryless_fallback),
@@ -129,13 +130,13 @@ def ilog2(x):
 def get_order(n):
     """get_order(n): smallest order with PAGE_SIZE << order >= n (for n >= 1)."""
     n = jnp.asarray(n, _I32)
-    return jnp.maximum(fls(n - 1) - P.PAGE_SHIFT, 0).astype(_I32)
+    return jnp.maximum(fls(n - 1) - kernel_profiles.PAGE_SHIFT, 0).astype(_I32)
 
 
 def slab_bytes(order):
     """Bytes in a slab of ``order`` (PAGE_SIZE << order), orders clipped to stay in int32."""
     order = jnp.clip(jnp.asarray(order, _I32), 0, _SAFE_ORDER)
-    return jnp.left_shift(jnp.asarray(P.PAGE_SIZE, _I32), order)
+    return jnp.left_shift(jnp.asarray(kernel_profiles.PAGE_SIZE, _I32), order)
 
 
 def order_objects(order, size):
@@ -208,7 +209,7 @@ def _order_table(size) -> _OrderTable:
     objs = []
     fits = [jnp.zeros(size.shape, _I32) for _ in _ALL_FRACTIONS]
     for o in _ORDERS:
-        slab = P.PAGE_SIZE << o
+        slab = kernel_profiles.PAGE_SIZE << o
         n = jnp.floor(recip * jnp.float32(slab)).astype(_I32)
         rem = slab - n * size
         n = n - (rem < 0).astype(_I32) + (rem >= size).astype(_I32)
@@ -283,7 +284,7 @@ def _cap_min_objects(target, cap, p: ProfileArrays):
     return jnp.where(p.cap_min_objects == 1, jnp.minimum(target, cap), target).astype(_I32)
 
 
-def min_objects_target(size, nr_cpus, p: ProfileArrays, max_order=P.DEFAULT_MAX_ORDER,
+def min_objects_target(size, nr_cpus, p: ProfileArrays, max_order=kernel_profiles.DEFAULT_MAX_ORDER,
                        min_objects=0):
     """The min_objects ``calculate_order`` starts from.
 
@@ -343,7 +344,7 @@ def _target_and_order(size, nr_cpus, p: ProfileArrays, min_order, max_order, min
     return target, _calculate_order(t, size, target, p, min_order, max_order)
 
 
-def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=P.DEFAULT_MAX_ORDER,
+def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=kernel_profiles.DEFAULT_MAX_ORDER,
                min_objects=0):
     """calculate_order(): the page order of a cache's slabs.
 
@@ -368,27 +369,13 @@ def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=P.DEFAULT
     return _target_and_order(size, nr_cpus, p, min_order, max_order, min_objects)[1]
 
 
-def _float_floor_div(a, b):
-    """a // b for a >= 0, b >= 1 through a float32 quotient and a one-step correction
-    (x86 has no vector integer divide).
-
-    Exact whenever the float quotient lies within one of the true one: for every a < 2^24
-    (see :func:`_order_table`), and for a power of two a <= 2^30 while a / b < 2^24.
-    """
-    a = jnp.asarray(a, _I32)
-    b = jnp.asarray(b, _I32)
-    q = jnp.floor(a.astype(jnp.float32) / b.astype(jnp.float32)).astype(_I32)
-    r = a - q * b
-    return q - (r < 0).astype(_I32) + (r >= b).astype(_I32)
-
-
 def objects_per_slab(size, order, p: ProfileArrays):
     """oo_objects(s->oo): objects in one slab, at most MAX_OBJS_PER_PAGE.
 
     The count is exact wherever it is below 2^24, far above any MAX_OBJS_PER_PAGE, so the
     capped result is exact for every order up to the clip of :func:`slab_bytes`.
     """
-    objs = _float_floor_div(slab_bytes(order), size)
+    objs = floor_div(slab_bytes(order), size)
     return jnp.minimum(objs, p.max_objs_per_slab).astype(_I32)
 
 
@@ -407,13 +394,13 @@ def min_partial(size, p: ProfileArrays):
     slub-dynamic-min-partial-2008, which clamped ilog2(size) to [MIN_PARTIAL, MAX_PARTIAL] =
     [5, 10]); current kernels clamp ilog2(size) / 2 to [5, 10]; v2.6.27 kept a static 5.
     """
-    raw = _float_floor_div(ilog2(size), p.min_partial_divisor)  # ilog2 < 2^24: exact
+    raw = floor_div(ilog2(size), p.min_partial_divisor)  # ilog2 < 2^24: exact
     return jnp.clip(raw, p.min_partial_lo, p.min_partial_hi).astype(_I32)
 
 
 def _by_size_class(size, page, k1, b256, small):
     size = jnp.asarray(size, _I32)
-    return jnp.where(size >= P.PAGE_SIZE, page,
+    return jnp.where(size >= kernel_profiles.PAGE_SIZE, page,
                      jnp.where(size >= 1024, k1, jnp.where(size >= 256, b256, small))).astype(_I32)
 
 
@@ -436,7 +423,7 @@ def cpu_partial_slabs(size, objs_per_slab, p: ProfileArrays):
     objs = cpu_partial_objects(size, p)
     per = jnp.maximum(jnp.asarray(objs_per_slab, _I32), 1)
     # 2 * 120 + 65535 < 2^24: the float quotient is exact here.
-    return _float_floor_div(2 * objs + per - 1, per).astype(_I32)
+    return floor_div(2 * objs + per - 1, per).astype(_I32)
 
 
 # --------------------------------------------------------------------------- sheaves
@@ -460,8 +447,8 @@ def round_sheaf_capacity(capacity):
     fills its kmalloc bucket: a sheaf of 26 objects takes 240 bytes, lands in kmalloc-256,
     and so holds 28."""
     capacity = jnp.asarray(capacity, _I32)
-    bucket = kmalloc_size_roundup(P.SHEAF_HEADER_BYTES + P.POINTER_BYTES * capacity)
-    return ((bucket - P.SHEAF_HEADER_BYTES) // P.POINTER_BYTES).astype(_I32)
+    bucket = kmalloc_size_roundup(kernel_profiles.SHEAF_HEADER_BYTES + kernel_profiles.POINTER_BYTES * capacity)
+    return ((bucket - kernel_profiles.SHEAF_HEADER_BYTES) // kernel_profiles.POINTER_BYTES).astype(_I32)
 
 
 def default_sheaf_capacity(size, p: ProfileArrays):
@@ -507,8 +494,12 @@ class Structure(NamedTuple):
     sheaf_capacity: jnp.ndarray
 
 
+if Structure._fields != STRUCTURE_FIELDS:  # one list of the fields, model/constants.py
+    raise ImportError("model/constants.py STRUCTURE_FIELDS differs from policy.Structure")
+
+
 def structure(size, possible, present, online, p: ProfileArrays, min_order=0,
-              max_order=P.DEFAULT_MAX_ORDER, min_objects=0, early=False, is_kmalloc=False,
+              max_order=kernel_profiles.DEFAULT_MAX_ORDER, min_objects=0, early=False, is_kmalloc=False,
               is_bootstrap=False, explicit_sheaf=0) -> Structure:
     """Every structural field of a cache, broadcasting all arguments together."""
     nr = order_nr_cpus(possible, present, online, p, early)

@@ -12,9 +12,16 @@ the one-event rules: the equality is what checks the closed forms.
 from __future__ import annotations
 
 import numpy as np
-
-from slabtune.model.dynamics import (COUNTER_FIELDS, BARNS_ALL, BARNS_MEMORY, GAUGE_SHIFT, K,
-                                     N, R, SimConfig)
+from slabtune.model.dynamics import (
+    BARNS_ALL,
+    BARNS_MEMORY,
+    COUNTER_FIELDS,
+    GAUGE_SHIFT,
+    K,
+    N,
+    R,
+    SimConfig,
+)
 from slabtune.model.workloads import PROB_ONE
 
 

@@ -74,7 +74,7 @@ HACKBENCH_MESSAGES = HACKBENCH_GROUPS * HACKBENCH_FDS * HACKBENCH_FDS * HACKBENC
 #: Allocator ops per message in the modelled cache: one kmalloc-512 skb data alloc by the
 #: sender and its free by the receiver (skbuff_head_cache is not modelled).
 HACKBENCH_OPS_PER_MESSAGE = 2
-#: Allocator ns per op of the v5.10@224 arm under slabtune.tuner.fitcost.PRIOR with the
+#: Allocator ns per op of the v5.10@224 arm under slabtune.model.priors.PRIOR with the
 #: derived work (model output, rounded; 3% of the CPU time per op).
 HACKBENCH_ALLOCATOR_NS = 45.0
 _HB_CPU_NS = cpu_ns_per_op(224, 3.173, HACKBENCH_MESSAGES, HACKBENCH_OPS_PER_MESSAGE)
@@ -202,7 +202,7 @@ def _block_io(profile: str, **patch) -> dict[str, Any]:
 #: its free on the completing CPU (bio-248 only; no other cache of the I/O path is
 #: modelled).
 BLOCK_IO_OPS_PER_IO = 2
-#: Allocator ns per op of the v6.19 arm under slabtune.tuner.fitcost.PRIOR (model output,
+#: Allocator ns per op of the v6.19 arm under slabtune.model.priors.PRIOR (model output,
 #: rounded; 5% of the CPU time per op).
 BLOCK_IO_ALLOCATOR_NS = 100.0
 _BIO_CPU_NS = cpu_ns_per_op(128, 1.0, 34.0e6, BLOCK_IO_OPS_PER_IO)

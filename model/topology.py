@@ -1,7 +1,7 @@
 """Machine topologies: CPU counts, NUMA nodes, which nodes have memory and which have CPUs.
 
 A :class:`Topology` is plain data (the model never reads files; reading the host's
-``/sys/devices/system`` lives in :mod:`slabtune.tuner.host`).  It mirrors the kernel's
+``/sys/devices/system`` lives in :mod:`slabtune.kernel.host`).  It mirrors the kernel's
 masks: ``cpu_possible_mask`` (nr_cpu_ids), ``cpu_present_mask``, ``cpu_online_mask``, and
 the node states N_MEMORY and N_CPU.
 """

@@ -33,7 +33,6 @@ import inspect
 from typing import NamedTuple
 
 import numpy as np
-
 from slabtune.model.topology import Topology
 
 #: Representative CPUs per configuration.

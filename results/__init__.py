@@ -1,7 +1,7 @@
 """slabtune.results: the results store (parquet parts + manifest), queries and charts.
 
 The store's API is re-exported lazily so that importing a light submodule (e.g.
-``slabtune.results.snapshot``) does not import polars::
+``slabtune.kernel.snapshot``) does not import polars::
 
     from slabtune.results import open_run
     lf = open_run("runs/quick-...").scan()      # a polars LazyFrame

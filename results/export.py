@@ -14,9 +14,9 @@ import dataclasses
 import json
 from typing import Mapping
 
+from slabtune.model import bootparams, profiles
+
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams as BP
-from slabtune.model import profiles as P
 
 FORMATS = ("cmdline", "grub", "tmpfiles", "json")
 SYSFS_ROOT = "/sys/kernel/slab"
@@ -36,12 +36,12 @@ class KernelChange:
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate:
+class ExportedPolicy:
     """Everything an export needs about one trial, as plain data."""
 
     study: str
     trial: int
-    profile: P.KernelProfile
+    profile: profiles.KernelProfile
     memory: float
     time: float
     baseline: Mapping[str, float]
@@ -55,11 +55,11 @@ class Candidate:
     params: Mapping[str, int]
 
 
-def boot_fragment(c: Candidate, prefix: str | None = None) -> str:
+def boot_fragment(c: ExportedPolicy, prefix: str | None = None) -> str:
     """The command-line fragment: validated against the profile's allow-list and ranges,
     spelled ``slab_*`` where the profile accepts it (v6.8 on), else ``slub_*``."""
-    validated = BP.validate_params(dict(c.boot), c.profile)
-    return BP.render(validated, c.profile, prefix)
+    validated = bootparams.validate_params(dict(c.boot), c.profile)
+    return bootparams.render(validated, c.profile, prefix)
 
 
 def _sysfs_attr_ok(name: str) -> bool:
@@ -67,7 +67,7 @@ def _sysfs_attr_ok(name: str) -> bool:
         and not any(ch.isspace() for ch in name)
 
 
-def tmpfiles_lines(c: Candidate) -> list[str]:
+def tmpfiles_lines(c: ExportedPolicy) -> list[str]:
     """``w`` lines of tmpfiles.d(5) writing each changed attribute under /sys/kernel/slab."""
     lines = []
     for cache in sorted(c.sysfs):
@@ -83,7 +83,7 @@ def tmpfiles_lines(c: Candidate) -> list[str]:
     return lines
 
 
-def _header(c: Candidate, comment: str = "#") -> list[str]:
+def _header(c: ExportedPolicy, comment: str = "#") -> list[str]:
     out = [f"{comment} slabtune: study {c.study}, trial {c.trial}, kernel profile {c.profile.name}",
            f"{comment} modelled fleet memory overhead {c.memory:.4f} (baseline "
            f"{c.baseline['memory']:.4f}), time {c.time:.2f} ns/op (baseline {c.baseline['time']:.2f})"]
@@ -93,13 +93,13 @@ def _header(c: Candidate, comment: str = "#") -> list[str]:
     return out
 
 
-def kernel_change_notes(c: Candidate) -> list[str]:
+def kernel_change_notes(c: ExportedPolicy) -> list[str]:
     """One line per knob that only a kernel change applies."""
     return [f"note: {k.knob}={k.value} needs a kernel change (default {k.baseline}): {k.doc}"
             for k in c.kernel_change]
 
 
-def render(c: Candidate, fmt: str, prefix: str | None = None) -> str:
+def render(c: ExportedPolicy, fmt: str, prefix: str | None = None) -> str:
     """The exported text in format ``fmt`` (cmdline, grub, tmpfiles or json)."""
     if fmt == "cmdline":
         return boot_fragment(c, prefix) + "\n"
@@ -128,7 +128,7 @@ def render(c: Candidate, fmt: str, prefix: str | None = None) -> str:
     raise SlabtuneError(f"format: {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
-def report(c: Candidate, prefix: str | None = None) -> dict:
+def report(c: ExportedPolicy, prefix: str | None = None) -> dict:
     """The JSON report: objectives, what to apply where, and expected gains per topology."""
     return {
         "study": c.study,
@@ -138,7 +138,7 @@ def report(c: Candidate, prefix: str | None = None) -> dict:
         "baseline": {"memory": float(c.baseline["memory"]), "time": float(c.baseline["time"])},
         "params": dict(c.params),
         "cmdline": boot_fragment(c, prefix),
-        "boot_params": dict(BP.validate_params(dict(c.boot), c.profile)),
+        "boot_params": dict(bootparams.validate_params(dict(c.boot), c.profile)),
         "sysfs": {cache: dict(v) for cache, v in c.sysfs.items()},
         "kernel_change": [dataclasses.asdict(k) for k in c.kernel_change],
         "gains": {t: dict(g) for t, g in c.gains.items()},

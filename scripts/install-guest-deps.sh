@@ -3,7 +3,7 @@
 #   * qemu-system-x86 (installed with apt-get),
 #   * a Debian cloud kernel image and a static busybox, unpacked from their .deb files into a
 #     cache directory (never installed into /boot),
-#   * the static guest workload (native/workload.c built with gcc -static).
+#   * the static guest workload (native/workload.c built with gcc -static into $cache/build).
 # Idempotent: a second run finds everything in place and only prints the paths.
 #
 # Usage: scripts/install-guest-deps.sh [--with-6.12] [--cache DIR]
@@ -90,8 +90,9 @@ fetch_unpack busybox-static
 busybox="$cache/busybox-static/bin/busybox"
 [ -x "$busybox" ] || { log "no static busybox in busybox-static"; exit 1; }
 
-make -s -C "$repo/native" workload >/dev/null
-workload="$repo/native/build/workload"
+# The same place slabtune.native.build_dir() builds into.
+make -s -C "$repo/native" BUILD="$cache/build" workload >/dev/null
+workload="$cache/build/workload"
 
 # Stable names the Python side looks for first.
 ln -sfn "${kernels[0]}" "$cache/bzImage"

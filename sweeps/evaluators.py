@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import functools
 import os
-from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from slabtune.model import caches as C
-from slabtune.model import profiles as P
+from slabtune.model import caches, constants, profiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from slabtune.sweeps.grid import Chunk
     from slabtune.sweeps.spec import AxisDef, SweepSpec
 
 #: Structure fields, in the order the structural evaluator emits them.
-STRUCTURE_FIELDS = ("nr_cpus", "min_objects", "order", "objs_per_slab", "leftover",
-                    "min_partial", "cpu_partial", "cpu_partial_slabs", "sheaf_capacity")
+STRUCTURE_FIELDS = constants.STRUCTURE_FIELDS
 
 
 class Evaluator:
@@ -66,7 +62,7 @@ def cache_inputs(spec: "SweepSpec", cols: dict) -> dict[str, np.ndarray]:
     capacity, from a ``cache`` axis (looked up in model.caches) or a ``size`` axis (an
     anonymous cache created after SMP bring-up)."""
     if "cache" in cols:
-        infos = [C.get_cache(n) for n in spec.axis("cache").values]
+        infos = [caches.get_cache(n) for n in spec.axis("cache").values]
         code = cols["cache"]
 
         def lut(f):
@@ -95,7 +91,7 @@ def topology_inputs(cols: dict) -> dict[str, np.ndarray]:
 
 def profile_index(spec: "SweepSpec", cols: dict) -> np.ndarray:
     """Index of each row's profile in :data:`profiles.PROFILES` (the stacking order)."""
-    order = list(P.PROFILES)
+    order = list(profiles.PROFILES)
     lut = np.asarray([order.index(n) for n in spec.axis("profile").values], np.int32)
     return lut[cols["profile"]]
 
@@ -133,13 +129,12 @@ def configure_jax() -> None:
 def _stacked_profiles():
     from slabtune.model import policy
 
-    return policy.stack_profiles(list(P.PROFILES.values()))
+    return policy.stack_profiles(list(profiles.PROFILES.values()))
 
 
 @functools.lru_cache(maxsize=1)
 def _structural_fn():
     import jax
-
     from slabtune.model import policy
 
     configure_jax()
@@ -222,19 +217,19 @@ class Dynamics(Evaluator):
     uses_steps = True
 
     def metrics(self):
-        from slabtune.model import metrics as M
+        from slabtune.model import metrics as model_metrics
 
-        return ("slab_size",) + STRUCTURE_FIELDS + tuple(M.SCALAR_METRICS)
+        return ("slab_size",) + STRUCTURE_FIELDS + tuple(model_metrics.SCALAR_METRICS)
 
     def metric_dtype(self, name):
         return "int32" if name == "slab_size" or name in STRUCTURE_FIELDS else "float32"
 
     def extra_axes(self):
-        from slabtune.model import workloads as W
+        from slabtune.model import workloads
         from slabtune.sweeps.spec import AxisDef, ChoiceAxis
 
         axes = {"workload": ChoiceAxis("workload", str, default=None, doc="workload kind",
-                                       values=tuple(W.BUILDERS))}
+                                       values=tuple(workloads.BUILDERS))}
         for name, (lo, hi) in _PARAM_BOUNDS.items():
             axes[name] = AxisDef("workload", int, lo, hi, None, f"workload parameter {name}")
         return axes
@@ -246,7 +241,7 @@ class Dynamics(Evaluator):
         """Build every (topology, workload) combination of the grid once, so that a
         workload a topology cannot run (e.g. producer_consumer on one CPU) fails at load
         time naming the axes, not in a Ray task."""
-        from slabtune.sweeps import grid as G
+        from slabtune.sweeps import grid
         from slabtune.sweeps.spec import SpecError
 
         keys = [a.name for a in spec.axes if a.name in (
@@ -263,9 +258,9 @@ class Dynamics(Evaluator):
         for values in itertools.product(*(spec.axis(k).values for k in keys)):
             row = {**defaults, **dict(zip(keys, values))}
             cols = {k: np.asarray([v]) for k, v in row.items() if not isinstance(v, str)}
-            if G.impossible_topology(cols)[0]:
+            if grid.impossible_topology(cols)[0]:
                 continue
-            row["cpus"] = int(G.present_cpus(cols)[0])
+            row["cpus"] = int(grid.present_cpus(cols)[0])
             try:
                 _build_workload(row)
             except ValueError as err:
@@ -274,11 +269,9 @@ class Dynamics(Evaluator):
                                 f"these combinations with [[exclude]])") from None
 
     def evaluate(self, spec, chunk):
-        import jax
 
-        from slabtune.model import cost as CO
-        from slabtune.model import dynamics as D
-        from slabtune.model import policy
+        from slabtune.model import cost as cost_model
+        from slabtune.model import dynamics, policy
 
         cols = chunk.columns
         n = len(chunk.keep)
@@ -308,13 +301,13 @@ class Dynamics(Evaluator):
                 built[key] = _build_workload(row)
             t, wl = built[key]
             s_r = policy.Structure(*(st[f][r] for f in STRUCTURE_FIELDS))
-            cfgs.append(D.config_from(s_r, P.get_profile(prof_names[cols["profile"][r]]), t, wl,
+            cfgs.append(dynamics.config_from(s_r, profiles.get_profile(prof_names[cols["profile"][r]]), t, wl,
                                       ops_per_step=spec.ops_per_step))
-        stacked = D.stack_configs(cfgs)
-        pcp = np.asarray([CO.pcp_max_order(P.get_profile(p).version) for p in prof_names],
+        stacked = dynamics.stack_configs(cfgs)
+        pcp = np.asarray([cost_model.pcp_max_order(profiles.get_profile(p).version) for p in prof_names],
                          np.int32)[cols["profile"][rows]]
         index = (chunk.start + rows).astype(np.uint32)
-        out = _dynamics_fn(spec.steps, D.run_bound(stacked))(np.uint32(spec.seed), index, stacked, _default_cost(),
+        out = _dynamics_fn(spec.steps, dynamics.run_bound(stacked))(np.uint32(spec.seed), index, stacked, _default_cost(),
                                         pcp, object_size[rows].astype(np.float32))
         met = out._asdict()
         for m in names:
@@ -325,7 +318,7 @@ class Dynamics(Evaluator):
 def _object_sizes(spec, cols) -> np.ndarray:
     """Bytes of one object per row (live bytes), from the cache table or the size axis."""
     if "cache" in cols:
-        lut = np.asarray([C.get_cache(n).object_size for n in spec.axis("cache").values])
+        lut = np.asarray([caches.get_cache(n).object_size for n in spec.axis("cache").values])
         return lut[cols["cache"]]
     return cols["size"]
 
@@ -334,7 +327,7 @@ def _build_workload(row: dict):
     """(Topology, (Workload, RepLayout)) of one row: a uniform topology whose
     highest-numbered ``memoryless_nodes`` nodes have no memory, and the workload kind built
     on it with the parameters the row sets (those the kind takes)."""
-    from slabtune.model import workloads as W
+    from slabtune.model import workloads
     from slabtune.model.topology import Topology
 
     nodes = row.get("nodes") or 1
@@ -343,22 +336,21 @@ def _build_workload(row: dict):
     t = Topology.uniform(cpus, nodes, memoryless_nodes=memoryless_node_ids(nodes, ml),
                          possible=max(row.get("possible") or 0, cpus))
     kind = row["workload"]
-    accepted = W.spec_params(kind)
+    accepted = workloads.spec_params(kind)
     params = {}
     for axis, (param, div) in WORKLOAD_PARAMS.items():
         v = row.get(axis)
         if v is None or param not in accepted:
             continue
         params[param] = bool(v) if param == "completion_remote" else (v / div if div > 1 else v)
-    return t, W.build(kind, t, **params)
+    return t, workloads.build(kind, t, **params)
 
 
 @functools.lru_cache(maxsize=1)
 def _default_cost():
-    from slabtune.model import cost as CO
+    from slabtune.sweeps import simconfig
 
-    text = resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
-    return CO.parse_cost_toml(text, "cost_default.toml")[0]
+    return simconfig.load_cost()[0]
 
 
 @functools.lru_cache(maxsize=8)
@@ -366,17 +358,16 @@ def _dynamics_fn(steps: int, max_run: int):
     """The jitted dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static
     run bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick)."""
     import jax
-
-    from slabtune.model import dynamics as D
-    from slabtune.model import metrics as M
+    from slabtune.model import dynamics
+    from slabtune.model import metrics as model_metrics
 
     configure_jax()
 
     def run(seed, index, cfgs, cost, pcp, object_size):
         base = jax.random.key(seed)
         keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
-        counters = D.simulate_batch(keys, cfgs, steps, max_run)
-        return jax.vmap(lambda cnt, cfg, pm, osz: M.compute(
+        counters = dynamics.simulate_batch(keys, cfgs, steps, max_run)
+        return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
             cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
                 counters, cfgs, pcp, object_size)
 

@@ -7,7 +7,7 @@ The file has five tables::
     [cache]     name = "kmalloc-512" | "maple_node" | ...   or   size = <stride in bytes>
     [policy]    profile = "v7.0"
     [policy.params]  boot parameters (slub_min_order, slub_max_order, slub_min_objects and
-                the slab_* spellings the profile accepts) and knobs (KNOBS below)
+                the slab_* spellings the profile accepts) and knobs (SIM_KNOBS below)
     [workload]  kind = "local" | "producer_consumer" | "request_response" | "block_io",
                 other_ns (the workload's own work per allocator op), and the parameters
                 of that kind's constructor in slabtune.model.workloads
@@ -27,16 +27,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from slabtune.model import bootparams, caches, cost, profiles
+from slabtune.model import topology as topologies
+from slabtune.model.constants import MAX_OPS_PER_STEP
+
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams, caches
-from slabtune.model import cost as C
-from slabtune.model import profiles as P
-from slabtune.model import topology as T
 
 WORKLOAD_KINDS: tuple[str, ...] = ("local", "producer_consumer", "request_response", "block_io")
 
 #: Knobs of [policy.params] beyond boot parameters: name -> (type, doc).
-KNOBS: dict[str, tuple[type, str]] = {
+SIM_KNOBS: dict[str, tuple[type, str]] = {
     "memoryless_fallback": (bool, "numa_mem_id()-style fix: CPUs on memoryless nodes treat "
                                   "their nearest memory node as local (default per profile)"),
     "min_partial": (int, "override of /sys/kernel/slab/<cache>/min_partial"),
@@ -50,7 +50,6 @@ KNOBS: dict[str, tuple[type, str]] = {
 _TOP_TABLES = ("topology", "cache", "policy", "workload", "run")
 _TOPOLOGY_KEYS = ("cpus", "nodes", "memoryless_nodes", "node_cpus", "possible", "online")
 _MAX_STEPS = 10_000_000
-_MAX_OPS_PER_STEP = 1024   # slabtune.model.dynamics.MAX_OPS_PER_STEP (not imported: no JAX here)
 
 
 class ConfigError(SlabtuneError):
@@ -61,9 +60,9 @@ class ConfigError(SlabtuneError):
 class SimSpec:
     """A validated simulation configuration (plain Python data)."""
 
-    topology: T.Topology
+    topology: topologies.Topology
     cache: caches.CacheInfo
-    profile: P.KernelProfile
+    profile: profiles.KernelProfile
     boot: bootparams.SlubParams
     boot_given: dict[str, int]
     knobs: dict[str, Any]
@@ -174,13 +173,13 @@ def _bool(where: str, val) -> bool:
 # --------------------------------------------------------------------------- sections
 
 
-def parse_topology(tab: dict) -> T.Topology:
+def parse_topology(tab: dict) -> topologies.Topology:
     """[topology] -> Topology; CPU counts must add up and named nodes must exist."""
     _no_unknown(tab, "topology", _TOPOLOGY_KEYS)
     if "cpus" not in tab:
         raise ConfigError("topology.cpus: missing")
-    cpus = _int("topology.cpus", tab["cpus"], 1, T.MAX_CPUS)
-    nodes = _int("topology.nodes", tab.get("nodes", 1), 1, T.MAX_NODES)
+    cpus = _int("topology.cpus", tab["cpus"], 1, topologies.MAX_CPUS)
+    nodes = _int("topology.nodes", tab.get("nodes", 1), 1, topologies.MAX_NODES)
     ml = tab.get("memoryless_nodes", [])
     if not isinstance(ml, list):
         raise ConfigError("topology.memoryless_nodes: must be a list of node ids")
@@ -197,13 +196,13 @@ def parse_topology(tab: dict) -> T.Topology:
     possible = tab.get("possible")
     online = tab.get("online")
     if possible is not None:
-        possible = _int("topology.possible", possible, cpus, T.MAX_CPUS)
+        possible = _int("topology.possible", possible, cpus, topologies.MAX_CPUS)
     if online is not None:
         online = _int("topology.online", online, 1, cpus)
     try:
-        return T.Topology.uniform(cpus, nodes, memoryless_nodes=ml, possible=possible,
+        return topologies.Topology.uniform(cpus, nodes, memoryless_nodes=ml, possible=possible,
                                   online=online, node_cpus=node_cpus)
-    except T.TopologyError as err:
+    except topologies.TopologyError as err:
         raise ConfigError(f"topology.{err}") from None
 
 
@@ -222,7 +221,7 @@ def parse_cache(tab: dict) -> caches.CacheInfo:
         raise ConfigError(str(err)) from None
 
 
-def apply_knobs(profile: P.KernelProfile, knobs: dict[str, Any]) -> P.KernelProfile:
+def apply_knobs(profile: profiles.KernelProfile, knobs: dict[str, Any]) -> profiles.KernelProfile:
     """A profile with the profile-level knobs applied (data, not branches)."""
     out = profile
     if "memoryless_fallback" in knobs:
@@ -243,8 +242,8 @@ def parse_policy(tab: dict, cache: caches.CacheInfo):
     if not isinstance(tab["profile"], str):
         raise ConfigError(f"policy.profile: {tab['profile']!r} is not a string")
     try:
-        profile = P.get_profile(tab["profile"])
-    except P.UnknownProfileError as err:
+        profile = profiles.get_profile(tab["profile"])
+    except profiles.UnknownProfileError as err:
         raise ConfigError(f"policy.profile: {err}") from None
     params = tab.get("params", {})
     if not isinstance(params, dict):
@@ -253,13 +252,13 @@ def parse_policy(tab: dict, cache: caches.CacheInfo):
     names = bootparams.allowed_names(profile)
     for key, val in params.items():
         where = f"policy.params.{key}"
-        if key in KNOBS:
-            typ = KNOBS[key][0]
+        if key in SIM_KNOBS:
+            typ = SIM_KNOBS[key][0]
             knobs[key] = _bool(where, val) if typ is bool else _int(where, val, 0)
         elif key in names:
             boot_raw[key] = _int(where, val)
         else:
-            allowed = ", ".join(list(names) + list(KNOBS))
+            allowed = ", ".join(list(names) + list(SIM_KNOBS))
             raise ConfigError(f"{where}: unknown key (allowed: {allowed})")
     try:
         given = bootparams.validate_params(boot_raw, profile)
@@ -285,9 +284,9 @@ def parse_policy(tab: dict, cache: caches.CacheInfo):
 
 def workload_param_names(kind: str) -> tuple[str, ...]:
     """Parameter names the constructor of a workload kind accepts from a config file."""
-    from slabtune.model import workloads as W  # the dynamics core's constructors
+    from slabtune.model import workloads  # the dynamics core's constructors
 
-    return tuple(W.spec_params(kind))
+    return tuple(workloads.spec_params(kind))
 
 
 def parse_workload(tab: dict) -> tuple[str, dict[str, Any], float]:
@@ -320,7 +319,7 @@ def parse_run(tab: dict) -> tuple[int, int, int]:
     _no_unknown(tab, "run", ("steps", "seed", "ops_per_step"))
     steps = _int("run.steps", tab.get("steps", 2000), 1, _MAX_STEPS)
     seed = _int("run.seed", tab.get("seed", 0), 0, (1 << 32) - 1)
-    b = _int("run.ops_per_step", tab.get("ops_per_step", 1), 1, _MAX_OPS_PER_STEP)
+    b = _int("run.ops_per_step", tab.get("ops_per_step", 1), 1, MAX_OPS_PER_STEP)
     return steps, seed, b
 
 
@@ -359,21 +358,21 @@ def default_cost_text() -> str:
     return importlib.resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
 
 
-def load_cost(path: str | Path | None = None) -> tuple[C.CostParams, C.CostMeta]:
+def load_cost(path: str | Path | None = None) -> tuple[cost.CostParams, cost.CostMeta]:
     """Cost constants: the packaged defaults, overridden by the constants a file names."""
     if path is None:
-        return C.parse_cost_toml(default_cost_text(), "cost_default.toml")
+        return cost.parse_cost_toml(default_cost_text(), "cost_default.toml")
     p = Path(path)
     return load_cost_text(p.read_text(), str(p))
 
 
-def load_cost_text(text: str, source: str) -> tuple[C.CostParams, C.CostMeta]:
+def load_cost_text(text: str, source: str) -> tuple[cost.CostParams, cost.CostMeta]:
     """The packaged defaults overridden by the constants of a cost file's ``text`` (read
     from ``source``, which errors name with the constant)."""
-    base, meta = C.parse_cost_toml(default_cost_text(), "cost_default.toml")
+    base, meta = cost.parse_cost_toml(default_cost_text(), "cost_default.toml")
     try:
-        params, file_meta = C.parse_cost_toml(text, source, base=base)
-    except C.CostError as err:
+        params, file_meta = cost.parse_cost_toml(text, source, base=base)
+    except cost.CostError as err:
         raise ConfigError(f"{source}: {err}") from None
     # Defaults the file does not override keep their "fitted" note; the file's own notes
     # are added.
@@ -384,4 +383,4 @@ def load_cost_text(text: str, source: str) -> tuple[C.CostParams, C.CostMeta]:
         if ref and ref not in fitted:
             fitted[k] = meta.fitted.get(ref, v)
     fitted.update(file_meta.fitted)
-    return params, C.CostMeta(f"{source} over cost_default.toml", fitted)
+    return params, cost.CostMeta(f"{source} over cost_default.toml", fitted)

@@ -59,10 +59,11 @@ import tomllib
 from importlib import resources
 from typing import Any
 
-from slabtune.errors import SlabtuneError
-from slabtune.model import caches as C
-from slabtune.model import profiles as P
+from slabtune.model import caches, profiles
+from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.topology import MAX_CPUS, MAX_NODES
+
+from slabtune.errors import SlabtuneError
 
 #: Spec sections whose keys are axes, in grid order.
 AXIS_SECTIONS: tuple[str, ...] = ("topology", "cache", "kernel", "boot", "policy", "workload")
@@ -75,8 +76,6 @@ MAX_CHUNK = 1 << 22
 #: Simulated steps per configuration of a dynamics sweep ([sweep] steps).
 DEFAULT_STEPS = 2000
 MAX_STEPS = 1_000_000
-#: Largest [sweep] ops_per_step (the dynamics model's MAX_OPS_PER_STEP).
-MAX_OPS_PER_STEP = 1024
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 
 
@@ -111,8 +110,8 @@ class ChoiceAxis(AxisDef):
         return self.values
 
 
-_KMALLOC = tuple(c.name for c in C.CACHES.values() if c.is_kmalloc)
-_NAMED = tuple(c.name for c in C.CACHES.values() if not c.is_kmalloc)
+_KMALLOC = tuple(c.name for c in caches.CACHES.values() if c.is_kmalloc)
+_NAMED = tuple(c.name for c in caches.CACHES.values() if not c.is_kmalloc)
 
 #: Axes every evaluator understands.  Evaluators add their own (see sweeps.evaluators).
 COMMON_AXES: dict[str, AxisDef] = {
@@ -125,15 +124,15 @@ COMMON_AXES: dict[str, AxisDef] = {
     "possible": AxisDef("topology", int, 0, MAX_CPUS, 0,
                         "possible CPUs (nr_cpu_ids); 0 means the same as cpus"),
     "cache": ChoiceAxis("cache", str, default=None, doc="slab cache by name",
-                        values=tuple(C.CACHES),
+                        values=tuple(caches.CACHES),
                         groups=(("kmalloc", _KMALLOC), ("named", _NAMED),
-                                ("all", tuple(C.CACHES)))),
+                                ("all", tuple(caches.CACHES)))),
     "size": AxisDef("cache", int, 8, MAX_SIZE, None,
                     "object stride of an anonymous, late-created cache"),
     "profile": ChoiceAxis("kernel", str, default=None, doc="kernel profile",
-                          values=tuple(P.PROFILES), groups=(("all", tuple(P.PROFILES)),)),
-    "min_order": AxisDef("boot", int, 0, P.MAX_PAGE_ORDER, 0, "slub_min_order"),
-    "max_order": AxisDef("boot", int, 0, P.MAX_PAGE_ORDER, P.DEFAULT_MAX_ORDER,
+                          values=tuple(profiles.PROFILES), groups=(("all", tuple(profiles.PROFILES)),)),
+    "min_order": AxisDef("boot", int, 0, profiles.MAX_PAGE_ORDER, 0, "slub_min_order"),
+    "max_order": AxisDef("boot", int, 0, profiles.MAX_PAGE_ORDER, profiles.DEFAULT_MAX_ORDER,
                          "slub_max_order"),
     "min_objects": AxisDef("boot", int, 0, 32767, 0, "slub_min_objects (0: unset)"),
     "explicit_sheaf": AxisDef("policy", int, -1, 4096, -1,
@@ -385,12 +384,12 @@ def _canonical(field: str, value: str, d: AxisDef) -> str:
     """Normalise a choice (kmalloc-1024 -> kmalloc-1k, 6.1 -> v6.1) or fail naming it."""
     if field.endswith(".cache"):
         try:
-            return C.get_cache(value).name
+            return caches.get_cache(value).name
         except ValueError:
             pass
     elif field.endswith(".profile"):
         try:
-            return P.get_profile(value).name
+            return profiles.get_profile(value).name
         except ValueError:
             pass
     elif value in d.choices():
@@ -551,7 +550,7 @@ def _scalar(field, v, ax: Axis):
         raise SpecError(f"{field}: {v!r} is not a string")
     if v not in ax.values:
         # accept aliases (kmalloc-1024, 6.1) when they name a value on the axis
-        for conv in (lambda s: C.get_cache(s).name, lambda s: P.get_profile(s).name):
+        for conv in (lambda s: caches.get_cache(s).name, lambda s: profiles.get_profile(s).name):
             try:
                 alias = conv(v)
             except ValueError:

@@ -32,11 +32,11 @@ def workdir() -> Path:
 @functools.lru_cache(maxsize=None)
 def quick_study():
     """(study, storage_url, runner): QUICK_TRIALS trials of the built-in quick spec."""
-    from slabtune.tuner import study as ST
+    from slabtune.tuner import study
 
-    spec = ST.load_spec("tune_quick")
+    spec = study.load_spec("tune_quick")
     url = f"journal:{workdir() / 'quick.log'}"
-    runner, url = ST.create_or_resume(spec, "quick", url)
+    runner, url = study.create_or_resume(spec, "quick", url)
     runner.run(QUICK_TRIALS, QUICK_BATCH)
     return runner.study, url, runner
 

@@ -4,11 +4,12 @@ validation of user values and rendering back to a command line."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from slabtune.model import bootparams
+from slabtune.model.profiles import get_profile
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams as B
-from slabtune.model.profiles import get_profile
 
 V618 = get_profile("v6.18")
 V61 = get_profile("v6.1")
@@ -18,8 +19,8 @@ HOST_CMDLINE = ("mitigations=auto console=ttyS0 quiet rdinit=/process_api -- "
 
 
 def test_allowed_names_follow_profile_prefixes():
-    assert set(B.allowed_names(V61)) == {"slub_min_order", "slub_max_order", "slub_min_objects"}
-    assert set(B.allowed_names(V618)) == {
+    assert set(bootparams.allowed_names(V61)) == {"slub_min_order", "slub_max_order", "slub_min_objects"}
+    assert set(bootparams.allowed_names(V618)) == {
         "slub_min_order", "slub_max_order", "slub_min_objects",
         "slab_min_order", "slab_max_order", "slab_min_objects"}
 
@@ -33,7 +34,7 @@ def test_allowed_names_follow_profile_prefixes():
     ("a --x b", ["a", "--x", "b"]),
 ])
 def test_split_cmdline(line, args):
-    assert B.split_cmdline(line) == args
+    assert bootparams.split_cmdline(line) == args
 
 
 @pytest.mark.parametrize("text, value", [
@@ -41,7 +42,7 @@ def test_split_cmdline(line, args):
     ("-1", 2**32 - 1), ("4294967297", 1),
 ])
 def test_get_option(text, value):
-    assert B.get_option(text) == value
+    assert bootparams.get_option(text) == value
 
 
 @pytest.mark.parametrize("line, profile, expected", [
@@ -72,7 +73,7 @@ def test_get_option(text, value):
     ("slub_max_order=0x1", V510, (0, 1, 0)),
 ])
 def test_parse_cmdline(line, profile, expected):
-    assert tuple(B.parse_cmdline(line, profile)) == expected
+    assert tuple(bootparams.parse_cmdline(line, profile)) == expected
 
 
 @pytest.mark.parametrize("params, pattern", [
@@ -90,40 +91,40 @@ def test_parse_cmdline(line, profile, expected):
 ])
 def test_validate_rejects(params, pattern):
     with pytest.raises(SlabtuneError, match=pattern):
-        B.validate_params(params, V61)
+        bootparams.validate_params(params, V61)
 
 
 def test_validate_accepts_and_canonicalises():
-    assert B.validate_params({"slab_max_order": "2", "slub_min_objects": 0}, V618) == {
+    assert bootparams.validate_params({"slab_max_order": "2", "slub_min_objects": 0}, V618) == {
         "slub_max_order": 2, "slub_min_objects": 0}
-    assert B.validate_params({"slub_max_order": 10, "slub_min_order": 10}, V61) == {
+    assert bootparams.validate_params({"slub_max_order": 10, "slub_min_order": 10}, V61) == {
         "slub_max_order": 10, "slub_min_order": 10}
     with pytest.raises(SlabtuneError, match="given twice"):
-        B.validate_params({"slab_max_order": 2, "slub_max_order": 2}, V618)
+        bootparams.validate_params({"slab_max_order": 2, "slub_max_order": 2}, V618)
 
 
 def test_validate_cmdline():
-    assert B.validate_cmdline(HOST_CMDLINE, V618) == {}
-    assert B.validate_cmdline("slub_max_order=1 x=2 slub_max_order=3", V618) == {
+    assert bootparams.validate_cmdline(HOST_CMDLINE, V618) == {}
+    assert bootparams.validate_cmdline("slub_max_order=1 x=2 slub_max_order=3", V618) == {
         "slub_max_order": 3}
     with pytest.raises(SlabtuneError, match=r"cmdline slub_max_order=11: must be an integer in 0..10"):
-        B.validate_cmdline("quiet slub_max_order=11", V618)
+        bootparams.validate_cmdline("quiet slub_max_order=11", V618)
     with pytest.raises(SlabtuneError, match=r"cmdline slab_min_objects=abc"):
-        B.validate_cmdline("slab_min_objects=abc", V618)
+        bootparams.validate_cmdline("slab_min_objects=abc", V618)
     # an out-of-range value after '--' belongs to init, not the kernel
-    assert B.validate_cmdline("quiet -- slub_max_order=11", V618) == {}
+    assert bootparams.validate_cmdline("quiet -- slub_max_order=11", V618) == {}
 
 
 def test_render_spelling():
     v = {"slub_min_order": 1, "slub_max_order": 2, "slub_min_objects": 16}
-    assert B.render(v, V618) == "slab_min_order=1 slab_max_order=2 slab_min_objects=16"
-    assert B.render(v, V61) == "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
-    assert B.render(v, V618, prefix="slub") == "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
-    assert B.render({}, V618) == ""
+    assert bootparams.render(v, V618) == "slab_min_order=1 slab_max_order=2 slab_min_objects=16"
+    assert bootparams.render(v, V61) == "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
+    assert bootparams.render(v, V618, prefix="slub") == "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
+    assert bootparams.render({}, V618) == ""
     with pytest.raises(SlabtuneError, match="prefix 'slab' is not accepted by kernel profile v6.1"):
-        B.render(v, V61, prefix="slab")
+        bootparams.render(v, V61, prefix="slab")
     with pytest.raises(SlabtuneError, match="outside 0..10"):
-        B.render({"slub_max_order": 12}, V618)
+        bootparams.render({"slub_max_order": 12}, V618)
 
 
 _valid = st.fixed_dictionaries({}, optional={
@@ -135,14 +136,14 @@ _valid = st.fixed_dictionaries({}, optional={
 
 @given(_valid, st.sampled_from([V61, V618, V510]))
 def test_render_then_parse_round_trips(params, profile):
-    validated = B.validate_params(params, profile)
-    line = "console=ttyS0 " + B.render(validated, profile) + " quiet"
-    parsed = B.parse_cmdline(line, profile)
+    validated = bootparams.validate_params(params, profile)
+    line = "console=ttyS0 " + bootparams.render(validated, profile) + " quiet"
+    parsed = bootparams.parse_cmdline(line, profile)
     # what the kernel ends up with: defaults, with max raised to min when only min is given
     lo = params.get("slub_min_order", 0)
     hi = params.get("slub_max_order", 3)
     if "slub_max_order" not in params and lo > hi and profile.version >= (6, 7):
         hi = lo
-    assert parsed == B.SlubParams(lo, hi, params.get("slub_min_objects", 0))
+    assert parsed == bootparams.SlubParams(lo, hi, params.get("slub_min_objects", 0))
     if profile.version >= (6, 7):
-        assert parsed == B.params_from_validated(validated)
+        assert parsed == bootparams.params_from_validated(validated)

@@ -8,14 +8,12 @@ import zlib
 
 import polars as pl
 import pytest
-
 from _tune_helpers import assert_clean_error, quick_study, run_cli, workdir
+from slabtune.model import profiles, reference
+from slabtune.results import charts, pareto
+from slabtune.tuner import objectives
+
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles as P
-from slabtune.model import reference as R
-from slabtune.results import charts as CH
-from slabtune.results import pareto as PR
-from slabtune.tuner import objectives as O
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,43 +39,43 @@ def assert_offline_html(text: str) -> None:
 
 def test_pareto_chart_png_html_svg(tmp_path):
     study, _url, _runner = quick_study()
-    rep = PR.study_pareto(study)
-    chart = CH.pareto_chart(PR.all_points(study), rep["baseline"])
-    png = CH.save(chart, tmp_path / "front.png").read_bytes()
+    rep = pareto.study_pareto(study)
+    chart = charts.pareto_chart(pareto.all_points(study), rep["baseline"])
+    png = charts.save(chart, tmp_path / "front.png").read_bytes()
     w, h = png_size(png)
     assert w > 300 and h > 200
-    assert_offline_html(CH.save(chart, tmp_path / "front.html").read_text())
-    svg = CH.save(chart, tmp_path / "front.svg").read_text()
+    assert_offline_html(charts.save(chart, tmp_path / "front.html").read_text())
+    svg = charts.save(chart, tmp_path / "front.svg").read_text()
     assert svg.lstrip().startswith("<svg") and "baseline (default policy)" in svg
 
 
 def test_order_grid_matches_the_reference():
-    prof = P.get_profile("v6.18")
+    prof = profiles.get_profile("v6.18")
     cpus, sizes = [1, 4, 64, 1024, 8192], [8, 192, 256, 1024, 4096, 8192]
     params = {"slub_max_order": 2, "slub_min_objects": 0}
-    g = O.order_grid(prof, params, cpus, sizes)
+    g = objectives.order_grid(prof, params, cpus, sizes)
     for c, s, o, n in zip(g["cpus"], g["size"], g["order"], g["objs_per_slab"]):
-        nr = R.order_nr_cpus(c, c, c, prof, False)
-        assert o == R.slab_order(s, nr, prof, 0, 2, 0), (c, s)
-        assert n == R.objects_per_slab(s, o, prof)
-    chart = CH.orders_heatmap(pl.DataFrame(g))
-    path = CH.save(chart, workdir() / "orders.png")
+        nr = reference.order_nr_cpus(c, c, c, prof, False)
+        assert o == reference.slab_order(s, nr, prof, 0, 2, 0), (c, s)
+        assert n == reference.objects_per_slab(s, o, prof)
+    chart = charts.orders_heatmap(pl.DataFrame(g))
+    path = charts.save(chart, workdir() / "orders.png")
     assert png_size(path.read_bytes())[0] > 100
 
 
 def test_fleet_chart_svg(tmp_path):
     study, _url, _runner = quick_study()
-    rep = PR.study_pareto(study)
+    rep = pareto.study_pareto(study)
     trials = [p["trial"] for p in rep["points"][:2]]
-    df = CH.gains_frame(rep, trials)
+    df = charts.gains_frame(rep, trials)
     assert df.height == 2 * len(rep["topologies"]) * 2
-    svg = CH.save(CH.fleet_chart(df), tmp_path / "fleet.svg").read_text()
+    svg = charts.save(charts.fleet_chart(df), tmp_path / "fleet.svg").read_text()
     assert "<svg" in svg and "laptop-8" in svg
 
 
 def test_bad_chart_suffix():
     with pytest.raises(SlabtuneError, match="unknown chart format"):
-        CH.save(CH.orders_heatmap(pl.DataFrame({"cpus": [1], "size": [8], "order": [0]})),
+        charts.save(charts.orders_heatmap(pl.DataFrame({"cpus": [1], "size": [8], "order": [0]})),
                 workdir() / "x.gif")
 
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from slabtune.kernel import check, snapshot
+from slabtune.kernel.host import take_snapshot
 
 from slabtune.errors import SlabtuneError
-from slabtune.results import snapshot as snap
-from slabtune.tuner import check
-from slabtune.tuner.host import take_snapshot
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "host_snapshot_6.18.csv"
@@ -26,7 +25,7 @@ SLABTUNE = Path(sys.executable).parent / "slabtune"
 
 @pytest.fixture(scope="module")
 def host_df() -> pl.DataFrame:
-    return snap.read_snapshot(FIXTURE)
+    return snapshot.read_snapshot(FIXTURE)
 
 
 # --------------------------------------------------------------------------- kernel rules
@@ -108,7 +107,7 @@ def test_host_fixture_every_comparable_cache_matches(host_df):
 def test_live_host_check():
     df = take_snapshot()
     r = check.check_snapshot(df)
-    debug = pl.sum_horizontal(*snap.DEBUG_FLAG_COLUMNS) > 0
+    debug = pl.sum_horizontal(*snapshot.DEBUG_FLAG_COLUMNS) > 0
     explicit = pl.col("sheaf_capacity").fill_null(0) > 0
     if r.boots[0].profile != "v6.18":
         explicit = pl.lit(False)
@@ -162,10 +161,10 @@ def test_real_two_kernel_snapshot(tmp_path, host_df):
     """Two REAL boots in one file: this host (6.18, 2 CPUs, 1 node) and a qemu guest of
     Debian's 6.1 kernel (4 CPUs, node 1 memoryless, slub_max_order=2) recorded by the guest
     validator.  Each boot is detected and checked on its own profile, cmdline and topology."""
-    guest = snap.read_snapshot(GUEST)
+    guest = snapshot.read_snapshot(GUEST)
     both = tmp_path / "two-kernels.csv"
     pl.concat([host_df, guest], how="diagonal_relaxed").write_csv(both)
-    r = check.check_snapshot(snap.read_snapshot(both))
+    r = check.check_snapshot(snapshot.read_snapshot(both))
     assert [(b.profile, b.present, b.nodes, b.params.max_order) for b in r.boots] == [
         ("v6.18", 2, 1, 3), ("v6.1", 4, 2, 2)]
     assert r.boots[1].caches == guest.height
@@ -182,10 +181,10 @@ GUEST_612 = DATA / "guest-v6.12-4cpu-2node.csv"
 @pytest.mark.skipif(not (GUEST.exists() and GUEST_612.exists()), reason="no guest snapshots")
 def test_real_three_kernel_snapshot(tmp_path, host_df):
     """Three REAL boots (6.18 host, 6.1 and 6.12 guests) in one parquet file."""
-    parts = [host_df, snap.read_snapshot(GUEST), snap.read_snapshot(GUEST_612)]
+    parts = [host_df, snapshot.read_snapshot(GUEST), snapshot.read_snapshot(GUEST_612)]
     path = tmp_path / "three.parquet"
     pl.concat(parts, how="diagonal_relaxed").write_parquet(path)
-    r = check.check_snapshot(snap.read_snapshot(path))
+    r = check.check_snapshot(snapshot.read_snapshot(path))
     assert [b.profile for b in r.boots] == ["v6.18", "v6.1", "v6.12"]
     assert [b.caches for b in r.boots] == [p.height for p in parts]
     assert r.ok and r.matched == r.comparable == sum(p.height for p in parts) - 2
@@ -261,8 +260,8 @@ def test_v511_early_caches_see_one_cpu(host_df):
     """Under v5.11's num_online_cpus() rule early caches size for 1 CPU, others for 2."""
     sizes = host_df["slab_size"].to_numpy()
     names = host_df["cache"].to_list()
-    from slabtune.model.profiles import get_profile
     from slabtune.model.bootparams import SlubParams
+    from slabtune.model.profiles import get_profile
     from slabtune.model.topology import Topology
     topo = Topology.uniform(64)
     pred = check.predict_boot(sizes, names, topo, get_profile("v5.11"), SlubParams())
@@ -325,7 +324,7 @@ def test_cli_snapshot_then_check(tmp_path):
     out = tmp_path / "host.parquet"
     proc = run_cli("kernel", "snapshot", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert pl.read_parquet(out).columns[:15] == list(snap.SNAPSHOT_COLUMNS)
+    assert pl.read_parquet(out).columns[:15] == list(snapshot.SNAPSHOT_COLUMNS)
     proc = run_cli("kernel", "check", "--snapshot", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = run_cli("kernel", "check")

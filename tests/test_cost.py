@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from slabtune.model import cost as C
+from slabtune.model import cost
 from slabtune.sweeps import simconfig
 
 
@@ -20,54 +19,54 @@ def default():
 
 def test_every_constant_is_documented_and_has_a_default():
     doc = tomllib.loads(simconfig.default_cost_text())
-    assert set(C.DOCS) == set(C.FIELDS)
-    assert set(doc["cost"]) == set(C.FIELDS)
+    assert set(cost.DOCS) == set(cost.FIELDS)
+    assert set(doc["cost"]) == set(cost.FIELDS)
     # Constants fitted to published figures say so, each naming what it was fitted to.
     for name, what in doc.get("fitted", {}).items():
-        assert name in C.FIELDS and isinstance(what, str) and what
+        assert name in cost.FIELDS and isinstance(what, str) and what
     _, meta = simconfig.load_cost()
     assert meta.fitted == doc.get("fitted", {})
 
 
 def test_unfitted_defaults_are_the_documented_priors():
     # One place for the order-of-magnitude values: the packaged constants not marked as
-    # fitted are slabtune.tuner.fitcost.PRIOR.
-    from slabtune.tuner import fitcost
+    # fitted are slabtune.model.priors.PRIOR.
+    from slabtune.model import priors
 
     doc = tomllib.loads(simconfig.default_cost_text())
     fitted = set(doc.get("fitted", {}))
     for name, value in doc["cost"].items():
-        if name not in fitted and name not in C.OPTIONAL_DEFAULTS:
-            assert value == fitcost.PRIOR[name].value, name
+        if name not in fitted and name not in cost.OPTIONAL_DEFAULTS:
+            assert value == priors.PRIOR[name].value, name
     # The packaged ten-constant fit was made with one line per lock acquisition and is
     # kept with it (its header says so); anything fitted since uses the line counts.
     if fitted and "list_lock_lines" not in fitted:
-        for name in C.OPTIONAL_DEFAULTS:
+        for name in cost.OPTIONAL_DEFAULTS:
             assert doc["cost"][name] == 1.0, name
     else:
-        for name in C.OPTIONAL_DEFAULTS:
-            assert fitcost.PRIOR[name].lo <= doc["cost"][name] <= fitcost.PRIOR[name].hi
+        for name in cost.OPTIONAL_DEFAULTS:
+            assert priors.PRIOR[name].lo <= doc["cost"][name] <= priors.PRIOR[name].hi
 
 
 def test_cost_files_without_line_counts_load_with_the_priors(tmp_path):
     # A cost table written before the line counts existed (every other constant given)
     # still loads, with the physical priors of the counts.
-    from slabtune.tuner import fitcost
+    from slabtune.model import priors
 
-    old = {k: v for k, v in fitcost.prior_values().items() if k not in C.OPTIONAL_DEFAULTS}
-    assert set(old) | set(C.OPTIONAL_DEFAULTS) == set(C.FIELDS)
+    old = {k: v for k, v in priors.prior_values().items() if k not in cost.OPTIONAL_DEFAULTS}
+    assert set(old) | set(cost.OPTIONAL_DEFAULTS) == set(cost.FIELDS)
     text = "[cost]\n" + "".join(f"{k} = {v!r}\n" for k, v in old.items())
-    params, _ = C.parse_cost_toml(text, "old.toml")
-    assert float(params.list_lock_lines) == fitcost.PRIOR["list_lock_lines"].value == 4.0
-    assert float(params.barn_lock_lines) == fitcost.PRIOR["barn_lock_lines"].value == 3.0
-    assert float(params.zone_lock_lines) == fitcost.PRIOR["zone_lock_lines"].value == 4.0
+    params, _ = cost.parse_cost_toml(text, "old.toml")
+    assert float(params.list_lock_lines) == priors.PRIOR["list_lock_lines"].value == 4.0
+    assert float(params.barn_lock_lines) == priors.PRIOR["barn_lock_lines"].value == 3.0
+    assert float(params.zone_lock_lines) == priors.PRIOR["zone_lock_lines"].value == 4.0
     # Over a base (a --cost file over the packaged table) the base's counts are kept.
-    base = C.cost_from_mapping({**old, "list_lock_lines": 6.0})
-    params, _ = C.parse_cost_toml("[cost]\nline_local_ns = 45.0\n", "f.toml", base=base)
+    base = cost.cost_from_mapping({**old, "list_lock_lines": 6.0})
+    params, _ = cost.parse_cost_toml("[cost]\nline_local_ns = 45.0\n", "f.toml", base=base)
     assert float(params.list_lock_lines) == 6.0 and float(params.line_local_ns) == 45.0
     # Every other constant is still required.
-    with pytest.raises(C.CostError, match="cost.alloc_fast_ns: missing"):
-        C.parse_cost_toml(text.replace("alloc_fast_ns", "#"), "old.toml")
+    with pytest.raises(cost.CostError, match="cost.alloc_fast_ns: missing"):
+        cost.parse_cost_toml(text.replace("alloc_fast_ns", "#"), "old.toml")
 
 
 def test_file_overrides_only_what_it_names(tmp_path, default):
@@ -107,27 +106,27 @@ def test_bad_constants_name_the_field(tmp_path, text, field):
 
 
 def test_pcp_caches_only_order0_before_v5_13():
-    assert C.pcp_max_order((5, 10)) == 0
-    assert C.pcp_max_order((5, 11)) == 0
-    assert C.pcp_max_order((5, 13)) == 3
-    assert C.pcp_max_order((7, 0)) == 3
+    assert cost.pcp_max_order((5, 10)) == 0
+    assert cost.pcp_max_order((5, 11)) == 0
+    assert cost.pcp_max_order((5, 13)) == 3
+    assert cost.pcp_max_order((7, 0)) == 3
 
 
 def test_page_call_cost_by_order(default):
     # v5.11: an order-2 slab goes to the buddy lists and takes the zone lock on every call,
     # an order-0 slab is served from the per-CPU lists and takes it once per batch.
-    assert float(C.page_call_ns(0, 0, default)) == float(default.pcp_call_ns)
-    assert float(C.page_call_ns(2, 0, default)) == float(default.buddy_call_ns)
-    assert float(C.page_call_ns(2, 3, default)) == float(default.pcp_call_ns)
-    assert float(C.zone_lock_per_call(2, 0, default)) == 1.0
-    assert float(C.zone_lock_per_call(0, 0, default)) == pytest.approx(1 / float(default.pcp_batch))
+    assert float(cost.page_call_ns(0, 0, default)) == float(default.pcp_call_ns)
+    assert float(cost.page_call_ns(2, 0, default)) == float(default.buddy_call_ns)
+    assert float(cost.page_call_ns(2, 3, default)) == float(default.pcp_call_ns)
+    assert float(cost.zone_lock_per_call(2, 0, default)) == 1.0
+    assert float(cost.zone_lock_per_call(0, 0, default)) == pytest.approx(1 / float(default.pcp_batch))
     # Setup grows with pages and objects: order 3 with 64 objects.
     want = 8 * float(default.page_setup_ns) + 64 * float(default.object_setup_ns)
-    assert float(C.slab_setup_ns(3, 64, default)) == pytest.approx(want)
+    assert float(cost.slab_setup_ns(3, 64, default)) == pytest.approx(want)
 
 
 def _one_lock(n_cpus, base=100.0, hold=80.0, acq=1.0):
-    return C.solve(jnp.array([base]), jnp.array([[acq]]), jnp.array([hold]), jnp.zeros((1, 1)),
+    return cost.solve(jnp.array([base]), jnp.array([[acq]]), jnp.array([hold]), jnp.zeros((1, 1)),
                    jnp.array([float(n_cpus)]), jnp.array([1.0]), 0.999999)
 
 
@@ -161,7 +160,7 @@ def test_contention_grows_with_cpus_and_saturates_at_the_lock():
 
 def test_more_locks_spread_the_arrivals():
     # 64 CPUs over 4 real locks of one class behave like 16 CPUs on one lock.
-    a = C.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]), jnp.zeros((1, 1)),
+    a = cost.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]), jnp.zeros((1, 1)),
                 jnp.array([64.0]), jnp.array([4.0]), 0.999999)
     b = _one_lock(16)
     assert float(a.t[0]) == pytest.approx(float(b.t[0]), rel=1e-4)
@@ -173,7 +172,7 @@ def test_two_coupled_locks_converge():
     acq = jnp.array([[1.0, 0.1], [0.2, 0.8]])
     hold = jnp.array([80.0, 40.0])
     line = jnp.array([[40.0, 150.0], [150.0, 40.0]])
-    s = C.solve(base, acq, hold, line, jnp.array([20.0, 30.0]), jnp.array([1.0, 1.0]), 0.999999)
+    s = cost.solve(base, acq, hold, line, jnp.array([20.0, 30.0]), jnp.array([1.0, 1.0]), 0.999999)
     assert float(s.residual) < 1e-3
     t = np.asarray(s.t)
     tau = t.max()  # both reps do one op per step: the slower sets the pace
@@ -189,8 +188,8 @@ def test_idle_steps_lower_a_reps_arrivals():
     # the arrivals of the same CPUs at full duty.
     args = (jnp.array([2000.0, 100.0]), jnp.array([[0.0], [1.0]]), jnp.array([80.0]),
             jnp.zeros((2, 1)), jnp.array([1.0, 8.0]), jnp.array([1.0]), 0.999999)
-    full = C.solve(*args, duty=jnp.array([1.0, 1.0]))
-    half = C.solve(*args, duty=jnp.array([1.0, 0.5]))
+    full = cost.solve(*args, duty=jnp.array([1.0, 1.0]))
+    half = cost.solve(*args, duty=jnp.array([1.0, 0.5]))
     assert float(full.rho[0]) == pytest.approx(8 * 80.0 / 2000.0, rel=1e-3)
     assert float(half.rho[0]) == pytest.approx(4 * 80.0 / 2000.0, rel=1e-3)
     assert float(half.t[1]) < float(full.t[1])
@@ -200,7 +199,7 @@ def test_remote_holders_lower_a_locks_capacity():
     # 64 CPUs on one lock: when the line crosses the interconnect on every acquisition the
     # lock serves 1 / (hold + line) acquisitions per ns instead of 1 / (hold + local line).
     def run(line):
-        return C.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
+        return cost.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
                        jnp.full((1, 1), line), jnp.array([64.0]), jnp.array([1.0]), 0.999999)
     near, far = run(40.0), run(150.0)
     assert float(near.throughput) * 120.0 == pytest.approx(1.0, rel=0.02)
@@ -209,7 +208,7 @@ def test_remote_holders_lower_a_locks_capacity():
 
 def test_solve_vmaps_over_configurations():
     weights = jnp.array([[1.0], [4.0], [64.0]])
-    f = jax.vmap(lambda w: C.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
+    f = jax.vmap(lambda w: cost.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
                                    jnp.zeros((1, 1)), w, jnp.array([1.0]), 0.999999).t)
     batched = np.asarray(f(weights))[:, 0]
     single = [float(_one_lock(n).t[0]) for n in (1, 4, 64)]

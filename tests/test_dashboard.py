@@ -11,9 +11,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import optuna
 import optuna_dashboard
-
 from _tune_helpers import run_cli
-from slabtune.tuner import study as ST
+from slabtune.tuner import study
 
 
 class _Quiet(WSGIRequestHandler):
@@ -34,7 +33,7 @@ def test_tune_study_is_served_by_optuna_dashboard(tmp_path):
     url = json.loads(proc.stdout)["storage"]
     assert url == f"sqlite:///{tmp_path / 'runs' / 'dash' / 'study.db'}"
     stock = optuna.load_study(study_name="dash", storage=url)   # what we compare against
-    spec = ST.load_spec("tune_quick")
+    spec = study.load_spec("tune_quick")
 
     server = make_server("127.0.0.1", 0, optuna_dashboard.wsgi(url), handler_class=_Quiet)
     port = server.server_port
@@ -45,8 +44,8 @@ def test_tune_study_is_served_by_optuna_dashboard(tmp_path):
         (summary,) = [s for s in studies if s["study_name"] == "dash"]
         assert summary["directions"] == ["minimize", "minimize"]
         attrs = {a["key"]: a["value"] for a in summary["user_attrs"]}
-        assert attrs[ST.ATTR_PROFILE] == "v6.18"
-        assert json.loads(attrs[ST.ATTR_TOPOLOGIES]) == list(spec.fleet.topology_names)
+        assert attrs[study.ATTR_PROFILE] == "v6.18"
+        assert json.loads(attrs[study.ATTR_TOPOLOGIES]) == list(spec.fleet.topology_names)
 
         detail = _get(port, f"/api/studies/{summary['study_id']}")
         assert detail["name"] == "dash"
@@ -64,8 +63,8 @@ def test_tune_study_is_served_by_optuna_dashboard(tmp_path):
             params = {p["name"]: p["param_external_value"] for p in t["params"]}
             assert params == {k: str(v) for k, v in ref.params.items()}
             uattrs = {a["key"]: json.loads(a["value"]) for a in t["user_attrs"]}
-            assert uattrs[ST.ATTR_TOPO] == ref.user_attrs[ST.ATTR_TOPO]
-            assert len(uattrs[ST.ATTR_TOPO]["memory"]) == len(spec.fleet.topologies)
+            assert uattrs[study.ATTR_TOPO] == ref.user_attrs[study.ATTR_TOPO]
+            assert len(uattrs[study.ATTR_TOPO]["memory"]) == len(spec.fleet.topologies)
     finally:
         server.shutdown()
         server.server_close()

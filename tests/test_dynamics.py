@@ -8,11 +8,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-
-from slabtune.model import dynamics as D
-from slabtune.model import policy as PL
-from slabtune.model import profiles as P
-from slabtune.model import workloads as W
+from slabtune.model import dynamics, policy, profiles, workloads
 from slabtune.model.topology import Topology
 
 STEPS = 2000
@@ -21,15 +17,15 @@ MEMLESS = Topology.uniform(64, 2, memoryless_nodes=(1,))
 
 
 def _struct(profile, size=256, topo=ONE_NODE, explicit_sheaf=0):
-    return PL.structure(size, topo.possible, topo.present, topo.online,
-                        PL.profile_arrays(P.get_profile(profile)), explicit_sheaf=explicit_sheaf)
+    return policy.structure(size, topo.possible, topo.present, topo.online,
+                        policy.profile_arrays(profiles.get_profile(profile)), explicit_sheaf=explicit_sheaf)
 
 
 def _run(profile, topo, wl, size=256, seed=0, structure=None, **kw):
-    prof = P.get_profile(profile)
+    prof = profiles.get_profile(profile)
     st = structure if structure is not None else _struct(profile, size, topo)
-    cfg = D.config_from(st, prof, topo, wl, **kw)
-    return D.counters_numpy(D.simulate(jax.random.key(seed), cfg, STEPS)), cfg
+    cfg = dynamics.config_from(st, prof, topo, wl, **kw)
+    return dynamics.counters_numpy(dynamics.simulate(jax.random.key(seed), cfg, STEPS)), cfg
 
 
 def _frac(c, part, whole):
@@ -45,7 +41,7 @@ def test_local_churn_fitting_a_slab_stays_on_the_fast_paths(profile):
     assert c["allocs"].sum() > 7_000
     assert _frac(c, "alloc_fast", "allocs") > 0.99
     assert _frac(c, "free_fast", "frees") > 0.99
-    assert c["list_lock"].sum() <= 2 * D.R      # at most the first refills
+    assert c["list_lock"].sum() <= 2 * dynamics.R      # at most the first refills
     assert c["slab_free"].sum() == 0
 
 
@@ -118,7 +114,7 @@ def test_v70_memoryless_cpus_bypass_sheaves_v71_does_not():
     wl = {"kind": "block_io", "depth": 32, "completion_remote": True}
     v70, cfg = _run("v7.0", MEMLESS, wl)
     v71, _ = _run("v7.1", MEMLESS, wl)
-    assert int(cfg.rep_memoryless[0]) == 1 and int(cfg.rep_node[0]) == W.NODE_MEMLESS
+    assert int(cfg.rep_memoryless[0]) == 1 and int(cfg.rep_node[0]) == workloads.NODE_MEMLESS
     assert v70["frees"][0] > 1000
     assert v70["sheaf_free_hit"][0] == 0
     assert v70["remote_free"][0] == v70["frees"][0]
@@ -194,26 +190,26 @@ def test_batch_equals_single_runs():
     cfgs = []
     for profile, wl in [("v3.1", {"kind": "local"}), ("v7.0", {"kind": "block_io"}),
                         ("v6.1", {"kind": "producer_consumer", "cross_node": 0.5})]:
-        prof = P.get_profile(profile)
-        cfgs.append(D.config_from(_struct(profile, 256, topo), prof, topo, wl))
+        prof = profiles.get_profile(profile)
+        cfgs.append(dynamics.config_from(_struct(profile, 256, topo), prof, topo, wl))
     keys = jax.random.split(jax.random.key(9), len(cfgs))
-    batch = D.counters_numpy(D.simulate_batch(keys, D.stack_configs(cfgs), STEPS))
+    batch = dynamics.counters_numpy(dynamics.simulate_batch(keys, dynamics.stack_configs(cfgs), STEPS))
     for i, cfg in enumerate(cfgs):
-        one = D.counters_numpy(D.simulate(keys[i], cfg, STEPS))
+        one = dynamics.counters_numpy(dynamics.simulate(keys[i], cfg, STEPS))
         for k in one:
             np.testing.assert_array_equal(batch[k][i], one[k], err_msg=k)
 
 
 def test_workload_parameters_are_checked():
-    with pytest.raises(W.WorkloadError, match="live"):
-        W.local(ONE_NODE, live=0)
-    with pytest.raises(W.WorkloadError, match="cross_node"):
-        W.producer_consumer(ONE_NODE, cross_node=1.5)
-    with pytest.raises(W.WorkloadError, match="bogus"):
-        W.build("local", ONE_NODE, bogus=1)
-    assert W.spec_params("block_io") == ("depth", "completion_remote", "completions")
-    with pytest.raises(W.WorkloadError, match="completions"):
-        W.block_io(ONE_NODE, completions=16)
+    with pytest.raises(workloads.WorkloadError, match="live"):
+        workloads.local(ONE_NODE, live=0)
+    with pytest.raises(workloads.WorkloadError, match="cross_node"):
+        workloads.producer_consumer(ONE_NODE, cross_node=1.5)
+    with pytest.raises(workloads.WorkloadError, match="bogus"):
+        workloads.build("local", ONE_NODE, bogus=1)
+    assert workloads.spec_params("block_io") == ("depth", "completion_remote", "completions")
+    with pytest.raises(workloads.WorkloadError, match="completions"):
+        workloads.block_io(ONE_NODE, completions=16)
 
 
 def test_block_io_with_many_completion_cpus_balances_the_machine():
@@ -236,15 +232,15 @@ def test_interrupt_cpu_self_frees_take_its_fast_path():
     assert off["free_fast"][0] == 0 < on["free_fast"][0]
 
 
-@pytest.mark.parametrize("kind", list(W.BUILDERS))
+@pytest.mark.parametrize("kind", list(workloads.BUILDERS))
 def test_workload_layouts_cover_the_machine(kind):
     """Rep weights add up to the CPUs the workload runs on; free_to rows are stochastic."""
-    wl, lay = W.build(kind, MEMLESS)
-    assert lay.weight.shape == (W.R,) and lay.node_has_memory.shape == (W.N,)
+    wl, lay = workloads.build(kind, MEMLESS)
+    assert lay.weight.shape == (workloads.R,) and lay.node_has_memory.shape == (workloads.N,)
     if kind in ("local", "producer_consumer", "block_io"):
         assert lay.weight.sum() == pytest.approx(64)
     allocs = wl.alloc_p > 0
-    assert (wl.free_cum[allocs, -1] == W.PROB_ONE).all()
+    assert (wl.free_cum[allocs, -1] == workloads.PROB_ONE).all()
     assert (np.diff(wl.free_cum, axis=1) >= 0).all()
     # memoryless CPUs get slabs from a node with memory
     assert all(lay.node_has_memory[m] for m in lay.mem_node)

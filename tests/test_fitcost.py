@@ -11,13 +11,11 @@ import tomllib
 
 import numpy as np
 import pytest
+from slabtune.calibrate import fitcost, reproduce
+from slabtune.model import cost, priors, scenarios
+from slabtune.sweeps import simconfig
 
 from slabtune import cli
-from slabtune.model import cost as C
-from slabtune.model import scenarios as S
-from slabtune.sweeps import simconfig
-from slabtune.tuner import fitcost as F
-from slabtune.tuner import reproduce as RP
 
 #: Short runs of the two scenarios with headline rows (real simulations, small counters).
 SMALL_STEPS = 400
@@ -33,46 +31,46 @@ def _short(sc):
 
 @pytest.fixture(scope="module")
 def arms():
-    return RP.simulate_arms((_short(S.SLUB_ORDER_2021), _short(S.SHEAVES_2026)))
+    return reproduce.simulate_arms((_short(scenarios.SLUB_ORDER_2021), _short(scenarios.SHEAVES_2026)))
 
 
 @pytest.fixture(scope="module")
 def fitted(arms):
-    return F.fit(arms, iterations=FEW_ITERATIONS)
+    return fitcost.fit(arms, iterations=FEW_ITERATIONS)
 
 
 def test_prior_covers_every_constant_inside_its_range():
-    assert set(F.PRIOR) == set(C.FIELDS)
-    for name, p in F.PRIOR.items():
+    assert set(priors.PRIOR) == set(cost.FIELDS)
+    for name, p in priors.PRIOR.items():
         assert p.lo <= p.value <= p.hi, name
-    assert len(F.FREE) <= 4 and set(F.FREE) <= set(F.PRIOR)
-    for name in F.FREE:
-        assert F.PRIOR[name].lo < F.PRIOR[name].hi, name
+    assert len(fitcost.FREE) <= 4 and set(fitcost.FREE) <= set(priors.PRIOR)
+    for name in fitcost.FREE:
+        assert priors.PRIOR[name].lo < priors.PRIOR[name].hi, name
     # The prior itself is physical.
-    assert F.implausible(F.prior_values()) == []
+    assert priors.implausible(priors.prior_values()) == []
 
 
 def test_same_counters_give_the_same_file(arms, fitted):
-    again = F.fit(arms, iterations=FEW_ITERATIONS)
+    again = fitcost.fit(arms, iterations=FEW_ITERATIONS)
     cmd = "slabtune reproduce --fit-cost x.toml"
-    assert F.to_toml(again, cmd) == F.to_toml(fitted, cmd)
+    assert fitcost.to_toml(again, cmd) == fitcost.to_toml(fitted, cmd)
     assert again.values == fitted.values
 
 
 def test_fit_stays_in_range_keeps_orderings_and_improves_on_the_prior(arms, fitted):
-    prior = F.prior_values()
+    prior = priors.prior_values()
     for name, v in fitted.values.items():
-        if name in F.FREE:
-            assert F.PRIOR[name].lo <= v <= F.PRIOR[name].hi, name
+        if name in fitcost.FREE:
+            assert priors.PRIOR[name].lo <= v <= priors.PRIOR[name].hi, name
         else:
             assert v == prior[name], name
-    assert F.constraint_violations(fitted.values) == []
+    assert priors.constraint_violations(fitted.values, fitcost.FREE) == []
     v = fitted.values
     assert v["alloc_fast_ns"] <= v["alloc_slow_ns"] and v["free_fast_ns"] <= v["free_slow_ns"]
     assert v["line_remote_ns"] >= 2 * v["line_local_ns"]
     # Nelder-Mead keeps its best vertex, and the start is the prior: never worse.
-    start_rows = RP.compare(arms.scenarios, RP.arm_metrics(arms, F.cost_of(prior)))["rows"]
-    assert fitted.objective <= F.objective(prior, start_rows) + 1e-9
+    start_rows = reproduce.compare(arms.scenarios, reproduce.arm_metrics(arms, fitcost.cost_of(prior)))["rows"]
+    assert fitted.objective <= fitcost.objective(prior, start_rows) + 1e-9
     # The residuals are the headline rows' log errors under the fitted table.
     heads = [r for r in fitted.rows if r["headline"]]
     assert len(heads) == len(fitted.residuals) == 3
@@ -82,14 +80,14 @@ def test_fit_stays_in_range_keeps_orderings_and_improves_on_the_prior(arms, fitt
 
 def test_written_file_loads_and_names_the_fitted_constants(fitted, tmp_path):
     path = tmp_path / "fit.toml"
-    path.write_text(F.to_toml(fitted, f"slabtune reproduce --fit-cost {path}"))
+    path.write_text(fitcost.to_toml(fitted, f"slabtune reproduce --fit-cost {path}"))
     doc = tomllib.loads(path.read_text())
-    assert set(doc["cost"]) == set(C.FIELDS)
-    assert tuple(doc["fitted"]) == F.FREE
+    assert set(doc["cost"]) == set(cost.FIELDS)
+    assert tuple(doc["fitted"]) == fitcost.FREE
     assert all("headline ratios" in what for what in doc["fitted"].values())
     params, meta = simconfig.load_cost(path)
-    assert set(meta.fitted) == set(F.FREE)
-    for name in C.FIELDS:
+    assert set(meta.fitted) == set(fitcost.FREE)
+    for name in cost.FIELDS:
         assert float(getattr(params, name)) == pytest.approx(fitted.values[name], rel=1e-6)
     assert f"--fit-cost {path}" in path.read_text().splitlines()[2]
     # The arms' work mode is recorded (the fixture's arms run with none).
@@ -104,25 +102,25 @@ def test_written_file_loads_and_names_the_fitted_constants(fitted, tmp_path):
     ({"list_lock_lines": 12.0}, "list_lock_lines 12 outside 2-8"),
 ])
 def test_violations_name_the_constant(change, what):
-    values = {**F.prior_values(), **change}
-    found = [w for w, size in F.constraint_violations(values) if size > 0]
+    values = {**priors.prior_values(), **change}
+    found = [w for w, size in priors.constraint_violations(values, fitcost.FREE) if size > 0]
     assert any(w.startswith(what) for w in found), found
-    assert any(w.startswith(what) for w in F.implausible(values))
+    assert any(w.startswith(what) for w in priors.implausible(values))
 
 
 def test_bounded_map_never_leaves_the_range():
     z = np.array([-60.0, -1.0, 0.0, 60.0])
-    x = F.to_bounded(z)
-    for name, v in zip(F.FREE, x):
-        assert F.PRIOR[name].lo <= v <= F.PRIOR[name].hi
-    inside = np.array([F.PRIOR[k].value for k in F.FREE])
-    np.testing.assert_allclose(F.to_bounded(F.from_bounded(inside)),
+    x = fitcost.to_bounded(z)
+    for name, v in zip(fitcost.FREE, x):
+        assert priors.PRIOR[name].lo <= v <= priors.PRIOR[name].hi
+    inside = np.array([priors.PRIOR[k].value for k in fitcost.FREE])
+    np.testing.assert_allclose(fitcost.to_bounded(fitcost.from_bounded(inside)),
                                np.clip(inside, *_one_percent_in()), rtol=1e-9)
 
 
 def _one_percent_in():
-    lo = np.log([F.PRIOR[k].lo for k in F.FREE])
-    hi = np.log([F.PRIOR[k].hi for k in F.FREE])
+    lo = np.log([priors.PRIOR[k].lo for k in fitcost.FREE])
+    hi = np.log([priors.PRIOR[k].hi for k in fitcost.FREE])
     return np.exp(lo + 0.01 * (hi - lo)), np.exp(lo + 0.99 * (hi - lo))
 
 
@@ -160,12 +158,12 @@ def test_fit_cost_command_writes_and_reports(tmp_path):
     assert f"slabtune reproduce --work derived --fit-cost {out}" in out.read_text()
     assert summary["work"] == "derived"
     assert {r["other_ns"] for r in summary["rows"]} == {sc["work"]["other_ns"]
-                                                         for sc in S.SCENARIOS}
-    assert tuple(doc["fitted"]) == F.FREE == tuple(summary["free"])
-    for name in F.FREE:
-        assert F.PRIOR[name].lo <= doc["cost"][name] <= F.PRIOR[name].hi
+                                                         for sc in scenarios.SCENARIOS}
+    assert tuple(doc["fitted"]) == fitcost.FREE == tuple(summary["free"])
+    for name in fitcost.FREE:
+        assert priors.PRIOR[name].lo <= doc["cost"][name] <= priors.PRIOR[name].hi
     n_rows = len(summary["rows"])
-    assert n_rows == sum(len(sc["rows"]) for sc in S.SCENARIOS)
+    assert n_rows == sum(len(sc["rows"]) for sc in scenarios.SCENARIOS)
     assert all(0 <= n <= n_rows for n in summary["directions_agree"])
     assert summary["directions_agree"][1] == sum(r["direction_agrees"] for r in summary["rows"])
     heads = [r for r in summary["rows"] if r["headline"]]
@@ -175,26 +173,26 @@ def test_fit_cost_command_writes_and_reports(tmp_path):
 
 
 def test_enforce_orderings_moves_a_fitted_constant_onto_a_barely_broken_boundary():
-    v = F.prior_values()
+    v = priors.prior_values()
     v.update(line_local_ns=50.06, line_remote_ns=100.0)      # 2 x 50.06 = 100.12 > 100
-    assert F.constraint_violations(v)                        # broken by 0.12%
-    out = F.enforce_orderings(v, free=("line_remote_ns",))
+    assert priors.constraint_violations(v, fitcost.FREE)                       # broken by 0.12%
+    out = fitcost.enforce_orderings(v, free=("line_remote_ns",))
     assert out["line_remote_ns"] == 100.2                    # 100.12 rounded up, 4 digits
     assert out["line_local_ns"] == 50.06
-    assert not F.constraint_violations(out, free=("line_remote_ns",))
+    assert not priors.constraint_violations(out, free=("line_remote_ns",))
     # the local constant moves (down) when only it is free
-    out = F.enforce_orderings(v, free=("line_local_ns",))
+    out = fitcost.enforce_orderings(v, free=("line_local_ns",))
     assert out["line_local_ns"] == 50.0 and out["line_remote_ns"] == 100.0
     # fast above slow by a hair: the slow constant moves up to it
-    v = F.prior_values()
+    v = priors.prior_values()
     v.update(free_fast_ns=9.99, free_slow_ns=9.95)
-    out = F.enforce_orderings(v, free=("free_slow_ns",))
+    out = fitcost.enforce_orderings(v, free=("free_slow_ns",))
     assert out["free_slow_ns"] == 9.99
 
 
 def test_enforce_orderings_leaves_real_breaks_to_be_reported():
-    v = F.prior_values()
+    v = priors.prior_values()
     v.update(line_local_ns=60.0, line_remote_ns=100.0)       # 20% short of 2 x local
-    out = F.enforce_orderings(v, free=("line_remote_ns",))
+    out = fitcost.enforce_orderings(v, free=("line_remote_ns",))
     assert out == v
-    assert any("line_remote_ns" in b[0] for b in F.constraint_violations(out))
+    assert any("line_remote_ns" in b[0] for b in priors.constraint_violations(out, fitcost.FREE))

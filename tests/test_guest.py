@@ -18,27 +18,24 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from slabtune.kernel import check, guest, snapshot
+from slabtune.kernel.host import topology_from_lists
+from slabtune.model import bootparams, profiles
+from slabtune.model.topology import Topology
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams
-from slabtune.model import profiles as P
-from slabtune.model.topology import Topology
-from slabtune.results import snapshot as snap
-from slabtune.tuner import check
-from slabtune.tuner import guest as g
-from slabtune.tuner.host import topology_from_lists
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "guest-v6.1-4cpu-2node.csv"
 FIXTURE_AFTER = DATA / "guest-v6.1-4cpu-2node-after.csv"
 FIXTURE_612 = DATA / "guest-v6.12-4cpu-2node.csv"
 #: The optional 6.12 kernel (scripts/install-guest-deps.sh --with-6.12).
-KERNEL_612 = g.cache_dir() / "bzImage-6.12"
+KERNEL_612 = guest.cache_dir() / "bzImage-6.12"
 
 
 def _assets_or_none():
     try:
-        return g.find_assets()
+        return guest.find_assets()
     except SlabtuneError as exc:
         return str(exc)
 
@@ -67,7 +64,7 @@ def _fake_bzimage(path: Path, release: str) -> Path:
     return path
 
 
-def _sentinel_assets(tmp_path: Path, release: str = "6.1.0-56-cloud-amd64") -> tuple[g.GuestAssets, Path]:
+def _sentinel_assets(tmp_path: Path, release: str = "6.1.0-56-cloud-amd64") -> tuple[guest.GuestAssets, Path]:
     """Assets whose "qemu" only records that it ran (and exits 0 printing nothing)."""
     ran = tmp_path / "qemu-ran"
     qemu = tmp_path / "qemu"
@@ -75,7 +72,7 @@ def _sentinel_assets(tmp_path: Path, release: str = "6.1.0-56-cloud-amd64") -> t
     qemu.chmod(0o755)
     for name in ("busybox", "workload"):
         (tmp_path / name).write_bytes(b"\x7fELF")
-    assets = g.GuestAssets(qemu=qemu, kernel=_fake_bzimage(tmp_path / "bzImage", release),
+    assets = guest.GuestAssets(qemu=qemu, kernel=_fake_bzimage(tmp_path / "bzImage", release),
                            busybox=tmp_path / "busybox", workload=tmp_path / "workload")
     return assets, ran
 
@@ -93,9 +90,9 @@ def _sentinel_assets(tmp_path: Path, release: str = "6.1.0-56-cloud-amd64") -> t
 ])
 def test_disallowed_boot_param_refused_before_qemu(tmp_path, params, pattern):
     assets, ran = _sentinel_assets(tmp_path)
-    spec = g.GuestSpec(topology=MEMLESS, boot_params=params, accel="tcg", timeout_s=5)
+    spec = guest.GuestSpec(topology=MEMLESS, boot_params=params, accel="tcg", timeout_s=5)
     with pytest.raises(SlabtuneError, match=pattern):
-        g.boot_guest(spec, assets)
+        guest.boot_guest(spec, assets)
     assert not ran.exists()
 
 
@@ -103,9 +100,9 @@ def test_sentinel_qemu_does_run_for_valid_params(tmp_path):
     """Control for the refusal test: with valid parameters the same assets do start "qemu",
     and a qemu that prints nothing is a failed result with a reason, not an exception."""
     assets, ran = _sentinel_assets(tmp_path)
-    spec = g.GuestSpec(topology=MEMLESS, boot_params={"slub_max_order": 2}, accel="tcg",
+    spec = guest.GuestSpec(topology=MEMLESS, boot_params={"slub_max_order": 2}, accel="tcg",
                        timeout_s=5, retries=1)
-    r = g.boot_guest(spec, assets)
+    r = guest.boot_guest(spec, assets)
     assert ran.exists()
     assert not r.ok and r.attempts == 2 and r.returncode == 0
     assert "before init started" in r.error
@@ -114,22 +111,22 @@ def test_sentinel_qemu_does_run_for_valid_params(tmp_path):
 
 def test_slab_spelling_allowed_on_newer_kernel_and_rendered_canonically(tmp_path):
     assets, _ = _sentinel_assets(tmp_path, release="6.12.57+deb13-cloud-amd64")
-    prof = g.kernel_profile(assets.kernel)
+    prof = guest.kernel_profile(assets.kernel)
     assert prof.version == (6, 12) and "slab" in prof.boot_param_prefixes
-    assert g.guest_cmdline({"slab_max_order": 2}, MEMLESS, prof) == \
+    assert guest.guest_cmdline({"slab_max_order": 2}, MEMLESS, prof) == \
         "console=ttyS0 panic=-1 slub_max_order=2"
 
 
 @pytest.mark.parametrize("w, pattern", [
-    (g.WorkloadSpec(mode="fork; reboot"), "workload.mode"),
-    (g.WorkloadSpec(groups=0), "workload.groups"),
-    (g.WorkloadSpec(msg_size=(1 << 20) + 1), "workload.msg_size"),
-    (g.WorkloadSpec(mode="crosscpu", cpu_a=0), "workload.cpu_a"),
+    (guest.WorkloadSpec(mode="fork; reboot"), "workload.mode"),
+    (guest.WorkloadSpec(groups=0), "workload.groups"),
+    (guest.WorkloadSpec(msg_size=(1 << 20) + 1), "workload.msg_size"),
+    (guest.WorkloadSpec(mode="crosscpu", cpu_a=0), "workload.cpu_a"),
 ])
 def test_bad_workload_refused_before_qemu(tmp_path, w, pattern):
     assets, ran = _sentinel_assets(tmp_path)
     with pytest.raises(SlabtuneError, match=pattern):
-        g.boot_guest(g.GuestSpec(topology=MEMLESS, workloads=(w,), accel="tcg"), assets)
+        guest.boot_guest(guest.GuestSpec(topology=MEMLESS, workloads=(w,), accel="tcg"), assets)
     assert not ran.exists()
 
 
@@ -137,13 +134,13 @@ def test_not_a_bzimage_is_refused(tmp_path):
     k = tmp_path / "vmlinux"
     k.write_bytes(b"\0" * 4096)
     with pytest.raises(SlabtuneError, match="kernel: .* is not a bzImage"):
-        g.kernel_profile(k)
+        guest.kernel_profile(k)
 
 
 def test_missing_assets_name_the_piece(tmp_path, monkeypatch):
     monkeypatch.setenv("SLABTUNE_CACHE", str(tmp_path))
     with pytest.raises(SlabtuneError, match=r"kernel: .*nope.* is not a file; run scripts/install"):
-        g.find_assets(kernel=tmp_path / "nope", busybox=tmp_path / "nope2",
+        guest.find_assets(kernel=tmp_path / "nope", busybox=tmp_path / "nope2",
                       workload=tmp_path / "nope3", qemu="/bin/true")
 
 
@@ -151,7 +148,7 @@ def test_missing_assets_name_the_piece(tmp_path, monkeypatch):
 
 
 def test_topology_args_memoryless_node():
-    assert g.topology_qemu_args(MEMLESS, 512) == [
+    assert guest.topology_qemu_args(MEMLESS, 512) == [
         "-m", "512M", "-smp", "cpus=4,maxcpus=4,sockets=4,cores=1,threads=1",
         "-object", "memory-backend-ram,id=mem0,size=512M", "-numa", "node,nodeid=0,memdev=mem0",
         "-numa", "node,nodeid=1",
@@ -164,7 +161,7 @@ def test_topology_args_cpuless_node_and_hotplug_cpus():
     """Node 1 has memory and no CPUs; CPUs 3-5 are possible but not present (they go to the
     first node with CPUs); memory splits evenly in 2 MiB granules, the rest to node 0."""
     t = Topology(possible=6, present=3, online=3, node_cpus=(3, 0), node_has_memory=(True, True))
-    args = g.topology_qemu_args(t, 510)
+    args = guest.topology_qemu_args(t, 510)
     assert args[:4] == ["-m", "510M", "-smp", "cpus=3,maxcpus=6,sockets=6,cores=1,threads=1"]
     assert "memory-backend-ram,id=mem0,size=256M" in args
     assert "memory-backend-ram,id=mem1,size=254M" in args
@@ -174,14 +171,14 @@ def test_topology_args_cpuless_node_and_hotplug_cpus():
 
 def test_single_node_has_no_numa_args_and_online_below_present_sets_maxcpus():
     t = Topology(possible=4, present=4, online=2, node_cpus=(4,), node_has_memory=(True,))
-    assert "-numa" not in g.topology_qemu_args(t)
-    assert g.guest_cmdline({}, t, P.get_profile("v6.1")) == "console=ttyS0 panic=-1 maxcpus=2"
+    assert "-numa" not in guest.topology_qemu_args(t)
+    assert guest.guest_cmdline({}, t, profiles.get_profile("v6.1")) == "console=ttyS0 panic=-1 maxcpus=2"
 
 
 @pytest.mark.parametrize("mem", [0, 64, 10**6, True, "512"])
 def test_bad_memory_refused(mem):
     with pytest.raises(SlabtuneError, match="memory_mib"):
-        g.topology_qemu_args(MEMLESS, mem)
+        guest.topology_qemu_args(MEMLESS, mem)
 
 
 # --------------------------------------------------------------------------- initramfs
@@ -195,10 +192,10 @@ def _busybox() -> str | None:
 
 @pytest.mark.skipif(_busybox() is None, reason="no busybox to unpack the archive with")
 def test_cpio_newc_unpacks_with_busybox_cpio(tmp_path):
-    entries = [g._dir("bin"), g._dir("etc"), g._file("bin/tool", b"#!/bin/sh\necho hi\n"),
-               g._file("etc/odd", b"x" * 5, mode=0o640), g._link("bin/sh", "tool"),
-               g._file("etc/empty", b"", mode=0o600)]
-    archive = g.cpio_newc(entries)
+    entries = [guest._dir("bin"), guest._dir("etc"), guest._file("bin/tool", b"#!/bin/sh\necho hi\n"),
+               guest._file("etc/odd", b"x" * 5, mode=0o640), guest._link("bin/sh", "tool"),
+               guest._file("etc/empty", b"", mode=0o600)]
+    archive = guest.cpio_newc(entries)
     assert len(archive) % 4 == 0 and archive.startswith(b"070701")
     out = tmp_path / "root"
     out.mkdir()
@@ -214,8 +211,8 @@ def test_cpio_newc_unpacks_with_busybox_cpio(tmp_path):
 
 
 def test_init_script_uses_only_validated_words():
-    w = g.WorkloadSpec(mode="crosscpu", groups=3, loops=7, msg_size=512, cpu_a=0, cpu_b=2)
-    script = g.init_script("abc123", (w,))
+    w = guest.WorkloadSpec(mode="crosscpu", groups=3, loops=7, msg_size=512, cpu_a=0, cpu_b=2)
+    script = guest.init_script("abc123", (w,))
     assert ("/bin/workload --mode crosscpu --transport socket --groups 3 --fds 4 --loops 7 "
             "--size 512 --cpu-a 0 --cpu-b 2 > /tmp/w0.out 2>&1") in script
     assert (script.index("dump warm > /dev/null") < script.index("dump before")
@@ -223,7 +220,7 @@ def test_init_script_uses_only_validated_words():
             < script.index('> "$d/cpu_partial"') < script.index("dump flushed"))
     assert script.rstrip().splitlines()[-2:] == ["poweroff -f", "sleep 60"]
     with pytest.raises(SlabtuneError, match="token"):
-        g.init_script("x; reboot")
+        guest.init_script("x; reboot")
 
 
 # --------------------------------------------------------------------------- console parsing
@@ -257,28 +254,28 @@ def _console(token="t0k", count_before=2):
 
 
 def test_parse_console_builds_snapshot_frame():
-    parsed = g.parse_console(_console(), "t0k")
+    parsed = guest.parse_console(_console(), "t0k")
     assert parsed.started and parsed.ended and parsed.guest_uptime_at_start == 1.5
     assert parsed.workloads == [{"mode": "hackbench", "messages": 10, "wall_s": 0.5}]
     assert parsed.workload_rc == [0]
-    df = g.snapshot_frame(parsed, "before", "tcg")
-    assert df.columns[:len(snap.SNAPSHOT_COLUMNS)] == list(snap.SNAPSHOT_COLUMNS)
+    df = guest.snapshot_frame(parsed, "before", "tcg")
+    assert df.columns[:len(snapshot.SNAPSHOT_COLUMNS)] == list(snapshot.SNAPSHOT_COLUMNS)
     assert df["cache"].to_list() == ["kmalloc-64", "task_struct"]
     assert df["sheaf_capacity"].null_count() == 2
     assert df["aliases"].to_list() == [1, 0]
     assert df["objects"].to_list() == [150, 1]
     assert set(df["phase"]) == {"before"} and set(df["accelerator"]) == {"tcg"}
     assert df["nodes_with_cpu"][0] == "0-1"
-    snap.validate_snapshot(df)  # the frame satisfies the snapshot contract
+    snapshot.validate_snapshot(df)  # the frame satisfies the snapshot contract
 
 
 def test_parse_console_rejects_truncated_dump_and_foreign_token():
-    with pytest.raises(g.ConsoleParseError, match="2 cache records, init counted 3"):
-        g.parse_console(_console(count_before=3), "t0k")
-    other = g.parse_console(_console(token="old"), "t0k")
+    with pytest.raises(guest.ConsoleParseError, match="2 cache records, init counted 3"):
+        guest.parse_console(_console(count_before=3), "t0k")
+    other = guest.parse_console(_console(token="old"), "t0k")
     assert not other.started and not other.ended
-    with pytest.raises(g.ConsoleParseError, match="malformed"):
-        g.parse_console("@@ST C before x order=zero\n", "t0k")
+    with pytest.raises(guest.ConsoleParseError, match="malformed"):
+        guest.parse_console("@@ST C before x order=zero\n", "t0k")
 
 
 # --------------------------------------------------------------------------- committed fixture
@@ -288,30 +285,30 @@ def test_committed_guest_snapshot_matches_model():
     """The saved 6.1 guest snapshot (4 CPUs, node 1 memoryless, slub_max_order=2) matches
     the model in every cache, and slub_max_order=2 mattered: under the default 3 some of
     these caches would have had another order."""
-    df = snap.read_snapshot(FIXTURE)
+    df = snapshot.read_snapshot(FIXTURE)
     res = check.check_snapshot(df)
     assert res.caches == res.comparable == res.matched == df.height > 100
     assert res.boots[0].params == bootparams.SlubParams(0, 2, 0)
     first = df.row(0, named=True)
     assert (first["nodes_with_memory"], first["nodes_with_cpu"]) == ("0", "0-1")
-    topo, _ = topology_from_lists(*(first[c] for c in snap.BOOT_COLUMNS[2:]))
+    topo, _ = topology_from_lists(*(first[c] for c in snapshot.BOOT_COLUMNS[2:]))
     default = check.predict_boot(df["slab_size"].to_numpy(), df["cache"].to_list(), topo,
-                                 P.get_profile("v6.1"), bootparams.SlubParams())
+                                 profiles.get_profile("v6.1"), bootparams.SlubParams())
     differs = int((default["order"] != df["order"].to_numpy()).sum())
     assert differs >= 10
 
 
 def test_committed_612_guest_snapshot_matches_model():
     """A 6.12 guest (same topology, slab_max_order=2): the v6.8+ single-pass order rules."""
-    df = snap.read_snapshot(FIXTURE_612)
+    df = snapshot.read_snapshot(FIXTURE_612)
     res = check.check_snapshot(df)
     assert res.boots[0].profile == "v6.12"
     assert res.caches == res.comparable == res.matched == df.height > 100
 
 
 def test_committed_guest_snapshot_counters_moved():
-    before = snap.read_snapshot(FIXTURE)
-    after = snap.read_snapshot(FIXTURE_AFTER)
+    before = snapshot.read_snapshot(FIXTURE)
+    after = snapshot.read_snapshot(FIXTURE_AFTER)
     assert before["cache"].to_list() == after["cache"].to_list()
     j = before.join(after, on="cache", suffix="_after")
     skb = j.filter(pl.col("cache") == "skbuff_head_cache").row(0, named=True)
@@ -327,12 +324,12 @@ def test_committed_guest_snapshot_counters_moved():
 def memless_boot():
     """One 6.1 boot: 4 CPUs on 2 nodes, node 1 memoryless, slub_max_order=2, running a
     hackbench round and a cross-CPU-free round between the dumps."""
-    spec = g.GuestSpec(
+    spec = guest.GuestSpec(
         topology=MEMLESS, boot_params={"slub_max_order": 2},
-        workloads=(g.WorkloadSpec(groups=2, fds=4, loops=200),
-                   g.WorkloadSpec(mode="crosscpu", groups=4, loops=2000, msg_size=512)),
+        workloads=(guest.WorkloadSpec(groups=2, fds=4, loops=200),
+                   guest.WorkloadSpec(mode="crosscpu", groups=4, loops=2000, msg_size=512)),
         timeout_s=180)
-    return g.boot_guest(spec)
+    return guest.boot_guest(spec)
 
 
 @pytest.mark.guest
@@ -342,7 +339,7 @@ def test_memoryless_guest_matches_model(memless_boot):
     r = memless_boot
     assert r.ok, f"{r.error}\n{r.console_tail}"
     assert r.accelerator in ("kvm", "tcg")
-    assert r.accelerator == ("kvm" if g.probe_kvm().usable else "tcg")
+    assert r.accelerator == ("kvm" if guest.probe_kvm().usable else "tcg")
     assert set(r.before["accelerator"]) == {r.accelerator}
     first = r.before.row(0, named=True)
     assert first["kernel_release"].startswith("6.1.")
@@ -398,7 +395,7 @@ def test_hotplug_and_cpuless_node_guest_matches_model():
     no CPUs, slub_min_order=1.  6.1 sizes slabs from the present CPUs (4: min_objects 16),
     not the possible (8: 20) or online ones (2: 12); the node masks show the CPU-less node."""
     t = Topology(possible=8, present=4, online=2, node_cpus=(4, 0), node_has_memory=(True, True))
-    r = g.boot_guest(g.GuestSpec(topology=t, boot_params={"slub_min_order": 1}, timeout_s=180))
+    r = guest.boot_guest(guest.GuestSpec(topology=t, boot_params={"slub_min_order": 1}, timeout_s=180))
     assert r.ok, f"{r.error}\n{r.console_tail}"
     first = r.before.row(0, named=True)
     assert (first["cpus_possible"], first["cpus_present"], first["cpus_online"]) == \
@@ -412,7 +409,7 @@ def test_hotplug_and_cpuless_node_guest_matches_model():
     for n in (8, 2):
         other = Topology(possible=n, present=n, online=n, node_cpus=(n, 0),
                          node_has_memory=(True, True))
-        pred = check.predict_boot(sizes, names, other, P.get_profile("v6.1"),
+        pred = check.predict_boot(sizes, names, other, profiles.get_profile("v6.1"),
                                   bootparams.SlubParams(1, 3, 0))
         assert (pred["order"] != r.before["order"].to_numpy()).any()
 
@@ -421,8 +418,8 @@ def test_hotplug_and_cpuless_node_guest_matches_model():
 @pytest.mark.slow
 @needs_guest
 def test_timeout_fails_cleanly_with_console_tail():
-    spec = g.GuestSpec(topology=Topology.uniform(1), timeout_s=1.0, retries=1, accel="tcg")
-    r = g.boot_guest(spec)
+    spec = guest.GuestSpec(topology=Topology.uniform(1), timeout_s=1.0, retries=1, accel="tcg")
+    r = guest.boot_guest(spec)
     assert not r.ok and r.timed_out
     assert r.attempts == 2 and len(r.attempt_errors) == 2
     assert r.error.startswith("timed out after")
@@ -436,8 +433,8 @@ def test_timeout_fails_cleanly_with_console_tail():
 @pytest.mark.slow
 @needs_guest
 def test_kvm_probe_is_cached_and_explains_itself():
-    first = g.probe_kvm()
-    again = g.probe_kvm()
+    first = guest.probe_kvm()
+    again = guest.probe_kvm()
     assert again is first
     assert first.reason
     if not first.usable:
@@ -452,8 +449,8 @@ def test_kvm_probe_is_cached_and_explains_itself():
 def test_612_kernel_override_and_slab_spelling():
     """--kernel style override: boot the 6.12 image; its profile allows the slab_* spelling,
     which reaches the kernel as slub_max_order (both names work from v6.8)."""
-    assets = g.find_assets(kernel=KERNEL_612)
-    r = g.boot_guest(g.GuestSpec(topology=MEMLESS, boot_params={"slab_max_order": 2},
+    assets = guest.find_assets(kernel=KERNEL_612)
+    r = guest.boot_guest(guest.GuestSpec(topology=MEMLESS, boot_params={"slab_max_order": 2},
                                  timeout_s=180), assets)
     assert r.ok, f"{r.error}\n{r.console_tail}"
     assert r.kernel == str(KERNEL_612.resolve())
@@ -498,6 +495,6 @@ def test_cli_guest_boot_writes_checkable_snapshot(tmp_path):
     summary = __import__("json").loads(p.stdout)
     assert summary["ok"] and summary["caches"] > 100
     assert "slub_min_objects=8" in summary["cmdline"]
-    res = check.check_snapshot(snap.read_snapshot(out))
+    res = check.check_snapshot(snapshot.read_snapshot(out))
     assert res.boots[0].params == bootparams.SlubParams(0, 3, 8)
     assert res.matched == res.comparable > 100

@@ -9,38 +9,32 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-
-from slabtune.model import dynamics as D
-from slabtune.model import metrics as M
-from slabtune.model import policy as PL
-from slabtune.model import profiles as P
-from slabtune.model import topology as T
-from slabtune.model import workloads as W
+from slabtune.model import dynamics, metrics, policy, profiles, topology, workloads
 from slabtune.sweeps import simconfig
 
-R = D.R
+R = dynamics.R
 COST = simconfig.load_cost()[0]
 
 
 def _cfg(profile="v6.1", cpus=8, nodes=2, size=4096, memoryless=(), kind="local", **wl):
-    prof = P.get_profile(profile)
-    topo = T.Topology.uniform(cpus, nodes, memoryless_nodes=memoryless)
-    st = PL.structure(size, topo.possible, topo.present, topo.online, PL.profile_arrays(prof),
+    prof = profiles.get_profile(profile)
+    topo = topology.Topology.uniform(cpus, nodes, memoryless_nodes=memoryless)
+    st = policy.structure(size, topo.possible, topo.present, topo.online, policy.profile_arrays(prof),
                       is_kmalloc=True)
-    return D.config_from(st, prof, topo, W.build(kind, topo, **wl)), st
+    return dynamics.config_from(st, prof, topo, workloads.build(kind, topo, **wl)), st
 
 
 def _counters(**fields):
-    base = {f: np.zeros(R, np.int32) for f in D.COUNTER_FIELDS}
-    base.update(list_lock_node=np.zeros(D.N, np.int32),
-                slabs_total=np.zeros(D.N, np.float32), objects_inuse=np.zeros(R, np.float32),
-                empty_slabs_kept=np.zeros(D.N, np.float32),
+    base = {f: np.zeros(R, np.int32) for f in dynamics.COUNTER_FIELDS}
+    base.update(list_lock_node=np.zeros(dynamics.N, np.int32),
+                slabs_total=np.zeros(dynamics.N, np.float32), objects_inuse=np.zeros(R, np.float32),
+                empty_slabs_kept=np.zeros(dynamics.N, np.float32),
                 cpu_partial_slabs_held=np.zeros(R, np.float32),
                 sheaf_objects_held=np.zeros(R, np.float32),
-                barn_objects_held=np.zeros(D.N, np.float32), outstanding=np.zeros(R, np.int32))
+                barn_objects_held=np.zeros(dynamics.N, np.float32), outstanding=np.zeros(R, np.int32))
     for k, v in fields.items():
         base[k] = np.asarray(v, base[k].dtype)
-    return D.Counters(**base)
+    return dynamics.Counters(**base)
 
 
 def _per_rep(values):
@@ -48,7 +42,7 @@ def _per_rep(values):
     return np.array(v)
 
 
-_compute = jax.jit(lambda counters, cfg, pcp, object_size, steps, other: M.compute(
+_compute = jax.jit(lambda counters, cfg, pcp, object_size, steps, other: metrics.compute(
     counters, cfg, COST, pcp_max=pcp, object_size=object_size, steps=steps, other_ns=other))
 
 
@@ -87,7 +81,7 @@ def test_page_allocator_calls_land_in_the_slab_order():
     assert float(m.slab_allocs_per_kop) == pytest.approx(10.0)
     assert float(m.slab_frees_per_kop) == pytest.approx(5.0)
     by_order = np.asarray(m.page_allocs_per_kop_by_order)
-    assert by_order.shape == (M.N_ORDERS,)
+    assert by_order.shape == (metrics.N_ORDERS,)
     assert by_order[3] == pytest.approx(10.0) and by_order.sum() == pytest.approx(10.0)
     # order 3 is above v5.11's per-CPU page lists: every call takes the zone lock
     m11 = _metrics(c, cfg, pcp=0)
@@ -161,9 +155,9 @@ def test_compute_vmaps_over_configurations():
     ops = _per_rep([1000] * 8)
     c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, list_lock=_per_rep([100] * 8),
                   list_lock_node=np.array([400, 400, 0, 0]))
-    stacked = D.stack_configs(cfgs)
+    stacked = dynamics.stack_configs(cfgs)
     cs = jax.tree_util.tree_map(lambda x: np.stack([x] * 3), c)
-    f = jax.vmap(lambda cc, cfg: M.compute(cc, cfg, COST, pcp_max=3, object_size=4096,
+    f = jax.vmap(lambda cc, cfg: metrics.compute(cc, cfg, COST, pcp_max=3, object_size=4096,
                                            steps=1000).ns_per_op)
     batched = np.asarray(f(cs, stacked))
     single = [float(_metrics(c, cfg).ns_per_op) for cfg in cfgs]
@@ -175,10 +169,10 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     # takes node 0's list_lock and zone lock across the interconnect.  Hand-worked with
     # hold 80, lines of 40 (local) and 150 (remote) ns, k = 5 list_lock lines, 3 barn
     # lines, 2 zone lines: the service of an acquisition is hold + k * line.
-    from slabtune.model import cost as C
-    from slabtune.tuner import fitcost
+    from slabtune.model import cost as cost_model
+    from slabtune.model import priors
 
-    cost = C.cost_from_mapping({**fitcost.prior_values(), "list_lock_hold_ns": 80.0,
+    cost = cost_model.cost_from_mapping({**priors.prior_values(), "list_lock_hold_ns": 80.0,
                                 "line_local_ns": 40.0, "line_remote_ns": 150.0,
                                 "list_lock_lines": 5.0, "barn_lock_lines": 3.0,
                                 "zone_lock_lines": 2.0})
@@ -189,8 +183,8 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     c = _counters(ops=ops, allocs=ops // 2, frees=ops // 2, list_lock=_per_rep([100, 100]),
                   list_lock_remote=_per_rep([0, 100]), barn_get=_per_rep([10, 10]),
                   slab_alloc=_per_rep([31, 31]), list_lock_node=np.array([200, 0, 0, 0]))
-    acq, line, hold, mult = M.lock_classes(c, cfg, 3, cost)
-    n = D.N
+    acq, line, hold, mult = metrics.lock_classes(c, cfg, 3, cost)
+    n = dynamics.N
     acq, line = np.asarray(acq), np.asarray(line)
     # list_lock of node 0: 0.1 acquisitions per op each; 5 x 40 local, 5 x 150 remote
     assert acq[0, 0] == pytest.approx(0.1) and acq[1, 0] == pytest.approx(0.1)
@@ -204,7 +198,7 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     # The M/M/1 fixed point serves each acquisition for hold + k * line.
     base = np.array([100.0, 100.0] + [0.0] * (R - 2), np.float32)
     w = np.asarray(cfg.rep_weight)
-    sol = C.solve(base, acq, hold, line, w, mult, cost.rho_max)
+    sol = cost_model.solve(base, acq, hold, line, w, mult, cost.rho_max)
     t = np.asarray(sol.t)
     service = np.array([80.0 + 200.0, 80.0 + 750.0])
     rho0 = float(np.sum(0.1 * service / float(sol.tau)))
@@ -220,8 +214,8 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
 def test_one_line_per_acquisition_is_k_equals_1():
     # A lone CPU never waits, so its time per op falls by exactly acq * (k - 1) * line
     # when the list_lock's k lines become one.
-    from slabtune.model import cost as C
-    from slabtune.tuner import fitcost
+    from slabtune.model import cost as cost_model
+    from slabtune.model import priors
 
     cfg, _ = _cfg(cpus=1, nodes=1)
     ops = _per_rep([1000])
@@ -229,8 +223,8 @@ def test_one_line_per_acquisition_is_k_equals_1():
                   list_lock_node=np.array([100, 0, 0, 0]))
     times = []
     for k in (1.0, 6.0):
-        cost = C.cost_from_mapping({**fitcost.prior_values(), "list_lock_lines": k})
-        m = M.compute(c, cfg, cost, pcp_max=3, object_size=4096, steps=1000)
+        cost = cost_model.cost_from_mapping({**priors.prior_values(), "list_lock_lines": k})
+        m = metrics.compute(c, cfg, cost, pcp_max=3, object_size=4096, steps=1000)
         assert float(m.list_lock_wait_ns) == 0.0
         times.append(float(m.ns_per_op))
     # per pair (two ops): 2 x 0.1 acquisitions x 5 extra lines x line_local_ns 40

@@ -25,18 +25,16 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 
-import numpy as np
 import pytest
-
-from slabtune.sweeps import simconfig as SC
-from slabtune.tuner import native as NV
+from slabtune.sweeps import simconfig
+from slabtune.validate import native as native_driver
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
 def binary():
-    return NV.build()
+    return native_driver.build()
 
 
 def _spec(profile: str, workload: dict, *, cpus: int = 2, nodes: int = 1, memoryless=(),
@@ -49,15 +47,15 @@ def _spec(profile: str, workload: dict, *, cpus: int = 2, nodes: int = 1, memory
         "workload": workload,
         "run": {"steps": steps, "seed": seed},
     }
-    return SC.parse_doc(doc)
+    return simconfig.parse_doc(doc)
 
 
-def _run(spec, binary, **replace) -> tuple[NV.NativeConfig, NV.NativeResult]:
-    cfg = dataclasses.replace(NV.config_for_spec(spec), **replace)
-    return cfg, NV.run(cfg, binary=binary)
+def _run(spec, binary, **replace) -> tuple[native_driver.NativeConfig, native_driver.NativeResult]:
+    cfg = dataclasses.replace(native_driver.config_for_spec(spec), **replace)
+    return cfg, native_driver.run(cfg, binary=binary)
 
 
-def _threads(res: NV.NativeResult, **where) -> list[dict]:
+def _threads(res: native_driver.NativeResult, **where) -> list[dict]:
     return [t for t in res.per_thread
             if t["active"] and all(t[k] == v for k, v in where.items())]
 
@@ -99,7 +97,7 @@ def test_remote_frees_fill_the_per_cpu_partial_list(binary):
     # full, and the receiver's first free to each moves it to the receiver's per-CPU
     # partial list (put_cpu_partial, no list_lock).
     spec = _spec("v6.1", {"kind": "producer_consumer", "depth": 64}, cpus=2)
-    cfg = NV.config_for_spec(spec)
+    cfg = native_driver.config_for_spec(spec)
     assert cfg.cpu_partial_slabs > 0
     R = cfg.reps
     send = [r for r in range(R) if cfg.active[r] and cfg.alloc_p[r] > 0]
@@ -111,7 +109,7 @@ def test_remote_frees_fill_the_per_cpu_partial_list(binary):
     cum[c * R:(c + 1) * R] = [0 if j < c else 1 << 16 for j in range(R)]
     cfg = dataclasses.replace(cfg, alloc_p=tuple(alloc_p), live_target=tuple(live),
                               free_cum=tuple(cum))
-    res = NV.run(cfg, binary=binary)
+    res = native_driver.run(cfg, binary=binary)
     (ks,) = [t["counters"] for t in res.per_thread if t["rep"] == s]
     (kc,) = [t["counters"] for t in res.per_thread if t["rep"] == c]
     assert ks["frees"] == 0 and kc["frees"] > 1000
@@ -283,7 +281,7 @@ def test_serial_mode_is_repeatable_and_in_rep_order(binary):
 
 def test_build_is_cached(binary):
     before = binary.stat().st_mtime_ns
-    assert NV.build() == binary
+    assert native_driver.build() == binary
     assert binary.stat().st_mtime_ns == before
 
 
@@ -306,8 +304,8 @@ def test_bad_flags_exit_2_with_one_line(binary, args, needle):
 def test_build_failure_is_one_slabtune_error(tmp_path):
     bad = tmp_path / "broken.c"
     bad.write_text("int main(void) { return undeclared_thing; }\n")
-    with pytest.raises(NV.NativeError) as err:
-        NV.build(out=tmp_path / "broken", source=bad)
+    with pytest.raises(native_driver.NativeError) as err:
+        native_driver.build(out=tmp_path / "broken", source=bad)
     msg = str(err.value)
     assert msg.startswith("native build: gcc failed on broken.c: ")
     assert "undeclared_thing" in msg and "\n" not in msg
@@ -315,17 +313,17 @@ def test_build_failure_is_one_slabtune_error(tmp_path):
 
 
 def test_run_error_is_one_slabtune_error(binary):
-    with pytest.raises(NV.NativeError, match=r"slubsim exited 2: slubsim: unknown option"):
-        NV.run_args(["--size=64", "--objs=1", "--nope=3"], binary=binary)
+    with pytest.raises(native_driver.NativeError, match=r"slubsim exited 2: slubsim: unknown option"):
+        native_driver.run_args(["--size=64", "--objs=1", "--nope=3"], binary=binary)
 
 
 def test_key_value_file_matches_flags(binary, tmp_path):
     spec = _spec("v6.1", {"kind": "local", "live": 8}, cpus=1, steps=300)
-    cfg = NV.config_for_spec(spec)
+    cfg = native_driver.config_for_spec(spec)
     f = tmp_path / "cfg.txt"
     f.write_text("# slubsim config\n" + "\n".join(a[2:] for a in cfg.args()) + "\n")
-    a = NV.run_args([f"--config={f}"], binary=binary)
-    b = NV.run(cfg, binary=binary).raw
+    a = native_driver.run_args([f"--config={f}"], binary=binary)
+    b = native_driver.run(cfg, binary=binary).raw
     assert a["config"] == b["config"]
     assert a["counters"]["alloc_slowpath"] == b["counters"]["alloc_slowpath"] == 1
 
@@ -347,10 +345,10 @@ KNOWN_MODEL_DEPARTURES = {
 
 
 def _arms():
-    from slabtune.model import scenarios as S
+    from slabtune.model import scenarios
 
     out = []
-    for sc in S.SCENARIOS:
+    for sc in scenarios.SCENARIOS:
         for name, arm in sc["arms"].items():
             out.append((sc["name"], name, arm))
     return out
@@ -360,23 +358,23 @@ def _arms():
 def scenario_runs(binary):
     """Every seed scenario arm: the model's weighted fast-path fractions from
     ``slabtune simulate``'s pipeline (one batched call), and the native allocator's."""
-    from slabtune.sweeps import simulate as SIM
+    from slabtune.sweeps import simulate
 
     arms = _arms()
     specs = []
     for _, _, arm in arms:
         arm = dict(arm)
         patch = arm.pop("profile_patch", None)
-        specs.append(NV.patched_spec(SC.parse_doc(arm), patch))
-    cost, _ = SC.load_cost()
-    preds = SIM.run(specs, cost)
+        specs.append(native_driver.patched_spec(simconfig.parse_doc(arm), patch))
+    cost, _ = simconfig.load_cost()
+    preds = simulate.run(specs, cost)
     out = {}
     for (sc, name, _), spec, pred in zip(arms, specs, preds):
         # serial: the reps take their turns in the model's order, so the run is repeatable
-        cfg = dataclasses.replace(NV.config_for_spec(spec), serial=1)
-        res = NV.run(cfg, binary=binary)
+        cfg = dataclasses.replace(native_driver.config_for_spec(spec), serial=1)
+        res = native_driver.run(cfg, binary=binary)
         model = (pred["alloc_fastpath_frac"], pred["free_fastpath_frac"])
-        out[(sc, name)] = (model, NV.fastpath_fractions(res, cfg.rep_weight), res)
+        out[(sc, name)] = (model, native_driver.fastpath_fractions(res, cfg.rep_weight), res)
     return out
 
 
@@ -417,7 +415,7 @@ def test_timed_calls_account_for_every_op_on_one_pinned_cpu(binary):
     for t in threads:
         assert t["op_timed"] + t["op_dropped"] == t["counters"]["ops"] == 20000
     assert 0 < raw["op_ns"] <= res.wall_seconds * 1e9
-    pair = NV.op_ns_per_pair(res, cfg.rep_weight)
+    pair = native_driver.op_ns_per_pair(res, cfg.rep_weight)
     assert pair == pytest.approx(2.0 * raw["op_ns"] / raw["op_timed"], rel=1e-3)
 
 
@@ -430,5 +428,5 @@ def test_timing_does_not_change_what_the_allocator_does(binary):
     assert timed.counters == plain.counters
     assert [t["counters"] for t in timed.per_thread] == [t["counters"] for t in plain.per_thread]
     assert "op_ns" not in plain.raw and timed.raw["op_timed"] > 0
-    with pytest.raises(NV.NativeError, match="time_ops=1"):
-        NV.op_ns_per_pair(plain)
+    with pytest.raises(native_driver.NativeError, match="time_ops=1"):
+        native_driver.op_ns_per_pair(plain)

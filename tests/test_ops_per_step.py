@@ -8,12 +8,8 @@ import json
 import numpy as np
 import pytest
 import tomli_w
-
-from slabtune.sweeps import evaluators as E
-from slabtune.sweeps import grid as G
-from slabtune.sweeps import simconfig
-from slabtune.sweeps import simulate
-from slabtune.sweeps import spec as S
+from slabtune.sweeps import evaluators, grid, simconfig, simulate
+from slabtune.sweeps import spec as sweep_spec
 
 BASE = {
     "topology": {"cpus": 16, "nodes": 2},
@@ -84,13 +80,13 @@ def test_simulate_runs_b_ops_per_rep_per_step():
 
 
 def test_sweep_spec_ops_per_step():
-    plain = S.parse(SPEC.format(extra=""))
-    spec = S.parse(SPEC.format(extra="ops_per_step = 64"))
+    plain = sweep_spec.parse(SPEC.format(extra=""))
+    spec = sweep_spec.parse(SPEC.format(extra="ops_per_step = 64"))
     assert plain.ops_per_step == 1 and spec.ops_per_step == 64
     # a spec without the key keeps the hash it always had; with it, the hash differs
     assert "ops_per_step" not in plain.to_dict()
     assert spec.hash != plain.hash
-    assert S.from_dict(spec.to_dict()) == spec
+    assert sweep_spec.from_dict(spec.to_dict()) == spec
 
 
 @pytest.mark.parametrize("extra, field", [
@@ -99,16 +95,16 @@ def test_sweep_spec_ops_per_step():
     ("ops_per_step = 1.5", "sweep.ops_per_step"),
 ])
 def test_bad_sweep_ops_per_step_names_the_field(extra, field):
-    with pytest.raises(S.SpecError, match=field.replace(".", r"\.")):
-        S.parse(SPEC.format(extra=extra))
+    with pytest.raises(sweep_spec.SpecError, match=field.replace(".", r"\.")):
+        sweep_spec.parse(SPEC.format(extra=extra))
 
 
 def test_structural_sweep_rejects_ops_per_step():
     text = SPEC.format(extra="ops_per_step = 4").replace('evaluator = "dynamics"',
                                                          'evaluator = "structural"')
     text = text.replace("steps = 150\n", "").split("[workload]")[0]
-    with pytest.raises(S.SpecError, match=r"sweep\.ops_per_step"):
-        S.parse(text)
+    with pytest.raises(sweep_spec.SpecError, match=r"sweep\.ops_per_step"):
+        sweep_spec.parse(text)
 
 
 def test_dynamics_evaluator_uses_the_spec_run_length():
@@ -116,9 +112,9 @@ def test_dynamics_evaluator_uses_the_spec_run_length():
     from (here the fast-path fractions move, and stay fractions)."""
     out = {}
     for b in (1, 64):
-        spec = S.parse(SPEC.format(extra=f"ops_per_step = {b}"))
-        ch = G.chunk(spec, 0)
-        out[b] = E.EVALUATORS["dynamics"].evaluate(spec, ch)
+        spec = sweep_spec.parse(SPEC.format(extra=f"ops_per_step = {b}"))
+        ch = grid.chunk(spec, 0)
+        out[b] = evaluators.EVALUATORS["dynamics"].evaluate(spec, ch)
     a1, a64 = out[1]["alloc_fastpath_frac"], out[64]["alloc_fastpath_frac"]
     assert np.all((a64 >= 0) & (a64 <= 1))
     assert not np.array_equal(a1, a64)
@@ -130,10 +126,7 @@ def _bound_configs():
     """Distinct configurations that exercise sheaves, per-CPU partial lists, memoryless
     nodes and remote frees (every one at b = 1)."""
     import jax  # noqa: F401  (the model imports it anyway)
-
-    from slabtune.model import dynamics as D
-    from slabtune.model import policy as PL
-    from slabtune.model import profiles as P
+    from slabtune.model import dynamics, policy, profiles
     from slabtune.model.topology import Topology
 
     out = []
@@ -142,33 +135,32 @@ def _bound_configs():
                                 ("v7.0", 128, {"kind": "local", "live": 300, "burst": 50}),
                                 ("v3.1", 1024, {"kind": "block_io", "completion_remote": True}),
                                 ("v7.1", 64, {"kind": "request_response", "threads": 64})):
-        prof = P.get_profile(prof_name)
-        st = PL.structure(size, topo.possible, topo.present, topo.online,
-                          PL.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
-        out.append(D.config_from(st, prof, topo, wl))
+        prof = profiles.get_profile(prof_name)
+        st = policy.structure(size, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
+        out.append(dynamics.config_from(st, prof, topo, wl))
     return out
 
 
 def test_run_bound_is_one_only_for_one_op_batches():
-    from slabtune.model import dynamics as D
+    from slabtune.model import dynamics
 
     cfgs = _bound_configs()
-    assert D.run_bound(D.stack_configs(cfgs)) == 1
+    assert dynamics.run_bound(dynamics.stack_configs(cfgs)) == 1
     mixed = cfgs[:3] + [cfgs[3]._replace(ops_per_step=np.int32(64))]
-    assert D.run_bound(D.stack_configs(mixed)) == D.MAX_OPS_PER_STEP
+    assert dynamics.run_bound(dynamics.stack_configs(mixed)) == dynamics.MAX_OPS_PER_STEP
 
 
 def test_one_op_bound_gives_the_general_counters_bit_for_bit():
     """b = 1 compiled with the static bound 1 (single pick) and with the general bound
     (systematic sampling over slabs and node classes): the same counters, every field."""
     import jax
+    from slabtune.model import dynamics
 
-    from slabtune.model import dynamics as D
-
-    batch = D.stack_configs(_bound_configs())
+    batch = dynamics.stack_configs(_bound_configs())
     keys = jax.random.split(jax.random.key(5), 4)
-    one = D.counters_numpy(D.simulate_batch(keys, batch, 600, max_run=1))
-    gen = D.counters_numpy(D.simulate_batch(keys, batch, 600, max_run=D.MAX_OPS_PER_STEP))
+    one = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 600, max_run=1))
+    gen = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 600, max_run=dynamics.MAX_OPS_PER_STEP))
     assert one["ops"].sum() > 4 * 600 and one["remote_free"].sum() > 0
     for k in one:
         np.testing.assert_array_equal(one[k], gen[k], err_msg=k)
@@ -178,27 +170,26 @@ def test_mixed_batch_takes_the_general_path():
     """A batch of b = 1 and b = 64 configurations: each gives the counters it gives alone
     (its b = 1 members those of the one-op compile)."""
     import jax
-
-    from slabtune.model import dynamics as D
+    from slabtune.model import dynamics
 
     cfgs = _bound_configs()
     mixed = [cfgs[0], cfgs[1]._replace(ops_per_step=np.int32(64)), cfgs[2],
              cfgs[3]._replace(ops_per_step=np.int32(64))]
     keys = jax.random.split(jax.random.key(7), 4)
-    got = D.counters_numpy(D.simulate_batch(keys, D.stack_configs(mixed), 300))
+    got = dynamics.counters_numpy(dynamics.simulate_batch(keys, dynamics.stack_configs(mixed), 300))
     assert got["ops"][1].max() > 300                 # the b = 64 members did runs
     for i, cfg in enumerate(mixed):
-        alone = D.counters_numpy(D.simulate(keys[i], cfg, 300))
+        alone = dynamics.counters_numpy(dynamics.simulate(keys[i], cfg, 300))
         for k in alone:
             np.testing.assert_array_equal(got[k][i], alone[k], err_msg=f"{i} {k}")
 
 
 def test_one_op_bound_refuses_longer_runs():
-    from slabtune.errors import SlabtuneError
-    from slabtune.model import dynamics as D
-
     import jax
+    from slabtune.model import dynamics
+
+    from slabtune.errors import SlabtuneError
 
     cfg = _bound_configs()[0]._replace(ops_per_step=np.int32(8))
     with pytest.raises(SlabtuneError, match="max_run"):
-        D.simulate(jax.random.key(0), cfg, 10, max_run=1)
+        dynamics.simulate(jax.random.key(0), cfg, 10, max_run=1)

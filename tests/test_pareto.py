@@ -7,31 +7,30 @@ import json
 import optuna
 import polars as pl
 import pytest
-
 from _tune_helpers import assert_clean_error, quick_study, run_cli
-from slabtune.results import pareto as PR
+from slabtune.results import pareto
 
 
 def test_non_dominated_on_hand_made_points():
     pts = [(1.0, 5.0), (2.0, 3.0), (2.0, 4.0), (3.0, 3.0), (4.0, 1.0), (1.0, 5.0), (5.0, 0.5)]
-    keep = PR.non_dominated(pts)
+    keep = pareto.non_dominated(pts)
     assert sorted(keep) == [0, 1, 4, 5, 6]
     for i in keep:
-        assert not any(PR.dominates(pts[j], pts[i]) for j in range(len(pts)))
+        assert not any(pareto.dominates(pts[j], pts[i]) for j in range(len(pts)))
     for i in set(range(len(pts))) - set(keep):
-        assert any(PR.dominates(pts[j], pts[i]) for j in range(len(pts)))
+        assert any(pareto.dominates(pts[j], pts[i]) for j in range(len(pts)))
 
 
 def test_study_report_matches_optuna_front_and_gains():
     study, _url, _runner = quick_study()
-    rep = PR.study_pareto(study)
+    rep = pareto.study_pareto(study)
     assert {p["trial"] for p in rep["points"]} == {t.number for t in study.best_trials}
     mems = [p["memory"] for p in rep["points"]]
     assert mems == sorted(mems)
     feasible = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
                 if t.constraints["regression_excess"] <= 0]
     for p in rep["points"]:
-        assert not any(PR.dominates(t.values, (p["memory"], p["time"])) for t in feasible)
+        assert not any(pareto.dominates(t.values, (p["memory"], p["time"])) for t in feasible)
     base = study.user_attrs["slabtune_baseline"]
     p = rep["points"][0]
     t = study.trials[p["trial"]]
@@ -42,7 +41,7 @@ def test_study_report_matches_optuna_front_and_gains():
 
 def test_all_points_marks_front_and_feasibility():
     study, _url, _runner = quick_study()
-    df = PR.all_points(study)
+    df = pareto.all_points(study)
     assert df.height == len(study.trials)
     assert set(df.filter(pl.col("pareto"))["trial"]) == {t.number for t in study.best_trials}
     assert df.filter(pl.col("pareto"))["feasible"].all()
@@ -53,7 +52,7 @@ def test_sweep_pareto_on_a_lazy_frame():
     lf = pl.LazyFrame({"cpus": [1, 2, 3, 4, 5, 6],
                        "memory_overhead": [0.5, 0.1, 0.3, 0.1, 0.2, 0.05],
                        "ns_per_op": [10.0, 40.0, 20.0, 30.0, 35.0, 90.0]})
-    got = PR.sweep_pareto(lf)
+    got = pareto.sweep_pareto(lf)
     assert got["cpus"].to_list() == [6, 4, 3, 1]
     assert list(zip(got["memory_overhead"], got["ns_per_op"])) == [
         (0.05, 90.0), (0.1, 30.0), (0.3, 20.0), (0.5, 10.0)]
@@ -66,7 +65,7 @@ def test_cli_pareto_json_and_table():
     out = json.loads(proc.stdout)
     base = study.user_attrs["slabtune_baseline"]
     assert out["baseline"] == {"memory": base["memory"], "time": base["time"]}
-    assert [p["trial"] for p in out["points"]] == [p["trial"] for p in PR.study_pareto(study)["points"]]
+    assert [p["trial"] for p in out["points"]] == [p["trial"] for p in pareto.study_pareto(study)["points"]]
     for p in out["points"]:
         assert set(p) >= {"trial", "memory", "time", "params"}
         assert p["params"] == study.trials[p["trial"]].params

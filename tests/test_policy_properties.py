@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from slabtune.model import policy
-from slabtune.model import reference as ref
+from slabtune.model import policy, reference
 from slabtune.model.profiles import MAX_PAGE_ORDER, PROFILES, detect_profile
 
 #: Every named profile, plus a 6.12 kernel (v6.1's rules with v6.8's single-pass order loop,
@@ -73,7 +71,7 @@ def _jax_structure(cols: dict) -> policy.Structure:
 
 
 def _ref_structure(c: Config) -> dict[str, int]:
-    return ref.structure(
+    return reference.structure(
         c.size, c.possible, c.present, c.online, PROFILE_LIST[c.profile],
         min_order=c.min_order, max_order=c.max_order, min_objects=c.min_objects,
         early=c.early, is_kmalloc=c.is_kmalloc, is_bootstrap=c.is_bootstrap,
@@ -96,10 +94,10 @@ def assert_batch_matches(configs: list[Config]) -> None:
     for start in range(0, len(configs), BATCH):
         chunk = configs[start:start + BATCH]
         out = _jax_structure(_columns(chunk, BATCH))
-        got = {f: np.asarray(getattr(out, f)) for f in ref.STRUCTURE_FIELDS}
+        got = {f: np.asarray(getattr(out, f)) for f in reference.STRUCTURE_FIELDS}
         for i, c in enumerate(chunk):
             want = _ref_structure(c)
-            have = {f: int(got[f][i]) for f in ref.STRUCTURE_FIELDS}
+            have = {f: int(got[f][i]) for f in reference.STRUCTURE_FIELDS}
             assert have == want, (
                 f"{PROFILE_LIST[c.profile].name} {c}: jax {have} != reference {want}"
             )
@@ -195,7 +193,7 @@ def random_configs(seed: int, n: int) -> list[Config]:
 
 
 def test_reference_fields_are_policy_fields():
-    assert ref.STRUCTURE_FIELDS == policy.Structure._fields
+    assert reference.STRUCTURE_FIELDS == policy.Structure._fields
 
 
 @settings(max_examples=60, deadline=None,
@@ -240,15 +238,15 @@ def test_bit_helpers_match_reference():
     xs = np.array(sorted({1, 2, 3} | {v + d for e in range(1, 31) for d in (-1, 0, 1)
                                        for v in [1 << e] if 0 < v + d < 2**31}), np.int32)
     j = jnp.asarray(xs)
-    np.testing.assert_array_equal(np.asarray(policy.fls(j)), [ref.fls(int(x)) for x in xs])
-    np.testing.assert_array_equal(np.asarray(policy.ilog2(j)), [ref.ilog2(int(x)) for x in xs])
+    np.testing.assert_array_equal(np.asarray(policy.fls(j)), [reference.fls(int(x)) for x in xs])
+    np.testing.assert_array_equal(np.asarray(policy.ilog2(j)), [reference.ilog2(int(x)) for x in xs])
     small = xs[xs <= (1 << 26)]
     np.testing.assert_array_equal(np.asarray(policy.get_order(jnp.asarray(small))),
-                                  [ref.get_order(int(x)) for x in small])
+                                  [reference.get_order(int(x)) for x in small])
     sz = jnp.asarray(np.arange(8, 70000, 7, dtype=np.int32))
     for order in range(MAX_PAGE_ORDER + 1):
         np.testing.assert_array_equal(np.asarray(policy.order_objects(order, sz)),
-                                      [ref.order_objects(order, int(s)) for s in np.asarray(sz)])
+                                      [reference.order_objects(order, int(s)) for s in np.asarray(sz)])
 
 
 def test_objects_per_slab_and_leftover_match_reference_for_every_order():
@@ -261,10 +259,10 @@ def test_objects_per_slab_and_leftover_match_reference_for_every_order():
         p = policy.profile_arrays(prof)
         for order in range(MAX_PAGE_ORDER + 1):
             got = np.asarray(policy.objects_per_slab(jnp.asarray(sz), order, p))
-            want = [ref.objects_per_slab(int(s), order, prof) for s in sz]
+            want = [reference.objects_per_slab(int(s), order, prof) for s in sz]
             np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} order {order}")
             got = np.asarray(policy.leftover_bytes(jnp.asarray(sz), order, p))
-            want = [ref.leftover_bytes(int(s), order, prof) for s in sz]
+            want = [reference.leftover_bytes(int(s), order, prof) for s in sz]
             np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} order {order}")
 
 
@@ -299,7 +297,7 @@ def test_cpu_partial_slabs_matches_reference_for_every_slab_size():
         p = policy.profile_arrays(prof)
         for size in (64, 256, 1024, 4096):
             got = np.asarray(policy.cpu_partial_slabs(size, jnp.asarray(per), p))
-            want = np.array([ref.cpu_partial_slabs(size, int(n), prof) for n in per])
+            want = np.array([reference.cpu_partial_slabs(size, int(n), prof) for n in per])
             np.testing.assert_array_equal(got, want, err_msg=f"{prof.name} size {size}")
 
 
@@ -309,7 +307,7 @@ def test_kmalloc_size_roundup_matches_reference_on_every_size():
     n = np.concatenate([np.arange(1, 3 * 4096 + 1), (np.arange(3, 600) * 4096 + 1) // 1,
                         np.arange(3, 600) * 4096]).astype(np.int32)
     got = np.asarray(jax.jit(policy.kmalloc_size_roundup)(jnp.asarray(n)))
-    want = [ref.kmalloc_size_roundup(int(x)) for x in n]
+    want = [reference.kmalloc_size_roundup(int(x)) for x in n]
     np.testing.assert_array_equal(got, want)
 
 
@@ -318,12 +316,12 @@ def test_kmalloc_size_roundup_matches_reference_on_every_size():
 
 def _ref_grid(size_list, cpu_list, profiles, **kw) -> dict[str, np.ndarray]:
     shape = (len(profiles), len(size_list), len(cpu_list))
-    out = {f: np.zeros(shape, dtype=np.int64) for f in ref.STRUCTURE_FIELDS}
+    out = {f: np.zeros(shape, dtype=np.int64) for f in reference.STRUCTURE_FIELDS}
     for i, prof in enumerate(profiles):
         for j, size in enumerate(size_list):
             for k, cpus in enumerate(cpu_list):
-                row = ref.structure(size, cpus, cpus, cpus, prof, **kw)
-                for f in ref.STRUCTURE_FIELDS:
+                row = reference.structure(size, cpus, cpus, cpus, prof, **kw)
+                for f in reference.STRUCTURE_FIELDS:
                     out[f][i, j, k] = row[f]
     return out
 
@@ -341,7 +339,7 @@ def test_broadcast_sizes_by_cpus_by_profiles_under_jit():
     fn = jax.jit(lambda s, c, p: policy.structure(s, c, c, c, p, min_objects=0))
     out = fn(s, c, p)
     want = _ref_grid(GRID_SIZES, GRID_CPUS, PROFILE_LIST)
-    for f in ref.STRUCTURE_FIELDS:
+    for f in reference.STRUCTURE_FIELDS:
         # Each field keeps the axes it depends on (nr_cpus has no size axis, min_partial
         # no CPU axis); it must broadcast to the full grid with the reference's values.
         got = np.broadcast_to(np.asarray(getattr(out, f)), want[f].shape)
@@ -359,7 +357,7 @@ def test_vmap_over_profiles_sizes_and_cpus():
     out = jax.jit(f)(jnp.asarray(GRID_SIZES, jnp.int32), jnp.asarray(GRID_CPUS, jnp.int32),
                      STACKED)
     want = _ref_grid(GRID_SIZES, GRID_CPUS, PROFILE_LIST, min_order=1, max_order=4)
-    for fld in ref.STRUCTURE_FIELDS:
+    for fld in reference.STRUCTURE_FIELDS:
         got = np.asarray(getattr(out, fld))
         assert got.shape == want[fld].shape, fld
         np.testing.assert_array_equal(got, want[fld], err_msg=fld)
@@ -370,5 +368,5 @@ def test_eager_scalar_call_matches_reference():
     for prof in PROFILE_LIST:
         out = policy.structure(4096, 64, 1, 1, policy.profile_arrays(prof), early=True,
                                explicit_sheaf=32)
-        want = ref.structure(4096, 64, 1, 1, prof, early=True, explicit_sheaf=32)
-        assert {f: int(getattr(out, f)) for f in ref.STRUCTURE_FIELDS} == want, prof.name
+        want = reference.structure(4096, 64, 1, 1, prof, early=True, explicit_sheaf=32)
+        assert {f: int(getattr(out, f)) for f in reference.STRUCTURE_FIELDS} == want, prof.name

@@ -12,11 +12,9 @@ import subprocess
 import sys
 
 import pytest
-
 from slabtune.results import store
-from slabtune.sweeps import grid as G
-from slabtune.sweeps import runner
-from slabtune.sweeps import spec as S
+from slabtune.sweeps import grid, runner
+from slabtune.sweeps import spec as sweep_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -64,10 +62,10 @@ def full_run(ray_head, spec_file, tmp_path_factory):
 
 
 def test_sweep_on_a_ray_head(full_run, ray_head):
-    spec = S.parse(SPEC)
-    assert G.n_chunks(spec) > 4
+    spec = sweep_spec.parse(SPEC)
+    assert grid.n_chunks(spec) > 4
     run = store.open_run(full_run["run_dir"])
-    assert run.complete and full_run["rows"] == G.count_rows(spec) == run.collect().height
+    assert run.complete and full_run["rows"] == grid.count_rows(spec) == run.collect().height
     assert run.manifest["ray"] == {"mode": "cluster", "address": ray_head}
 
 
@@ -110,7 +108,7 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_rows(ray_head, spec_fil
     want = store.open_run(full_run["run_dir"]).collect()
     assert got.height == want.height == doc["rows"]
     assert got.equals(want)
-    assert got.select(list(S.parse(SPEC).axis_names)).is_duplicated().sum() == 0
+    assert got.select(list(sweep_spec.parse(SPEC).axis_names)).is_duplicated().sum() == 0
 
 
 def test_unreachable_address_is_one_error_line(tmp_path, spec_file):

@@ -12,16 +12,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from slabtune.errors import SlabtuneError
-from slabtune.model import dynamics as D
-from slabtune.model import policy as PL
-from slabtune.model import profiles as P
-from slabtune.model import reference_sim as RS
+from slabtune.model import dynamics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
 
+from slabtune.errors import SlabtuneError
+
 STEPS = 300
-GAUGES = {name for name, _ in D.GAUGE_FIELDS}
+GAUGES = {name for name, _ in dynamics.GAUGE_FIELDS}
 
 TOPOS = {
     "1node16": Topology.uniform(16, 1),
@@ -39,10 +36,10 @@ WORKLOADS = {
 
 def _cfg(profile, topo, wl, size=256, explicit_sheaf=0, **kw):
     """One configuration (``kw``: config_from overrides, ops_per_step among them)."""
-    prof = P.get_profile(profile)
-    st = PL.structure(size, topo.possible, topo.present, topo.online,
-                      PL.profile_arrays(prof), explicit_sheaf=explicit_sheaf)
-    return D.config_from(st, prof, topo, wl, **kw)
+    prof = profiles.get_profile(profile)
+    st = policy.structure(size, topo.possible, topo.present, topo.online,
+                      policy.profile_arrays(prof), explicit_sheaf=explicit_sheaf)
+    return dynamics.config_from(st, prof, topo, wl, **kw)
 
 
 def _case_cfg(case: dict, **extra):
@@ -55,9 +52,9 @@ def _case_cfg(case: dict, **extra):
 
 
 def _assert_equal(cfg, seed):
-    w = D.draws(jax.random.key(seed), STEPS)
-    got = D.counters_numpy(D.simulate_draws(w, cfg))
-    want = RS.run(w, cfg)
+    w = dynamics.draws(jax.random.key(seed), STEPS)
+    got = dynamics.counters_numpy(dynamics.simulate_draws(w, cfg))
+    want = reference_sim.run(w, cfg)
     assert set(got) == set(want)
     for k in want:
         if k in GAUGES:
@@ -194,19 +191,19 @@ def test_simulate_from_key_equals_its_draws():
     """simulate(key) draws its words in the scan; they are the words draws(key) returns."""
     cfg = _cfg("v7.0", TOPOS["2node_memless"], WORKLOADS["block_io"])
     key = jax.random.key(11)
-    a = D.counters_numpy(D.simulate(key, cfg, STEPS))
-    b = D.counters_numpy(D.simulate_draws(D.draws(key, STEPS), cfg))
+    a = dynamics.counters_numpy(dynamics.simulate(key, cfg, STEPS))
+    b = dynamics.counters_numpy(dynamics.simulate_draws(dynamics.draws(key, STEPS), cfg))
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def _slab_inuse(sim: RS.RefSim) -> int:
+def _slab_inuse(sim: reference_sim.RefSim) -> int:
     cs = sum(sim.cs_inuse)
     pc = sum(sim.pc_inuse)
     return cs + pc + sum(sim.U) + sum(sim.F) * sim.objs
 
 
-def _held(sim: RS.RefSim) -> int:
+def _held(sim: reference_sim.RefSim) -> int:
     return sum(sim.main) + sum(sim.spare) + sum(sim.barn_full) * sim.cap
 
 
@@ -223,18 +220,18 @@ def test_invariants_every_step(profile, wl, kw, b):
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
     per slab; a node never keeps more than min_partial empty slabs; nothing negative."""
     cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], ops_per_step=b, **kw)
-    sim = RS.RefSim(cfg)
-    w = np.asarray(D.draws(jax.random.key(3), 600))
+    sim = reference_sim.RefSim(cfg)
+    w = np.asarray(dynamics.draws(jax.random.key(3), 600))
     for t in range(w.shape[0]):
         sim.step(w[t])
         assert _slab_inuse(sim) == sum(sim.out) + _held(sim), t
         assert sum(sim.out) == sum(sim.pend_tot) == sum(map(sum, sim.pend))
-        for r in range(D.R):
+        for r in range(dynamics.R):
             tot = sim.cs_free[r] + sim.cs_inuse[r] + sim.cs_rfree[r]
             assert tot in (0, sim.objs), (t, r)
             assert sim.cs_tracked[r] == sum(sim.pend_cs[r]) <= sim.cs_inuse[r]
-            assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(D.R))
-        for n in range(D.N):
+            assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(dynamics.R))
+        for n in range(dynamics.N):
             assert sim.S[n] >= 0 and sim.U[n] >= 0 and sim.F[n] >= 0
             assert sim.U[n] <= sim.S[n] * max(sim.objs - 1, 0)
             empties = sim.S[n] - sim._nonempty(sim.S[n], sim.U[n])
@@ -247,9 +244,9 @@ def test_gauge_sums_carry_past_20_bits():
     passes 2**20 still matches the reference (and the exact arithmetic sum)."""
     cfg = _cfg("v6.1", TOPOS["1node16"], {"kind": "local", "live": 4000, "alloc_prob": 1.0})
     steps = 1500
-    w = D.draws(jax.random.key(5), steps)
-    got = D.counters_numpy(D.simulate_draws(w, cfg))
-    want = RS.run(w, cfg)
+    w = dynamics.draws(jax.random.key(5), steps)
+    got = dynamics.counters_numpy(dynamics.simulate_draws(w, cfg))
+    want = reference_sim.run(w, cfg)
     total = np.rint(got["objects_inuse"] * steps)
-    assert total[0] == steps * (steps + 1) // 2 > 1 << D.GAUGE_SHIFT
+    assert total[0] == steps * (steps + 1) // 2 > 1 << dynamics.GAUGE_SHIFT
     np.testing.assert_array_equal(total, np.rint(want["objects_inuse"] * steps))

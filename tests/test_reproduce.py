@@ -8,11 +8,11 @@ import json
 import math
 
 import pytest
+from slabtune.calibrate import reproduce
+from slabtune.model import scenarios
 
 from slabtune import cli
 from slabtune.errors import SlabtuneError
-from slabtune.model import scenarios as S
-from slabtune.tuner import reproduce as RP
 
 KEYS = {"scenario", "metric", "published", "model", "published_ratio", "model_ratio",
         "direction_agrees", "headline"}
@@ -33,7 +33,7 @@ def test_json_shape(rows):
         assert KEYS <= set(r), set(KEYS) - set(r)
         assert isinstance(r["direction_agrees"], bool) and isinstance(r["headline"], bool)
         assert isinstance(r["model"], float) and math.isfinite(r["model"])
-    assert {r["scenario"] for r in rows} == {sc["name"] for sc in S.SCENARIOS}
+    assert {r["scenario"] for r in rows} == {sc["name"] for sc in scenarios.SCENARIOS}
 
 
 def test_published_figures_are_the_seeds(rows):
@@ -63,14 +63,14 @@ def test_headline_ratios_within_a_factor_of_1_5(rows):
     assert len(heads) == 3
     for r in heads:
         f = r["model_ratio"] / r["published_ratio"]
-        assert 1 / RP.HEADLINE_FACTOR <= f <= RP.HEADLINE_FACTOR, (r["label"], f)
+        assert 1 / reproduce.HEADLINE_FACTOR <= f <= reproduce.HEADLINE_FACTOR, (r["label"], f)
         assert r["within_factor"] is True
 
 
 def test_one_scale_per_scenario_cancels_in_ratios(rows):
     # The scale is stated, the same for every row of a scenario, and fitted on one arm:
     # the model's value on that arm equals the published one.
-    for sc in S.SCENARIOS:
+    for sc in scenarios.SCENARIOS:
         mine = [r for r in rows if r["scenario"] == sc["name"]]
         scales = {r["scale"] for r in mine}
         assert len(scales) == 1
@@ -94,12 +94,12 @@ def test_eight_cpus_regress_far_less_than_224(rows):
 
 
 def test_arm_specs_apply_the_patches():
-    dyn = RP.arm_spec(S.SLUB_MIN_PARTIAL_2008["arms"]["dynamic"])
-    static = RP.arm_spec(S.SLUB_MIN_PARTIAL_2008["arms"]["static"])
+    dyn = reproduce.arm_spec(scenarios.SLUB_MIN_PARTIAL_2008["arms"]["dynamic"])
+    static = reproduce.arm_spec(scenarios.SLUB_MIN_PARTIAL_2008["arms"]["static"])
     assert (static.profile.min_partial_divisor, static.profile.min_partial_hi) == (1, 5)
     assert (dyn.profile.min_partial_divisor, dyn.profile.min_partial_hi) == (1, 10)
-    cap = RP.arm_spec(S.SHEAVES_2026["arms"]["v7.0+barns+2xcap"])
-    assert cap.profile.sheaf_base_capacity == S.DOUBLED_SHEAF_BASE
+    cap = reproduce.arm_spec(scenarios.SHEAVES_2026["arms"]["v7.0+barns+2xcap"])
+    assert cap.profile.sheaf_base_capacity == scenarios.DOUBLED_SHEAF_BASE
     assert cap.profile.name == "v7.1+patch"
 
 
@@ -115,22 +115,22 @@ def test_text_report_lists_configs_and_the_fitted_constants():
     assert "implausible" not in text
     buf.write(text)
     out["cost"]["implausible"] = ["free_fast_ns 97.4 > free_slow_ns 84.4"]
-    assert "physically implausible (slabtune.tuner.fitcost.PRIOR ranges): free_fast_ns 97.4 > " \
+    assert "physically implausible (slabtune.model.priors.PRIOR ranges): free_fast_ns 97.4 > " \
         "free_slow_ns 84.4" in format_report(out)
 
 
 def test_report_names_the_implausible_constants_of_the_table_in_use(tmp_path):
     # A cost file with a fast free dearer than a slow one is reported as such, whatever
     # the packaged defaults are.
+    from slabtune.model import priors
     from slabtune.sweeps import simconfig
-    from slabtune.tuner import fitcost
 
-    values = {**fitcost.prior_values(), "free_fast_ns": 120.0}
+    values = {**priors.prior_values(), "free_fast_ns": 120.0}
     f = tmp_path / "c.toml"
     f.write_text("[cost]\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items()))
     cost, meta = simconfig.load_cost(f)
-    arms = RP.simulate_arms((S.SLUB_MIN_PARTIAL_2008,))
-    out = RP.evaluate(cost=cost, cost_meta=meta, arms=arms)
+    arms = reproduce.simulate_arms((scenarios.SLUB_MIN_PARTIAL_2008,))
+    out = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
     assert out["cost"]["implausible"] == ["free_fast_ns 120 > free_slow_ns 80",
                                           "free_fast_ns 120 outside 5-10"]
 
@@ -141,51 +141,52 @@ def test_report_names_the_implausible_constants_of_the_table_in_use(tmp_path):
 def test_work_per_op_is_derived_from_the_seeds_published_rates():
     # hackbench -g 16 -l 16000: 16 groups of 20 senders, each writing 16000 messages to
     # each of its group's 20 receivers; 3.173 s on 224 CPUs (v5.10); 2 kmalloc-512 ops.
-    assert S.HACKBENCH_MESSAGES == 102_400_000
-    hb = S.cpu_ns_per_op(224, 3.173, 102_400_000, 2)
+    assert scenarios.HACKBENCH_MESSAGES == 102_400_000
+    hb = scenarios.cpu_ns_per_op(224, 3.173, 102_400_000, 2)
     assert hb == pytest.approx(224 * 3.173e9 / 204.8e6) == pytest.approx(3470.5, abs=0.1)
-    assert S.SLUB_ORDER_2021["work"]["other_ns"] == pytest.approx(
-        hb - S.HACKBENCH_ALLOCATOR_NS, abs=0.05)
+    assert scenarios.SLUB_ORDER_2021["work"]["other_ns"] == pytest.approx(
+        hb - scenarios.HACKBENCH_ALLOCATOR_NS, abs=0.05)
     # 34M IOPS on the 128 modelled CPUs (v6.19), a bio alloc + free per I/O.
-    bio = S.cpu_ns_per_op(128, 1.0, 34e6, 2)
+    bio = scenarios.cpu_ns_per_op(128, 1.0, 34e6, 2)
     assert bio == pytest.approx(1882.35, abs=0.01)
-    assert S.SHEAVES_2026["work"]["other_ns"] == pytest.approx(
-        bio - S.BLOCK_IO_ALLOCATOR_NS, abs=0.05)
+    assert scenarios.SHEAVES_2026["work"]["other_ns"] == pytest.approx(
+        bio - scenarios.BLOCK_IO_ALLOCATOR_NS, abs=0.05)
     # The seeds without a rate give no work, and say why.
-    for sc in (S.SLUB_NETPERF_2011, S.SLUB_MIN_PARTIAL_2008):
+    for sc in (scenarios.SLUB_NETPERF_2011, scenarios.SLUB_MIN_PARTIAL_2008):
         assert sc["work"]["other_ns"] == 0.0 and sc["work"]["derivation"].startswith("0: ")
-    assert S.work_outside_allocator_ns(50.0, 80.0) == 0.0
+    assert scenarios.work_outside_allocator_ns(50.0, 80.0) == 0.0
 
 
 def test_unknown_work_mode_names_the_option():
     with pytest.raises(SlabtuneError, match="--work: 'all'"):
-        RP.simulate_arms((S.SLUB_MIN_PARTIAL_2008,), work="all")
+        reproduce.simulate_arms((scenarios.SLUB_MIN_PARTIAL_2008,), work="all")
 
 
 @pytest.fixture(scope="module")
 def derived():
     """The two scenarios with a derived work per op, run with it, at the prior constants."""
-    from slabtune.tuner import fitcost
+    from slabtune.calibrate import fitcost
+    from slabtune.model import priors
 
-    arms = RP.simulate_arms((S.SLUB_ORDER_2021, S.SHEAVES_2026), work="derived")
-    return RP.evaluate(cost=fitcost.cost_of(fitcost.prior_values()), arms=arms)
+    arms = reproduce.simulate_arms((scenarios.SLUB_ORDER_2021, scenarios.SHEAVES_2026), work="derived")
+    return reproduce.evaluate(cost=fitcost.cost_of(priors.prior_values()), arms=arms)
 
 
 def test_derived_work_is_applied_and_reported(derived, rows):
     assert derived["work"] == "derived"
     for sc in derived["scenarios"]:
-        want = {s["name"]: s for s in S.SCENARIOS}[sc["scenario"]]["work"]
+        want = {s["name"]: s for s in scenarios.SCENARIOS}[sc["scenario"]]["work"]
         assert sc["work"]["applied_ns"] == sc["work"]["derived_ns"] == want["other_ns"] > 0
         for arm in sc["arms"].values():
             assert arm["config"]["workload"]["other_ns"] == want["other_ns"]
     assert {r["other_ns"] for r in derived["rows"]} == {
-        S.SLUB_ORDER_2021["work"]["other_ns"], S.SHEAVES_2026["work"]["other_ns"]}
+        scenarios.SLUB_ORDER_2021["work"]["other_ns"], scenarios.SHEAVES_2026["work"]["other_ns"]}
     # The default run (the CLI fixture) applies none.
     assert {r["other_ns"] for r in rows} == {0.0}
     from slabtune.commands.reproduce import format_report
 
     text = format_report(derived)
-    assert f"work outside the allocator: {S.SHEAVES_2026['work']['other_ns']:.4g} ns per op " \
+    assert f"work outside the allocator: {scenarios.SHEAVES_2026['work']['other_ns']:.4g} ns per op " \
         "applied (--work derived)" in text
     assert "128 modelled CPUs / 34M IOPS" in text
 
@@ -197,5 +198,5 @@ def test_allocator_cost_taken_off_the_derivation_is_the_models(derived):
             for name, a in sc["arms"].items()}
     hb = arms[("slub-order-nr-cpus-2021", "v5.10@224")]["ns_per_op"] / 2
     bio = arms[("sheaves-cross-cpu-regression-2026", "v6.19")]["ns_per_op"] / 2
-    assert hb == pytest.approx(S.HACKBENCH_ALLOCATOR_NS, rel=0.25)
-    assert bio == pytest.approx(S.BLOCK_IO_ALLOCATOR_NS, rel=0.25)
+    assert hb == pytest.approx(scenarios.HACKBENCH_ALLOCATOR_NS, rel=0.25)
+    assert bio == pytest.approx(scenarios.BLOCK_IO_ALLOCATOR_NS, rel=0.25)

@@ -8,11 +8,9 @@ import statistics
 
 import numpy as np
 import pytest
-
-from slabtune.model import cost as C
-from slabtune.tuner import rigcost as RC
-from slabtune.tuner import validate as V
-
+from slabtune.model import cost
+from slabtune.validate import candidates, dispatch, native_tasks, plan, rigcost
+from slabtune.validate import spec as validate_spec
 
 # --------------------------------------------------------------------------- the table
 
@@ -22,33 +20,33 @@ def test_rig_table_solves_a_saturated_lock_with_no_wait():
     under the rig table (rho_max = 0) the wait is exactly 0 and t = base + hold."""
     args = dict(base=np.array([10.0]), acq=np.array([[1.0]]), hold=np.array([50.0]),
                 line=np.array([[0.0]]), weight=np.array([64.0]), multiplicity=np.array([1.0]))
-    server = C.solve(**args, rho_max=0.999999)
+    server = cost.solve(**args, rho_max=0.999999)
     assert float(server.wait[0, 0]) > 100.0
-    rig = C.solve(**args, rho_max=0.0)
+    rig = cost.solve(**args, rho_max=0.0)
     assert float(rig.wait[0, 0]) == 0.0 and float(rig.rho[0]) == 0.0
     assert float(rig.t[0]) == 60.0
-    assert float(C.mm1_wait(50.0, 0.9, 0.0)) == 0.0
+    assert float(cost.mm1_wait(50.0, 0.9, 0.0)) == 0.0
 
 
 def test_rig_table_is_built_in_code_only():
-    t = C.rig_cost({"alloc_fast_ns": 3.0}, 31.0)
+    t = cost.rig_cost({"alloc_fast_ns": 3.0}, 31.0)
     assert float(t.rho_max) == 0.0 and float(t.line_local_ns) == 0.0
     assert float(t.line_remote_ns) == 0.0 and float(t.alloc_fast_ns) == 3.0
     assert float(t.free_fast_ns) == 0.0 and float(t.pcp_batch) == 31.0
     # a cost file keeps rho_max in (0, 1)
-    with pytest.raises(C.CostError, match="cost.rho_max"):
-        C.parse_cost_toml("[cost]\nrho_max = 0.0\n", base=C.rig_cost({}, 31.0))
-    with pytest.raises(C.CostError, match="cost.line_remote_ns"):
-        C.rig_cost({"line_remote_ns": 1.0}, 31.0)
-    with pytest.raises(C.CostError, match="cost.alloc_slow_ns"):
-        C.rig_cost({"alloc_slow_ns": -1.0}, 31.0)
+    with pytest.raises(cost.CostError, match="cost.rho_max"):
+        cost.parse_cost_toml("[cost]\nrho_max = 0.0\n", base=cost.rig_cost({}, 31.0))
+    with pytest.raises(cost.CostError, match="cost.line_remote_ns"):
+        cost.rig_cost({"line_remote_ns": 1.0}, 31.0)
+    with pytest.raises(cost.CostError, match="cost.alloc_slow_ns"):
+        cost.rig_cost({"alloc_slow_ns": -1.0}, 31.0)
 
 
 def _sims(params_by_topology):
-    from slabtune.sweeps import simconfig as SC
+    from slabtune.sweeps import simconfig
 
-    spec = V.load_spec("validate_quick")
-    return [SC.parse_doc(V.native_policy_doc(spec, t, p)) for t, p in params_by_topology]
+    spec = validate_spec.load_spec("validate_quick")
+    return [simconfig.parse_doc(native_tasks.native_policy_doc(spec, t, p)) for t, p in params_by_topology]
 
 
 def test_model_under_the_rig_table_never_waits_and_is_linear_in_its_constants():
@@ -56,29 +54,28 @@ def test_model_under_the_rig_table_never_waits_and_is_linear_in_its_constants():
     through the remote node's list_lock) and on one CPU: under the packaged table the
     list_lock queues; under a rig table the wait and every utilisation are exactly 0 and
     ns per pair is the features (unit tables) times the constants."""
-    from slabtune.sweeps import simconfig as SC
-    from slabtune.sweeps import simulate as SIM
+    from slabtune.sweeps import simconfig, simulate
 
     sims = _sims([("memoryless-4x2", {"cpu_partial": 0, "min_partial": 0}),
                   ("up-1", {"slub_min_order": 0, "slub_max_order": 0}),
                   ("smp-4", {"slub_min_order": 4, "slub_max_order": 4})])
-    simulated = SIM.simulate_specs(sims)
-    packaged, _ = SC.load_cost()
-    pk = SIM.metrics_of(sims, *simulated, packaged)
+    simulated = simulate.simulate_specs(sims)
+    packaged, _ = simconfig.load_cost()
+    pk = simulate.metrics_of(sims, *simulated, packaged)
     assert pk[0]["list_lock_wait_ns"] > 0.0
     rng = np.random.default_rng(3)
-    theta = {k: float(v) for k, v in zip(C.RIG_FREE, rng.uniform(1.0, 90.0, len(C.RIG_FREE)))}
-    table = C.rig_cost(theta, float(packaged.pcp_batch))
-    got = SIM.metrics_of(sims, *simulated, table)
-    feats = RC.features_of(sims, float(packaged.pcp_batch), simulated)
-    want = RC.predict(feats, theta)
+    theta = {k: float(v) for k, v in zip(cost.RIG_FREE, rng.uniform(1.0, 90.0, len(cost.RIG_FREE)))}
+    table = cost.rig_cost(theta, float(packaged.pcp_batch))
+    got = simulate.metrics_of(sims, *simulated, table)
+    feats = rigcost.features_of(sims, float(packaged.pcp_batch), simulated)
+    want = rigcost.predict(feats, theta)
     for row, w in zip(got, want):
         assert row["list_lock_wait_ns"] == 0.0
         assert row["list_lock_rho"] == row["barn_lock_rho"] == row["zone_lock_rho"] == 0.0
         assert row["ns_per_op"] == pytest.approx(w, rel=2e-5)
     # the features are what the model's counters say: one CPU's list_lock is never taken,
     # the memoryless topology's is; order 4 goes to the buddy lists, order 0 to the pcp
-    names = list(C.RIG_FREE)
+    names = list(cost.RIG_FREE)
     assert feats[1, names.index("list_lock_hold_ns")] == 0.0
     assert feats[0, names.index("list_lock_hold_ns")] > 0.0
     assert feats[2, names.index("buddy_call_ns")] > 0.0 == feats[2, names.index("pcp_call_ns")]
@@ -96,7 +93,7 @@ def test_fit_recovers_known_constants_from_synthetic_features():
     x[:, 5] = 2.5 * x[:, 2]                      # proportional to c: aliased
     theta = np.array([20.0, 0.0, 45.5, 3.25])
     y = x[:, :4] @ theta
-    f = RC.fit(x, y, names)
+    f = rigcost.fit(x, y, names)
     assert f["constants"]["a"] == pytest.approx(20.0, abs=1e-4)
     assert f["constants"]["b"] == pytest.approx(0.0, abs=1e-4)
     assert f["constants"]["c"] == pytest.approx(45.5, abs=1e-4)
@@ -108,11 +105,11 @@ def test_fit_recovers_known_constants_from_synthetic_features():
     assert f["fitted"] == pytest.approx(list(y), abs=1e-4)
     # noise: the constants come back within a few standard errors, R^2 below 1
     noisy = y + rng.normal(0.0, 0.5, len(y))
-    g = RC.fit(x, noisy, names)
+    g = rigcost.fit(x, noisy, names)
     for k, v in zip("abcd", theta):
         assert abs(g["constants"][k] - v) < 5 * g["stderr"][k] + 1e-9
     assert 0.9 < g["r2"] < 1.0
-    assert g["r2"] == pytest.approx(RC.r_squared(g["fitted"], noisy))
+    assert g["r2"] == pytest.approx(rigcost.r_squared(g["fitted"], noisy))
 
 
 def test_fit_takes_the_smallest_table_where_constants_are_not_told_apart():
@@ -123,40 +120,40 @@ def test_fit_takes_the_smallest_table_where_constants_are_not_told_apart():
     fast = rng.uniform(0.5, 1.0, 20)
     x = np.column_stack([fast, 1.0 - fast, rng.uniform(0.0, 0.2, 20)])
     y = x @ np.array([30.0, 50.0, 400.0])
-    f = RC.fit(x, y, ["fast", "slow", "other"])
+    f = rigcost.fit(x, y, ["fast", "slow", "other"])
     assert f["rank"] == 3 and f["r2"] == pytest.approx(1.0, abs=1e-9)
     assert f["constants"]["slow"] - f["constants"]["fast"] == pytest.approx(20.0, abs=1e-3)
     x2 = np.column_stack([x, 1.0 - x[:, 0]])     # a fourth column = the second again
-    assert RC.fit(x2, y, ["fast", "slow", "other", "same"])["aliased"] == {"same": "slow"}
-    assert RC.span_residual(x, x[:3]) == pytest.approx(0.0, abs=1e-9)
-    assert RC.span_residual([[1.0, 1.0, 0.0]], [[1.0, -1.0, 0.0]]) == pytest.approx(1.0)
+    assert rigcost.fit(x2, y, ["fast", "slow", "other", "same"])["aliased"] == {"same": "slow"}
+    assert rigcost.span_residual(x, x[:3]) == pytest.approx(0.0, abs=1e-9)
+    assert rigcost.span_residual([[1.0, 1.0, 0.0]], [[1.0, -1.0, 0.0]]) == pytest.approx(1.0)
 
 
 def test_calibration_policies_cover_every_order_on_every_topology():
-    pol = RC.calibration_policies(10, 7, ["a", "b"])
+    pol = rigcost.calibration_policies(10, 7, ["a", "b"])
     assert len(pol) == 40 and len({(t, tuple(sorted(p.items()))) for t, p in pol}) == 40
     first = pol[:10]
     assert {(t, p["slub_min_order"]) for t, p in first} == {
-        (t, o) for t in "ab" for o in RC.CAL_ORDERS}
+        (t, o) for t in "ab" for o in rigcost.CAL_ORDERS}
     assert all(p["slub_min_order"] == p["slub_max_order"] for _, p in pol)
-    assert pol == RC.calibration_policies(10, 7, ["a", "b"])
-    assert "cpu_partial" not in RC.calibration_policies(2, 7, ["a"], has_cpu_partial=False)[0][1]
+    assert pol == rigcost.calibration_policies(10, 7, ["a", "b"])
+    assert "cpu_partial" not in rigcost.calibration_policies(2, 7, ["a"], has_cpu_partial=False)[0][1]
 
 
 def test_rig_fit_needs_two_calibration_runs_and_keeps_the_failed_ones_listed():
-    names = list(C.RIG_FREE)
+    names = list(cost.RIG_FREE)
     one = [0.0] * len(names)
     one[names.index("alloc_fast_ns")] = 1.0
     cal = [{"topology": "t", "params": {"slub_min_order": 0}, "features": one,
             "runs": [50.0, 52.0, 51.0]},
            {"topology": "t", "params": {"slub_min_order": 1}, "features": one, "runs": [],
             "error": "native run: slubsim exited 1"}]
-    rig = V.rig_fit(cal, 31.0, steps=1000, cpu=0)
+    rig = native_tasks.rig_fit(cal, 31.0, steps=1000, cpu=0)
     assert rig["constants"] is None and rig["error"].startswith("1 of 2 calibration runs")
     assert [c["measured"] for c in rig["calibration"]] == [51.0, None]
     assert rig["calibration"][1]["error"] == "native run: slubsim exited 1"
     cal.append({**cal[0], "runs": [60.0, 62.0, 61.0]})
-    rig = V.rig_fit(cal, 31.0, steps=1000, cpu=0)
+    rig = native_tasks.rig_fit(cal, 31.0, steps=1000, cpu=0)
     # two runs with the same features: the fit is their mean, R^2 0 (nothing explained)
     assert rig["constants"]["alloc_fast_ns"] == pytest.approx(56.0, abs=1e-3)
     assert rig["r2"] == pytest.approx(0.0, abs=1e-6) and rig["runs"] == 2
@@ -166,7 +163,7 @@ def test_rig_fit_needs_two_calibration_runs_and_keeps_the_failed_ones_listed():
 
 # --------------------------------------------------------------------------- real rig
 
-_NATIVE_WHY = V.native_available()
+_NATIVE_WHY = plan.native_available()
 
 CAL_SPEC = """
 [fleet]
@@ -214,28 +211,28 @@ def test_real_calibration_of_the_native_rig():
     table's price of a configuration: order-0 slabs (8 objects, the most slow paths) are
     measured dearer than slabs of order 2 or more (32+ objects, nearly all fast), by about
     9 ns against a 1 ns scatter, and the fitted table prices them dearer too."""
-    spec = V.parse_spec(CAL_SPEC, "cal")
-    cands = V.parse_candidates({"candidate": [
+    spec = validate_spec.parse_spec(CAL_SPEC, "cal")
+    cands = candidates.parse_candidates({"candidate": [
         {"id": "mp", "boot": {"slub_max_order": 1},
          "knobs": {"min_partial_lo": 1, "min_partial_hi": 1, "cpu_partial_256": 8}}]}, "t")
-    tasks = [V._task_dict(t, spec, None)
-             for t in V.plan_tasks(V.with_baseline(cands), spec, ("native",))]
-    model = V.native_model_task(tasks, spec.text, spec.name)
+    tasks = [dispatch._task_dict(t, spec, None)
+             for t in plan.plan_tasks(candidates.with_baseline(cands), spec, ("native",))]
+    model = native_tasks.native_model_task(tasks, spec.text, spec.name)
     for td in tasks:
         td.update(model["pairs"][td["index"]])
     cal = model["calibration"]
     assert len(cal) == 14
     pair_keys = set()
     for td in tasks:
-        from slabtune.sweeps import simconfig as SC
-        from slabtune.tuner import native as N
+        from slabtune.sweeps import simconfig
+        from slabtune.validate import native
 
-        sim = SC.parse_doc(td["native"]["doc"])
-        pair_keys.add(tuple(RC.native_key(td["topology"], N.sim_config_for_spec(sim))))
+        sim = simconfig.parse_doc(td["native"]["doc"])
+        pair_keys.add(tuple(rigcost.native_key(td["topology"], native.sim_config_for_spec(sim))))
     assert not pair_keys & {tuple(c["key"]) for c in cal}            # disjoint
     assert len({tuple(c["key"]) for c in cal}) == 14
-    assert {c["key"][1] for c in cal} == set(RC.CAL_ORDERS)           # every order
-    res = V.run_native_batch(tasks, cal, model["pcp_batch"])
+    assert {c["key"][1] for c in cal} == set(rigcost.CAL_ORDERS)           # every order
+    res = native_tasks.run_native_batch(tasks, cal, model["pcp_batch"])
     rig = res["rig"]
     assert rig["error"] is None and rig["runs"] == 14
     k = rig["constants"]
@@ -245,7 +242,7 @@ def test_real_calibration_of_the_native_rig():
     for c in rig["calibration"]:
         by_order.setdefault(c["key"][1], []).append(c)
     small = by_order[0]
-    large = [c for o in RC.CAL_ORDERS if o >= 2 for c in by_order.get(o, [])]
+    large = [c for o in rigcost.CAL_ORDERS if o >= 2 for c in by_order.get(o, [])]
     for side in ("measured", "fitted"):
         assert (statistics.mean(c[side] for c in small)
                 > statistics.mean(c[side] for c in large) + 3.0), side
@@ -257,7 +254,7 @@ def test_real_calibration_of_the_native_rig():
         by = {r["field"]: r for r in rows}
         td = next(t for t in tasks if t["index"] == i)
         assert by["native_cost"]["predicted"] == pytest.approx(
-            float(RC.predict(td["native"]["model"]["rig_features"], k)[0]))
+            float(rigcost.predict(td["native"]["model"]["rig_features"], k)[0]))
         assert by["native_cost"]["comparable"]
         assert not by["native_cost_packaged"]["comparable"]
         assert not by["native_cost_prior"]["comparable"]

@@ -10,9 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-
-from slabtune.model import policy
-from slabtune.model import reference as ref
+from slabtune.model import policy, reference
 from slabtune.model.profiles import PROFILES
 
 #: One compiled scalar structure() serves every call below (all arguments are traced).
@@ -30,8 +28,8 @@ def structure(size: int, possible: int, present: int, online: int, profile: str,
     traced = {k: jnp.int32(v) for k, v in args.items()}
     out = _jit_structure(jnp.int32(size), jnp.int32(possible), jnp.int32(present),
                          jnp.int32(online), policy.profile_arrays(prof), **traced)
-    got = {f: int(getattr(out, f)) for f in ref.STRUCTURE_FIELDS}
-    want = ref.structure(size, possible, present, online, prof, **kw)
+    got = {f: int(getattr(out, f)) for f in reference.STRUCTURE_FIELDS}
+    want = reference.structure(size, possible, present, online, prof, **kw)
     assert got == want, f"{profile} size {size}: jax {got} != reference {want}"
     return got
 

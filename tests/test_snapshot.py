@@ -8,11 +8,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from slabtune.kernel import host, snapshot
 
 from slabtune.errors import SlabtuneError
-from slabtune.results import snapshot as snap
-from slabtune.tuner import host
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "host_snapshot_6.18.csv"
@@ -35,7 +35,7 @@ live = pytest.mark.skipif(not LIVE, reason="/sys/kernel/slab is not readable her
     (" 0-63\n", tuple(range(64))),
 ])
 def test_parse_cpulist(text, ids):
-    assert snap.parse_cpulist(text) == ids
+    assert snapshot.parse_cpulist(text) == ids
 
 
 @pytest.mark.parametrize("ids, text", [
@@ -46,19 +46,19 @@ def test_parse_cpulist(text, ids):
     (range(8192), "0-8191"),
 ])
 def test_format_cpulist(ids, text):
-    assert snap.format_cpulist(ids) == text
+    assert snapshot.format_cpulist(ids) == text
 
 
 @pytest.mark.parametrize("bad", ["3-1", "a", "0-", "1,,2", "-1", "0-3:5/4", "0x1"])
 def test_parse_cpulist_rejects(bad):
     with pytest.raises(ValueError):
-        snap.parse_cpulist(bad)
+        snapshot.parse_cpulist(bad)
 
 
 @given(st.sets(st.integers(0, 600), max_size=80))
 def test_cpulist_round_trip(ids):
-    text = snap.format_cpulist(ids)
-    assert snap.parse_cpulist(text) == tuple(sorted(ids))
+    text = snapshot.format_cpulist(ids)
+    assert snapshot.parse_cpulist(text) == tuple(sorted(ids))
     # %*pbl never prints two adjacent items that could merge into one range
     parts = text.split(",") if text else []
     assert len(parts) == len(set(parts))
@@ -71,15 +71,15 @@ def test_cpulist_round_trip(ids):
 def test_host_topology_matches_sysfs():
     cpu = Path("/sys/devices/system/cpu")
     h = host.read_host_topology()
-    possible = snap.parse_cpulist((cpu / "possible").read_text())
-    present = snap.parse_cpulist((cpu / "present").read_text())
-    online = snap.parse_cpulist((cpu / "online").read_text())
+    possible = snapshot.parse_cpulist((cpu / "possible").read_text())
+    present = snapshot.parse_cpulist((cpu / "present").read_text())
+    online = snapshot.parse_cpulist((cpu / "online").read_text())
     assert h.cpus_possible == (cpu / "possible").read_text().strip()
     assert h.topology.possible == max(possible) + 1  # nr_cpu_ids
     assert h.topology.present == len(present)
     assert h.topology.online == len(online)
     assert sum(h.topology.node_cpus) == len(present)
-    mem = set(snap.parse_cpulist(h.nodes_with_memory))
+    mem = set(snapshot.parse_cpulist(h.nodes_with_memory))
     assert {h.node_ids[i] for i in h.topology.memory_nodes} == mem
 
 
@@ -136,7 +136,7 @@ def test_live_snapshot_matches_sysfs():
     df = host.take_snapshot()
     real = sorted(p.name for p in SLAB.iterdir() if p.is_dir() and not p.is_symlink())
     links = [p for p in SLAB.iterdir() if p.is_symlink()]
-    assert tuple(df.columns[: len(snap.SNAPSHOT_COLUMNS)]) == snap.SNAPSHOT_COLUMNS
+    assert tuple(df.columns[: len(snapshot.SNAPSHOT_COLUMNS)]) == snapshot.SNAPSHOT_COLUMNS
     # caches come and go; compare names that exist both before and after
     assert abs(df.height - len(real)) <= 2
     assert df["kernel_release"].unique().to_list() == [os.uname().release]
@@ -155,8 +155,8 @@ def test_live_snapshot_matches_sysfs():
 def test_live_snapshot_round_trips(tmp_path):
     df = host.take_snapshot()
     for name in ("s.csv", "s.parquet"):
-        path = snap.write_snapshot(df, tmp_path / name)
-        back = snap.read_snapshot(path)
+        path = snapshot.write_snapshot(df, tmp_path / name)
+        back = snapshot.read_snapshot(path)
         assert back.equals(df), name
 
 
@@ -164,10 +164,10 @@ def test_live_snapshot_round_trips(tmp_path):
 
 
 def test_committed_fixture_reads():
-    df = snap.read_snapshot(FIXTURE)
+    df = snapshot.read_snapshot(FIXTURE)
     assert df.height == 235
     assert df["kernel_release"].unique().to_list() == ["6.18.44-fc-v509"]
-    assert tuple(df.columns[:15]) == snap.SNAPSHOT_COLUMNS
+    assert tuple(df.columns[:15]) == snapshot.SNAPSHOT_COLUMNS
     sheaf = df.filter(pl.col("sheaf_capacity") > 0)["cache"].sort().to_list()
     assert sheaf == ["maple_node", "vm_area_struct"]
     assert df["cmdline"][0].startswith("mitigations=auto")
@@ -176,11 +176,11 @@ def test_committed_fixture_reads():
 
 def test_csv_with_empty_sheaf_capacity_is_null(tmp_path):
     """A kernel without sheaves (before v6.18) has no sheaf_capacity file: empty cells."""
-    df = snap.read_snapshot(FIXTURE).with_columns(pl.lit(None, pl.Int64).alias("sheaf_capacity"))
-    path = snap.write_snapshot(df, tmp_path / "old.csv")
+    df = snapshot.read_snapshot(FIXTURE).with_columns(pl.lit(None, pl.Int64).alias("sheaf_capacity"))
+    path = snapshot.write_snapshot(df, tmp_path / "old.csv")
     text = path.read_text().splitlines()
     assert text[1].split(",")[-11] == ""  # sheaf_capacity sits before the 10 extras
-    back = snap.read_snapshot(path)
+    back = snapshot.read_snapshot(path)
     assert back["sheaf_capacity"].null_count() == back.height
 
 
@@ -195,7 +195,7 @@ def _write_csv(tmp_path, df: pl.DataFrame, name="bad.csv") -> Path:
 
 @pytest.fixture(scope="module")
 def fixture_df():
-    return snap.read_snapshot(FIXTURE)
+    return snapshot.read_snapshot(FIXTURE)
 
 
 def _set(df: pl.DataFrame, cache: str, col: str, value) -> pl.DataFrame:
@@ -212,37 +212,37 @@ def _set(df: pl.DataFrame, cache: str, col: str, value) -> pl.DataFrame:
 def test_bad_values_name_cache_and_column(tmp_path, fixture_df, col, value, pattern):
     path = _write_csv(tmp_path, _set(fixture_df, "kmalloc-64", col, value))
     with pytest.raises(SlabtuneError, match=pattern):
-        snap.read_snapshot(path)
+        snapshot.read_snapshot(path)
 
 
 def test_non_integer_names_column(tmp_path, fixture_df):
     df = fixture_df.with_columns(pl.col("order").cast(pl.String))
     df = _set(df, "dentry", "order", "three")
     with pytest.raises(SlabtuneError, match=r"cache dentry\): column order: 'three' is not an integer"):
-        snap.read_snapshot(_write_csv(tmp_path, df))
+        snapshot.read_snapshot(_write_csv(tmp_path, df))
 
 
 def test_missing_column(tmp_path, fixture_df):
     with pytest.raises(SlabtuneError, match="missing column.*objs_per_slab"):
-        snap.read_snapshot(_write_csv(tmp_path, fixture_df.drop("objs_per_slab")))
+        snapshot.read_snapshot(_write_csv(tmp_path, fixture_df.drop("objs_per_slab")))
 
 
 def test_slab_size_below_object_size(tmp_path, fixture_df):
     df = _set(fixture_df, "kmalloc-64", "slab_size", 32)
     with pytest.raises(SlabtuneError, match="slab_size 32 is smaller than object_size 64"):
-        snap.read_snapshot(_write_csv(tmp_path, df))
+        snapshot.read_snapshot(_write_csv(tmp_path, df))
 
 
 def test_bad_cpu_list(tmp_path, fixture_df):
     df = fixture_df.with_columns(pl.lit("0-x").alias("cpus_present"))
     with pytest.raises(SlabtuneError, match="column cpus_present: '0-x' is not kernel list"):
-        snap.read_snapshot(_write_csv(tmp_path, df))
+        snapshot.read_snapshot(_write_csv(tmp_path, df))
 
 
 def test_duplicate_cache(tmp_path, fixture_df):
     df = pl.concat([fixture_df, fixture_df.head(1)])
     with pytest.raises(SlabtuneError, match="appears twice"):
-        snap.read_snapshot(_write_csv(tmp_path, df))
+        snapshot.read_snapshot(_write_csv(tmp_path, df))
 
 
 @pytest.mark.parametrize("content, pattern", [
@@ -254,7 +254,7 @@ def test_malformed_csv(tmp_path, content, pattern):
     path = tmp_path / "m.csv"
     path.write_bytes(content)
     with pytest.raises(SlabtuneError, match=pattern) as err:
-        snap.read_snapshot(path)
+        snapshot.read_snapshot(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -262,19 +262,19 @@ def test_malformed_parquet(tmp_path):
     path = tmp_path / "m.parquet"
     path.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(SlabtuneError, match="m.parquet: malformed snapshot"):
-        snap.read_snapshot(path)
+        snapshot.read_snapshot(path)
 
 
 def test_unreadable_paths(tmp_path):
     with pytest.raises(SlabtuneError, match="no such file"):
-        snap.read_snapshot(tmp_path / "absent.csv")
+        snapshot.read_snapshot(tmp_path / "absent.csv")
     (tmp_path / "d.csv").mkdir()
     with pytest.raises(SlabtuneError, match="is a directory"):
-        snap.read_snapshot(tmp_path / "d.csv")
+        snapshot.read_snapshot(tmp_path / "d.csv")
     with pytest.raises(SlabtuneError, match=r"unknown snapshot format '.json'"):
-        snap.read_snapshot(tmp_path / "x.json")
+        snapshot.read_snapshot(tmp_path / "x.json")
 
 
 def test_write_refuses_missing_directory(tmp_path, fixture_df):
     with pytest.raises(SlabtuneError, match="does not exist"):
-        snap.write_snapshot(fixture_df, tmp_path / "no" / "s.csv")
+        snapshot.write_snapshot(fixture_df, tmp_path / "no" / "s.csv")

@@ -8,12 +8,11 @@ import math
 
 import numpy as np
 import pytest
+from slabtune.model import caches, profiles
+from slabtune.sweeps import grid
+from slabtune.sweeps import spec as sweep_spec
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import caches as C
-from slabtune.model import profiles as P
-from slabtune.sweeps import grid as G
-from slabtune.sweeps import spec as S
 
 BASE = """
 [sweep]
@@ -35,29 +34,29 @@ def with_(extra: str, base: str = BASE) -> str:
 # --------------------------------------------------------------------------- built-ins
 
 
-@pytest.mark.parametrize("name", S.BUILTIN_SPECS)
+@pytest.mark.parametrize("name", sweep_spec.BUILTIN_SPECS)
 def test_builtin_specs_load_and_are_consistent(name):
-    spec = S.load(name)
+    spec = sweep_spec.load(name)
     assert spec.name == name
     assert spec.evaluator == "structural"
-    assert G.count_rows(spec) > 0
-    assert S.from_dict(spec.to_dict()) == spec
-    assert S.load(name).hash == spec.hash
+    assert grid.count_rows(spec) > 0
+    assert sweep_spec.from_dict(spec.to_dict()) == spec
+    assert sweep_spec.load(name).hash == spec.hash
 
 
 def test_fleet_is_a_million_configs_over_1_to_8192_cpus_and_kmalloc():
-    spec = S.load("fleet")
-    assert G.count_rows(spec) == 2**20 >= 10**6
+    spec = sweep_spec.load("fleet")
+    assert grid.count_rows(spec) == 2**20 >= 10**6
     assert spec.axis("cpus").values == tuple(range(1, 8193))
-    kmalloc = {c.name for c in C.CACHES.values() if c.is_kmalloc}
+    kmalloc = {c.name for c in caches.CACHES.values() if c.is_kmalloc}
     assert kmalloc <= set(spec.axis("cache").values)
-    assert set(spec.axis("profile").values) == set(P.PROFILES)
+    assert set(spec.axis("profile").values) == set(profiles.PROFILES)
 
 
 def test_memoryless_spec_only_keeps_possible_topologies():
-    spec = S.load("memoryless")
-    rows = G.axis_columns(spec, 0, spec.product)
-    keep = ~G.excluded(spec, rows)
+    spec = sweep_spec.load("memoryless")
+    rows = grid.axis_columns(spec, 0, spec.product)
+    keep = ~grid.excluded(spec, rows)
     assert (rows["memoryless_nodes"][keep] < rows["nodes"][keep]).all()
     assert (rows["memoryless_nodes"][keep] > 0).any()
     assert (rows["cpus_per_node"] * rows["nodes"])[keep].max() <= 8192
@@ -67,7 +66,7 @@ def test_memoryless_spec_only_keeps_possible_topologies():
 
 
 def test_range_logrange_and_groups_expand():
-    spec = S.parse(with_("""
+    spec = sweep_spec.parse(with_("""
 [boot]
 min_order = { range = [0, 6], step = 3 }
 min_objects = { logrange = [4, 64], factor = 2 }
@@ -80,29 +79,29 @@ max_order = { logrange = [1, 10], num = 3 }
 
 
 def test_aliases_are_canonicalised():
-    spec = S.parse(BASE.replace('"kmalloc-64"', '"kmalloc-1024"').replace('"v5.11"', '"5.11"'))
+    spec = sweep_spec.parse(BASE.replace('"kmalloc-64"', '"kmalloc-1024"').replace('"v5.11"', '"5.11"'))
     assert spec.axis("cache").values == ("kmalloc-1k", "maple_node")
     assert spec.axis("profile").values == ("v5.11", "v6.18")
 
 
 def test_group_names_expand():
-    spec = S.parse(BASE.replace('["kmalloc-64", "maple_node"]', '"kmalloc"')
+    spec = sweep_spec.parse(BASE.replace('["kmalloc-64", "maple_node"]', '"kmalloc"')
                    .replace('["v5.11", "v6.18"]', '"all"'))
-    assert spec.axis("cache").values == tuple(C.kmalloc_name(s) for s in C.KMALLOC_SIZES)
-    assert spec.axis("profile").values == tuple(P.PROFILES)
+    assert spec.axis("cache").values == tuple(caches.kmalloc_name(s) for s in caches.KMALLOC_SIZES)
+    assert spec.axis("profile").values == tuple(profiles.PROFILES)
 
 
 def test_hash_ignores_description_but_not_axes():
-    a = S.parse(BASE)
-    b = S.parse(BASE.replace('name = "t"', 'name = "t"\ndescription = "words"'))
-    c = S.parse(BASE.replace("[1, 2, 64]", "[1, 2, 65]"))
+    a = sweep_spec.parse(BASE)
+    b = sweep_spec.parse(BASE.replace('name = "t"', 'name = "t"\ndescription = "words"'))
+    c = sweep_spec.parse(BASE.replace("[1, 2, 64]", "[1, 2, 65]"))
     assert a.hash == b.hash != c.hash
 
 
 def test_defaults_fill_absent_axes():
-    spec = S.parse(BASE)
+    spec = sweep_spec.parse(BASE)
     d = dict(spec.defaults)
-    assert d["max_order"] == P.DEFAULT_MAX_ORDER and d["min_order"] == 0
+    assert d["max_order"] == profiles.DEFAULT_MAX_ORDER and d["min_order"] == 0
     assert d["nodes"] == 1 and d["explicit_sheaf"] == -1
     assert "cpus_per_node" not in d and "size" not in d
 
@@ -141,7 +140,7 @@ def test_defaults_fill_absent_axes():
 ])
 def test_bad_specs_name_the_field(text, field):
     with pytest.raises(SlabtuneError) as exc:
-        S.parse(text, "x.toml")
+        sweep_spec.parse(text, "x.toml")
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith("x.toml: ")
     assert field in msg, msg
@@ -149,19 +148,19 @@ def test_bad_specs_name_the_field(text, field):
 
 def test_duplicate_section_keys_give_one_line():
     # cpus and cpus_per_node together, cache and size together
-    with pytest.raises(S.SpecError, match="topology.cpus: give exactly one of cpus or cpus_per_node"):
-        S.parse(BASE.replace("cpus = [1, 2, 64]", "cpus = [1]\ncpus_per_node = [1]\nnodes = 1"))
-    with pytest.raises(S.SpecError, match="cache.cache: give exactly one of cache"):
-        S.parse(BASE.replace("[kernel]", "size = [64]\n[kernel]"))
+    with pytest.raises(sweep_spec.SpecError, match="topology.cpus: give exactly one of cpus or cpus_per_node"):
+        sweep_spec.parse(BASE.replace("cpus = [1, 2, 64]", "cpus = [1]\ncpus_per_node = [1]\nnodes = 1"))
+    with pytest.raises(sweep_spec.SpecError, match="cache.cache: give exactly one of cache"):
+        sweep_spec.parse(BASE.replace("[kernel]", "size = [64]\n[kernel]"))
 
 
 def test_load_unknown_name_or_missing_file(tmp_path):
-    with pytest.raises(S.SpecError, match="neither a file nor a built-in spec"):
-        S.load("nonesuch")
+    with pytest.raises(sweep_spec.SpecError, match="neither a file nor a built-in spec"):
+        sweep_spec.load("nonesuch")
     p = tmp_path / "bad.toml"
     p.write_bytes(b"\xff\xfe")
-    with pytest.raises(S.SpecError, match="not UTF-8"):
-        S.load(str(p))
+    with pytest.raises(sweep_spec.SpecError, match="not UTF-8"):
+        sweep_spec.load(str(p))
 
 
 # --------------------------------------------------------------------------- grid
@@ -208,25 +207,25 @@ def _brute_force(spec):
 
 
 def test_chunks_reproduce_the_product_minus_exclusions():
-    spec = S.parse(GRID)
+    spec = sweep_spec.parse(GRID)
     assert spec.product == 3 * 2 * 2 * 2 * 2 * 2 * 2
     expect = _brute_force(spec)
     got = []
-    assert G.n_chunks(spec) == math.ceil(spec.product / 5)
-    for i in range(G.n_chunks(spec)):
-        ch = G.chunk(spec, i)
-        assert len(ch.keep) == G.bucket(5) == 256  # one shape for every chunk
+    assert grid.n_chunks(spec) == math.ceil(spec.product / 5)
+    for i in range(grid.n_chunks(spec)):
+        ch = grid.chunk(spec, i)
+        assert len(ch.keep) == grid.bucket(5) == 256  # one shape for every chunk
         assert not ch.keep[ch.n_product:].any()   # padding is never kept
         for r in np.flatnonzero(ch.keep):
             got.append(tuple(
                 ch.columns[a.name][r] if a.kind is int else a.values[ch.columns[a.name][r]]
                 for a in spec.axes))
     assert got == expect
-    assert G.count_rows(spec) == len(expect)
+    assert grid.count_rows(spec) == len(expect)
 
 
 def test_chunk_defaults_and_cpus_per_node():
-    spec = S.parse("""
+    spec = sweep_spec.parse("""
 [sweep]
 name = "n"
 chunk_size = 4
@@ -238,19 +237,19 @@ size = [8, 2097152]
 [kernel]
 profile = "v7.0"
 """)
-    ch = G.chunk(spec, 0)
+    ch = grid.chunk(spec, 0)
     assert (ch.columns["max_order"] == 3).all() and (ch.columns["possible"] == 0).all()
-    cpus = G.present_cpus({k: v[:4] for k, v in ch.columns.items()})
+    cpus = grid.present_cpus({k: v[:4] for k, v in ch.columns.items()})
     # product order: cpus_per_node, nodes, size, profile (last fastest)
     assert list(cpus) == [4096, 4096, 8192, 8192]
-    assert G.count_rows(spec) == 6  # 8192 x 2 nodes is more than MAX_CPUS
+    assert grid.count_rows(spec) == 6  # 8192 x 2 nodes is more than MAX_CPUS
 
 
 def test_chunk_index_out_of_range():
-    spec = S.parse(BASE)
+    spec = sweep_spec.parse(BASE)
     with pytest.raises(IndexError):
-        G.chunk(spec, G.n_chunks(spec))
+        grid.chunk(spec, grid.n_chunks(spec))
 
 
 def test_bucket_is_a_power_of_two_at_least_256():
-    assert [G.bucket(n) for n in (1, 256, 257, 65536, 100000)] == [256, 256, 512, 65536, 131072]
+    assert [grid.bucket(n) for n in (1, 256, 257, 65536, 100000)] == [256, 256, 512, 65536, 131072]

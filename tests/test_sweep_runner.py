@@ -9,17 +9,14 @@ import os
 
 import polars as pl
 import pytest
+from slabtune.model import caches, profiles, reference
+from slabtune.results import store
+from slabtune.sweeps import grid, runner
+from slabtune.sweeps import spec as sweep_spec
+from slabtune.sweeps.progress import Progress, format_eta
 
 from slabtune import cli
 from slabtune.errors import SlabtuneError
-from slabtune.model import caches as C
-from slabtune.model import profiles as P
-from slabtune.model import reference as R
-from slabtune.results import store
-from slabtune.sweeps import grid as G
-from slabtune.sweeps import runner
-from slabtune.sweeps import spec as S
-from slabtune.sweeps.progress import Progress, format_eta
 
 pytestmark = pytest.mark.ray
 
@@ -52,7 +49,7 @@ min_order = { gt = "max_order" }
 
 @pytest.fixture(scope="module")
 def small_spec():
-    return S.parse(SMALL, "small.toml")
+    return sweep_spec.parse(SMALL, "small.toml")
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +61,11 @@ def small_run(ray_local, small_spec, tmp_path_factory):
 
 def _expected(row: dict) -> dict:
     """The scalar reference's prediction for one output row."""
-    info = C.get_cache(row["cache"])
+    info = caches.get_cache(row["cache"])
     cpus = row["cpus"]
     possible = row["possible"] or cpus
     explicit = info.explicit_sheaf if row["explicit_sheaf"] < 0 else row["explicit_sheaf"]
-    want = R.structure(info.size, possible, cpus, cpus, P.get_profile(row["profile"]),
+    want = reference.structure(info.size, possible, cpus, cpus, profiles.get_profile(row["profile"]),
                        row["min_order"], row["max_order"], 0, info.early, info.is_kmalloc,
                        info.is_bootstrap, explicit)
     want["slab_size"] = info.size
@@ -77,9 +74,9 @@ def _expected(row: dict) -> dict:
 
 def test_rows_match_the_scalar_reference(small_run, small_spec):
     run = store.open_run(small_run.run_dir)
-    assert run.complete and small_run.chunks_run == G.n_chunks(small_spec) > 3
+    assert run.complete and small_run.chunks_run == grid.n_chunks(small_spec) > 3
     df = run.collect()
-    assert df.height == small_run.rows == G.count_rows(small_spec)
+    assert df.height == small_run.rows == grid.count_rows(small_spec)
     assert df.columns == list(small_spec.axis_names) + list(small_spec.metrics)
     assert df.select(small_spec.axis_names).is_duplicated().sum() == 0
     assert (df["min_order"] <= df["max_order"]).all()
@@ -120,7 +117,7 @@ def test_manifest_records_the_run(small_run, small_spec):
     assert m["versions"]["ray"] and m["versions"]["jax"] and m["versions"]["polars"]
     assert m["devices"] and all(d == "cpu" or d.startswith("gpu:") for d in m["devices"])
     assert m["started"] <= m["ended"]
-    assert len(m["chunks"]["states"]) == m["chunks"]["total"] == G.n_chunks(small_spec)
+    assert len(m["chunks"]["states"]) == m["chunks"]["total"] == grid.n_chunks(small_spec)
     assert sum(s["rows"] for s in m["chunks"]["states"].values()) == small_run.rows
 
 
@@ -129,7 +126,7 @@ def test_failed_tasks_are_retried_and_written_once(ray_local, small_spec, small_
     markers.mkdir()
     res = runner.run_sweep(small_spec, tmp_path / "runs", progress=False,
                            fail_once_dir=str(markers))
-    n = G.n_chunks(small_spec)
+    n = grid.n_chunks(small_spec)
     assert sorted(p.name for p in markers.iterdir()) == sorted(f"failed-{i}" for i in range(n))
     got = store.open_run(res.run_dir).collect()
     want = store.open_run(small_run.run_dir).collect()
@@ -177,24 +174,24 @@ def test_resume_of_a_partial_run_recomputes_only_missing_chunks(ray_local, small
 
 
 def test_resume_with_another_spec_is_refused(ray_local, small_run):
-    other = S.parse(SMALL.replace("[1, 2, 6, 64, 512]", "[1, 2]"))
-    with pytest.raises(S.SpecError, match="--resume: run .* different spec"):
+    other = sweep_spec.parse(SMALL.replace("[1, 2, 6, 64, 512]", "[1, 2]"))
+    with pytest.raises(sweep_spec.SpecError, match="--resume: run .* different spec"):
         runner.run_sweep(other, small_run.run_dir.parent, resume=str(small_run.run_dir),
                          progress=False)
 
 
 def test_one_compiled_evaluator_per_chunk_shape():
-    from slabtune.sweeps import evaluators as E
+    from slabtune.sweeps import evaluators
 
-    spec = S.load("seeds")  # 6 chunks, the last one partly padding and exclusions
-    fn = E._structural_fn()
+    spec = sweep_spec.load("seeds")  # 6 chunks, the last one partly padding and exclusions
+    fn = evaluators._structural_fn()
     before = fn._cache_size()
     shapes = set()
-    for i in range(G.n_chunks(spec)):
-        ch = G.chunk(spec, i)
+    for i in range(grid.n_chunks(spec)):
+        ch = grid.chunk(spec, i)
         shapes.add(len(ch.keep))
-        E.EVALUATORS["structural"].evaluate(spec, ch)
-    assert shapes == {G.bucket(spec.chunk_size)}
+        evaluators.EVALUATORS["structural"].evaluate(spec, ch)
+    assert shapes == {grid.bucket(spec.chunk_size)}
     assert fn._cache_size() - before <= 1  # at most one new compilation for the whole sweep
 
 
@@ -315,17 +312,17 @@ def _in_process(spec) -> pl.DataFrame:
 
     d = {**spec.to_dict(), "_hash": spec.hash}
     return pl.concat([runner.frame(spec, chunk_task(d, i)["columns"])
-                      for i in range(G.n_chunks(spec))])
+                      for i in range(grid.n_chunks(spec))])
 
 
 @pytest.fixture(scope="module")
 def dyn_frame():
-    return _in_process(S.parse(DYN))
+    return _in_process(sweep_spec.parse(DYN))
 
 
 @needs_dynamics
 def test_dynamics_rows_do_not_depend_on_chunking(dyn_frame):
-    other = _in_process(S.parse(DYN.replace("chunk_size = 8", "chunk_size = 5")))
+    other = _in_process(sweep_spec.parse(DYN.replace("chunk_size = 8", "chunk_size = 5")))
     assert dyn_frame.height == 24 and other.equals(dyn_frame)
     assert dyn_frame.schema["ns_per_op"] == pl.Float32
     assert dyn_frame.schema["order"] == pl.Int32
@@ -351,13 +348,13 @@ def test_dynamics_shows_the_sheaves_memoryless_regression(dyn_frame):
 
 @needs_dynamics
 def test_dynamics_sweep_on_ray_matches_in_process(ray_local, dyn_frame, tmp_path):
-    res = runner.run_sweep(S.parse(DYN), tmp_path, progress=False)
+    res = runner.run_sweep(sweep_spec.parse(DYN), tmp_path, progress=False)
     assert store.open_run(res.run_dir).collect().equals(dyn_frame)
 
 
 def test_steps_belong_to_the_dynamics_evaluator():
-    with pytest.raises(S.SpecError, match="sweep.steps: the structural evaluator"):
-        S.parse(SMALL.replace("chunk_size = 100", "chunk_size = 100\nsteps = 10"))
+    with pytest.raises(sweep_spec.SpecError, match="sweep.steps: the structural evaluator"):
+        sweep_spec.parse(SMALL.replace("chunk_size = 100", "chunk_size = 100\nsteps = 10"))
 
 
 @needs_dynamics
@@ -365,6 +362,6 @@ def test_dynamics_spec_names_a_workload_the_topology_cannot_run():
     bad = DYN.replace("cpus = [8]", "cpus = [1, 8]").replace("nodes = [2]", "nodes = [1]") \
         .replace("memoryless_nodes = [0, 1]", "memoryless_nodes = [0]") \
         .replace('["local", "block_io"]', '["local", "producer_consumer"]')
-    with pytest.raises(S.SpecError, match=r"workload.producer_consumer: .*needs at least 2 "
+    with pytest.raises(sweep_spec.SpecError, match=r"workload.producer_consumer: .*needs at least 2 "
                                           r"CPUs \(at cpus=1"):
-        S.parse(bad, "bad.toml")
+        sweep_spec.parse(bad, "bad.toml")

@@ -8,21 +8,26 @@ import json
 import numpy as np
 import optuna
 import pytest
+from _tune_helpers import (
+    QUICK_TRIALS,
+    assert_clean_error,
+    quick_study,
+    run_cli,
+    workdir,
+)
+from slabtune.model import profiles, reference, retention
+from slabtune.tuner import fleet as fleets
+from slabtune.tuner import objectives, space
+from slabtune.tuner import study as studies
 
-from _tune_helpers import QUICK_TRIALS, assert_clean_error, quick_study, run_cli, workdir
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles as P
-from slabtune.model import reference as R
-from slabtune.tuner import objectives as O
-from slabtune.tuner import space as S
-from slabtune.tuner import study as ST
 
 
 def test_quick_study_finds_points_dominating_the_default_policy():
     study, _url, runner = quick_study()
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(complete) == QUICK_TRIALS
-    base = study.user_attrs[ST.ATTR_BASELINE]
+    base = study.user_attrs[studies.ATTR_BASELINE]
     ev = runner.evaluator.evaluate([{}])
     assert base["memory"] == pytest.approx(ev.memory[0])
     assert base["time"] == pytest.approx(ev.time[0])
@@ -36,17 +41,17 @@ def test_pareto_points_respect_the_regression_limit_per_topology():
     study, _url, runner = quick_study()
     limit = runner.spec.objectives.max_regression
     assert limit == 0.25
-    base = study.user_attrs[ST.ATTR_BASELINE]
+    base = study.user_attrs[studies.ATTR_BASELINE]
     infeasible = 0
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
-        topo = t.user_attrs[ST.ATTR_TOPO]
+        topo = t.user_attrs[studies.ATTR_TOPO]
         worst = max(max(m / b for m, b in zip(topo["memory"], base["memory_topo"])),
                     max(x / b for x, b in zip(topo["time"], base["time_topo"]))) - 1.0
-        assert t.constraints[ST.ATTR_EXCESS] == pytest.approx(worst - limit, abs=1e-9)
+        assert t.constraints[studies.ATTR_EXCESS] == pytest.approx(worst - limit, abs=1e-9)
         infeasible += worst > limit
     assert infeasible > 0  # the limit binds somewhere in the search
     for t in study.best_trials:
-        assert t.constraints[ST.ATTR_EXCESS] <= 0
+        assert t.constraints[studies.ATTR_EXCESS] <= 0
 
 
 def test_trial_values_are_the_weighted_fleet_aggregate():
@@ -54,7 +59,7 @@ def test_trial_values_are_the_weighted_fleet_aggregate():
     w = np.array([t.weight for t in runner.spec.fleet.topologies])
     w = w / w.sum()
     for t in study.trials[:20]:
-        topo = t.user_attrs[ST.ATTR_TOPO]
+        topo = t.user_attrs[studies.ATTR_TOPO]
         assert t.values[0] == pytest.approx(float(np.dot(w, topo["memory"])))
         assert t.values[1] == pytest.approx(float(np.dot(w, topo["time"])))
 
@@ -72,19 +77,19 @@ def test_one_batched_call_equals_one_call_per_policy():
 def _plain_loop(spec, evaluator, n_trials, batch):
     """The natural Optuna usage: Study.ask B trials, evaluate them, Trial.set_user_attr,
     Trial.set_constraint and Study.tell each (what the batched runner must reproduce)."""
-    study = optuna.create_study(sampler=S.make_sampler(spec.space),
-                                directions=list(ST.DIRECTIONS))
+    study = optuna.create_study(sampler=space.make_sampler(spec.space),
+                                directions=list(studies.DIRECTIONS))
     dists = spec.space.distributions()
     done = 0
     while done < n_trials:
         k = min(batch, n_trials - done)
         trials = [study.ask(dists) for _ in range(k)]
-        ev = evaluator.evaluate([ST.effective_params(t.params, spec) for t in trials])
+        ev = evaluator.evaluate([studies.effective_params(t.params, spec) for t in trials])
         excess = evaluator.regression_excess(ev)
         for i, tr in enumerate(trials):
-            tr.set_user_attr(ST.ATTR_TOPO, {"memory": ev.memory_topo[i].tolist(),
+            tr.set_user_attr(studies.ATTR_TOPO, {"memory": ev.memory_topo[i].tolist(),
                                             "time": ev.time_topo[i].tolist()})
-            tr.set_constraint(ST.ATTR_EXCESS, float(excess[i]))
+            tr.set_constraint(studies.ATTR_EXCESS, float(excess[i]))
             study.tell(tr, [float(ev.memory[i]), float(ev.time[i])])
         done += k
     return study.trials
@@ -96,9 +101,9 @@ def test_batched_runner_gives_the_trials_of_plain_ask_and_tell(sampler):
     Study.ask/Study.tell would (NSGA-II past its first generation: 120 trials, population
     50), and stores the same values, attrs and constraints."""
     _study, _url, quick = quick_study()
-    spec = ST.load_spec("tune_quick")
-    spec = ST.parse_spec(spec.text.replace('sampler = "nsga2"', f'sampler = "{sampler}"'), sampler)
-    runner, _ = ST.create_or_resume(spec, f"same-{sampler}", "memory:",
+    spec = studies.load_spec("tune_quick")
+    spec = studies.parse_spec(spec.text.replace('sampler = "nsga2"', f'sampler = "{sampler}"'), sampler)
+    runner, _ = studies.create_or_resume(spec, f"same-{sampler}", "memory:",
                                     evaluator=quick.evaluator)
     runner.run(120, 40)
     ours = runner.study.trials
@@ -117,13 +122,13 @@ def test_batched_runner_gives_the_trials_of_plain_ask_and_tell(sampler):
 
 def test_tell_batch_fails_a_non_finite_trial_as_study_tell_does():
     _study, _url, quick = quick_study()
-    spec = ST.load_spec("tune_quick")
-    runner, _ = ST.create_or_resume(spec, "nan", "memory:", evaluator=quick.evaluator)
+    spec = studies.load_spec("tune_quick")
+    runner, _ = studies.create_or_resume(spec, "nan", "memory:", evaluator=quick.evaluator)
     asked = runner.ask_batch(2)
     ev = quick.evaluator.evaluate([t.params for t in asked])
     ev = ev._replace(memory=np.array([np.nan, ev.memory[1]]))
     told = runner.tell_batch(asked, ev, None)
-    plain = optuna.create_study(directions=list(ST.DIRECTIONS))
+    plain = optuna.create_study(directions=list(studies.DIRECTIONS))
     with pytest.warns(UserWarning):
         plain.tell(plain.ask(), [float("nan"), 1.0])
     assert told[0].state == plain.trials[0].state == optuna.trial.TrialState.FAIL
@@ -137,9 +142,9 @@ def test_batches_written_in_one_go_read_back_whole(kind, tmp_path):
     """write_trials (one transaction / one journal append per batch) stores what the
     in-memory asker holds, readable by a fresh stock Optuna reader."""
     _study, _url, quick = quick_study()
-    spec = ST.load_spec("tune_quick")
+    spec = studies.load_spec("tune_quick")
     url = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'j.log'}"
-    runner, _ = ST.create_or_resume(spec, "bulk", url, evaluator=quick.evaluator)
+    runner, _ = studies.create_or_resume(spec, "bulk", url, evaluator=quick.evaluator)
     runner.run(70, 32)
     storage = (optuna.storages.RDBStorage(url) if kind == "sqlite" else
                optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
@@ -155,7 +160,7 @@ def test_batches_written_in_one_go_read_back_whole(kind, tmp_path):
         assert a.datetime_start == b.datetime_start
         assert a.datetime_complete == b.datetime_complete
     # a resumed runner's sampler sees them all
-    again, _ = ST.create_or_resume(spec, "bulk", url, evaluator=quick.evaluator)
+    again, _ = studies.create_or_resume(spec, "bulk", url, evaluator=quick.evaluator)
     assert len(again._asker.trials) == 70
 
 
@@ -167,11 +172,11 @@ def test_local_topologies_solve_one_representative_exactly(monkeypatch):
     assert any(t.topology.cpus_on_memoryless_nodes for t in spec.fleet.topologies)
     params = [t.params for t in runner.study.trials[:16]]
     split = runner.evaluate(params)
-    full = O.solve_reps
-    monkeypatch.setattr(O, "solve_reps",
+    full = objectives.solve_reps
+    monkeypatch.setattr(objectives, "solve_reps",
                         lambda *a: full(*a[:-1], np.ones_like(a[-1], dtype=bool)))
-    both = O.Evaluator(spec.fleet, spec.objectives).evaluate(
-        [ST.effective_params(p, spec) for p in params])
+    both = objectives.FleetEvaluator(spec.fleet, spec.objectives).evaluate(
+        [studies.effective_params(p, spec) for p in params])
     np.testing.assert_allclose(split.time_topo, both.time_topo, rtol=2e-6)
     np.testing.assert_array_equal(split.memory_topo, both.memory_topo)
 
@@ -184,12 +189,12 @@ def test_order_coefficients_reproduce_the_kernel_heuristic():
     fleet = runner.spec.fleet
     prof = fleet.profile
     for mul, add in ((4, 1), (8, 0), (1, 3)):
-        got = O.cache_values(fleet, {"order_objects_mul": mul, "order_objects_add": add})
+        got = objectives.cache_values(fleet, {"order_objects_mul": mul, "order_objects_add": add})
         topo = fleet.topologies[0].topology
         for c in fleet.caches:
-            nr = R.order_nr_cpus(topo.possible, topo.present, topo.online, prof, c.early)
-            mo = 0 if (mul, add) == (4, 1) else mul * (R.fls(nr) + add)
-            want = R.structure(c.size, topo.possible, topo.present, topo.online, prof,
+            nr = reference.order_nr_cpus(topo.possible, topo.present, topo.online, prof, c.early)
+            mo = 0 if (mul, add) == (4, 1) else mul * (reference.fls(nr) + add)
+            want = reference.structure(c.size, topo.possible, topo.present, topo.online, prof,
                                min_objects=mo, early=c.early, is_kmalloc=c.is_kmalloc,
                                explicit_sheaf=c.explicit_sheaf)
             assert got[c.name]["order"] == want["order"], (mul, add, c.name)
@@ -204,19 +209,19 @@ def test_sysfs_knobs_change_min_partial_and_cpu_partial_as_the_reference_does():
              "cpu_partial_page": 2}
     prof = dataclasses.replace(fleet.profile, min_partial_divisor=1, min_partial_lo=2,
                                min_partial_hi=7, cpu_partial_objects=(2, 4, 8, 16))
-    got = O.cache_values(fleet, knobs)
+    got = objectives.cache_values(fleet, knobs)
     for c in fleet.caches:
-        assert got[c.name]["min_partial"] == R.min_partial(c.size, prof)
-        assert got[c.name]["cpu_partial"] == R.cpu_partial_objects(c.size, prof)
+        assert got[c.name]["min_partial"] == reference.min_partial(c.size, prof)
+        assert got[c.name]["cpu_partial"] == reference.cpu_partial_objects(c.size, prof)
 
 
 def test_effective_boot_params_follow_the_kernel_setup_order():
-    spec = ST.load_spec("tune_quick")  # v6.18: min > max moves min down to max
-    eff = ST.effective_params({"slub_min_order": 3, "slub_max_order": 1}, spec)
+    spec = studies.load_spec("tune_quick")  # v6.18: min > max moves min down to max
+    eff = studies.effective_params({"slub_min_order": 3, "slub_max_order": 1}, spec)
     assert (eff["slub_min_order"], eff["slub_max_order"]) == (1, 1)
     old = dataclasses.replace(spec, fleet=dataclasses.replace(spec.fleet,
-                                                              profile=P.get_profile("v6.1")))
-    eff = ST.effective_params({"slub_min_order": 3, "slub_max_order": 1}, old)
+                                                              profile=profiles.get_profile("v6.1")))
+    eff = studies.effective_params({"slub_min_order": 3, "slub_max_order": 1}, old)
     assert (eff["slub_min_order"], eff["slub_max_order"]) == (3, 1)
 
 
@@ -232,40 +237,40 @@ def test_bad_search_spaces_name_the_field(knobs, needle):
             '[fleet.workload.caches]\n"kmalloc-64" = { live_per_cpu = 100 }\n'
             f'[search.knobs]\n{knobs}\n')
     with pytest.raises(SlabtuneError) as err:
-        ST.parse_spec(text)
+        studies.parse_spec(text)
     assert needle in str(err.value)
 
 
 def test_space_uses_plain_optuna_distributions():
-    spec = ST.load_spec("tune_quick")
+    spec = studies.load_spec("tune_quick")
     d = spec.space.distributions()
     assert isinstance(d["slub_max_order"], optuna.distributions.IntDistribution)
     assert isinstance(d["slub_min_objects"], optuna.distributions.CategoricalDistribution)
     assert {k.reach for k in spec.space.knobs} == {"boot", "sysfs", "kernel"}
-    assert S.KNOBS["slub_min_order"].reach == "boot"
-    assert S.KNOBS["min_partial_lo"].reach == "sysfs"
-    assert S.KNOBS["sheaf_small"].reach == "kernel"
+    assert space.KNOBS["slub_min_order"].reach == "boot"
+    assert space.KNOBS["min_partial_lo"].reach == "sysfs"
+    assert space.KNOBS["sheaf_small"].reach == "kernel"
 
 
 def test_resume_adds_trials_to_the_same_study():
-    spec = ST.load_spec("tune_quick")
+    spec = studies.load_spec("tune_quick")
     url = f"journal:{workdir() / 'resume.log'}"
-    r1, _ = ST.create_or_resume(spec, "resume-me", url)
+    r1, _ = studies.create_or_resume(spec, "resume-me", url)
     r1.run(10, 5)
-    r2, _ = ST.create_or_resume(spec, "resume-me", url)
+    r2, _ = studies.create_or_resume(spec, "resume-me", url)
     assert r2.study._study_id == r1.study._study_id
     r2.run(7, 7)
-    again = ST.load_study("resume-me", url)
+    again = studies.load_study("resume-me", url)
     stored = again.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert [t.number for t in stored] == list(range(17))
     for t in stored:  # written whole: params, values, per-topology attrs, constraint
         assert set(t.params) == set(spec.space.names)
-        assert len(t.user_attrs[ST.ATTR_TOPO]["memory"]) == len(spec.fleet.topologies)
-        assert ST.ATTR_EXCESS in t.constraints
+        assert len(t.user_attrs[studies.ATTR_TOPO]["memory"]) == len(spec.fleet.topologies)
+        assert studies.ATTR_EXCESS in t.constraints
     assert r2._asker.trials[16].values == stored[16].values
     other = dataclasses.replace(spec, text=spec.text + "\n# changed\n")
     with pytest.raises(SlabtuneError, match="different spec"):
-        ST.create_or_resume(other, "resume-me", url)
+        studies.create_or_resume(other, "resume-me", url)
 
 
 @pytest.mark.parametrize("url, needle", [
@@ -276,7 +281,7 @@ def test_resume_adds_trials_to_the_same_study():
 ])
 def test_bad_storage_urls_fail_with_one_line(url, needle):
     with pytest.raises(SlabtuneError) as err:
-        ST.open_storage(url)
+        studies.open_storage(url)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -302,7 +307,7 @@ def test_cli_tune_bad_input_is_one_line(tmp_path):
                                cwd=tmp_path), "storage")
     assert_clean_error(run_cli("tune", "no-such-spec", "--trials", "1", cwd=tmp_path), "spec")
     bad = tmp_path / "bad.toml"
-    bad.write_text(ST.load_spec("tune_quick").text.replace(
+    bad.write_text(studies.load_spec("tune_quick").text.replace(
         "slub_max_order = { low = 0, high = 4 }", "slub_max_order = { low = 0, high = 40 }"))
     assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path),
                        "search.knobs.slub_max_order.high: 40 is outside")
@@ -310,10 +315,10 @@ def test_cli_tune_bad_input_is_one_line(tmp_path):
 
 def test_tpe_sampler_runs_batched_on_the_same_fleet():
     _study, _url, runner = quick_study()
-    spec = ST.load_spec("tune_quick")
-    tpe = ST.parse_spec(spec.text.replace('sampler = "nsga2"', 'sampler = "tpe"'), "tpe")
+    spec = studies.load_spec("tune_quick")
+    tpe = studies.parse_spec(spec.text.replace('sampler = "nsga2"', 'sampler = "tpe"'), "tpe")
     assert tpe.space.sampler == "tpe"
-    r, _ = ST.create_or_resume(tpe, "tpe", "memory:", evaluator=runner.evaluator)
+    r, _ = studies.create_or_resume(tpe, "tpe", "memory:", evaluator=runner.evaluator)
     assert isinstance(r.study.sampler, optuna.samplers.TPESampler)
     r.run(24, 8)
     done = r.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
@@ -350,13 +355,13 @@ def test_sheaf_and_barn_knobs_on_v7_0():
     """v7.0 has sheaves on every non-kmalloc cache and no per-CPU partial lists: sheaf
     capacities follow the searched base (rounded to a kmalloc bucket), barns cost memory,
     and the memoryless topology pays remote frees that bypass sheaves."""
-    spec = ST.parse_spec(V70_SPEC, "v70")
-    ev = ST.evaluator_for(spec)
+    spec = studies.parse_spec(V70_SPEC, "v70")
+    ev = studies.evaluator_for(spec)
     base = ev.evaluate([{}])
-    small = O.cache_values(spec.fleet, {"sheaf_small": 4, "sheaf_256": 4})
-    big = O.cache_values(spec.fleet, {"sheaf_small": 120, "sheaf_256": 60})
+    small = objectives.cache_values(spec.fleet, {"sheaf_small": 4, "sheaf_256": 4})
+    big = objectives.cache_values(spec.fleet, {"sheaf_small": 120, "sheaf_256": 60})
     prof = spec.fleet.profile
-    assert small["dentry"]["sheaf_capacity"] == R.sheaf_capacity(192, dataclasses.replace(
+    assert small["dentry"]["sheaf_capacity"] == reference.sheaf_capacity(192, dataclasses.replace(
         prof, sheaf_base_capacity=(4, 12, 4, 4)))
     assert big["dentry"]["sheaf_capacity"] > small["dentry"]["sheaf_capacity"]
     assert all(v["cpu_partial"] == 0 for v in big.values())
@@ -364,10 +369,10 @@ def test_sheaf_and_barn_knobs_on_v7_0():
     assert (mem[1] > mem[0]).all()  # fuller barns hold more parked objects
     # the memoryless topology is slower than the same machine with memory on both nodes
     assert base.time_topo[0, 1] > base.time_topo[0, 0]
-    r, _ = ST.create_or_resume(spec, "v70", "memory:", evaluator=ev)
+    r, _ = studies.create_or_resume(spec, "v70", "memory:", evaluator=ev)
     r.run(8, 8)
     t = next(t for t in r.study.trials if t.params["sheaf_small"] != 60)
-    c = ST.candidate(r.study, t.number)
+    c = studies.candidate(r.study, t.number)
     assert "sheaf_small" in [k.knob for k in c.kernel_change]
     assert all(set(v) == {"min_partial"} for v in c.sysfs.values())  # no cpu_partial in v7.0
     assert c.boot == {}
@@ -385,26 +390,26 @@ min_partial_lo = {{ low = 0, high = 10 }}
 """
 
 
-def _sweep_spec(sweep: str, extra: str = "") -> ST.TuneSpec:
-    return ST.parse_spec(SWEEP_FLEET_SPEC.format(sweep=sweep, extra=extra), "sweep-fleet")
+def _sweep_spec(sweep: str, extra: str = "") -> studies.TuneSpec:
+    return studies.parse_spec(SWEEP_FLEET_SPEC.format(sweep=sweep, extra=extra), "sweep-fleet")
 
 
 def test_fleet_from_the_quick_sweep_spec_takes_its_topologies_and_caches():
-    from slabtune.sweeps import spec as SP
+    from slabtune.sweeps import spec as sweep_spec
 
     spec = _sweep_spec("quick")
     fleet = spec.fleet
-    quick = SP.load("quick")
+    quick = sweep_spec.load("quick")
     # quick.toml: cpus = { logrange = [1, 8192], factor = 2 }, single-node topologies
     assert [t.topology.present for t in fleet.topologies] == [1 << i for i in range(14)]
     assert all(t.topology.nodes == 1 and t.weight == 1.0 for t in fleet.topologies)
     assert [c.name for c in fleet.caches] == list(quick.axis("cache").values)
     assert fleet.profile.name == "v6.18"   # in quick's profile axis ("all")
     (wl,) = fleet.workloads
-    assert set(wl.live_per_cpu) == {O.SWEEP_LIVE_PER_CPU} and len(set(wl.ops)) == 1
-    builtin = ST.load_spec("tune_sweep_quick").fleet   # the built-in spec of this form
+    assert set(wl.live_per_cpu) == {fleets.SWEEP_LIVE_PER_CPU} and len(set(wl.ops)) == 1
+    builtin = studies.load_spec("tune_sweep_quick").fleet   # the built-in spec of this form
     assert builtin.topology_names == fleet.topology_names and builtin.caches == fleet.caches
-    ev = O.Evaluator(fleet, spec.objectives).baseline
+    ev = objectives.FleetEvaluator(fleet, spec.objectives).baseline
     assert ev.memory_topo.shape == (1, 14) and np.all(np.isfinite(ev.time_topo))
     assert np.all(ev.memory_topo > 0) and np.all(ev.time_topo > 0)
 
@@ -494,7 +499,7 @@ def test_cli_tune_with_a_sweep_fleet(tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["trials"] == 8
     s = optuna.load_study(study_name="swept", storage=json.loads(p.stdout)["storage"])
-    assert len(s.user_attrs[ST.ATTR_TOPOLOGIES]) == 14
+    assert len(s.user_attrs[studies.ATTR_TOPOLOGIES]) == 14
     assert_clean_error(run_cli("tune", str(spec).replace("swept", "x"), "--trials", "1",
                                cwd=tmp_path), "spec")
     bad = tmp_path / "bad.toml"
@@ -518,7 +523,7 @@ def test_study_keeps_the_sweep_its_fleet_came_from(tmp_path):
     assert p.returncode == 0, p.stderr
     storage = json.loads(p.stdout)["storage"]
     s = optuna.load_study(study_name="rel", storage=storage)
-    kept = s.user_attrs[ST.ATTR_FLEET_SWEEP]
+    kept = s.user_attrs[studies.ATTR_FLEET_SWEEP]
     assert kept["name"] == "mine"
     (work / "mine.toml").unlink()
     elsewhere = tmp_path / "elsewhere"
@@ -526,7 +531,7 @@ def test_study_keeps_the_sweep_its_fleet_came_from(tmp_path):
     p = run_cli("pareto", "--study", "rel", "--storage", storage, "--json", cwd=elsewhere)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["points"]
-    spec2 = ST.study_spec(s)
+    spec2 = studies.study_spec(s)
     assert [t.topology.present for t in spec2.fleet.topologies] == [4, 64]
     assert spec2.fleet_sweep == kept
 
@@ -541,29 +546,29 @@ def test_structural_memory_steady_retention_worked_by_hand():
     from slabtune.model.caches import CacheInfo
     from slabtune.model.topology import Topology
 
-    fleet = O.Fleet(P.get_profile("v6.1"),
-                    (O.FleetTopology("smp-4", Topology(4, 4, 4, (4,), (True,)), 1.0),),
+    fleet = fleets.Fleet(profiles.get_profile("v6.1"),
+                    (fleets.FleetTopology("smp-4", Topology(4, 4, 4, (4,), (True,)), 1.0),),
                     (CacheInfo("skbuff_head_cache", 232, 256, early=False),),
-                    (O.Workload("w", 1.0, (64.0,), (1.0,), 0.5, 0.3),))
-    ev = O.Evaluator(fleet)
+                    (fleets.FleetWorkload("w", 1.0, (64.0,), (1.0,), 0.5, 0.3),))
+    ev = objectives.FleetEvaluator(fleet)
     overhead = 4 * (1 + 2.4) * 4096 * 0.5 + 5 / 2 * 4096        # 27852.8 + 10240
     live = 4 * 64 * 256
     assert float(ev.baseline.memory_topo[0, 0]) == pytest.approx(overhead / live, rel=1e-6)
     # the list's mean: a walk kept at 0 and restarted at 1 from C; none without lists
-    lists = np.asarray(O.per_cpu_partial_list_slabs(np.array([0, 1, 2, 7, 13])))
+    lists = np.asarray(retention.per_cpu_partial_list_slabs(np.array([0, 1, 2, 7, 13])))
     np.testing.assert_allclose(lists, [0.0, 0.5, 0.8, 2.4, 14 * 15 / 48], rtol=1e-6)
     # drained (a finished workload): the same slabs, whole
-    assert O.retained_free_fraction("drained") == 1.0
-    assert O.retained_free_fraction("steady") == 0.5
+    assert retention.retained_free_fraction("drained") == 1.0
+    assert retention.retained_free_fraction("steady") == 0.5
     with pytest.raises(SlabtuneError, match="state"):
-        O.retained_free_fraction("idle")
+        retention.retained_free_fraction("idle")
     # the node's empty slabs: half way to min_partial under churn (get_partial_node() takes
     # them back), at min_partial once the workload has ended (discard only beyond it)
-    assert float(O.node_retained_slabs(5, "steady")) == 2.5
-    assert float(O.node_retained_slabs(5, "drained")) == 5.0
-    assert float(O.node_retained_slabs(10)) == 5.0
+    assert float(retention.node_retained_slabs(5, "steady")) == 2.5
+    assert float(retention.node_retained_slabs(5, "drained")) == 5.0
+    assert float(retention.node_retained_slabs(10)) == 5.0
     with pytest.raises(SlabtuneError, match="state"):
-        O.node_retained_slabs(5, "idle")
+        retention.node_retained_slabs(5, "idle")
 
 
 #: Every allocator op pays 10 ns whichever path it takes (fast or slow); nothing else costs
@@ -577,7 +582,7 @@ FLAT_COST = "[cost]\n" + "".join(
 
 
 def _spec_with_cost(path: str) -> str:
-    text = ST.builtin_spec_path("tune_quick").read_text()
+    text = studies.builtin_spec_path("tune_quick").read_text()
     assert "[objectives]\n" in text
     return text.replace("[objectives]\n", f'[objectives]\ncost = "{path}"\n', 1)
 
@@ -600,17 +605,17 @@ def test_study_under_a_cost_file_keeps_it_and_prices_every_op_by_it(tmp_path):
     times = [t.values[1] for t in s.trials]
     assert len(times) == 64
     np.testing.assert_allclose(times, 10.0, rtol=1e-5)
-    assert s.user_attrs[ST.ATTR_BASELINE]["time"] == pytest.approx(10.0, rel=1e-5)
-    assert s.user_attrs[ST.ATTR_COST] == FLAT_COST
+    assert s.user_attrs[studies.ATTR_BASELINE]["time"] == pytest.approx(10.0, rel=1e-5)
+    assert s.user_attrs[studies.ATTR_COST] == FLAT_COST
     assert s.user_attrs["slabtune_objectives"]["cost"] == "flat.toml"
-    packaged = O.Evaluator(ST.load_spec("tune_quick").fleet)
-    params = [ST.effective_params(t.params, ST.study_spec(s)) for t in s.trials[:8]]
+    packaged = objectives.FleetEvaluator(studies.load_spec("tune_quick").fleet)
+    params = [studies.effective_params(t.params, studies.study_spec(s)) for t in s.trials[:8]]
     np.testing.assert_allclose([t.values[0] for t in s.trials[:8]],
                                packaged.evaluate(params).memory, rtol=1e-6)
     (work / "flat.toml").unlink()
-    spec = ST.study_spec(s)
+    spec = studies.study_spec(s)
     assert spec.cost_text == FLAT_COST
-    assert float(np.asarray(ST.evaluator_for(spec).baseline.time)[0]) == pytest.approx(10.0)
+    assert float(np.asarray(studies.evaluator_for(spec).baseline.time)[0]) == pytest.approx(10.0)
     # resuming with the same (now missing) file is an error naming the field
     assert_clean_error(run_cli("tune", "spec.toml", "--trials", "1", "--study", "flat",
                                "--storage", storage, cwd=work), "objectives.cost")

@@ -9,27 +9,26 @@ import jax
 import numpy as np
 import optuna
 import pytest
+from slabtune.model import cost as cost_model
+from slabtune.model import dynamics, metrics, policy
+from slabtune.sweeps import simconfig
+from slabtune.tuner import objectives
+from slabtune.tuner import study as studies
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import cost as C
-from slabtune.model import dynamics as D
-from slabtune.model import metrics as M
-from slabtune.model import policy as PL
-from slabtune.tuner import objectives as O
-from slabtune.tuner import study as ST
 
 TRIALS = 48
 
 
 @functools.lru_cache(maxsize=1)
 def _spec():
-    return ST.load_spec("tune_dynamics")
+    return studies.load_spec("tune_dynamics")
 
 
 @functools.lru_cache(maxsize=1)
 def _study():
     spec = _spec()
-    runner, _url = ST.create_or_resume(spec, "dyn-test", "memory:")
+    runner, _url = studies.create_or_resume(spec, "dyn-test", "memory:")
     runner.run(TRIALS, 16)
     return runner
 
@@ -42,10 +41,10 @@ def test_dynamics_study_runs_and_stores_per_topology_objectives():
     assert len(done) == TRIALS
     w = np.array([t.weight for t in _spec().fleet.topologies])
     w = w / w.sum()
-    names = study.user_attrs[ST.ATTR_TOPOLOGIES]
+    names = study.user_attrs[studies.ATTR_TOPOLOGIES]
     assert names == ["laptop-8", "server-64x2", "memoryless-96x2"]
     for t in done:
-        topo = t.user_attrs[ST.ATTR_TOPO]
+        topo = t.user_attrs[studies.ATTR_TOPO]
         assert len(topo["memory"]) == len(topo["time"]) == 3
         assert all(np.isfinite(topo["memory"])) and all(x > 0 for x in topo["time"])
         assert t.values[0] == pytest.approx(float(np.dot(w, topo["memory"])))
@@ -69,11 +68,11 @@ _WORKLOADS = [  # (workload, cache, workload dict, op share within the workload)
 def test_baseline_equals_the_default_policy_simulated_directly():
     spec = _spec()
     fleet = spec.fleet
-    ev = ST.evaluator_for(spec)
+    ev = studies.evaluator_for(spec)
     steps, seed = spec.objectives.steps, spec.objectives.seed
-    prof = PL.profile_arrays(fleet.profile)
-    cost = O.load_default_cost()
-    pcp = C.pcp_max_order(fleet.profile.version)
+    prof = policy.profile_arrays(fleet.profile)
+    cost = simconfig.load_cost()[0]
+    pcp = cost_model.pcp_max_order(fleet.profile.version)
     caches = {c.name: c for c in fleet.caches}
     mem_topo, time_topo = [], []
     i = 0
@@ -84,12 +83,12 @@ def test_baseline_equals_the_default_policy_simulated_directly():
         ns = {"network": 0.0, "filesystem": 0.0}
         for wname, cname, wl, share in _WORKLOADS:
             c = caches[cname]
-            st = PL.structure(c.size, t.possible, t.present, t.online, prof, early=c.early,
+            st = policy.structure(c.size, t.possible, t.present, t.online, prof, early=c.early,
                               is_kmalloc=c.is_kmalloc, is_bootstrap=c.is_bootstrap,
                               explicit_sheaf=c.explicit_sheaf)
-            cfg = D.config_from(st, fleet.profile, t, wl)
-            cnt = D.simulate(jax.random.key(seed + i), cfg, steps)
-            m = M.compute(cnt, cfg, cost, pcp_max=pcp, object_size=c.object_size, steps=steps)
+            cfg = dynamics.config_from(st, fleet.profile, t, wl)
+            cnt = dynamics.simulate(jax.random.key(seed + i), cfg, steps)
+            m = metrics.compute(cnt, cfg, cost, pcp_max=pcp, object_size=c.object_size, steps=steps)
             over[wname] += float(m.memory_bytes - m.live_bytes)
             live[wname] += float(m.live_bytes)
             ns[wname] += share * float(m.ns_per_op) / 2.0   # per alloc-or-free op
@@ -103,7 +102,7 @@ def test_baseline_equals_the_default_policy_simulated_directly():
 
 
 def test_batched_evaluation_equals_one_at_a_time():
-    ev = ST.evaluator_for(_spec())
+    ev = studies.evaluator_for(_spec())
     params = [{"slub_min_order": 1, "cpu_partial_256": 8},
               {"slub_max_order": 0, "min_partial_lo": 9, "min_partial_hi": 9},
               {"cpu_partial_small": 0, "cpu_partial_256": 0, "cpu_partial_1k": 0}]
@@ -120,7 +119,7 @@ def test_larger_min_partial_holds_more_memory():
     """Nodes keep min_partial empty slabs on their partial lists instead of returning them to
     the page allocator (discard_slab only once nr_partial >= min_partial, mm/slub.c v6.18),
     so raising it holds more memory on every topology."""
-    ev = ST.evaluator_for(_spec())
+    ev = studies.evaluator_for(_spec())
     out = ev.evaluate([{"min_partial_lo": 0, "min_partial_hi": 0},
                        {"min_partial_lo": 10, "min_partial_hi": 10}])
     assert np.all(out.memory_topo[1] > out.memory_topo[0])
@@ -128,6 +127,6 @@ def test_larger_min_partial_holds_more_memory():
 
 def test_dynamics_only_fields_are_rejected_for_the_structural_set():
     with pytest.raises(SlabtuneError, match=r"^objectives\.steps: only the dynamics set"):
-        O.parse_objectives({"set": "structural", "steps": 100})
+        objectives.parse_objectives({"set": "structural", "steps": 100})
     with pytest.raises(SlabtuneError, match=r"^objectives\.steps: 0 is outside"):
-        O.parse_objectives({"set": "dynamics", "steps": 0})
+        objectives.parse_objectives({"set": "dynamics", "steps": 0})

@@ -17,17 +17,18 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from slabtune.model import profiles
+from slabtune.results import store
+from slabtune.validate import candidates, dispatch, plan, predict, report, schema
+from slabtune.validate import spec as validate_spec
+from slabtune.validate import tasks as kernel_tasks
 
 from slabtune import cli
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles as P
-from slabtune.results import store
-from slabtune.tuner import report as R
-from slabtune.tuner import validate as V
 
 
 def _guest_missing() -> str | None:
-    return V.guest_available()
+    return plan.guest_available()
 
 
 _GUEST_WHY = _guest_missing()
@@ -85,12 +86,12 @@ def test_spearman_matches_scipy_with_ties():
     stats = pytest.importorskip("scipy.stats")
     x = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
     y = [2.0, 7.0, 1.0, 8.0, 2.0, 8.0, 1.0, 8.0]
-    assert R.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
-    assert R.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert R.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    assert R.average_ranks([5, 1, 5, 2]) == [3.5, 1.0, 3.5, 2.0]
-    assert R.spearman([1, 2], [2, 1]) is None          # too few pairs
-    assert R.spearman([1, 1, 1], [1, 2, 3]) is None    # constant side
+    assert report.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert report.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert report.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert report.average_ranks([5, 1, 5, 2]) == [3.5, 1.0, 3.5, 2.0]
+    assert report.spearman([1, 2], [2, 1]) is None          # too few pairs
+    assert report.spearman([1, 1, 1], [1, 2, 3]) is None    # constant side
 
 
 def test_spearman_ceiling_is_what_prediction_ties_allow():
@@ -100,37 +101,37 @@ def test_spearman_ceiling_is_what_prediction_ties_allow():
     of the ranks 0..15, p = 3/16, q = 13/16, sd = sqrt((16^2 - 1) / 12)."""
     x = [57.2] * 3 + [59.97] * 13
     want = (9 - 1) * math.sqrt(3 / 16 * 13 / 16) / math.sqrt((16 ** 2 - 1) / 12)
-    assert R.spearman_ceiling(x) == pytest.approx(want, abs=1e-12)     # 0.677
-    assert R.spearman_ceiling([1.0, 3.0, 2.0, 5.0]) == pytest.approx(1.0)
-    assert R.spearman_ceiling([2.0, 2.0, 2.0]) is None
+    assert report.spearman_ceiling(x) == pytest.approx(want, abs=1e-12)     # 0.677
+    assert report.spearman_ceiling([1.0, 3.0, 2.0, 5.0]) == pytest.approx(1.0)
+    assert report.spearman_ceiling([2.0, 2.0, 2.0]) is None
     rng = np.random.default_rng(0)
     for _ in range(200):
         y = rng.normal(size=16).tolist()
-        assert R.spearman(x, y) <= R.spearman_ceiling(x) + 1e-12
+        assert report.spearman(x, y) <= report.spearman_ceiling(x) + 1e-12
 
 
 def test_predictions_within_the_rig_noise_become_ties():
     # three groups the rig resolves (51.4, 57.2, 60.0 ns), hundredths apart inside one
     x = [57.164, 51.384, 57.198, 60.012, 57.175]
-    assert R.tie_within(x, 0.29) == [57.164, 51.384, 57.164, 60.012, 57.164]
-    assert R.tie_within(x, 0.0) == x
+    assert report.tie_within(x, 0.29) == [57.164, 51.384, 57.164, 60.012, 57.164]
+    assert report.tie_within(x, 0.0) == x
     # neighbours chain: each step is within the resolution, so one group
-    assert R.tie_within([0.0, 0.2, 0.4, 0.6], 0.3) == [0.0] * 4
+    assert report.tie_within([0.0, 0.2, 0.4, 0.6], 0.3) == [0.0] * 4
     # the measured order inside a tied group no longer counts against the model
     meas = [57.2, 51.2, 56.6, 59.9, 57.0]     # the group measured in reverse
-    assert R.spearman(x, meas) < 1.0
-    assert R.spearman(R.tie_within(x, 0.29), meas) == pytest.approx(
-        R.spearman_ceiling(R.tie_within(x, 0.29)))
+    assert report.spearman(x, meas) < 1.0
+    assert report.spearman(report.tie_within(x, 0.29), meas) == pytest.approx(
+        report.spearman_ceiling(report.tie_within(x, 0.29)))
     # the noise: median over calibration configurations of stdev / sqrt(runs)
     rig = {"calibration": [{"runs": [1.0, 2.0, 3.0]}, {"runs": [2.0, 2.0]}, {"runs": [5.0]}]}
-    assert R.rig_resolution(rig) == pytest.approx((1 / math.sqrt(3) + 0.0) / 2)
-    assert R.rig_resolution(None) is None
-    assert R.rig_resolution({"calibration": [{"runs": [5.0]}]}) is None
+    assert report.rig_resolution(rig) == pytest.approx((1 / math.sqrt(3) + 0.0) / 2)
+    assert report.rig_resolution(None) is None
+    assert report.rig_resolution({"calibration": [{"runs": [5.0]}]}) is None
 
 
 def test_live_objects_come_from_the_flushed_dump():
-    assert V.live_objects({"objects": 296}, {"objects": 8}) == (8, "flushed")
-    n, src = V.live_objects({"objects": 296}, None)
+    assert predict.live_objects({"objects": 296}, {"objects": 8}) == (8, "flushed")
+    n, src = predict.live_objects({"objects": 296}, None)
     assert n == 296 and src.startswith("after (includes free objects on per-CPU slabs")
 
 
@@ -148,7 +149,7 @@ def _memory_61(cpus: int, live: int, traffic):
     from slabtune.model.topology import Topology
 
     topo = Topology(cpus, cpus, cpus, (cpus,), (True,))
-    return float(V.predicted_slab_bytes(P.get_profile("v6.1"), topo, {}, [CacheInfo(**SKB_61)],
+    return float(predict.predicted_slab_bytes(profiles.get_profile("v6.1"), topo, {}, [CacheInfo(**SKB_61)],
                                         [live], traffic)[0])
 
 
@@ -170,21 +171,21 @@ def test_drained_cache_retains_whole_per_cpu_partial_slabs_as_put_cpu_partial_al
 
 
 def test_dump_traffic_is_the_larger_net_change_of_objects_and_slab_objects():
-    assert V.dump_traffic({"objects": 100, "total_objects": 128},
+    assert predict.dump_traffic({"objects": 100, "total_objects": 128},
                           {"objects": 90, "total_objects": 160}) == 32
-    assert V.dump_traffic({"objects": 16, "total_objects": 16},
+    assert predict.dump_traffic({"objects": 16, "total_objects": 16},
                           {"objects": 40, "total_objects": 16}) == 24
-    assert V.dump_traffic({"objects": 5, "total_objects": 16}, {"objects": 5, "total_objects": 16}) == 0
+    assert predict.dump_traffic({"objects": 5, "total_objects": 16}, {"objects": 5, "total_objects": 16}) == 0
 
 
 def _mem_row(cand, topo, cache, pred, meas, status="ok", target="guest"):
-    return {**{k: None for k in V.ROW_SCHEMA}, "task": 0, "candidate": cand, "topology": topo,
-            "target": target, "status": status, "cache": cache, "field": V.MEMORY_FIELD,
+    return {**{k: None for k in schema.ROW_SCHEMA}, "task": 0, "candidate": cand, "topology": topo,
+            "target": target, "status": status, "cache": cache, "field": schema.MEMORY_FIELD,
             "predicted": float(pred), "measured": float(meas), "comparable": True}
 
 
 def test_report_memory_figure_is_the_workload_caches_and_all_driven_is_secondary():
-    rows = V.frame([
+    rows = schema.frame([
         _mem_row("a", "t1", "skbuff_head_cache", 110, 100),
         _mem_row("a", "t1", "dentry", 300, 100),
         _mem_row("a", "t2", "kmalloc-cg-512", 80, 100),      # kmalloc-512's accounted twin
@@ -193,9 +194,9 @@ def test_report_memory_figure_is_the_workload_caches_and_all_driven_is_secondary
         _mem_row("a", "t4", "skbuff_head_cache", 1, 100, target="native"),
     ])
     wl = {"skbuff_head_cache", "kmalloc-512", "kmalloc-cg-512"}
-    assert R.accounted_twin("kmalloc-512") == "kmalloc-cg-512"
-    assert R.accounted_twin("kmalloc-cg-512") is None and R.accounted_twin("dentry") is None
-    m = R.memory(rows, wl)
+    assert report.accounted_twin("kmalloc-512") == "kmalloc-cg-512"
+    assert report.accounted_twin("kmalloc-cg-512") is None and report.accounted_twin("dentry") is None
+    m = report.memory(rows, wl)
     # t1: skbuff only, +10%; t2: (80 + 100 - 200) / 200 = -10%
     assert m["pairs"] == 2
     assert m["median_rel_err"] == pytest.approx(0.10)
@@ -211,17 +212,17 @@ def test_report_memory_figure_is_the_workload_caches_and_all_driven_is_secondary
 
 
 def test_report_reads_workload_caches_and_memoryless_topologies_from_the_spec():
-    text = V.load_spec("validate_quick").text
-    assert R.workload_caches(text) == {"skbuff_head_cache", "kmalloc-512", "kmalloc-cg-512"}
-    assert R.memoryless_topologies(text) == {"memoryless-4x2"}
-    d = R.distribution([0.3, -0.1, 0.2, float("nan"), 0.5])
+    text = validate_spec.load_spec("validate_quick").text
+    assert report.workload_caches(text) == {"skbuff_head_cache", "kmalloc-512", "kmalloc-cg-512"}
+    assert report.memoryless_topologies(text) == {"memoryless-4x2"}
+    d = report.distribution([0.3, -0.1, 0.2, float("nan"), 0.5])
     assert d == {"n": 4, "min": -0.1, "q1": pytest.approx(0.125), "median": pytest.approx(0.25),
                  "q3": pytest.approx(0.35), "max": 0.5}
-    assert R.distribution([]) is None
+    assert report.distribution([]) is None
 
 
 def test_validate_quick_spec_has_four_small_topologies_one_memoryless():
-    spec = V.load_spec("validate_quick")
+    spec = validate_spec.load_spec("validate_quick")
     topos = [t.topology for t in spec.fleet.topologies]
     assert len(topos) == 4
     assert all(t.present <= 4 for t in topos)
@@ -230,21 +231,21 @@ def test_validate_quick_spec_has_four_small_topologies_one_memoryless():
 
 
 def test_validate_quick_boots_each_pair_three_times_and_small_spec_once():
-    assert V.load_spec("validate_quick").boots == 3
-    assert V.parse_spec(SMALL_SPEC, "small").boots == 1
+    assert validate_spec.load_spec("validate_quick").boots == 3
+    assert validate_spec.parse_spec(SMALL_SPEC, "small").boots == 1
 
 
 def test_memory_over_boots_is_the_median_per_cache_of_the_boots_that_drove_it():
     def mem(cache, pred, meas):
-        return {**{k: None for k in V.ROW_SCHEMA}, "cache": cache, "field": V.MEMORY_FIELD,
+        return {**{k: None for k in schema.ROW_SCHEMA}, "cache": cache, "field": schema.MEMORY_FIELD,
                 "predicted": float(pred), "measured": float(meas), "note": "n"}
 
     one = [mem("skbuff_head_cache", 100, 90)]
-    assert V.median_over_boots([one], 1) == one          # one boot: rows as they are
+    assert kernel_tasks.median_over_boots([one], 1) == one          # one boot: rows as they are
     boots = [[mem("skbuff_head_cache", 100, 8192), mem("dentry", 10, 4096)],
              [mem("skbuff_head_cache", 104, 16384)],
              [mem("skbuff_head_cache", 102, 12288), mem("dentry", 12, 8192)]]
-    out = {r["cache"]: r for r in V.median_over_boots(boots, 3)}
+    out = {r["cache"]: r for r in kernel_tasks.median_over_boots(boots, 3)}
     assert set(out) == {"skbuff_head_cache", "dentry"}
     skb, den = out["skbuff_head_cache"], out["dentry"]
     assert (skb["measured"], skb["predicted"]) == (12288.0, 102.0)
@@ -253,16 +254,16 @@ def test_memory_over_boots_is_the_median_per_cache_of_the_boots_that_drove_it():
     assert (den["measured"], den["predicted"]) == (6144.0, 11.0)
     assert den["note"].startswith("median of 2 of 3 boots")
     # a pair whose later boots failed: one good boot of 3 is still marked as such
-    assert V.median_over_boots([one], 3)[0]["note"].startswith("median of 1 of 3 boots")
+    assert kernel_tasks.median_over_boots([one], 3)[0]["note"].startswith("median of 1 of 3 boots")
 
 
 def test_plan_always_includes_baseline_and_host_only_runs_it():
-    spec = V.load_spec("validate_quick")
-    cands = V.with_baseline(V.parse_candidates(
+    spec = validate_spec.load_spec("validate_quick")
+    cands = candidates.with_baseline(candidates.parse_candidates(
         {"candidate": [{"id": "a", "boot": {"slab_max_order": 2}}]}, "t"))
     assert [c.id for c in cands] == ["baseline", "a"]
     assert cands[1].boot == {"slub_max_order": 2}      # canonical spelling
-    tasks = V.plan_tasks(cands, spec, ("guest", "host"))
+    tasks = plan.plan_tasks(cands, spec, ("guest", "host"))
     guest = [t for t in tasks if t.target == "guest"]
     host = [t for t in tasks if t.target == "host"]
     assert len(guest) == 2 * 4
@@ -310,17 +311,17 @@ def test_disallowed_boot_parameter_refused_before_anything_runs(tmp_path, capsys
 def test_spelling_the_guest_kernel_lacks_is_refused_before_qemu(tmp_path):
     """slab_max_order is a v6.8+ alias: fine in a candidate file, refused for the 6.1 guest
     by the preflight, before the run directory (and so any task) exists."""
-    from slabtune.tuner import guest as G
+    from slabtune.kernel import guest as qemu_guest
 
-    prof = G.kernel_profile(G.find_assets().kernel)
+    prof = qemu_guest.kernel_profile(qemu_guest.find_assets().kernel)
     if "slab" in prof.boot_param_prefixes:
         pytest.skip(f"guest kernel {prof.name} accepts slab_* names")
-    cands = V.parse_candidates({"candidate": [{"id": "a", "boot": {"slab_max_order": 1}}]}, "t")
+    cands = candidates.parse_candidates({"candidate": [{"id": "a", "boot": {"slab_max_order": 1}}]}, "t")
     # the file parser canonicalises to slub_*; a spelling check happens on the raw names
     assert cands[0].boot == {"slub_max_order": 1}
-    bad = V.Candidate("raw", {"slab_max_order": 1})
+    bad = candidates.Candidate("raw", {"slab_max_order": 1})
     with pytest.raises(SlabtuneError, match="candidate raw: boot parameter 'slab_max_order'"):
-        V.validate([bad], V.load_spec("validate_quick"), ("guest",), out_dir=tmp_path / "runs")
+        dispatch.validate([bad], validate_spec.load_spec("validate_quick"), ("guest",), out_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 
@@ -339,11 +340,11 @@ def test_report_refuses_a_sweep_run(tmp_path, capsys):
 def guest_run(ray_local, tmp_path_factory):
     """The baseline and one candidate on a memoryless 2-CPU guest, and the host."""
     tmp = tmp_path_factory.mktemp("validate")
-    spec = V.parse_spec(SMALL_SPEC, "small")
+    spec = validate_spec.parse_spec(SMALL_SPEC, "small")
     cf = tmp / "cands.toml"
     cf.write_text(CANDIDATES)
-    cands = V.load_candidate_file(cf)
-    res = V.validate(cands, spec, ("guest", "host"), out_dir=tmp / "runs")
+    cands = candidates.load_candidate_file(cf)
+    res = dispatch.validate(cands, spec, ("guest", "host"), out_dir=tmp / "runs")
     return res
 
 
@@ -355,11 +356,11 @@ def test_guest_and_host_rows_match_the_model(guest_run):
     res = guest_run
     assert res.tasks == 3 and res.failed == 0
     run = store.open_run(res.run_dir)
-    assert run.complete and V.is_validate_run(run)
+    assert run.complete and schema.is_validate_run(run)
     rows = run.collect()
     assert set(rows["status"]) == {"ok"}
     for (cand, target), g in rows.group_by("candidate", "target"):
-        s = g.filter(pl.col("field").is_in(list(V.STRUCTURAL_FIELDS)) & pl.col("comparable"))
+        s = g.filter(pl.col("field").is_in(list(schema.STRUCTURAL_FIELDS)) & pl.col("comparable"))
         assert s.height > 300, (cand, target)
         # every structural field of every comparable cache: predicted == measured
         bad = s.filter(pl.col("predicted") != pl.col("measured"))
@@ -388,12 +389,12 @@ def test_guest_memory_and_cost_rows(guest_run):
     # moved between the dumps; hackbench frees every skb it sends, so in one boot the
     # after-dump's counts can land on the before-dump's (seen once in a CI run), and the
     # memory row of that boot is then missing: asked of either guest, not of each.
-    skb = rows.filter((pl.col("field") == V.MEMORY_FIELD)
+    skb = rows.filter((pl.col("field") == schema.MEMORY_FIELD)
                       & (pl.col("cache") == "skbuff_head_cache"))
     assert skb.height >= 1
     for cand in ("baseline", "order1"):
         r = rows.filter(pl.col("candidate") == cand)
-        mem = r.filter(pl.col("field") == V.MEMORY_FIELD)
+        mem = r.filter(pl.col("field") == schema.MEMORY_FIELD)
         assert mem.height >= 1
         orders = dict(r.filter(pl.col("field") == "order").select("cache", "measured").iter_rows())
         for c, m, pred, note in mem.select("cache", "measured", "predicted", "note").iter_rows():
@@ -412,10 +413,10 @@ def test_guest_memory_and_cost_rows(guest_run):
                 # every skb hackbench sent was freed; free objects left on the CPU slabs
                 # counted in the after-dump's objects, not after the flush
                 assert live < after
-            churned = c in R.workload_caches(SMALL_SPEC)
+            churned = c in report.workload_caches(SMALL_SPEC)
             assert ("workload cache, churned on every CPU" in note) == churned
             assert ("traffic >= " in note) != churned
-        cost = r.filter(pl.col("field") == V.COST_FIELD)
+        cost = r.filter(pl.col("field") == schema.COST_FIELD)
         assert cost.height == 1 and cost["measured"][0] > 0 and cost["predicted"][0] > 0
         acc = cost["accelerator"][0]
         assert cost["comparable"][0] == (acc == "kvm")
@@ -435,14 +436,14 @@ def test_report_json_recomputed_from_rows(guest_run, capsys):
     rows = pl.concat([pl.read_parquet(p) for p in sorted(Path(guest_run.run_dir)
                                                          .glob("part-*.parquet"))])
     s = [r for r in rows.iter_rows(named=True) if r["target"] == "guest" and r["comparable"]
-         and r["field"] in V.STRUCTURAL_FIELDS]
+         and r["field"] in schema.STRUCTURAL_FIELDS]
     assert rep["structural_match_rate"] == sum(r["predicted"] == r["measured"] for r in s) / len(s)
     assert rep["structural_match_rate"] == 1.0
-    wl = R.workload_caches(SMALL_SPEC)
+    wl = report.workload_caches(SMALL_SPEC)
     for caches, fig in ((wl, rep), (None, rep["memory"]["all_driven"])):
         sums: dict = {}
         for r in rows.iter_rows(named=True):
-            if (r["target"] == "guest" and r["field"] == V.MEMORY_FIELD
+            if (r["target"] == "guest" and r["field"] == schema.MEMORY_FIELD
                     and (caches is None or r["cache"] in caches)):
                 p, m = sums.get((r["candidate"], r["topology"]), (0.0, 0.0))
                 sums[(r["candidate"], r["topology"])] = (p + r["predicted"], m + r["measured"])
@@ -492,7 +493,7 @@ def test_failing_task_is_recorded_with_its_console_tail(ray_local, tmp_path, cap
         assert r["attempts"] == 1
     states = [run.manifest["chunks"]["states"][str(i)] for i in range(2)]
     assert {s["status"] for s in states} == {"failed"}
-    rep = R.report(run)
+    rep = report.report(run)
     assert [t["candidate"] for t in rep["failed_tasks"]] == ["baseline", "order2"]
     assert rep["structural_match_rate"] is None
     assert all(p["status"] == "failed" and p["error"] for p in rep["pairs"])
@@ -500,30 +501,29 @@ def test_failing_task_is_recorded_with_its_console_tail(ray_local, tmp_path, cap
 
 @pytest.mark.slow
 def test_top_k_candidates_from_a_study():
-    from slabtune.results import pareto as PA
-    from slabtune.tuner import space as S
-    from slabtune.tuner import study as ST
+    from slabtune.results import pareto
+    from slabtune.tuner import space, study
 
-    spec = ST.load_spec("tune_quick")
-    runner, _ = ST.create_or_resume(spec, "v-test", "memory:")
+    spec = study.load_spec("tune_quick")
+    runner, _ = study.create_or_resume(spec, "v-test", "memory:")
     runner.run(32, 32)
-    cands = V.candidates_from_study(runner.study, 3)
-    front = PA.study_pareto(runner.study)
+    cands = candidates.candidates_from_study(runner.study, 3)
+    front = pareto.study_pareto(runner.study)
     assert 1 <= len(cands) == min(3, len(front["points"]))
     b = front["baseline"]
     gain = {p["trial"]: (1 - p["memory"] / b["memory"]) + (1 - p["time"] / b["time"])
             for p in front["points"]}
     ranked = sorted(gain, key=lambda t: (-gain[t], t))[:3]
     assert [c.id for c in cands] == [f"trial-{t}" for t in ranked]
-    defaults = S.baseline_values(spec.fleet.profile)
+    defaults = space.baseline_values(spec.fleet.profile)
     for c in cands:
-        assert all(S.KNOBS[k].reach == "boot" and v != defaults[k] for k, v in c.boot.items())
-        assert all(S.KNOBS[k].reach != "boot" for k in c.knobs)
+        assert all(space.KNOBS[k].reach == "boot" and v != defaults[k] for k, v in c.boot.items())
+        assert all(space.KNOBS[k].reach != "boot" for k in c.knobs)
     with pytest.raises(SlabtuneError, match="--top"):
-        V.candidates_from_study(runner.study, 0)
+        candidates.candidates_from_study(runner.study, 0)
 
 
-_NATIVE_WHY = V.native_available()
+_NATIVE_WHY = plan.native_available()
 needs_native = pytest.mark.skipif(_NATIVE_WHY is not None,
                                   reason=f"native target unavailable ({_NATIVE_WHY})")
 
@@ -549,12 +549,12 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     """Baseline and one candidate whose sysfs knobs reach the native allocator, on two
     topologies: fast-path fractions from the binary's counters against the model's, the
     measured ns per op beside the modelled one, and the report's native figures."""
-    spec = V.parse_spec(NATIVE_SPEC, "native")
-    cands = V.parse_candidates({"candidate": [
+    spec = validate_spec.parse_spec(NATIVE_SPEC, "native")
+    cands = candidates.parse_candidates({"candidate": [
         {"id": "mp", "boot": {"slub_max_order": 1},
          "knobs": {"min_partial_lo": 1, "min_partial_hi": 1, "cpu_partial_256": 8,
                    "order_objects_mul": 2}}]}, "t")
-    res = V.validate(cands, spec, ("native",), out_dir=tmp_path / "runs")
+    res = dispatch.validate(cands, spec, ("native",), out_dir=tmp_path / "runs")
     assert res.tasks == 4 and res.failed == 0
     run = store.open_run(res.run_dir)
     rows = run.collect()
@@ -583,19 +583,19 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
         assert r["measured"] > 0 and r["predicted"] > 0
         if r["field"].endswith("_pct"):
             assert 0 <= r["measured"] <= 100 and 0 <= r["predicted"] <= 100
-    rep = R.report(run)
+    rep = report.report(run)
     assert rep["speed_source"] == "native"
     assert rep["spearman_time"] == pytest.approx(
-        R.spearman(cost["predicted"].to_list(), cost["measured"].to_list()))
+        report.spearman(cost["predicted"].to_list(), cost["measured"].to_list()))
     lab = rep["speed"]["native_labelled"]
     assert lab["memoryless_topologies"] == ["memoryless-2x2"]
     # without the memoryless topology two pairs remain: too few for a rank correlation
     assert lab["without_memoryless"] == {"spearman": None, "pairs": 2}
     assert lab["prior_constants"]["pairs"] == 4
     assert lab["prior_constants"]["spearman"] == pytest.approx(
-        R.spearman(prior["predicted"].to_list(), prior["measured"].to_list()))
+        report.spearman(prior["predicted"].to_list(), prior["measured"].to_list()))
     assert lab["packaged_constants"]["spearman"] == pytest.approx(
-        R.spearman(packaged["predicted"].to_list(), packaged["measured"].to_list()))
+        report.spearman(packaged["predicted"].to_list(), packaged["measured"].to_list()))
     # the rig table is stored with the run and re-derived by the report: the native
     # figure's predictions are the stored calibration's constants times each pair's
     # features, fitted on 8 configurations none of which is a pair's
@@ -607,12 +607,12 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     assert all(c["fitted"] == pytest.approx(s["fitted"]) and c["measured"] == s["measured"]
                for c, s in zip(rig["calibration"], stored["calibration"]))
     assert {"sheaf_swap_ns", "barn_lock_hold_ns"} <= set(rig["not_identified"])
-    text = R.format_report(rep)
+    text = report.format_report(rep)
     assert "rig cost table (native figure): R^2" in text and "packaged (server)" in text
     assert "under the rig cost table" in rep["sources"]["spearman_time"]
     # a run stored before the rig table ranked the packaged table, and says so
     del run.manifest["native_rig"]
-    assert "before the rig cost table" in R.report(run)["sources"]["spearman_time"]
+    assert "before the rig cost table" in report.report(run)["sources"]["spearman_time"]
     fp = rows.filter(pl.col("field").str.ends_with("_pct"))
     assert rep["native_fastpath_max_abs_diff_pp"] == pytest.approx(
         max(abs(p - m) for p, m in zip(fp["predicted"], fp["measured"])))
@@ -646,11 +646,11 @@ def test_bad_validation_spec_names_the_field(tmp_path, capsys, patch, field):
 
 @needs_native
 def test_native_workload_that_cannot_run_on_a_topology_is_refused_up_front(tmp_path):
-    spec = V.parse_spec(NATIVE_SPEC.replace('kind = "local", live = 32, burst = 16',
+    spec = validate_spec.parse_spec(NATIVE_SPEC.replace('kind = "local", live = 32, burst = 16',
                                             'kind = "producer_consumer", depth = 8').replace(
         "cpus = 2\n\n[validate", "cpus = 1\n\n[validate"), "n")
     with pytest.raises(SlabtuneError, match=r"baseline \(native, smp-2\).*validate.native.workload"):
-        V.validate([], spec, ("native",), out_dir=tmp_path / "runs")
+        dispatch.validate([], spec, ("native",), out_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 
@@ -665,38 +665,38 @@ def _front(n: int) -> list[dict]:
 @pytest.mark.parametrize("n, k", [(9, 3), (10, 4), (7, 7), (5, 2), (100, 6)])
 def test_spread_pick_takes_both_extremes_and_spaces_the_rest_evenly(n, k):
     front = _front(n)
-    picked = V.spread_pick(list(reversed(front)), k)
+    picked = candidates.spread_pick(list(reversed(front)), k)
     by_mem = sorted(front, key=lambda p: p["memory"])
     pos = [by_mem.index(p) for p in picked]
     assert len(picked) == k and len(set(pos)) == k
     assert pos == sorted(pos) and pos[0] == 0 and pos[-1] == n - 1
     gaps = [b - a for a, b in zip(pos, pos[1:])]
     assert max(gaps) - min(gaps) <= 1          # evenly spaced by rank
-    assert V.spread_pick(front, 1) == [by_mem[0]]
+    assert candidates.spread_pick(front, 1) == [by_mem[0]]
 
 
 def test_spread_pick_takes_a_small_front_whole_and_breaks_ties_by_trial():
     front = _front(3)
-    assert V.spread_pick(front, 5) == sorted(front, key=lambda p: p["memory"])
+    assert candidates.spread_pick(front, 5) == sorted(front, key=lambda p: p["memory"])
     twins = [{"trial": 7, "memory": 2.0, "time": 3.0}, {"trial": 4, "memory": 2.0, "time": 3.0}]
-    assert [p["trial"] for p in V.spread_pick(twins, 1)] == [4]
+    assert [p["trial"] for p in candidates.spread_pick(twins, 1)] == [4]
     with pytest.raises(SlabtuneError, match="--spread"):
-        V.spread_pick(front, 0)
+        candidates.spread_pick(front, 0)
 
 
 @pytest.mark.slow
 def test_spread_candidates_from_a_study_are_on_the_front_and_deterministic():
     import random
 
-    from slabtune.results import pareto as PA
-    from slabtune.tuner import study as ST
+    from slabtune.results import pareto
+    from slabtune.tuner import study
 
-    spec = ST.load_spec("tune_quick")
-    runner, _ = ST.create_or_resume(spec, "v-spread", "memory:")
+    spec = study.load_spec("tune_quick")
+    runner, _ = study.create_or_resume(spec, "v-spread", "memory:")
     runner.run(128, 64)
-    pts = PA.study_pareto(runner.study)["points"]
+    pts = pareto.study_pareto(runner.study)["points"]
     assert len(pts) >= 4
-    cands, size = V.spread_candidates(runner.study, 4)
+    cands, size = candidates.spread_candidates(runner.study, 4)
     assert size == len(pts)
     ids = [c.id for c in cands]
     on_front = {f"trial-{p['trial']}": p for p in pts}
@@ -704,14 +704,14 @@ def test_spread_candidates_from_a_study_are_on_the_front_and_deterministic():
     lo_mem = min(pts, key=lambda p: (p["memory"], p["trial"]))
     lo_time = min(pts, key=lambda p: (p["time"], p["trial"]))
     assert {f"trial-{lo_mem['trial']}", f"trial-{lo_time['trial']}"} <= set(ids)
-    assert [c.id for c in V.spread_candidates(runner.study, 4)[0]] == ids
+    assert [c.id for c in candidates.spread_candidates(runner.study, 4)[0]] == ids
     shuffled = list(pts)
     random.Random(1).shuffle(shuffled)
-    assert [f"trial-{p['trial']}" for p in V.spread_pick(shuffled, 4)] == ids
-    whole, _ = V.spread_candidates(runner.study, len(pts) + 3)
+    assert [f"trial-{p['trial']}" for p in candidates.spread_pick(shuffled, 4)] == ids
+    whole, _ = candidates.spread_candidates(runner.study, len(pts) + 3)
     assert sorted(c.id for c in whole) == sorted(on_front)
     # the same knobs as --top gives for the same trial
-    top = {c.id: c for c in V.candidates_from_study(runner.study, len(pts))}
+    top = {c.id: c for c in candidates.candidates_from_study(runner.study, len(pts))}
     assert all(top[c.id] == c for c in cands)
 
 
@@ -721,17 +721,17 @@ def test_spread_pick_skips_a_point_whose_key_was_picked_for_the_next_along_the_f
     # positions 0..9 by memory; 1 and 2 validate the same configuration as 0, 5 as 4
     same = {0: "a", 1: "a", 2: "a", 3: "b", 4: "c", 5: "c", 6: "d", 7: "e", 8: "f", 9: "g"}
     key = {p["trial"]: same[i] for i, p in enumerate(by_mem)}
-    plain = V.spread_pick(front, 4)
+    plain = candidates.spread_pick(front, 4)
     assert [by_mem.index(p) for p in plain] == [0, 3, 6, 9]
-    picked = V.spread_pick(front, 6, lambda p: key[p["trial"]])
+    picked = candidates.spread_pick(front, 6, lambda p: key[p["trial"]])
     pos = [by_mem.index(p) for p in picked]
     # plain targets 0, 9, 2, 4, 5, 7: 2 is a's twin -> 3; 5 is c's twin -> 6
     assert pos == [0, 3, 4, 6, 7, 9]
     assert len({key[p["trial"]] for p in picked}) == 6
     # 7 distinct configurations: K = 9 gives all 7, K = 1 the lowest-memory one
-    every = V.spread_pick(front, 9, lambda p: key[p["trial"]])
+    every = candidates.spread_pick(front, 9, lambda p: key[p["trial"]])
     assert len(every) == 7 and len({key[p["trial"]] for p in every}) == 7
-    assert V.spread_pick(front, 1, lambda p: key[p["trial"]]) == [by_mem[0]]
+    assert candidates.spread_pick(front, 1, lambda p: key[p["trial"]]) == [by_mem[0]]
 
 
 @pytest.mark.slow
@@ -739,21 +739,21 @@ def test_spread_on_a_real_study_gives_distinct_validated_configurations():
     """A real 128-trial study: the picks validate distinct configurations, and a twin of
     every front point (the same trial parameters, a hair more memory) is never picked
     beside its original, while the plain pick does take twins."""
-    from slabtune.tuner import study as ST
+    from slabtune.tuner import study
 
-    spec = ST.load_spec("tune_quick")
-    runner, _ = ST.create_or_resume(spec, "v-distinct", "memory:")
+    spec = study.load_spec("tune_quick")
+    runner, _ = study.create_or_resume(spec, "v-distinct", "memory:")
     runner.run(128, 64)
-    vspec = V.load_spec("validate_quick")
-    pts = V._front_points(runner.study)
-    cands = {p["trial"]: c for p, c in zip(pts, V._trial_candidates(runner.study, pts))}
-    keys = {t: V.validated_key(vspec, c) for t, c in cands.items()}
+    vspec = validate_spec.load_spec("validate_quick")
+    pts = candidates._front_points(runner.study)
+    cands = {p["trial"]: c for p, c in zip(pts, candidates._trial_candidates(runner.study, pts))}
+    keys = {t: candidates.validated_key(vspec, c) for t, c in cands.items()}
     distinct = len(set(keys.values()))
-    picked, size = V.spread_candidates(runner.study, 4, vspec)
+    picked, size = candidates.spread_candidates(runner.study, 4, vspec)
     assert size == len(pts)
     got = {keys[int(c.id.split("-")[1])] for c in picked}
     assert len(got) == len(picked) == min(4, distinct)
-    whole, _ = V.spread_candidates(runner.study, size + 3, vspec)
+    whole, _ = candidates.spread_candidates(runner.study, size + 3, vspec)
     assert len(whole) == distinct
     twins = [{**p, "trial": 10_000 + p["trial"], "memory": p["memory"] * (1 + 1e-9)}
              for p in pts]
@@ -762,12 +762,12 @@ def test_spread_on_a_real_study_gives_distinct_validated_configurations():
         return keys[p["trial"] % 10_000]
 
     k = min(len(pts), 6)
-    six = V.spread_pick(pts + twins, k, key)
+    six = candidates.spread_pick(pts + twins, k, key)
     assert len(six) == len({key(p) for p in six}) == min(k, distinct)
     # asked for every point, the plain pick takes each twin beside its original
     n = 2 * len(pts)
-    assert len(V.spread_pick(pts + twins, n)) == n
-    both = V.spread_pick(pts + twins, n, key)
+    assert len(candidates.spread_pick(pts + twins, n)) == n
+    both = candidates.spread_pick(pts + twins, n, key)
     assert len(both) == len({key(p) for p in both}) == distinct
 
 

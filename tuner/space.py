@@ -33,9 +33,9 @@ import dataclasses
 from typing import Literal, Mapping
 
 import optuna
+from slabtune.model import profiles
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles as P
 
 Reach = Literal["boot", "sysfs", "kernel"]
 REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel")
@@ -59,9 +59,9 @@ class KnobDef:
 #: parameters: setup_slub_*(); sysfs: the store handlers) or, for kernel-only knobs, what
 #: keeps the formulas meaningful.
 KNOBS: dict[str, KnobDef] = {k.name: k for k in (
-    KnobDef("slub_min_order", "boot", 0, P.MAX_PAGE_ORDER, None,
+    KnobDef("slub_min_order", "boot", 0, profiles.MAX_PAGE_ORDER, None,
             "smallest slab order calculate_order() may pick"),
-    KnobDef("slub_max_order", "boot", 0, P.MAX_PAGE_ORDER, None,
+    KnobDef("slub_max_order", "boot", 0, profiles.MAX_PAGE_ORDER, None,
             "largest slab order calculate_order() tries (min(value, MAX_PAGE_ORDER) at boot)"),
     KnobDef("slub_min_objects", "boot", 0, 1024, None,
             "objects a slab should hold; 0 keeps the 4 * (fls(nr_cpus) + 1) heuristic"),
@@ -101,14 +101,14 @@ PROFILE_FIELD_KNOBS: tuple[str, ...] = (
 )
 
 
-def baseline_values(profile: P.KernelProfile) -> dict[str, int]:
+def baseline_values(profile: profiles.KernelProfile) -> dict[str, int]:
     """The value of every knob in an unmodified kernel of ``profile`` booted without slub_*
     parameters (the baseline every candidate is compared against)."""
     cpp = profile.cpu_partial_objects or (0, 0, 0, 0)
     sh = profile.sheaf_base_capacity
     return {
         "slub_min_order": 0,
-        "slub_max_order": P.DEFAULT_MAX_ORDER,
+        "slub_max_order": profiles.DEFAULT_MAX_ORDER,
         "slub_min_objects": 0,
         "order_objects_mul": 4,
         "order_objects_add": 1,
@@ -123,12 +123,12 @@ def baseline_values(profile: P.KernelProfile) -> dict[str, int]:
         "sheaf_1k": sh[1],
         "sheaf_256": sh[2],
         "sheaf_small": sh[3],
-        "barn_max_full": P.BARN_MAX_FULL,
-        "barn_max_empty": P.BARN_MAX_EMPTY,
+        "barn_max_full": profiles.BARN_MAX_FULL,
+        "barn_max_empty": profiles.BARN_MAX_EMPTY,
     }
 
 
-def _profile_has(profile: P.KernelProfile, need: str | None) -> bool:
+def _profile_has(profile: profiles.KernelProfile, need: str | None) -> bool:
     if need is None:
         return True
     if need == "cpu_partial":
@@ -162,7 +162,7 @@ class Knob:
 class SearchSpace:
     """The knobs of a study, the target profile and the sampler settings."""
 
-    profile: P.KernelProfile
+    profile: profiles.KernelProfile
     knobs: tuple[Knob, ...]
     sampler: str = "nsga2"
     seed: int | None = None
@@ -193,7 +193,7 @@ def _int_field(where: str, value) -> int:
     return value
 
 
-def parse_knob(name: str, table, profile: P.KernelProfile) -> Knob:
+def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
     """Validate one ``[search.knobs]`` entry against the knob's kernel range and the profile."""
     where = f"search.knobs.{name}"
     if name not in KNOBS:
@@ -235,7 +235,7 @@ def parse_knob(name: str, table, profile: P.KernelProfile) -> Knob:
     return Knob(name, kd.reach, low, high, step)
 
 
-def parse_search(table, profile: P.KernelProfile) -> SearchSpace:
+def parse_search(table, profile: profiles.KernelProfile) -> SearchSpace:
     """Build a :class:`SearchSpace` from a spec's ``[search]`` table."""
     if not isinstance(table, Mapping):
         raise SlabtuneError("search: expected a [search] table")

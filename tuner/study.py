@@ -1,6 +1,6 @@
 """Optuna studies over SLUB policies: spec loading, storage, batched ask -> evaluate -> tell.
 
-A tune spec is a TOML file with ``[fleet]`` (:mod:`slabtune.tuner.objectives`), ``[search]``
+A tune spec is a TOML file with ``[fleet]`` (:mod:`slabtune.validate`), ``[search]``
 (:mod:`slabtune.tuner.space`) and an optional ``[objectives]`` table.  A study has two
 objectives, both minimised: fleet memory overhead (overhead bytes / live bytes) and modelled
 ns per op.  Trials are asked ``batch`` at a time with the space's plain distributions, the
@@ -28,12 +28,13 @@ from typing import Mapping
 
 import numpy as np
 import optuna
-from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
+from slabtune.model import bootparams
+from slabtune.tuner import fleet as fleets
+from slabtune.tuner import objectives as fleet_objectives
+from slabtune.tuner import optuna_internals
+from slabtune.tuner import space as search_space
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams as BP
-from slabtune.tuner import objectives as O
-from slabtune.tuner import space as S
 
 DIRECTIONS = ("minimize", "minimize")
 OBJECTIVE_NAMES = ("memory", "time")
@@ -59,9 +60,9 @@ class TuneSpec:
 
     name: str
     text: str
-    fleet: O.Fleet
-    space: S.SearchSpace
-    objectives: O.ObjectiveSpec
+    fleet: fleets.Fleet
+    space: search_space.SearchSpace
+    objectives: fleet_objectives.ObjectiveSpec
     #: The sweep spec ``[fleet] sweep`` named, as :meth:`SweepSpec.to_dict` (None without).
     fleet_sweep: dict | None = None
     #: The text of the cost file ``[objectives] cost`` named (None: the packaged table).
@@ -70,11 +71,11 @@ class TuneSpec:
     def cost(self):
         """The cost constants of the time objective: the packaged table, overridden by the
         constants of the cost file ``[objectives] cost`` named."""
-        from slabtune.sweeps import simconfig as SC
+        from slabtune.sweeps import simconfig
 
         if self.cost_text is None:
-            return SC.load_cost()[0]
-        return SC.load_cost_text(self.cost_text, f"objectives.cost {self.objectives.cost}")[0]
+            return simconfig.load_cost()[0]
+        return simconfig.load_cost_text(self.cost_text, f"objectives.cost {self.objectives.cost}")[0]
 
 
 def builtin_spec_path(name: str) -> Path | None:
@@ -107,13 +108,13 @@ def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None,
     sweep = None
     if isinstance(doc["fleet"], dict) and "sweep" in doc["fleet"]:
         if fleet_sweep is not None:
-            from slabtune.sweeps import spec as SP
-            sweep = SP.from_dict(fleet_sweep)
+            from slabtune.sweeps import spec as sweep_spec
+            sweep = sweep_spec.from_dict(fleet_sweep)
         else:
-            sweep = O.load_sweep(doc["fleet"]["sweep"])
-    fleet = O.parse_fleet(doc["fleet"], sweep)
-    space = S.parse_search(doc["search"], fleet.profile)
-    objectives = O.parse_objectives(doc.get("objectives"))
+            sweep = fleets.load_sweep(doc["fleet"]["sweep"])
+    fleet = fleets.parse_fleet(doc["fleet"], sweep)
+    space = search_space.parse_search(doc["search"], fleet.profile)
+    objectives = fleet_objectives.parse_objectives(doc.get("objectives"))
     if objectives.cost is None:
         cost_text = None
     elif cost_text is None:
@@ -284,26 +285,26 @@ def effective_params(params: Mapping[str, int], spec: TuneSpec) -> dict[str, int
     (min_order, max_order, min_objects) with the profile's setup_slub_* semantics, so a
     min_order above max_order is adjusted as v6.7+ kernels do (earlier kernels keep both)."""
     out = dict(params)
-    boot = {k: int(v) for k, v in params.items() if S.KNOBS[k].reach == "boot"}
+    boot = {k: int(v) for k, v in params.items() if search_space.KNOBS[k].reach == "boot"}
     if boot:
-        sp = BP.SlubParams()
-        for suffix in BP.PARAM_SUFFIXES:
+        sp = bootparams.SlubParams()
+        for suffix in bootparams.PARAM_SUFFIXES:
             key = f"slub_{suffix}"
             if key in boot:
-                sp = BP.apply_param(sp, suffix, boot[key], spec.fleet.profile)
-        for suffix, v in zip(BP.PARAM_SUFFIXES, sp):
+                sp = bootparams.apply_param(sp, suffix, boot[key], spec.fleet.profile)
+        for suffix, v in zip(bootparams.PARAM_SUFFIXES, sp):
             out[f"slub_{suffix}"] = int(v)
     return out
 
 
-_EVALUATORS: dict[tuple[str, str, str | None], O.Evaluator] = {}
+_EVALUATORS: dict[tuple[str, str, str | None], fleet_objectives.FleetEvaluator] = {}
 
 
-def evaluator_for(spec: TuneSpec) -> O.Evaluator:
+def evaluator_for(spec: TuneSpec) -> fleet_objectives.FleetEvaluator:
     """One evaluator (one compiled model) per spec text and cost table in a process."""
     key = (spec.text, spec.objectives.name, spec.cost_text)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = O.Evaluator(spec.fleet, spec.objectives, cost=spec.cost())
+        _EVALUATORS[key] = fleet_objectives.FleetEvaluator(spec.fleet, spec.objectives, cost=spec.cost())
     return _EVALUATORS[key]
 
 
@@ -326,79 +327,40 @@ class StudyRunner:
     ``Trial`` objects are built.
     """
 
-    def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: O.Evaluator | None = None):
+    def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: fleet_objectives.FleetEvaluator | None = None):
         self.spec = spec
         self.study = study
         self.evaluator = evaluator or evaluator_for(spec)
         self.distributions = spec.space.distributions()
-        if isinstance(study._storage, optuna.storages.InMemoryStorage):
+        if optuna_internals.in_memory(study):
             self._asker = study
         else:
-            self._asker = optuna.create_study(sampler=S.make_sampler(spec.space),
+            self._asker = optuna.create_study(sampler=search_space.make_sampler(spec.space),
                                               directions=list(DIRECTIONS))
             done = study.get_trials(deepcopy=False, states=_FINISHED)
             if done:
                 self._asker.add_trials(done)
 
-    def evaluate(self, params_list) -> O.Evaluation:
+    def evaluate(self, params_list) -> fleet_objectives.Evaluation:
         return self.evaluator.evaluate([effective_params(p, self.spec) for p in params_list])
 
     def ask_batch(self, k: int) -> list[optuna.trial.FrozenTrial]:
         """Create ``k`` running trials in the in-memory asker with sampled params, as ``k``
         calls of ``Study.ask(distributions)`` would (same sampler calls in the same order)."""
-        study = self._asker
-        storage, sid, sampler = study._storage, study._study_id, study.sampler
-        out, space, generation = [], None, None
-        ga = isinstance(sampler, optuna.samplers.BaseGASampler)
-        for _ in range(k):
-            study._thread_local.cached_all_trials = None   # Study.ask: re-read once a trial
-            tid = storage.create_new_trial(sid)
-            if generation is not None:
-                # a GA sampler's generation of a new trial depends only on finished trials
-                # (BaseGASampler.get_trial_generation), so it is the batch's first trial's;
-                # stored as the sampler stores it instead of rescanning every trial
-                storage.set_trial_system_attr(tid, sampler._get_generation_key(), generation)
-            ft = storage.get_trial(tid)
-            sampler.before_trial(study, ft)
-            if space is None:
-                space = sampler.infer_relative_search_space(study, ft)
-            rel = sampler.sample_relative(study, ft, space)
-            if ga and generation is None:
-                generation = sampler.get_trial_generation(study, storage.get_trial(tid))
-            for name, dist in self.distributions.items():
-                if dist.single():
-                    value = optuna.distributions._get_single_value(dist)
-                elif name in rel and dist._contains(dist.to_internal_repr(rel[name])):
-                    value = rel[name]
-                else:
-                    value = sampler.sample_independent(study, ft, name, dist)
-                storage.set_trial_param(tid, name, dist.to_internal_repr(value), dist)
-            out.append(storage.get_trial(tid))
-        return out
+        return optuna_internals.ask_batch(self._asker, self.distributions, k)
 
-    def tell_batch(self, trials, ev: O.Evaluation, excess: np.ndarray | None) -> list:
+    def tell_batch(self, trials, ev: fleet_objectives.Evaluation, excess: np.ndarray | None) -> list:
         """Complete the asked ``trials`` with the batch's objectives, per-topology user attr
         and regression constraint, as ``Trial.set_user_attr``, ``Trial.set_constraint`` and
         ``Study.tell`` would; a non-finite objective fails the trial as ``Study.tell``
         does.  Returns the finished trials."""
-        study = self._asker
-        storage, sampler = study._storage, study.sampler
-        done = []
-        for i, ft in enumerate(trials):
-            study._thread_local.cached_all_trials = None   # as Study.tell
-            tid = ft._trial_id
-            storage.set_trial_user_attr(tid, ATTR_TOPO, {
-                "memory": ev.memory_topo[i].tolist(), "time": ev.time_topo[i].tolist()})
-            if excess is not None:
-                storage.set_trial_system_attr(tid, _CONSTRAINT_ATTR, float(excess[i]))
-            values = [float(ev.memory[i]), float(ev.time[i])]
-            state = optuna.trial.TrialState.COMPLETE
-            if not all(np.isfinite(values)):
-                state, values = optuna.trial.TrialState.FAIL, None
-            sampler.after_trial(study, storage.get_trial(tid), state, values)
-            storage.set_trial_state_values(tid, state, values)
-            done.append(storage.get_trial(tid))
-        return done
+        user_attrs = [{ATTR_TOPO: {"memory": ev.memory_topo[i].tolist(),
+                                   "time": ev.time_topo[i].tolist()}}
+                      for i in range(len(trials))]
+        values = [[float(ev.memory[i]), float(ev.time[i])] for i in range(len(trials))]
+        constraint = None if excess is None else [float(x) for x in excess]
+        return optuna_internals.tell_batch(self._asker, trials, values, user_attrs,
+                                           ATTR_EXCESS, constraint)
 
     def run(self, n_trials: int, batch: int = 64) -> int:
         """Ask ``batch`` trials, evaluate them in one model call, tell them back (and write
@@ -417,123 +379,16 @@ class StudyRunner:
             excess = self.evaluator.regression_excess(ev) if constrained else None
             told = self.tell_batch(trials, ev, excess)
             if self._asker is not self.study:
-                write_trials(self.study, told)
+                optuna_internals.write_trials(self.study, told)
             done += k
         return done
-
-
-#: The system attr ``Trial.set_constraint(ATTR_EXCESS, v)`` writes (Optuna's "constraints:"
-#: prefix), read by both samplers and ``Study.best_trials``.
-_CONSTRAINT_ATTR = f"{_CONSTRAINTS_KEY}:{ATTR_EXCESS}"
-
-
-def write_trials(study: optuna.Study, trials) -> None:
-    """Add finished trials to ``study``'s storage in one write where the backend allows it:
-    one transaction for an RDB, one append (one lock, one fsync) for a journal file; the
-    rows and log records are Optuna's own (``add_trial``'s), only grouped.  Other storages
-    get ``Study.add_trials``."""
-    trials = list(trials)
-    if not trials:
-        return
-    storage = study._storage
-    rdb = getattr(storage, "_backend", None)   # Optuna wraps an RDBStorage in a cache
-    if isinstance(storage, optuna.storages.JournalStorage):
-        _write_journal(storage, study._study_id, trials)
-    elif isinstance(rdb, optuna.storages.RDBStorage):
-        _write_rdb(rdb, study._study_id, trials)
-    else:
-        study.add_trials(trials)
-
-
-def _write_rdb(storage: optuna.storages.RDBStorage, study_id: int, trials) -> None:
-    """All ``trials`` in one transaction with one multi-row INSERT per table, into the rows
-    RDBStorage.create_new_trial writes for a template trial (its models, its value and
-    distribution encodings).  create_new_trial itself looks up every param and attr row
-    before writing it: a dozen round trips per trial that a batch of new trials does not
-    need."""
-    import sqlalchemy as sa
-    from optuna.storages._rdb import models as M
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    def utc(d):   # RDBStorage keeps naive UTC (models.TrialModel.datetime_start)
-        return None if d is None else d.astimezone(_dt.timezone.utc).replace(tzinfo=None)
-
-    with _create_scoped_session(storage.scoped_session) as session:
-        M.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-        first = session.scalar(sa.select(sa.func.count(M.TrialModel.trial_id))
-                               .where(M.TrialModel.study_id == study_id))
-        session.execute(sa.insert(M.TrialModel), [
-            {"number": first + i, "study_id": study_id, "state": t.state,
-             "_datetime_start_utc": utc(t.datetime_start),
-             "_datetime_complete_utc": utc(t.datetime_complete)}
-            for i, t in enumerate(trials)])
-        ids = dict(session.execute(
-            sa.select(M.TrialModel.number, M.TrialModel.trial_id)
-            .where(M.TrialModel.study_id == study_id, M.TrialModel.number >= first)).all())
-        params, values, uattrs, sattrs = [], [], [], []
-        for i, t in enumerate(trials):
-            tid = ids[first + i]
-            for name, value in t.params.items():
-                dist = t.distributions[name]
-                params.append({"trial_id": tid, "param_name": name,
-                               "param_value": dist.to_internal_repr(value),
-                               "distribution_json": optuna.distributions.distribution_to_json(dist)})
-            for obj, v in enumerate(t.values or ()):
-                stored, kind = M.TrialValueModel.value_to_stored_repr(v)
-                values.append({"trial_id": tid, "objective": obj, "value": stored,
-                               "value_type": kind})
-            uattrs += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)}
-                       for k, v in t.user_attrs.items()]
-            sattrs += [{"trial_id": tid, "key": k, "value_json": json.dumps(v)}
-                       for k, v in t.system_attrs.items()]
-        for model, rows in ((M.TrialParamModel, params), (M.TrialValueModel, values),
-                            (M.TrialUserAttributeModel, uattrs),
-                            (M.TrialSystemAttributeModel, sattrs)):
-            if rows:
-                session.execute(sa.insert(model), rows)
-
-
-class _LogBuffer:
-    """A journal backend stand-in that keeps appended log records (see _write_journal)."""
-
-    def __init__(self):
-        self.logs: list[dict] = []
-
-    def append_logs(self, logs) -> None:
-        self.logs.extend(logs)
-
-    def read_logs(self, log_number_from: int):
-        return iter(())
-
-
-def _write_journal(storage, study_id: int, trials) -> None:
-    """All ``trials`` in one journal append: JournalStorage.create_new_trial builds each
-    record (into a buffer), then the records go to the file under one lock and one fsync
-    and are replayed once.  Single writer: the storage must not be used by another thread
-    meanwhile."""
-    backend = storage._backend
-    buf = _LogBuffer()
-    replay = storage._replay_result
-    if not hasattr(replay, "_last_created_trial_id_by_this_process"):
-        # create_new_trial reads the id of the last trial it replayed; none is replayed
-        # while records go to the buffer, and the id is not used here
-        replay._last_created_trial_id_by_this_process = -1
-    storage._backend = buf
-    try:
-        for t in trials:
-            storage.create_new_trial(study_id, template_trial=t)
-    finally:
-        storage._backend = backend
-    backend.append_logs(buf.logs)
-    with storage._thread_lock:
-        storage._sync_with_backend()
 
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
              optuna.trial.TrialState.FAIL)
 
 
-def _baseline_attr(ev: O.Evaluation) -> dict:
+def _baseline_attr(ev: fleet_objectives.Evaluation) -> dict:
     return {"memory": float(ev.memory[0]), "time": float(ev.time[0]),
             "memory_topo": [float(x) for x in ev.memory_topo[0]],
             "time_topo": [float(x) for x in ev.time_topo[0]]}
@@ -545,13 +400,13 @@ def default_study_name(spec: TuneSpec) -> str:
 
 def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None,
                      run_dir: str | Path | None = None,
-                     evaluator: O.Evaluator | None = None) -> tuple[StudyRunner, str]:
+                     evaluator: fleet_objectives.FleetEvaluator | None = None) -> tuple[StudyRunner, str]:
     """Create a study (or resume the one called ``study_name``) and return its runner and
     storage URL.  Resuming requires the same spec the study was created with."""
     name = study_name or default_study_name(spec)
     url, _rd = resolve_storage(name, storage, run_dir, create=True)
     st = open_storage(url, create=True)
-    sampler = S.make_sampler(spec.space)
+    sampler = search_space.make_sampler(spec.space)
     optuna.logging.set_verbosity(logging.WARNING)
     try:
         study = optuna.create_study(study_name=name, storage=st, sampler=sampler,
@@ -607,32 +462,32 @@ def candidate(study: optuna.Study, number: int):
     """Everything :mod:`slabtune.results.export` needs about trial ``number``: effective boot
     parameters that differ from the kernel defaults, per-cache sysfs values of the searched
     sysfs knob families (from the model), knobs that need a kernel change, and gains."""
-    from slabtune.results import export as X
+    from slabtune.results import export
 
     spec = study_spec(study)
     ft = get_trial(study, number)
     eff = effective_params(ft.params, spec)
     profile = spec.fleet.profile
-    base = S.baseline_values(profile)
-    boot = {k: int(eff[k]) for k in S.KNOBS if S.KNOBS[k].reach == "boot"
+    base = search_space.baseline_values(profile)
+    boot = {k: int(eff[k]) for k in search_space.KNOBS if search_space.KNOBS[k].reach == "boot"
             and k in eff and int(eff[k]) != base[k]}
     searched = set(ft.params)
     per_cache = None
     sysfs: dict[str, dict[str, int]] = {}
-    for attr, family in X.SYSFS_FAMILIES.items():
+    for attr, family in export.SYSFS_FAMILIES.items():
         if not searched & set(family):
             continue
         if attr == "cpu_partial" and not profile.has_cpu_partial:
             continue
         if per_cache is None:
-            per_cache = O.cache_values(spec.fleet, eff)
+            per_cache = fleet_objectives.cache_values(spec.fleet, eff)
         for cache, vals in per_cache.items():
             sysfs.setdefault(cache, {})[attr] = vals[attr]
     # a non-zero slub_min_objects replaces the heuristic, so its coefficients then change
     # nothing (calculate_order() never evaluates them)
     inert = {"order_objects_mul", "order_objects_add"} if int(eff.get("slub_min_objects", 0)) else set()
-    kernel = tuple(X.KernelChange(k, int(eff[k]), base[k], S.KNOBS[k].doc)
-                   for k in ft.params if S.KNOBS[k].reach == "kernel"
+    kernel = tuple(export.KernelChange(k, int(eff[k]), base[k], search_space.KNOBS[k].doc)
+                   for k in ft.params if search_space.KNOBS[k].reach == "kernel"
                    and int(eff[k]) != base[k] and k not in inert)
     b = study.user_attrs[ATTR_BASELINE]
     topos = study.user_attrs[ATTR_TOPOLOGIES]
@@ -641,7 +496,7 @@ def candidate(study: optuna.Study, number: int):
     gains = {name: {"memory": 1.0 - mt[i] / b["memory_topo"][i],
                     "time": 1.0 - tt[i] / b["time_topo"][i]}
              for i, name in enumerate(topos) if i < len(mt) and i < len(tt)}
-    return X.Candidate(study=study.study_name, trial=number, profile=profile,
+    return export.ExportedPolicy(study=study.study_name, trial=number, profile=profile,
                        memory=float(ft.values[0]), time=float(ft.values[1]),
                        baseline={"memory": b["memory"], "time": b["time"]}, boot=boot,
                        sysfs=sysfs, kernel_change=kernel, gains=gains,

@@ -23,14 +23,14 @@ def register(subparsers) -> None:
 
 def _export(args) -> int:
     from slabtune.errors import SlabtuneError
-    from slabtune.results import export as X
-    from slabtune.tuner import study as ST
+    from slabtune.results import export
+    from slabtune.tuner import study as studies
 
-    study = ST.load_study(args.study, args.storage, args.run)
-    cand = ST.candidate(study, args.trial)
-    text = X.render(cand, args.format, args.prefix)
+    study = studies.load_study(args.study, args.storage, args.run)
+    cand = studies.candidate(study, args.trial)
+    text = export.render(cand, args.format, args.prefix)
     if args.format == "cmdline":
-        for line in X.kernel_change_notes(cand):
+        for line in export.kernel_change_notes(cand):
             print(line, file=sys.stderr)
         if cand.sysfs:
             print("note: this policy also sets sysfs values: export --format tmpfiles",

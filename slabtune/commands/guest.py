@@ -1,7 +1,7 @@
 """``slabtune guest boot`` and ``slabtune guest probe``: the qemu guest tier.
 
 The handlers parse arguments and print; booting, the initramfs and console parsing live in
-:mod:`slabtune.tuner.guest`.
+:mod:`slabtune.kernel.guest`.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def _params(items: list[str]) -> dict[str, str]:
 
 
 def _boot(args) -> int:
+    from slabtune.kernel import guest as qemu_guest
+    from slabtune.kernel.snapshot import write_snapshot
     from slabtune.model.topology import Topology
-    from slabtune.results.snapshot import write_snapshot
-    from slabtune.tuner import guest as g
 
     node_cpus = _int_list(args.node_cpus, "--node-cpus") if args.node_cpus else None
     topo = Topology.uniform(args.cpus, nodes=args.nodes,
@@ -94,14 +94,14 @@ def _boot(args) -> int:
                             possible=args.possible, online=args.online, node_cpus=node_cpus)
     workloads = ()
     if args.workload != "none":
-        workloads = (g.WorkloadSpec(mode=args.workload, transport=args.transport,
+        workloads = (qemu_guest.WorkloadSpec(mode=args.workload, transport=args.transport,
                                     groups=args.groups, fds=args.fds, loops=args.loops,
                                     msg_size=args.msg_size),)
-    spec = g.GuestSpec(topology=topo, boot_params=_params(args.param), workloads=workloads,
+    spec = qemu_guest.GuestSpec(topology=topo, boot_params=_params(args.param), workloads=workloads,
                        memory_mib=args.memory, timeout_s=args.timeout, retries=args.retries,
                        accel=args.accel)
-    assets = g.find_assets(kernel=args.kernel)
-    r = g.boot_guest(spec, assets)
+    assets = qemu_guest.find_assets(kernel=args.kernel)
+    r = qemu_guest.boot_guest(spec, assets)
     if r.ok:
         if args.out:
             write_snapshot(r.before, args.out)
@@ -137,8 +137,8 @@ def _boot(args) -> int:
 
 
 def _probe(args) -> int:
-    from slabtune.tuner import guest as g
+    from slabtune.kernel import guest as qemu_guest
 
-    probe = g.probe_kvm(g.find_assets(kernel=args.kernel), refresh=args.refresh)
+    probe = qemu_guest.probe_kvm(qemu_guest.find_assets(kernel=args.kernel), refresh=args.refresh)
     print(f"kvm usable: {'yes' if probe.usable else 'no'} ({probe.reason})")
     return 0

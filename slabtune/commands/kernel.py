@@ -1,8 +1,8 @@
 """``slabtune kernel snapshot`` and ``slabtune kernel check``: the real-kernel tier.
 
 The handlers only parse arguments and print; reading sysfs lives in
-:mod:`slabtune.tuner.host`, the file format in :mod:`slabtune.results.snapshot` and the
-comparison in :mod:`slabtune.tuner.check` (imported lazily: it pulls in JAX).
+:mod:`slabtune.kernel.host`, the file format in :mod:`slabtune.kernel.snapshot` and the
+comparison in :mod:`slabtune.kernel.check` (imported lazily: it pulls in JAX).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _snapshot(args) -> int:
-    from slabtune.results.snapshot import write_snapshot
-    from slabtune.tuner.host import take_snapshot
+    from slabtune.kernel.host import take_snapshot
+    from slabtune.kernel.snapshot import write_snapshot
 
     df = take_snapshot(args.root)
     path = write_snapshot(df, args.out)
@@ -55,9 +55,9 @@ def _snapshot(args) -> int:
 
 
 def _check(args) -> int:
-    from slabtune.results.snapshot import read_snapshot
-    from slabtune.tuner import check
-    from slabtune.tuner.host import take_snapshot
+    from slabtune.kernel import check
+    from slabtune.kernel.host import take_snapshot
+    from slabtune.kernel.snapshot import read_snapshot
 
     if args.profile is not None:  # fail fast, before reading sysfs or compiling anything
         check.resolve_profile(args.profile)

@@ -49,8 +49,8 @@ def _done(t0: float, what: str) -> None:
 
 def host_check() -> tuple[str, bool]:
     """Snapshot this host's slab caches and check every one against the model."""
-    from slabtune.tuner import check
-    from slabtune.tuner.host import take_snapshot
+    from slabtune.kernel import check
+    from slabtune.kernel.host import take_snapshot
 
     if not os.path.isdir("/sys/kernel/slab"):
         return "skipped: /sys/kernel/slab is not readable here", True
@@ -110,40 +110,38 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     """Stages 3-6: the quick study, its Pareto table, a chart, the exported policy."""
     import datetime as _dt
 
-    from slabtune.results import charts as CH
-    from slabtune.results import export as X
-    from slabtune.results import pareto as PR
-    from slabtune.tuner import study as ST
+    from slabtune.results import charts, export, pareto
+    from slabtune.tuner import study
 
-    spec = ST.load_spec("tune_quick")
+    spec = study.load_spec("tune_quick")
     name = f"main-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     run_dir = out / name
     t0 = _stage(3, f"tuning: {trials} trials of the built-in 'tune_quick' study, "
                    f"{batch} per model call, SQLite storage in {run_dir}")
-    runner, url = ST.create_or_resume(spec, name, None, run_dir)
+    runner, url = study.create_or_resume(spec, name, None, run_dir)
     done = 0
     while done < trials:
         k = min(batch, trials - done)
         done += runner.run(k, batch)
         print(f"    progress: {done}/{trials} trials, "
               f"{len(runner.study.best_trials)} on the Pareto front", flush=True)
-    written.append(("Optuna study (SQLite)", run_dir / ST.DB_NAME))
+    written.append(("Optuna study (SQLite)", run_dir / study.DB_NAME))
     _done(t0, f"study {name} in {url}")
 
     _stage(4, "Pareto front of memory overhead against modelled time per operation")
-    rep = PR.study_pareto(runner.study)
-    print(PR.format_table(rep))
+    rep = pareto.study_pareto(runner.study)
+    print(pareto.format_table(rep))
 
     t0 = _stage(5, "drawing the Pareto front")
-    chart = CH.pareto_chart(PR.all_points(runner.study), rep["baseline"],
+    chart = charts.pareto_chart(pareto.all_points(runner.study), rep["baseline"],
                             title=f"{name}: memory against time per op")
     for suffix in ("html", "png"):
-        written.append((f"Pareto chart ({suffix})", CH.save(chart, run_dir / f"pareto.{suffix}")))
+        written.append((f"Pareto chart ({suffix})", charts.save(chart, run_dir / f"pareto.{suffix}")))
     _done(t0, "chart written")
 
     t0 = _stage(6, "exporting the chosen policy's boot parameters")
-    cands = {p["trial"]: ST.candidate(runner.study, p["trial"]) for p in rep["points"]}
-    chosen = pick_candidate(rep, lambda p: not X.kernel_change_notes(cands[p["trial"]]))
+    cands = {p["trial"]: study.candidate(runner.study, p["trial"]) for p in rep["points"]}
+    chosen = pick_candidate(rep, lambda p: not export.kernel_change_notes(cands[p["trial"]]))
     if chosen is None:
         _done(t0, "no Pareto point to export")
         return
@@ -151,10 +149,10 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     for fmt, fname in (("cmdline", "cmdline.txt"), ("grub", "99-slabtune.cfg"),
                        ("tmpfiles", "slabtune.conf"), ("json", "report.json")):
         path = run_dir / fname
-        path.write_text(X.render(cand, fmt))
+        path.write_text(export.render(cand, fmt))
         written.append((f"export ({fmt})", path))
     print("    kernel command line: " + (run_dir / "cmdline.txt").read_text().strip())
-    for line in X.kernel_change_notes(cand):
+    for line in export.kernel_change_notes(cand):
         print(f"    {line}")
     _done(t0, f"trial {chosen['trial']}: memory {chosen['memory']:.4g}, time {chosen['time']:.4g} "
               f"(baseline {rep['baseline']['memory']:.4g}, {rep['baseline']['time']:.4g})")
@@ -162,7 +160,8 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
 
 def run(args) -> int:
     from slabtune.errors import SlabtuneError
-    from slabtune.sweeps import runner, spec as sweep_spec
+    from slabtune.sweeps import runner
+    from slabtune.sweeps import spec as sweep_spec
 
     if args.trials < 1:
         raise SlabtuneError(f"--trials: {args.trials} must be at least 1")

@@ -21,25 +21,25 @@ def register(subparsers) -> None:
 
 def _pareto(args) -> int:
     from slabtune.errors import SlabtuneError
-    from slabtune.results import pareto as PR
+    from slabtune.results import pareto
 
     if args.run and not args.storage and not (Path(args.run) / "study.db").is_file():
         if not Path(args.run).is_dir():
             raise SlabtuneError(f"run: {args.run} is not a directory")
-        df = PR.run_pareto(args.run)
+        df = pareto.run_pareto(args.run)
         if args.json:
             print(json.dumps({"run": str(args.run), "points": df.to_dicts()}, default=str))
         else:
             print(df)
         return 0
-    from slabtune.tuner import study as ST
+    from slabtune.tuner import study as studies
 
-    study = ST.load_study(args.study, args.storage, args.run)
-    rep = PR.study_pareto(study)
+    study = studies.load_study(args.study, args.storage, args.run)
+    rep = pareto.study_pareto(study)
     if args.json:
         print(json.dumps({"study": rep["study"], "baseline": rep["baseline"],
                           "points": [{k: p[k] for k in ("trial", "memory", "time", "params", "gains")}
                                      for p in rep["points"]]}))
     else:
-        print(PR.format_table(rep))
+        print(pareto.format_table(rep))
     return 0

@@ -57,70 +57,68 @@ def _done(path) -> int:
 
 
 def _plot_pareto(args) -> int:
-    from slabtune.results import charts as CH
-    from slabtune.results import pareto as PR
-    from slabtune.tuner import study as ST
+    from slabtune.results import charts, pareto
+    from slabtune.tuner import study as studies
 
-    study = ST.load_study(args.study, args.storage, args.run)
-    rep = PR.study_pareto(study)
-    chart = CH.pareto_chart(PR.all_points(study), rep["baseline"],
+    study = studies.load_study(args.study, args.storage, args.run)
+    rep = pareto.study_pareto(study)
+    chart = charts.pareto_chart(pareto.all_points(study), rep["baseline"],
                             title=f"{study.study_name}: memory against time per op")
-    return _done(CH.save(chart, args.out))
+    return _done(charts.save(chart, args.out))
 
 
 def _plot_orders(args) -> int:
     import polars as pl
 
     from slabtune.errors import SlabtuneError
-    from slabtune.model import profiles as P
-    from slabtune.results import charts as CH
-    from slabtune.tuner import objectives as O
-    from slabtune.tuner import study as ST
+    from slabtune.model import profiles
+    from slabtune.results import charts
+    from slabtune.tuner import objectives
+    from slabtune.tuner import study as studies
 
     cpus = _ints("--cpus", args.cpus, 1, 8192)
     sizes = _ints("--sizes", args.sizes, 8, 2 * 1024 * 1024)
     params: dict[str, int] = {}
     label = "baseline"
     if args.study or args.run:
-        study = ST.load_study(args.study, args.storage, args.run)
-        spec = ST.study_spec(study)
+        study = studies.load_study(args.study, args.storage, args.run)
+        spec = studies.study_spec(study)
         profile = spec.fleet.profile
         if args.trial is not None:
-            params = ST.effective_params(ST.get_trial(study, args.trial).params, spec)
+            params = studies.effective_params(studies.get_trial(study, args.trial).params, spec)
             label = f"trial {args.trial}"
     else:
         if args.trial is not None:
             raise SlabtuneError("--trial: needs --study or --run")
         try:
-            profile = P.get_profile(args.profile or "v6.18")
-        except P.UnknownProfileError as err:
+            profile = profiles.get_profile(args.profile or "v6.18")
+        except profiles.UnknownProfileError as err:
             raise SlabtuneError(f"--profile: {err}") from None
-    grid = pl.DataFrame(O.order_grid(profile, params, cpus, sizes))
-    chart = CH.orders_heatmap(grid, title=f"slab order, {profile.name}, {label}")
-    return _done(CH.save(chart, args.out))
+    grid = pl.DataFrame(objectives.order_grid(profile, params, cpus, sizes))
+    chart = charts.orders_heatmap(grid, title=f"slab order, {profile.name}, {label}")
+    return _done(charts.save(chart, args.out))
 
 
 def _plot_fleet(args) -> int:
     from slabtune.errors import SlabtuneError
-    from slabtune.results import charts as CH
-    from slabtune.results import pareto as PR
-    from slabtune.tuner import study as ST
+    from slabtune.results import charts, pareto
+    from slabtune.tuner import study as studies
 
-    study = ST.load_study(args.study, args.storage, args.run)
-    rep = PR.study_pareto(study)
+    study = studies.load_study(args.study, args.storage, args.run)
+    rep = pareto.study_pareto(study)
     if not rep["points"]:
         raise SlabtuneError(f"study: {study.study_name!r} has no feasible complete trial")
     if args.trial:
         on_front = {p["trial"] for p in rep["points"]}
         for t in args.trial:
             if t not in on_front:
-                ST.get_trial(study, t)  # unknown trial: one clean line
+                studies.get_trial(study, t)  # unknown trial: one clean line
                 raise SlabtuneError(f"--trial: {t} is not on the Pareto front")
         trials = args.trial
     else:
         pts = rep["points"]
         step = max(1, (len(pts) - 1) // 3) if len(pts) > 1 else 1
         trials = sorted({pts[min(i, len(pts) - 1)]["trial"] for i in range(0, len(pts), step)})[:4]
-    chart = CH.fleet_chart(CH.gains_frame(rep, trials),
+    chart = charts.fleet_chart(charts.gains_frame(rep, trials),
                            title=f"{study.study_name}: gain against the baseline per topology")
-    return _done(CH.save(chart, args.out))
+    return _done(charts.save(chart, args.out))

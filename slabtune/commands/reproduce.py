@@ -1,7 +1,7 @@
 """``slabtune reproduce``: the seed scenarios, published figures beside the model's.
 
 The scenarios are data (:mod:`slabtune.model.scenarios`), the comparison logic is
-:mod:`slabtune.tuner.reproduce`, the cost fit :mod:`slabtune.tuner.fitcost`; this module only
+:mod:`slabtune.calibrate.reproduce`, the cost fit :mod:`slabtune.validate`; this module only
 prints (and writes the ``--fit-cost`` file)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
                         "other_ns, derived from the seed's published rate and printed "
                         "with the scenario)")
     p.add_argument("--fit-cost", metavar="OUT.toml",
-                   help="fit the free cost constants of slabtune.tuner.fitcost (each within "
+                   help="fit the free cost constants of slabtune.validate (each within "
                         "its physical range, the rest at their prior values) to the headline "
                         "ratios, write the complete cost table to OUT.toml and print the "
                         "ratios before (packaged or --cost constants) and after; with --json, "
@@ -36,8 +36,8 @@ def register(subparsers) -> None:
 
 
 def _reproduce(args) -> int:
+    from slabtune.calibrate import reproduce
     from slabtune.sweeps import simconfig
-    from slabtune.tuner import reproduce
 
     cost, meta = simconfig.load_cost(args.cost)
     if args.fit_cost:
@@ -52,8 +52,9 @@ def _reproduce(args) -> int:
 
 def _fit_cost(args, cost, meta) -> int:
     """``--fit-cost``: simulate once, report before, fit, write, report after."""
+    from slabtune.calibrate import fitcost, reproduce
+    from slabtune.model import priors
     from slabtune.sweeps import simconfig
-    from slabtune.tuner import fitcost, reproduce
 
     path = fitcost.check_out_path(args.fit_cost)
     arms = reproduce.simulate_arms(work=args.work)
@@ -69,7 +70,7 @@ def _fit_cost(args, cost, meta) -> int:
         "file": str(path), "work": args.work, "free": list(result.free),
         "values": result.values,
         "before": old, "residuals": result.residuals, "objective": result.objective,
-        "before_implausible": fitcost.implausible(old),
+        "before_implausible": priors.implausible(old),
         "directions_agree": [_count(before, "direction_agrees"), _count(after, "direction_agrees")],
         "headlines_within": [_count(before, "within_factor"), _count(after, "within_factor")],
         "rows": after["rows"],
@@ -138,7 +139,7 @@ def format_report(out: dict) -> str:
         text = "none fitted to a published figure"
     lines.append(f"cost constants: {cost['source']}; {text}")
     if cost.get("implausible"):
-        lines.append("   physically implausible (slabtune.tuner.fitcost.PRIOR ranges): "
+        lines.append("   physically implausible (slabtune.model.priors.PRIOR ranges): "
                      + "; ".join(cost["implausible"]))
     for sc in out["scenarios"]:
         lines.append("")

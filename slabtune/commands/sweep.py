@@ -44,14 +44,14 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _load(ref: str):
-    from slabtune.sweeps import spec as S
+    from slabtune.sweeps import spec as sweep_spec
 
-    spec = S.load(ref)
-    if S._is_builtin(ref):
+    spec = sweep_spec.load(ref)
+    if sweep_spec._is_builtin(ref):
         import os
 
         if not os.path.exists(ref):
-            return spec, S.builtin_path(ref).read_text()
+            return spec, sweep_spec.builtin_path(ref).read_text()
     with open(ref, encoding="utf-8") as fh:
         return spec, fh.read()
 

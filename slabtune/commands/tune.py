@@ -38,14 +38,14 @@ def register(subparsers) -> None:
 
 def _tune(args) -> int:
     from slabtune.errors import SlabtuneError
-    from slabtune.tuner import study as ST
+    from slabtune.tuner import study
 
     if args.trials < 0:
         raise SlabtuneError(f"--trials: {args.trials} is negative")
     if args.batch < 1:
         raise SlabtuneError(f"--batch: {args.batch} must be at least 1")
-    spec = ST.load_spec(args.spec)
-    runner, url = ST.create_or_resume(spec, args.study, args.storage, args.run_dir)
+    spec = study.load_spec(args.spec)
+    runner, url = study.create_or_resume(spec, args.study, args.storage, args.run_dir)
     before = len(runner.study.trials)
     t0 = time.perf_counter()
     runner.run(args.trials, args.batch)

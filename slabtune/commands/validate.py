@@ -1,8 +1,8 @@
 """``slabtune validate``: check candidate policies against real kernels, and
 ``slabtune validate report RUN``: the error report of such a run.
 
-Dispatch and the validators live in :mod:`slabtune.tuner.validate`, the report in
-:mod:`slabtune.tuner.report`; this module parses arguments and prints.
+Dispatch and the validators live in :mod:`slabtune.validate`, the report in
+:mod:`slabtune.validate.report`; this module parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def _validate(args) -> int:
     if args.run_ref is not None:
         raise SlabtuneError(f"validate: unexpected argument {args.run_ref!r} "
                             "(did you mean 'validate report RUN'?)")
-    from slabtune.tuner import validate as V
+    from slabtune.validate import candidates, dispatch, plan
+    from slabtune.validate import spec as validate_spec
 
     if bool(args.candidate) + bool(args.study or args.tune_run) != 1:
         raise SlabtuneError("candidates: give exactly one of --study NAME, --run RUN_DIR "
@@ -76,27 +77,27 @@ def _validate(args) -> int:
         raise SlabtuneError("--spread: give either --top K or --spread K, not both")
     for flag, k in (("--top", args.top), ("--spread", args.spread)):
         if k is not None:
-            V.check_count(flag, k)
+            candidates.check_count(flag, k)
     if args.topologies is None:
         raise SlabtuneError("--topologies: required (a spec file or validate_quick)")
     if args.timeout is not None and not 0 < args.timeout <= 3600:
         raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
-    spec = V.load_spec(args.topologies)
-    targets = V.parse_targets(args.target)
+    spec = validate_spec.load_spec(args.topologies)
+    targets = plan.parse_targets(args.target)
     if args.candidate:
         for flag, k in (("--top", args.top), ("--spread", args.spread)):
             if k is not None:
                 raise SlabtuneError(f"{flag}: only with --study or --run")
-        cands = V.load_candidate_file(args.candidate)
+        cands = candidates.load_candidate_file(args.candidate)
         source = f"file {args.candidate}"
     else:
         if args.top is None and args.spread is None:
             raise SlabtuneError("--top: --top K or --spread K required with --study or --run")
-        from slabtune.tuner import study as ST
+        from slabtune.tuner import study as studies
 
-        study = ST.load_study(args.study, args.storage, args.tune_run)
+        study = studies.load_study(args.study, args.storage, args.tune_run)
         if args.spread is not None:
-            cands, front = V.spread_candidates(study, args.spread, spec)
+            cands, front = candidates.spread_candidates(study, args.spread, spec)
             source = f"study {study.study_name} spread {args.spread}"
             if len(cands) < args.spread:
                 print(f"spread: the Pareto front has {front} points and {len(cands)} distinct "
@@ -104,15 +105,15 @@ def _validate(args) -> int:
                       f"{len(cands)}", file=sys.stderr)
             print(f"spread: {', '.join(c.id for c in cands)}", file=sys.stderr)
         else:
-            cands = V.candidates_from_study(study, args.top)
+            cands = candidates.candidates_from_study(study, args.top)
             source = f"study {study.study_name} top {args.top}"
-    res = V.validate(cands, spec, targets, out_dir=args.out, ray_address=args.ray_address,
+    res = dispatch.validate(cands, spec, targets, out_dir=args.out, ray_address=args.ray_address,
                      timeout_s=args.timeout, source=source)
     if args.json:
         print(json.dumps({"run_dir": str(res.run_dir), "tasks": res.tasks,
                           "failed": res.failed}))
     else:
-        print(f"validated {len(V.with_baseline(cands))} candidates on "
+        print(f"validated {len(candidates.with_baseline(cands))} candidates on "
               f"{len(spec.fleet.topologies)} topologies ({', '.join(targets)}): "
               f"{res.tasks} tasks, {res.failed} failed")
         print(f"run {res.run_dir}")
@@ -123,7 +124,7 @@ def _validate(args) -> int:
 def _report(args) -> int:
     from slabtune.errors import SlabtuneError
     from slabtune.results import store
-    from slabtune.tuner import report as R
+    from slabtune.validate import report
 
     if args.run_ref is None:
         raise SlabtuneError("validate report: give RUN (a validation run directory)")
@@ -134,9 +135,9 @@ def _report(args) -> int:
     if extra:
         raise SlabtuneError(f"validate report: {extra[0]} does not apply to a report")
     run = store.resolve_run(args.run_ref, args.out)
-    rep = R.report(run)
+    rep = report.report(run)
     if args.json:
         print(json.dumps(rep, default=str))
     else:
-        print(R.format_report(rep))
+        print(report.format_report(rep))
     return 0

@@ -26,7 +26,7 @@ The tuner keeps the server tables: this one describes the rig, not a kernel.
 
 Units: the model's ``ns_per_op`` metric is already ns per alloc+free pair
 (:func:`slabtune.model.metrics.compute`: twice the weighted mean per op), as is the native
-figure (:func:`slabtune.tuner.native.op_ns_per_pair`); :func:`model_pair_ns` is the one place
+figure (:func:`slabtune.validate.native.op_ns_per_pair`); :func:`model_pair_ns` is the one place
 that reads it.
 """
 
@@ -57,16 +57,16 @@ RIDGE = 1e-8
 def model_pair_ns(metrics_row: Mapping[str, Any]) -> float:
     """The model's ns per alloc+free pair from a :func:`slabtune.sweeps.simulate.run` row:
     its ``ns_per_op`` metric, which is already per pair (twice the weighted mean per op),
-    the unit of :func:`slabtune.tuner.native.op_ns_per_pair`."""
+    the unit of :func:`slabtune.validate.native.op_ns_per_pair`."""
     return float(metrics_row["ns_per_op"])
 
 
 def unit_tables(pcp_batch: float) -> list:
     """One rig table per :data:`~slabtune.model.cost.RIG_FREE` constant, that constant 1
     and the others 0 (``pcp_batch`` fixed)."""
-    from slabtune.model import cost as C
+    from slabtune.model import cost
 
-    return [C.rig_cost({k: 1.0}, pcp_batch) for k in C.RIG_FREE]
+    return [cost.rig_cost({k: 1.0}, pcp_batch) for k in cost.RIG_FREE]
 
 
 def calibration_policies(n: int, seed: int, topologies: Sequence[str],
@@ -115,10 +115,10 @@ def features_of(specs: Sequence, pcp_batch: float, simulated=None) -> np.ndarray
     len(RIG_FREE))``), from one simulation of the batch (``simulated``: the
     ``(structs, cfgs, counters)`` of :func:`slabtune.sweeps.simulate.simulate_specs`, if
     already run)."""
-    from slabtune.sweeps import simulate as SIM
+    from slabtune.sweeps import simulate
 
-    structs, cfgs, counters = simulated or SIM.simulate_specs(list(specs))
-    cols = [[model_pair_ns(r) for r in SIM.metrics_of(list(specs), structs, cfgs, counters, t)]
+    structs, cfgs, counters = simulated or simulate.simulate_specs(list(specs))
+    cols = [[model_pair_ns(r) for r in simulate.metrics_of(list(specs), structs, cfgs, counters, t)]
             for t in unit_tables(pcp_batch)]
     return np.asarray(cols, np.float64).T
 
@@ -160,10 +160,9 @@ def fit(features, measured, names: Sequence[str] | None = None) -> dict[str, Any
     constant the runs barely separate from another shows it there.  ``r2`` is 1 - SS_res / SS_tot over the calibration runs (None with
     fewer than 2 runs or no spread)."""
     from scipy.optimize import nnls
+    from slabtune.model import cost
 
-    from slabtune.model import cost as C
-
-    names = list(names or C.RIG_FREE)
+    names = list(names or cost.RIG_FREE)
     x = np.asarray(features, np.float64)
     y = np.asarray(measured, np.float64)
     if x.ndim != 2 or x.shape != (len(y), len(names)):
@@ -205,9 +204,9 @@ def predict(features, constants: Mapping[str, float],
             names: Sequence[str] | None = None) -> np.ndarray:
     """Rig-table ns per pair of configurations from their features: features x constants
     (the model under ``rig_cost(constants)``, by linearity)."""
-    from slabtune.model import cost as C
+    from slabtune.model import cost
 
-    names = list(names or C.RIG_FREE)
+    names = list(names or cost.RIG_FREE)
     theta = np.array([float(constants.get(n, 0.0)) for n in names])
     return np.asarray(features, np.float64).reshape(-1, len(names)) @ theta
 

@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from slabtune.kernel import snapshot
+from slabtune.kernel.host import topology_from_lists
+from slabtune.model import bootparams, profiles
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams
-from slabtune.model import profiles as P
-from slabtune.results import snapshot as snap
-from slabtune.tuner.host import topology_from_lists
 
 #: Fields compared between the kernel and the model, in report order.
 COMPARED_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "min_partial", "cpu_partial",
@@ -161,7 +160,6 @@ class CheckResult:
 def _structure_fn():
     """One jitted ``structure`` shared by every boot (imports JAX only when checking)."""
     import jax
-
     from slabtune.model import policy
 
     def run(size, possible, present, online, prof, min_order, max_order, min_objects, early,
@@ -180,7 +178,7 @@ def _bucket(n: int) -> int:
     return b
 
 
-def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: P.KernelProfile,
+def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: profiles.KernelProfile,
                  params: bootparams.SlubParams) -> dict[str, np.ndarray]:
     """Model every cache of one boot in one vectorised (jitted) ``structure`` call.
 
@@ -203,40 +201,40 @@ def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: P.Kerne
     return {f: np.asarray(getattr(out, f))[:n] for f in COMPARED_FIELDS}
 
 
-def resolve_profile(profile: str | P.KernelProfile | None) -> P.KernelProfile | None:
+def resolve_profile(profile: str | profiles.KernelProfile | None) -> profiles.KernelProfile | None:
     """A profile object from a name (None stays None: detect per boot); an unknown name
     raises SlabtuneError naming --profile."""
-    if profile is None or isinstance(profile, P.KernelProfile):
+    if profile is None or isinstance(profile, profiles.KernelProfile):
         return profile
     try:
-        return P.get_profile(profile)
-    except P.UnknownProfileError as err:
+        return profiles.get_profile(profile)
+    except profiles.UnknownProfileError as err:
         raise SlabtuneError(f"--profile: {err}") from None
 
 
 def _debug_reason(row: dict[str, Any]) -> str | None:
-    set_flags = [f for f in snap.DEBUG_FLAG_COLUMNS if (row.get(f) or 0) != 0]
+    set_flags = [f for f in snapshot.DEBUG_FLAG_COLUMNS if (row.get(f) or 0) != 0]
     if set_flags:
         return "debug flags set (" + ", ".join(set_flags) + "): layout and partial lists differ"
     return None
 
 
-def check_snapshot(df: pl.DataFrame, profile: str | P.KernelProfile | None = None,
+def check_snapshot(df: pl.DataFrame, profile: str | profiles.KernelProfile | None = None,
                    source: str = "snapshot") -> CheckResult:
-    """Check a validated snapshot frame (see :func:`slabtune.results.snapshot.read_snapshot`).
+    """Check a validated snapshot frame (see :func:`slabtune.kernel.snapshot.read_snapshot`).
 
     ``profile`` overrides detection from each boot's kernel_release.  Raises SlabtuneError
     for an unknown profile, an undetectable release, an impossible topology, or a slub_*
     value out of range in a boot's command line.
     """
     forced = resolve_profile(profile)
-    df = snap.validate_snapshot(df, source)
+    df = snapshot.validate_snapshot(df, source)
     boots_out: list[BootInfo] = []
     not_comp: list[NotComparable] = []
     mism: list[Mismatch] = []
     counts = {f: [0, 0] for f in COMPARED_FIELDS}
     comparable = matched = 0
-    for bi, boot in enumerate(snap.boots(df)):
+    for bi, boot in enumerate(snapshot.boots(df)):
         first = boot.row(0, named=True)
         release, cmdline = first["kernel_release"], first["cmdline"]
         where = f"{source}: boot {bi} ({release})"
@@ -244,8 +242,8 @@ def check_snapshot(df: pl.DataFrame, profile: str | P.KernelProfile | None = Non
             prof = forced
         else:
             try:
-                prof = P.detect_profile(release)
-            except P.UnknownProfileError as err:
+                prof = profiles.detect_profile(release)
+            except profiles.UnknownProfileError as err:
                 raise SlabtuneError(f"{where}: {err}; pass --profile") from None
         try:
             bootparams.validate_cmdline(cmdline, prof)

@@ -1,6 +1,6 @@
 """The error report of a validation run (``slabtune validate report RUN``).
 
-Everything is recomputed from the rows the run stored (:mod:`slabtune.tuner.validate`), so
+Everything is recomputed from the rows the run stored (:mod:`slabtune.validate`), so
 the report can be re-derived from the parquet parts alone.  Figures and where they come from:
 
 * **structural match rate**: comparable structural rows (order, objs_per_slab, min_partial,
@@ -27,7 +27,7 @@ the report can be re-derived from the parquet parts alone.  Figures and where th
   times each allocator call alone, so no cache line moves between CPUs and no lock queues;
   its table has no line costs and no queueing (:func:`slabtune.model.cost.rig_cost`) and
   per-event constants fitted on calibration runs of the rig whose configurations are none
-  of the validated pairs' (:mod:`slabtune.tuner.rigcost`; stored in the run manifest as
+  of the validated pairs' (:mod:`slabtune.validate.rigcost`; stored in the run manifest as
   ``native_rig`` and shown with its R^2 by :func:`rig_summary`).  The packaged cost table
   prices a 224-CPU server (cross-node lines, lock queueing) and stays the tuner's; beside
   the figure, labelled and not in its place, the report gives the correlation under the
@@ -51,13 +51,18 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import polars as pl
+from slabtune.validate.schema import (
+    ROW_SCHEMA,
+    STRUCTURAL_FIELDS,
+    is_validate_run,
+    task_table,
+)
 
 from slabtune.errors import SlabtuneError
 
-STRUCTURAL_FIELDS = ("order", "objs_per_slab", "min_partial", "cpu_partial", "sheaf_capacity")
 MEMORY_FIELD = "slab_bytes"
 COST_FIELD = "cost"
 NATIVE_COST_FIELD = "native_cost"
@@ -338,7 +343,7 @@ def rig_summary(rig: dict | None) -> dict | None:
     figure is ``r2_at_fit``).  None for a run without one."""
     if not rig:
         return None
-    from slabtune.tuner import rigcost as RC
+    from slabtune.validate import rigcost
 
     names = rig.get("names") or []
     out = {k: rig.get(k) for k in ("table", "unit", "constants", "stderr", "fitted_constants",
@@ -346,14 +351,14 @@ def rig_summary(rig: dict | None) -> dict | None:
                                    "timing_steps", "pairs_outside_span", "error")}
     cal = []
     for c in rig.get("calibration") or []:
-        fitted = (float(RC.predict(c["features"], rig["constants"], names)[0])
+        fitted = (float(rigcost.predict(c["features"], rig["constants"], names)[0])
                   if rig.get("constants") and c.get("measured") is not None else None)
         cal.append({"topology": c["topology"], "params": c["params"],
                     "effective": c.get("key"), "runs": c.get("runs"),
                     "measured": c.get("measured"), "fitted": fitted, "error": c.get("error")})
     used = [c for c in cal if c["fitted"] is not None]
     out.update(calibration=cal, runs=len(used), r2_at_fit=rig.get("r2"),
-               r2=RC.r_squared([c["fitted"] for c in used], [c["measured"] for c in used]))
+               r2=rigcost.r_squared([c["fitted"] for c in used], [c["measured"] for c in used]))
     return out
 
 
@@ -408,13 +413,11 @@ def pairs(rows: pl.DataFrame, tasks: list[dict], workload: set[str]) -> list[dic
 
 def report(run) -> dict:
     """The report of a validation run (a :class:`slabtune.results.store.Run`)."""
-    from slabtune.tuner.validate import is_validate_run, task_table
 
     if not is_validate_run(run):
         raise SlabtuneError(f"run: {run.path} is not a validation run")
     rows = run.collect()
     if rows.is_empty():
-        from slabtune.tuner.validate import ROW_SCHEMA
         rows = pl.DataFrame(schema=ROW_SCHEMA)
     tasks = task_table(run)
     g = structural(rows, "guest")

@@ -33,13 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from slabtune import native as native_sources
 from slabtune.errors import SlabtuneError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NATIVE_DIR = REPO_ROOT / "native"
-SOURCE = NATIVE_DIR / "slubsim.c"
-BUILD_DIR = NATIVE_DIR / "build"
-BINARY = BUILD_DIR / "slubsim"
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-pthread")
 #: Counters the binary prints (SLUB_STATS-style names where the kernel has one).
 COUNTERS = (
@@ -74,10 +70,11 @@ def _tail(text: str) -> str:
 
 
 def build(force: bool = False, out: Path | None = None, source: Path | None = None) -> Path:
-    """Compile native/slubsim.c (``gcc -O2 -pthread``) into native/build/ unless the binary
+    """Compile the packaged slubsim.c (``gcc -O2 -pthread``) into the user cache
+    (:func:`slabtune.native.build_dir`) unless the binary
     there was built from the same source and flags (a stamp file records their hash)."""
-    out = Path(out) if out is not None else BINARY
-    src = Path(source) if source is not None else SOURCE
+    out = Path(out) if out is not None else native_sources.build_dir() / "slubsim"
+    src = Path(source) if source is not None else native_sources.source("slubsim.c")
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
     if cc is None:
         raise NativeError("native build: gcc is not installed")
@@ -176,10 +173,9 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
     derivation (``dynamics._derived``), not re-derived here."""
     import jax
     import jax.numpy as jnp
+    from slabtune.model import dynamics
 
-    from slabtune.model import dynamics as D
-
-    d = D._derived(jax.tree_util.tree_map(jnp.asarray, sim))
+    d = dynamics._derived(jax.tree_util.tree_map(jnp.asarray, sim))
     node = _ints(sim.rep_node)
     has_barn = tuple(bool(x) for x in _ints(d["has_barn"]))
     wl = sim.workload
@@ -226,12 +222,12 @@ def sim_config_for_spec(spec, profile_patch: dict | None = None):
     as ``slabtune simulate`` builds it (:func:`slabtune.sweeps.simulate.structure_of` and
     :func:`~slabtune.sweeps.simulate.sim_config`: structure from the policy formulas, knobs
     as sysfs overrides), after applying ``profile_patch``."""
-    from slabtune.model import policy as PL
-    from slabtune.sweeps import simulate as SIM
+    from slabtune.model import policy
+    from slabtune.sweeps import simulate
 
     spec = patched_spec(spec, profile_patch)
-    st = SIM.structure_of(spec)
-    return SIM.sim_config(spec, PL.Structure(*(np.asarray(x) for x in st)))
+    st = simulate.structure_of(spec)
+    return simulate.sim_config(spec, policy.Structure(*(np.asarray(x) for x in st)))
 
 
 def config_for_spec(spec, profile_patch: dict | None = None, *, sync_every: int = 1,

@@ -15,11 +15,11 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
+from slabtune.model import priors
+from slabtune.model import scenarios as seed_scenarios
+from slabtune.sweeps import simconfig, simulate
+
 from slabtune.errors import SlabtuneError
-from slabtune.model import scenarios as S
-from slabtune.sweeps import simconfig
-from slabtune.sweeps import simulate as SIM
-from slabtune.tuner import fitcost
 
 #: A model ratio within this of 1 counts as "no change" (and agrees with no direction).
 FLAT = 0.005
@@ -29,8 +29,8 @@ HEADLINE_FACTOR = 1.5
 
 def check_work(work: str) -> str:
     """``work`` must be one of :data:`slabtune.model.scenarios.WORK_MODES`."""
-    if work not in S.WORK_MODES:
-        raise SlabtuneError(f"--work: {work!r} is not one of {', '.join(S.WORK_MODES)}")
+    if work not in seed_scenarios.WORK_MODES:
+        raise SlabtuneError(f"--work: {work!r} is not one of {', '.join(seed_scenarios.WORK_MODES)}")
     return work
 
 
@@ -93,7 +93,7 @@ class Arms(NamedTuple):
     counters: list
 
 
-def simulate_arms(scenarios=S.SCENARIOS, work: str = "none") -> Arms:
+def simulate_arms(scenarios=seed_scenarios.SCENARIOS, work: str = "none") -> Arms:
     """Run every arm of every scenario through the dynamics model (one batch); each arm's
     spec carries the scenario's ``other_ns`` under the ``work`` mode (it paces the cost
     model, not the simulation)."""
@@ -103,17 +103,17 @@ def simulate_arms(scenarios=S.SCENARIOS, work: str = "none") -> Arms:
         for name, arm in sc["arms"].items():
             keys.append((sc["name"], name))
             specs.append(arm_spec(arm, other))
-    structs, cfgs, counters = SIM.simulate_specs(specs)
+    structs, cfgs, counters = simulate.simulate_specs(specs)
     return Arms(tuple(scenarios), work, keys, specs, structs, cfgs, counters)
 
 
 def arm_metrics(arms: Arms, cost) -> dict[tuple[str, str], dict[str, Any]]:
     """The metrics of every simulated arm under the cost constants ``cost``."""
-    rows = SIM.metrics_of(arms.specs, arms.structs, arms.cfgs, arms.counters, cost)
+    rows = simulate.metrics_of(arms.specs, arms.structs, arms.cfgs, arms.counters, cost)
     return dict(zip(arms.keys, rows))
 
 
-def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None, arms: Arms | None = None,
+def evaluate(scenarios=seed_scenarios.SCENARIOS, cost=None, cost_meta=None, arms: Arms | None = None,
              work: str = "none") -> dict[str, Any]:
     """Run every arm of every scenario in one batch under the ``work`` mode (or take
     ``arms`` already simulated, with their own mode) and build the comparison (see
@@ -123,7 +123,7 @@ def evaluate(scenarios=S.SCENARIOS, cost=None, cost_meta=None, arms: Arms | None
     if arms is None:
         arms = simulate_arms(scenarios, work)
     out = compare(arms.scenarios, arm_metrics(arms, cost), cost_meta, arms.work)
-    out["cost"]["implausible"] = fitcost.implausible(
+    out["cost"]["implausible"] = priors.implausible(
         {k: float(v) for k, v in cost._asdict().items()})
     return out
 
@@ -135,7 +135,7 @@ def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta
 
     Returns ``{"rows": [...], "scenarios": [...], "cost": {...}, "work": mode}``
     (:func:`evaluate` adds ``cost["implausible"]``, see
-    :func:`slabtune.tuner.fitcost.implausible`); each row has ``scenario, metric, label,
+    :func:`slabtune.model.priors.implausible`); each row has ``scenario, metric, label,
     arm, base, published, model, published_ratio, model_ratio, direction_agrees, headline,
     within_factor, scale, other_ns`` (the work per op its arms ran with).
     """

@@ -39,15 +39,15 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import polars as pl
-
-from slabtune.errors import SlabtuneError
+from slabtune.kernel import snapshot
 from slabtune.model import bootparams
 from slabtune.model.profiles import KernelProfile, UnknownProfileError, detect_profile
 from slabtune.model.topology import Topology
-from slabtune.results import snapshot as snap
+from slabtune.native import cache_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NATIVE_DIR = REPO_ROOT / "native"
+from slabtune import native as native_sources
+from slabtune.errors import SlabtuneError
+
 INSTALL_HINT = "run scripts/install-guest-deps.sh (as root) to install qemu, a kernel and busybox"
 
 #: Record prefix of every console line the host parses.
@@ -67,7 +67,7 @@ _REQUIRED_ATTRS = ("object_size", "slab_size", "order", "objs_per_slab", "min_pa
 #: per-CPU slabs (see :func:`init_script`).
 PHASES = ("before", "after", "flushed")
 #: Columns after SNAPSHOT_COLUMNS in the frames this module returns.
-FRAME_EXTRA: tuple[str, ...] = snap.EXTRA_COLUMNS
+FRAME_EXTRA: tuple[str, ...] = snapshot.EXTRA_COLUMNS
 #: Boot identity lines (record ``I``): key in the init script -> snapshot column.
 _INFO_KEYS = {
     "release": "kernel_release", "cmdline": "cmdline", "cpus_possible": "cpus_possible",
@@ -86,13 +86,6 @@ class GuestError(SlabtuneError):
 
 
 # --------------------------------------------------------------------------- assets
-
-
-def cache_dir() -> Path:
-    """Where install-guest-deps.sh puts kernels and busybox: $SLABTUNE_CACHE or
-    ~/.cache/slabtune."""
-    env = os.environ.get("SLABTUNE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "slabtune"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +122,8 @@ def find_assets(kernel: Path | str | None = None, busybox: Path | str | None = N
                                                      else None)
     busybox_path = busybox if busybox is not None else (c / "busybox" if (c / "busybox").exists()
                                                         else shutil.which("busybox"))
-    wl = Path(workload) if workload is not None else NATIVE_DIR / "build" / "workload"
-    src = NATIVE_DIR / "workload.c"
+    wl = Path(workload) if workload is not None else native_sources.build_dir() / "workload"
+    src = native_sources.source("workload.c")
     stale = not wl.exists() or (src.exists() and src.stat().st_mtime > wl.stat().st_mtime)
     if workload is None and stale and build:
         wl = build_workload()
@@ -143,15 +136,16 @@ def find_assets(kernel: Path | str | None = None, busybox: Path | str | None = N
 
 
 def build_workload(out_dir: Path | None = None) -> Path:
-    """Compile native/workload.c statically (``gcc -static -O2``) into native/build/."""
-    out_dir = out_dir or NATIVE_DIR / "build"
+    """Compile the packaged workload.c statically (``gcc -static -O2``) into the user cache
+    (:func:`slabtune.native.build_dir`)."""
+    out_dir = out_dir or native_sources.build_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "workload"
     gcc = shutil.which("gcc")
     if gcc is None:
         raise GuestError(f"workload: gcc is not installed; {INSTALL_HINT}")
     proc = subprocess.run(
-        [gcc, "-static", "-O2", "-Wall", "-o", str(out), str(NATIVE_DIR / "workload.c")],
+        [gcc, "-static", "-O2", "-Wall", "-o", str(out), str(native_sources.source("workload.c"))],
         capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -569,7 +563,7 @@ def snapshot_frame(parsed: ParsedConsole, phase: str, accelerator: str = "") -> 
         row.update(c)
         row["aliases"] = alias_count.get(str(c["cache"]), 0)
         rows.append(row)
-    df = snap.frame_from_rows(rows, extra=FRAME_EXTRA)
+    df = snapshot.frame_from_rows(rows, extra=FRAME_EXTRA)
     return df.with_columns(pl.lit(phase).alias("phase"), pl.lit(accelerator).alias("accelerator"))
 
 

@@ -2,7 +2,7 @@
 
 ``slabtune reproduce --fit-cost OUT.toml`` runs this.  The procedure:
 
-1. Simulate every arm of the seed scenarios once (:func:`slabtune.tuner.reproduce.
+1. Simulate every arm of the seed scenarios once (:func:`slabtune.calibrate.reproduce.
    simulate_arms`).  The dynamics counters do not depend on the cost constants; the cost
    model is applied afterwards (:func:`slabtune.model.metrics.compute`), so every trial
    of the fit costs one batched metrics call, not a simulation.
@@ -22,6 +22,7 @@ The objective is deterministic (fixed start, fixed simplex, fixed iterations, fl
 metrics from fixed counters), so the same counters give the same file.
 """
 
+
 from __future__ import annotations
 
 import math
@@ -29,51 +30,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from slabtune.calibrate import reproduce
+from slabtune.model import cost
+from slabtune.model.priors import (
+    PRIOR,
+    REMOTE_OVER_LOCAL,
+    constraint_violations,
+    prior_values,
+)
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import cost as C
-
-
-class Prior(NamedTuple):
-    """A constant's order-of-magnitude value and the range a physical value lies in."""
-
-    value: float
-    lo: float
-    hi: float
-    why: str
-
-
-#: Prior value and physical range of every cost constant (ns unless stated), for a 2020s
-#: server core.  Ranges are orders of magnitude, not measurements of one machine.
-PRIOR: dict[str, Prior] = {
-    "alloc_fast_ns": Prior(8.0, 5.0, 10.0, "this_cpu_cmpxchg_double or a sheaf pop"),
-    "free_fast_ns": Prior(8.0, 5.0, 10.0, "lockless free to the CPU's own slab or sheaf"),
-    "alloc_slow_ns": Prior(80.0, 50.0, 150.0, "___slab_alloc outside the lock"),
-    "free_slow_ns": Prior(80.0, 50.0, 150.0, "__slab_free cmpxchg on a foreign slab"),
-    "sheaf_swap_ns": Prior(10.0, 5.0, 20.0, "a few pointer swaps"),
-    "sheaf_object_ns": Prior(2.0, 1.0, 10.0, "one freelist pointer per object, cached"),
-    "cpu_partial_drain_ns": Prior(40.0, 20.0, 100.0, "unfreezing a CPU's partial slabs"),
-    "list_lock_hold_ns": Prior(80.0, 50.0, 150.0, "irqsave spinlock around list work"),
-    "barn_lock_hold_ns": Prior(40.0, 20.0, 150.0, "a list_del/list_add under the barn lock"),
-    "line_local_ns": Prior(40.0, 30.0, 60.0, "cache-line transfer within a node"),
-    "line_remote_ns": Prior(150.0, 100.0, 300.0, "cache-line transfer across nodes"),
-    "pcp_call_ns": Prior(100.0, 50.0, 200.0, "per-CPU page list hit"),
-    "buddy_call_ns": Prior(400.0, 200.0, 1000.0, "buddy allocator call"),
-    "zone_lock_hold_ns": Prior(300.0, 100.0, 1000.0, "zone->lock hold per call or batch"),
-    "pcp_batch": Prior(31.0, 31.0, 31.0, "pages per pcp refill (count, not ns)"),
-    "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
-    "object_setup_ns": Prior(3.0, 1.0, 10.0, "freelist construction per object"),
-    "rho_max": Prior(0.999999, 0.999999, 0.999999, "M/M/1 utilisation cap (dimensionless)"),
-    "list_lock_lines": Prior(C.OPTIONAL_DEFAULTS["list_lock_lines"], 2.0, 8.0,
-                             "lines per list_lock section: lock, partial head, nr_partial, "
-                             "slab_list links, counters (count)"),
-    "barn_lock_lines": Prior(C.OPTIONAL_DEFAULTS["barn_lock_lines"], 2.0, 6.0,
-                             "lines per barn lock section: lock, sheaves list heads, "
-                             "nr_full/nr_empty (count)"),
-    "zone_lock_lines": Prior(C.OPTIONAL_DEFAULTS["zone_lock_lines"], 2.0, 8.0,
-                             "lines per zone->lock section: lock, free_area lists, "
-                             "counters (count)"),
-}
 
 #: The constants the fit moves, one per mechanism that sets a headline ratio: slow frees
 #: pace hackbench on v5.10 (receivers free into senders' slabs); the node list_lock paces
@@ -96,41 +62,6 @@ SIMPLEX_STEP = 0.5
 #: Largest ordering break (log units) the soft penalty leaves at an optimum on the boundary;
 #: :func:`enforce_orderings` moves a fitted constant onto the boundary across that much.
 SLACK_LOG = 0.01
-#: Remote cache-line transfers cost at least this many local ones.
-REMOTE_OVER_LOCAL = 2.0
-
-
-def prior_values() -> dict[str, float]:
-    """Every constant at its prior value."""
-    return {k: p.value for k, p in PRIOR.items()}
-
-
-def constraint_violations(values: dict[str, float], free=FREE) -> list[tuple[str, float]]:
-    """Physical orderings a cost table breaks, each with its size in log units.
-
-    A lockless fast path costs no more than the slow path of the same operation
-    (``this_cpu_cmpxchg`` against a cmpxchg on a foreign slab or ``___slab_alloc``); a
-    cross-node line transfer costs at least :data:`REMOTE_OVER_LOCAL` local ones; a free
-    constant lies within its :data:`PRIOR` range.
-    """
-    out = []
-    for fast, slow in (("alloc_fast_ns", "alloc_slow_ns"), ("free_fast_ns", "free_slow_ns")):
-        if values[fast] > values[slow]:
-            out.append((f"{fast} {values[fast]:g} > {slow} {values[slow]:g}",
-                        math.log(values[fast] / values[slow])))
-    need = REMOTE_OVER_LOCAL * values["line_local_ns"]
-    if values["line_remote_ns"] < need:
-        out.append((f"line_remote_ns {values['line_remote_ns']:g} < {REMOTE_OVER_LOCAL:g} x "
-                    f"line_local_ns {values['line_local_ns']:g}",
-                    math.log(need / values["line_remote_ns"])))
-    for name in free:
-        p, v = PRIOR[name], values[name]
-        if not p.lo <= v <= p.hi:
-            out.append((f"{name} {v:g} outside {p.lo:g}-{p.hi:g}",
-                        abs(math.log(v / (p.lo if v < p.lo else p.hi)))))
-    return out
-
-
 def _sig4(x: float, up: bool) -> float:
     """``x`` to 4 significant digits, rounded up or down (never across a bound)."""
     e = math.floor(math.log10(abs(x))) - 3
@@ -157,14 +88,6 @@ def enforce_orderings(values: dict[str, float], free=FREE) -> dict[str, float]:
             elif fast in free:
                 v[fast] = _sig4(v[slow], up=False)
     return v
-
-
-def implausible(values: dict[str, float]) -> list[str]:
-    """What makes a cost table unphysical: broken orderings and constants outside their
-    :data:`PRIOR` range (constants with a fixed prior, such as ``pcp_batch``, are not
-    judged)."""
-    ranged = tuple(k for k, p in PRIOR.items() if p.lo < p.hi)
-    return [what for what, _ in constraint_violations(values, ranged)]
 
 
 def to_bounded(z, free=FREE) -> np.ndarray:
@@ -217,16 +140,15 @@ class FitResult(NamedTuple):
     work: str = "none"    # the arms' work mode (slabtune.model.scenarios.WORK_MODES)
 
 
-def cost_of(values: dict[str, float]) -> C.CostParams:
+def cost_of(values: dict[str, float]) -> cost.CostParams:
     """:class:`~slabtune.model.cost.CostParams` from a complete ``{name: value}`` table."""
-    return C.cost_from_mapping(values)
+    return cost.cost_from_mapping(values)
 
 
 def fit(arms, free=FREE, iterations: int = ITERATIONS) -> FitResult:
     """Fit the ``free`` constants to the headline ratios of the simulated ``arms``."""
     from scipy.optimize import minimize
 
-    from slabtune.tuner import reproduce as RP
 
     unknown = [k for k in free if k not in PRIOR]
     if unknown:
@@ -237,7 +159,7 @@ def fit(arms, free=FREE, iterations: int = ITERATIONS) -> FitResult:
         return {**base, **{k: float(v) for k, v in zip(free, to_bounded(z, free))}}
 
     def rows_of(values):
-        return RP.compare(arms.scenarios, RP.arm_metrics(arms, cost_of(values)),
+        return reproduce.compare(arms.scenarios, reproduce.arm_metrics(arms, cost_of(values)),
                           work=arms.work)["rows"]
 
     if not headline_log_errors(rows_of(base)):
@@ -283,8 +205,8 @@ def to_toml(result: FitResult, command: str) -> str:
         "# Cost constants of the slabtune cost model (ns unless stated); every name is",
         "# documented in slabtune.model.cost.DOCS.  Written by",
         f"#   {command}",
-        "# (slabtune.tuner.fitcost).  Constants not listed under [fitted] are the",
-        "# order-of-magnitude values of slabtune.tuner.fitcost.PRIOR for a 2020s server core;",
+        "# (slabtune.calibrate.fitcost).  Constants not listed under [fitted] are the",
+        "# order-of-magnitude values of slabtune.model.priors.PRIOR for a 2020s server core;",
         f"# the {len(result.free)} under [fitted] were fitted jointly to the headline ratios",
         "# (squared log error, a weak pull towards the prior value, Nelder-Mead from the prior",
         f"# values for {ITERATIONS} iterations, each constant held inside its range).  Every",
@@ -295,7 +217,7 @@ def to_toml(result: FitResult, command: str) -> str:
         "",
         "[cost]",
     ]
-    for name in C.FIELDS:
+    for name in cost.FIELDS:
         p, v = PRIOR[name], result.values[name]
         rng = f"range {p.lo:g}-{p.hi:g}" if p.lo != p.hi else "fixed"
         tag = "fitted, " if name in result.free else ""

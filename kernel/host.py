@@ -2,7 +2,7 @@
 
 Everything here takes a ``root`` directory (``/`` for this host) so the same code reads a
 tree copied out of a guest.  Kernel list strings ("0-63", "0,2") are parsed and formatted with
-the helpers of :mod:`slabtune.results.snapshot`, which owns the format.
+the helpers of :mod:`slabtune.kernel.snapshot`, which owns the format.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import os
 from pathlib import Path
 
 import polars as pl
+from slabtune.kernel import snapshot
+from slabtune.model.topology import Topology, TopologyError
 
 from slabtune.errors import SlabtuneError
-from slabtune.model.topology import Topology, TopologyError
-from slabtune.results import snapshot as snap
 
 #: Per-cache sysfs files that fill required snapshot columns (sheaf_capacity is optional).
 _CACHE_FILES = ("object_size", "slab_size", "order", "objs_per_slab", "min_partial",
                 "cpu_partial")
 #: Per-cache files for the extra columns; a missing one leaves the column empty.
-_EXTRA_FILES = snap.DEBUG_FLAG_COLUMNS + ("slabs", "objects", "total_objects", "partial")
+_EXTRA_FILES = snapshot.DEBUG_FLAG_COLUMNS + ("slabs", "objects", "total_objects", "partial")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _read_text(path: Path) -> str:
 def _read_list(path: Path) -> tuple[int, ...]:
     text = _read_text(path)
     try:
-        return snap.parse_cpulist(text)
+        return snapshot.parse_cpulist(text)
     except ValueError as err:
         raise SlabtuneError(f"{path}: {err}") from None
 
@@ -76,11 +76,11 @@ def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
     Raises SlabtuneError naming the field for an impossible combination.
     """
     try:
-        possible = snap.parse_cpulist(cpus_possible)
-        present = snap.parse_cpulist(cpus_present)
-        online = snap.parse_cpulist(cpus_online)
-        mem_nodes = set(snap.parse_cpulist(nodes_with_memory))
-        cpu_nodes = set(snap.parse_cpulist(nodes_with_cpu))
+        possible = snapshot.parse_cpulist(cpus_possible)
+        present = snapshot.parse_cpulist(cpus_present)
+        online = snapshot.parse_cpulist(cpus_online)
+        mem_nodes = set(snapshot.parse_cpulist(nodes_with_memory))
+        cpu_nodes = set(snapshot.parse_cpulist(nodes_with_cpu))
     except ValueError as err:
         raise SlabtuneError(f"topology: {err}") from None
     if not possible:
@@ -94,7 +94,7 @@ def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
         counts = []
         assigned: set[int] = set()
         for n in node_ids:
-            cpus = set(snap.parse_cpulist(node_cpulists.get(n, ""))) & present_set
+            cpus = set(snapshot.parse_cpulist(node_cpulists.get(n, ""))) & present_set
             assigned |= cpus
             counts.append(len(cpus))
         rest = len(present_set - assigned)
@@ -151,7 +151,7 @@ def read_host_topology(root: str | os.PathLike = "/") -> HostTopology:
                         ("cpus_online", online), ("nodes_online", nodes_online),
                         ("nodes_with_memory", with_memory), ("nodes_with_cpu", with_cpu)):
         try:
-            snap.parse_cpulist(text)
+            snapshot.parse_cpulist(text)
         except ValueError as err:
             raise SlabtuneError(f"{field}: {err}") from None
     topo, node_ids = topology_from_lists(possible, present, online, with_memory, with_cpu,
@@ -240,4 +240,4 @@ def take_snapshot(root: str | os.PathLike = "/") -> pl.DataFrame:
         "nodes_with_cpu": host.nodes_with_cpu,
     }
     rows = [{**boot, **cache} for cache in read_slab_caches(root)]
-    return snap.validate_snapshot(snap.frame_from_rows(rows), f"{root / 'sys/kernel/slab'}")
+    return snapshot.validate_snapshot(snapshot.frame_from_rows(rows), f"{root / 'sys/kernel/slab'}")

@@ -1,0 +1,93 @@
+"""The physical range of every cost constant: an order-of-magnitude prior value for a 2020s server core and the interval a physical value lies in, the orderings a physical table keeps (fast paths no dearer than slow ones, remote lines dearer than local ones), and what makes a table unphysical.  ``slabtune reproduce`` judges every cost table against these; the cost fit moves constants only inside them.
+"""
+
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from slabtune.model import cost
+
+
+class Prior(NamedTuple):
+    """A constant's order-of-magnitude value and the range a physical value lies in."""
+
+    value: float
+    lo: float
+    hi: float
+    why: str
+
+
+#: Prior value and physical range of every cost constant (ns unless stated), for a 2020s
+#: server core.  Ranges are orders of magnitude, not measurements of one machine.
+PRIOR: dict[str, Prior] = {
+    "alloc_fast_ns": Prior(8.0, 5.0, 10.0, "this_cpu_cmpxchg_double or a sheaf pop"),
+    "free_fast_ns": Prior(8.0, 5.0, 10.0, "lockless free to the CPU's own slab or sheaf"),
+    "alloc_slow_ns": Prior(80.0, 50.0, 150.0, "___slab_alloc outside the lock"),
+    "free_slow_ns": Prior(80.0, 50.0, 150.0, "__slab_free cmpxchg on a foreign slab"),
+    "sheaf_swap_ns": Prior(10.0, 5.0, 20.0, "a few pointer swaps"),
+    "sheaf_object_ns": Prior(2.0, 1.0, 10.0, "one freelist pointer per object, cached"),
+    "cpu_partial_drain_ns": Prior(40.0, 20.0, 100.0, "unfreezing a CPU's partial slabs"),
+    "list_lock_hold_ns": Prior(80.0, 50.0, 150.0, "irqsave spinlock around list work"),
+    "barn_lock_hold_ns": Prior(40.0, 20.0, 150.0, "a list_del/list_add under the barn lock"),
+    "line_local_ns": Prior(40.0, 30.0, 60.0, "cache-line transfer within a node"),
+    "line_remote_ns": Prior(150.0, 100.0, 300.0, "cache-line transfer across nodes"),
+    "pcp_call_ns": Prior(100.0, 50.0, 200.0, "per-CPU page list hit"),
+    "buddy_call_ns": Prior(400.0, 200.0, 1000.0, "buddy allocator call"),
+    "zone_lock_hold_ns": Prior(300.0, 100.0, 1000.0, "zone->lock hold per call or batch"),
+    "pcp_batch": Prior(31.0, 31.0, 31.0, "pages per pcp refill (count, not ns)"),
+    "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
+    "object_setup_ns": Prior(3.0, 1.0, 10.0, "freelist construction per object"),
+    "rho_max": Prior(0.999999, 0.999999, 0.999999, "M/M/1 utilisation cap (dimensionless)"),
+    "list_lock_lines": Prior(cost.OPTIONAL_DEFAULTS["list_lock_lines"], 2.0, 8.0,
+                             "lines per list_lock section: lock, partial head, nr_partial, "
+                             "slab_list links, counters (count)"),
+    "barn_lock_lines": Prior(cost.OPTIONAL_DEFAULTS["barn_lock_lines"], 2.0, 6.0,
+                             "lines per barn lock section: lock, sheaves list heads, "
+                             "nr_full/nr_empty (count)"),
+    "zone_lock_lines": Prior(cost.OPTIONAL_DEFAULTS["zone_lock_lines"], 2.0, 8.0,
+                             "lines per zone->lock section: lock, free_area lists, "
+                             "counters (count)"),
+}
+#: Remote cache-line transfers cost at least this many local ones.
+REMOTE_OVER_LOCAL = 2.0
+
+
+def prior_values() -> dict[str, float]:
+    """Every constant at its prior value."""
+    return {k: p.value for k, p in PRIOR.items()}
+
+
+def constraint_violations(values: dict[str, float], free) -> list[tuple[str, float]]:
+    """Physical orderings a cost table breaks, each with its size in log units.
+
+    A lockless fast path costs no more than the slow path of the same operation
+    (``this_cpu_cmpxchg`` against a cmpxchg on a foreign slab or ``___slab_alloc``); a
+    cross-node line transfer costs at least :data:`REMOTE_OVER_LOCAL` local ones; a free
+    constant lies within its :data:`PRIOR` range.
+    """
+    out = []
+    for fast, slow in (("alloc_fast_ns", "alloc_slow_ns"), ("free_fast_ns", "free_slow_ns")):
+        if values[fast] > values[slow]:
+            out.append((f"{fast} {values[fast]:g} > {slow} {values[slow]:g}",
+                        math.log(values[fast] / values[slow])))
+    need = REMOTE_OVER_LOCAL * values["line_local_ns"]
+    if values["line_remote_ns"] < need:
+        out.append((f"line_remote_ns {values['line_remote_ns']:g} < {REMOTE_OVER_LOCAL:g} x "
+                    f"line_local_ns {values['line_local_ns']:g}",
+                    math.log(need / values["line_remote_ns"])))
+    for name in free:
+        p, v = PRIOR[name], values[name]
+        if not p.lo <= v <= p.hi:
+            out.append((f"{name} {v:g} outside {p.lo:g}-{p.hi:g}",
+                        abs(math.log(v / (p.lo if v < p.lo else p.hi)))))
+    return out
+
+
+def implausible(values: dict[str, float]) -> list[str]:
+    """What makes a cost table unphysical: broken orderings and constants outside their
+    :data:`PRIOR` range (constants with a fixed prior, such as ``pcp_batch``, are not
+    judged)."""
+    ranged = tuple(k for k, p in PRIOR.items() if p.lo < p.hi)
+    return [what for what, _ in constraint_violations(values, ranged)]

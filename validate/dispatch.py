@@ -1,0 +1,164 @@
+"""Run a validation: plan the tasks, dispatch them as Ray tasks (guests on nodes with qemu, one
+native batch after them), store each task's rows atomically as it finishes, resume a run.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Sequence
+
+from slabtune.validate.candidates import Candidate, with_baseline
+from slabtune.validate.native_tasks import native_model_task, run_native_batch
+from slabtune.validate.plan import Task, guest_available, plan_tasks, preflight
+from slabtune.validate.schema import MAX_RETRIES, QEMU_RESOURCE, failed_rows, frame
+from slabtune.validate.spec import ValidateSpec
+from slabtune.validate.tasks import run_task
+
+from slabtune.errors import SlabtuneError
+
+# --------------------------------------------------------------------------- dispatch
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidateResult:
+    run_dir: Path
+    tasks: int
+    failed: int
+
+
+def _task_dict(t: Task, spec: ValidateSpec, timeout_s: float | None) -> dict:
+    return {"index": t.index, "candidate": t.candidate.to_json(), "topology": t.topology,
+            "target": t.target, "spec_text": spec.text, "spec_name": spec.name,
+            "timeout_s": timeout_s}
+
+
+def _guest_options(task: dict, spec: ValidateSpec, use_resource: bool, node_cpus: int) -> dict:
+    present = spec.topology(task["topology"]).present
+    opts: dict[str, Any] = {"num_cpus": max(1, min(present, node_cpus))}
+    if use_resource:
+        opts["resources"] = {QEMU_RESOURCE: 1}
+    return opts
+
+
+def local_resources() -> dict[str, float]:
+    """Custom resources to declare on a local Ray instance: ``qemu`` (one guest at a time
+    per two cores) when qemu and a kernel are installed."""
+    if guest_available() is not None:
+        return {}
+    return {QEMU_RESOURCE: float(max(1, (os.cpu_count() or 1) // 2))}
+
+
+def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str],
+             out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
+             timeout_s: float | None = None, source: str = "") -> ValidateResult:
+    """Run every task on Ray (a local instance unless an address is given, or the instance
+    already initialised in this process) and store the rows; see the module docstring."""
+    from slabtune.results import store
+    from slabtune.sweeps.dispatch import ray_session
+    from slabtune.sweeps.runner import git_revision, package_versions
+
+    cands = with_baseline(cands)
+    info = preflight(cands, spec, targets)
+    tasks = plan_tasks(cands, spec, targets)
+    if not tasks:
+        raise SlabtuneError("--target: no task to run (host runs only the baseline)")
+    meta = {"name": f"validate-{spec.name}", "evaluator": "validate", "chunk_size": 1,
+            "targets": list(targets), "topologies": [t.name for t in spec.fleet.topologies],
+            "candidates": [c.to_json() for c in cands], "source": source,
+            "plan": [[t.candidate.id, t.topology, t.target] for t in tasks], **info}
+    spec_hash = hashlib.sha256(json.dumps([meta, spec.text], sort_keys=True).encode()).hexdigest()
+    # the run directory is made once Ray is up, so a bad --ray-address leaves nothing behind
+    with ray_session(ray_address, resources=local_resources()) as sess:
+        run = store.create_run(out_dir, spec=meta, spec_hash=spec_hash, spec_text=spec.text,
+                               n_chunks=len(tasks), columns=[], versions=package_versions(),
+                               git_revision=git_revision(), extra={"kind": "validate"})
+        with run.lock():
+            run.start_attempt(ray=sess)
+            failed = _dispatch(run, tasks, spec, targets, timeout_s)
+            run.finish()
+    return ValidateResult(run.path, len(tasks), failed)
+
+
+def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[str],
+              timeout_s: float | None) -> int:
+    """Submit every task to the current Ray session, store each as it finishes; returns the
+    number of failed tasks."""
+    import ray
+
+    failed = 0
+    res = ray.cluster_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
+    use_qemu = QEMU_RESOURCE in res
+    if "guest" in targets and not use_qemu and len(nodes) > 1:
+        raise SlabtuneError(f"--target guest: no Ray node offers the {QEMU_RESOURCE!r} "
+                            "resource (start workers with --resources='{\"qemu\": 1}')")
+    remote = ray.remote(max_retries=MAX_RETRIES,
+                        retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
+    tds = [_task_dict(t, spec, timeout_s) for t in tasks]
+    nat = [td for td in tds if td["target"] == "native"]
+    if nat:
+        model = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
+            native_model_task).options(num_cpus=1)
+        try:
+            filled = ray.get(model.remote(nat, spec.text, spec.name))
+        except ray.exceptions.RayError as err:
+            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            raise SlabtuneError("native: the model's predictions failed: "
+                                + (lines[-1] if lines else err.__class__.__name__)) from None
+        for td in nat:
+            td.update(filled["pairs"][td["index"]])
+    def store(td: dict, rows: list[dict]) -> int:
+        bad = any(r["status"] == "failed" for r in rows)
+        st = next((r for r in rows if r["status"] == "failed"), None)
+        run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
+                       candidate=td["candidate"]["id"], topology=td["topology"],
+                       target=td["target"], error=st["error"] if st else None)
+        return int(bad)
+
+    def ray_failure(err) -> tuple[str, list[str]]:
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        return (f"failed after {MAX_RETRIES + 1} attempts: "
+                + (lines[-1] if lines else err.__class__.__name__)), lines
+
+    refs = {}
+    for td in tds:
+        if td["target"] == "native":
+            continue
+        opts = (_guest_options(td, spec, use_qemu, node_cpus) if td["target"] == "guest"
+                else {"num_cpus": 1})
+        refs[remote.options(**opts).remote(td)] = td
+    while refs:
+        ready, _ = ray.wait(list(refs), num_returns=1)
+        for ref in ready:
+            td = refs.pop(ref)
+            try:
+                rows = ray.get(ref)["rows"]
+            except ray.exceptions.RayError as err:
+                msg, lines = ray_failure(err)
+                rows = failed_rows(td, msg, console_tail="\n".join(lines[-20:]))
+            failed += store(td, rows)
+    if nat:
+        # one task for every native pair, once the guests are done: its timing runs take
+        # turns (see run_native_batch) and no guest competes with them for the cores
+        batch = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
+            run_native_batch).options(num_cpus=max(1, node_cpus))
+        try:
+            res = ray.get(batch.remote(nat, filled["calibration"], filled["pcp_batch"]))
+            got = res["rows"]
+            if res["rig"] is not None:
+                # the rig table and its calibration, so the report re-derives its figures
+                run.manifest["native_rig"] = res["rig"]
+        except ray.exceptions.RayError as err:
+            msg, lines = ray_failure(err)
+            got = {td["index"]: failed_rows(td, msg, console_tail="\n".join(lines[-20:]))
+                   for td in nat}
+        for td in nat:
+            failed += store(td, got[td["index"]])
+    return failed

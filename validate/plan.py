@@ -1,0 +1,132 @@
+"""Which targets can run here, and the (candidate, topology, target) tasks of a run, checked
+before anything boots.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from slabtune.model import bootparams
+from slabtune.validate.candidates import Candidate
+from slabtune.validate.native_tasks import check_workload, native_doc
+from slabtune.validate.schema import BASELINE_ID, TARGETS
+from slabtune.validate.spec import ValidateSpec
+
+from slabtune.errors import SlabtuneError
+
+# --------------------------------------------------------------------------- targets
+
+
+def native_available() -> str | None:
+    """None when the native allocator can run here, else why not."""
+    import importlib
+
+    for mod in ("slabtune.validate.native", "slabtune.sweeps.simconfig", "slabtune.sweeps.simulate",
+                "slabtune.model.metrics"):
+        try:
+            importlib.import_module(mod)
+        except ImportError as err:
+            return f"{mod} is not available ({err})"
+    if shutil.which("gcc") is None:
+        return "gcc is not installed"
+    return None
+
+
+def guest_available() -> str | None:
+    """None when qemu, a kernel and busybox are installed here, else why not."""
+    from slabtune.kernel import guest
+
+    try:
+        guest.find_assets(build=False)
+    except SlabtuneError as err:
+        return str(err)
+    return None
+
+
+def available_targets() -> dict[str, str | None]:
+    """target -> None (runs here) or the reason it cannot."""
+    host = None if Path("/sys/kernel/slab").is_dir() else "/sys/kernel/slab is missing"
+    return {"guest": guest_available(), "host": host, "native": native_available()}
+
+
+def parse_targets(text: str | None) -> tuple[str, ...]:
+    """``--target`` (one name or a comma list); None means every target available here."""
+    avail = available_targets()
+    if text is None:
+        chosen = tuple(t for t in TARGETS if avail[t] is None)
+        if not chosen:
+            raise SlabtuneError("--target: no target can run here: "
+                                + "; ".join(f"{k}: {v}" for k, v in avail.items()))
+        return chosen
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise SlabtuneError("--target: empty")
+    for t in names:
+        if t not in TARGETS:
+            raise SlabtuneError(f"--target: {t!r} is not one of {', '.join(TARGETS)}")
+    return tuple(t for t in TARGETS if t in names)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    index: int
+    candidate: Candidate
+    topology: str
+    target: str
+
+
+def plan_tasks(cands: Sequence[Candidate], spec: ValidateSpec,
+               targets: Sequence[str]) -> list[Task]:
+    """Every (candidate, topology) pair per target: guest and native over the spec's
+    topologies, host for the baseline only (the host cannot reboot with other parameters)."""
+    tasks: list[Task] = []
+    for target in TARGETS:
+        if target not in targets:
+            continue
+        for c in cands:
+            if target == "host":
+                if c.id == BASELINE_ID:
+                    tasks.append(Task(len(tasks), c, "host", target))
+                continue
+            for t in spec.fleet.topologies:
+                tasks.append(Task(len(tasks), c, t.name, target))
+    return tasks
+
+
+def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str]) -> dict:
+    """Refuse bad input before any qemu starts: every candidate's boot parameters against
+    the guest kernel's profile, the guest assets present.  Returns facts for the manifest."""
+    info: dict[str, Any] = {}
+    if "guest" in targets:
+        from slabtune.kernel import guest
+
+        assets = guest.find_assets()
+        prof = guest.kernel_profile(assets.kernel)
+        info["guest_kernel"] = str(assets.kernel)
+        info["guest_profile"] = prof.name
+        for c in cands:
+            try:
+                bootparams.validate_params(dict(c.boot), prof)
+            except SlabtuneError as err:
+                raise SlabtuneError(f"candidate {c.id}: {err}") from None
+    if "native" in targets:
+        why = native_available()
+        if why is not None:
+            raise SlabtuneError(f"--target native: {why}")
+        from slabtune.sweeps import simconfig
+
+        for c in cands:
+            for t in spec.fleet.topologies:
+                try:
+                    sim = simconfig.parse_doc(native_doc(spec, c, t.name)[0])
+                    check_workload(sim)
+                except SlabtuneError as err:
+                    raise SlabtuneError(f"candidate {c.id} (native, {t.name}): {err}") from None
+    return info

@@ -38,6 +38,7 @@ import time
 
 import jax
 import numpy as np
+
 from slabtune.model import dynamics as D
 from slabtune.model import metrics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from slabtune.model import policy
 from slabtune.model import reference as reference_formulas
 from slabtune.model.profiles import PROFILES

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import optuna
+
 from slabtune.tuner import study as studies
 
 #: Built-in spec benchmarked for each objective set.

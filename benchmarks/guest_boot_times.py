@@ -13,10 +13,9 @@ import argparse
 import statistics
 import sys
 
+from slabtune.errors import SlabtuneError
 from slabtune.kernel import guest
 from slabtune.model.topology import Topology
-
-from slabtune.errors import SlabtuneError
 
 
 def main(argv=None) -> int:

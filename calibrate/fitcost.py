@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+
 from slabtune.calibrate import reproduce
+from slabtune.errors import SlabtuneError
 from slabtune.model import cost
 from slabtune.model.priors import (
     PRIOR,
@@ -38,8 +40,6 @@ from slabtune.model.priors import (
     constraint_violations,
     prior_values,
 )
-
-from slabtune.errors import SlabtuneError
 
 #: The constants the fit moves, one per mechanism that sets a headline ratio: slow frees
 #: pace hackbench on v5.10 (receivers free into senders' slabs); the node list_lock paces
@@ -62,6 +62,8 @@ SIMPLEX_STEP = 0.5
 #: Largest ordering break (log units) the soft penalty leaves at an optimum on the boundary;
 #: :func:`enforce_orderings` moves a fitted constant onto the boundary across that much.
 SLACK_LOG = 0.01
+
+
 def _sig4(x: float, up: bool) -> float:
     """``x`` to 4 significant digits, rounded up or down (never across a bound)."""
     e = math.floor(math.log10(abs(x))) - 3

@@ -15,11 +15,10 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import priors
 from slabtune.model import scenarios as seed_scenarios
 from slabtune.sweeps import simconfig, simulate
-
-from slabtune.errors import SlabtuneError
 
 #: A model ratio within this of 1 counts as "no change" (and agrees with no direction).
 FLAT = 0.005

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
+from slabtune.errors import SlabtuneError
 from slabtune.kernel import snapshot
 from slabtune.kernel.host import topology_from_lists
 from slabtune.model import bootparams, profiles
-
-from slabtune.errors import SlabtuneError
 
 #: Fields compared between the kernel and the model, in report order.
 COMPARED_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "min_partial", "cpu_partial",
@@ -160,6 +160,7 @@ class CheckResult:
 def _structure_fn():
     """One jitted ``structure`` shared by every boot (imports JAX only when checking)."""
     import jax
+
     from slabtune.model import policy
 
     def run(size, possible, present, online, prof, min_order, max_order, min_objects, early,

@@ -35,18 +35,18 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import polars as pl
+
+from slabtune import native as native_sources
+from slabtune.errors import SlabtuneError
 from slabtune.kernel import snapshot
 from slabtune.model import bootparams
 from slabtune.model.profiles import KernelProfile, UnknownProfileError, detect_profile
 from slabtune.model.topology import Topology
 from slabtune.native import cache_dir
-
-from slabtune import native as native_sources
-from slabtune.errors import SlabtuneError
 
 INSTALL_HINT = "run scripts/install-guest-deps.sh (as root) to install qemu, a kernel and busybox"
 

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 import polars as pl
-from slabtune.kernel import snapshot
-from slabtune.model.topology import Topology, TopologyError
 
 from slabtune.errors import SlabtuneError
+from slabtune.kernel import snapshot
+from slabtune.model.topology import Topology, TopologyError
 
 #: Per-cache sysfs files that fill required snapshot columns (sheaf_capacity is optional).
 _CACHE_FILES = ("object_size", "slab_size", "order", "objs_per_slab", "min_partial",

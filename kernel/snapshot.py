@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import polars as pl
 

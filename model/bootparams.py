@@ -13,11 +13,11 @@ Pure Python, no files, no JAX.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
-
-from slabtune.model import profiles
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import profiles
 
 #: The parameters slabtune may set, by suffix; the kernel spells them ``<prefix>_<suffix>``
 #: with the prefixes of ``KernelProfile.boot_param_prefixes`` ("slub"; "slab" from v6.8).

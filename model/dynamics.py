@@ -38,13 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import profiles, workloads
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.intmath import ceil_div, floor_div
 from slabtune.model.topology import Topology
 from slabtune.model.workloads import PROB_ONE
-
-from slabtune.errors import SlabtuneError
 
 R = workloads.R
 N = workloads.N

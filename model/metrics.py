@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+
 from slabtune.model import cost, profiles
 
 _F32 = jnp.float32

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 from jax import lax
+
 from slabtune.model import profiles as kernel_profiles
 from slabtune.model.constants import STRUCTURE_FIELDS
 from slabtune.model.intmath import floor_div

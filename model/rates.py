@@ -7,6 +7,7 @@ the dynamics counters, named rule by rule so the dynamics set can replace it.
 from __future__ import annotations
 
 import jax.numpy as jnp
+
 from slabtune.model import cost, policy
 
 _F32 = jnp.float32

@@ -12,6 +12,7 @@ the one-event rules: the equality is what checks the closed forms.
 from __future__ import annotations
 
 import numpy as np
+
 from slabtune.model.dynamics import (
     BARNS_ALL,
     BARNS_MEMORY,

@@ -8,9 +8,9 @@ workload (docs/MODEL.md, "Memory after a workload").
 from __future__ import annotations
 
 import jax.numpy as jnp
-from slabtune.model import policy, profiles
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import policy, profiles
 
 _F32 = jnp.float32
 

@@ -58,7 +58,7 @@ class Topology:
 
     @classmethod
     def uniform(cls, cpus: int, nodes: int = 1, memoryless_nodes=(), possible: int | None = None,
-                online: int | None = None, node_cpus=None) -> "Topology":
+                online: int | None = None, node_cpus=None) -> Topology:
         """CPUs spread evenly over ``nodes`` (the first nodes get the remainder) unless
         ``node_cpus`` lists them; ``memoryless_nodes`` names nodes without memory."""
         if nodes < 1 or nodes > MAX_NODES:

@@ -33,6 +33,7 @@ import inspect
 from typing import NamedTuple
 
 import numpy as np
+
 from slabtune.model.topology import Topology
 
 #: Representative CPUs per configuration.

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping
-
-from slabtune.model import bootparams, profiles
+from collections.abc import Mapping
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams, profiles
 
 FORMATS = ("cmdline", "grub", "tmpfiles", "json")
 SYSFS_ROOT = "/sys/kernel/slab"

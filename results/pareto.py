@@ -8,8 +8,8 @@ This module never imports JAX.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import optuna
 import polars as pl

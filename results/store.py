@@ -24,8 +24,9 @@ import fcntl
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import polars as pl
 
@@ -43,7 +44,7 @@ class StoreError(SlabtuneError):
 
 def now_iso() -> str:
     """UTC time, ISO 8601 with seconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -204,7 +205,7 @@ class _RunLock:
 
 
 def run_id_for(spec_name: str, spec_hash: str, when: _dt.datetime | None = None) -> str:
-    when = when or _dt.datetime.now(_dt.timezone.utc)
+    when = when or _dt.datetime.now(_dt.UTC)
     return f"{spec_name}-{when.strftime('%Y%m%dT%H%M%S')}-{spec_hash[:8]}"
 
 

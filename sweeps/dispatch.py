@@ -22,7 +22,8 @@ import socket
 import tempfile
 import time
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from slabtune.errors import SlabtuneError
 

@@ -17,6 +17,7 @@ import os
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from slabtune.model import caches, constants, profiles
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,22 +43,22 @@ class Evaluator:
         """Column type of a metric: "int32" or "float32"."""
         return "int32"
 
-    def extra_axes(self) -> dict[str, "AxisDef"]:
+    def extra_axes(self) -> dict[str, AxisDef]:
         """Axes this evaluator understands beyond :data:`spec.COMMON_AXES`."""
         return {}
 
     def required_axes(self) -> tuple[str, ...]:
         return ()
 
-    def check(self, spec: "SweepSpec") -> None:
+    def check(self, spec: SweepSpec) -> None:
         """Raise SpecError for a spec this evaluator cannot run."""
 
-    def evaluate(self, spec: "SweepSpec", chunk: "Chunk") -> dict[str, np.ndarray]:
+    def evaluate(self, spec: SweepSpec, chunk: Chunk) -> dict[str, np.ndarray]:
         """Metric arrays (every metric) for every padded row of ``chunk``."""
         raise NotImplementedError
 
 
-def cache_inputs(spec: "SweepSpec", cols: dict) -> dict[str, np.ndarray]:
+def cache_inputs(spec: SweepSpec, cols: dict) -> dict[str, np.ndarray]:
     """Per-row cache facts: stride, kmalloc, early, bootstrap and the creator's sheaf
     capacity, from a ``cache`` axis (looked up in model.caches) or a ``size`` axis (an
     anonymous cache created after SMP bring-up)."""
@@ -89,7 +90,7 @@ def topology_inputs(cols: dict) -> dict[str, np.ndarray]:
     return dict(possible=possible, present=present, online=present)
 
 
-def profile_index(spec: "SweepSpec", cols: dict) -> np.ndarray:
+def profile_index(spec: SweepSpec, cols: dict) -> np.ndarray:
     """Index of each row's profile in :data:`profiles.PROFILES` (the stacking order)."""
     order = list(profiles.PROFILES)
     lut = np.asarray([order.index(n) for n in spec.axis("profile").values], np.int32)
@@ -135,6 +136,7 @@ def _stacked_profiles():
 @functools.lru_cache(maxsize=1)
 def _structural_fn():
     import jax
+
     from slabtune.model import policy
 
     configure_jax()
@@ -149,7 +151,7 @@ def _structural_fn():
     return jax.jit(run)
 
 
-def structural_columns(spec: "SweepSpec", cols: dict) -> dict[str, np.ndarray]:
+def structural_columns(spec: SweepSpec, cols: dict) -> dict[str, np.ndarray]:
     """``slab_size`` and every structural field of a chunk's rows, from one compiled call."""
     cache = cache_inputs(spec, cols)
     topo = topology_inputs(cols)
@@ -358,6 +360,7 @@ def _dynamics_fn(steps: int, max_run: int):
     """The jitted dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static
     run bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick)."""
     import jax
+
     from slabtune.model import dynamics
     from slabtune.model import metrics as model_metrics
 

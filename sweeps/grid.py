@@ -19,6 +19,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+
 from slabtune.model.topology import MAX_CPUS
 from slabtune.sweeps.spec import SweepSpec
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from slabtune.errors import SlabtuneError
 from slabtune.results import store
 from slabtune.sweeps import grid
 from slabtune.sweeps.evaluators import EVALUATORS
 from slabtune.sweeps.progress import Progress
 from slabtune.sweeps.spec import SpecError, SweepSpec
-
-from slabtune.errors import SlabtuneError
 
 #: Test hook: SIGKILL the driver itself after writing this many parts (see tests).
 KILL_AFTER_ENV = "SLABTUNE_TEST_KILL_AFTER_CHUNKS"

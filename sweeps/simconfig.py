@@ -27,11 +27,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, caches, cost, profiles
 from slabtune.model import topology as topologies
 from slabtune.model.constants import MAX_OPS_PER_STEP
-
-from slabtune.errors import SlabtuneError
 
 WORKLOAD_KINDS: tuple[str, ...] = ("local", "producer_consumer", "request_response", "block_io")
 

@@ -15,6 +15,7 @@ import functools
 from typing import Any
 
 import numpy as np
+
 from slabtune.model import cost as cost_model
 from slabtune.model import policy, profiles
 from slabtune.model.constants import STRUCTURE_FIELDS
@@ -67,6 +68,7 @@ def simulate_specs(specs: list[SimSpec]):
     """Structure, dynamics configuration and counters of every spec (one padded batch per
     step count); returns three lists in the order of ``specs``."""
     import jax
+
     from slabtune.sweeps.evaluators import configure_jax
 
     configure_jax()
@@ -93,6 +95,7 @@ def simulate_specs(specs: list[SimSpec]):
 @functools.lru_cache(maxsize=1)
 def _metrics_fn():
     import jax
+
     from slabtune.model import metrics
 
     return jax.jit(jax.vmap(
@@ -110,6 +113,7 @@ def metrics_of(specs: list[SimSpec], structs, cfgs, counters, cost: cost_model.C
     """One flat dict per spec: structural fields, metrics (the by-order vector as a list)
     and the configuration spelled out."""
     import jax
+
     from slabtune.model import dynamics
 
     n = len(specs)

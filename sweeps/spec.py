@@ -59,11 +59,10 @@ import tomllib
 from importlib import resources
 from typing import Any
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import caches, profiles
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.topology import MAX_CPUS, MAX_NODES
-
-from slabtune.errors import SlabtuneError
 
 #: Spec sections whose keys are axes, in grid order.
 AXIS_SECTIONS: tuple[str, ...] = ("topology", "cache", "kernel", "boot", "policy", "workload")

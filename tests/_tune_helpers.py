@@ -22,14 +22,14 @@ _SNIPPET = ("import sys, slabtune.cli as c; c.COMMAND_MODULES = {mods!r}; "
             "raise SystemExit(c.main(sys.argv[1:]))")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def workdir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="slabtune-tune-tests-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def quick_study():
     """(study, storage_url, runner): QUICK_TRIALS trials of the built-in quick spec."""
     from slabtune.tuner import study

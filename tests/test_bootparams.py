@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from slabtune.model import bootparams
-from slabtune.model.profiles import get_profile
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import bootparams
+from slabtune.model.profiles import get_profile
 
 V618 = get_profile("v6.18")
 V61 = get_profile("v6.1")

@@ -9,11 +9,11 @@ import zlib
 import polars as pl
 import pytest
 from _tune_helpers import assert_clean_error, quick_study, run_cli, workdir
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import profiles, reference
 from slabtune.results import charts, pareto
 from slabtune.tuner import objectives
-
-from slabtune.errors import SlabtuneError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

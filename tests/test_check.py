@@ -11,10 +11,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from slabtune.kernel import check, snapshot
-from slabtune.kernel.host import take_snapshot
 
 from slabtune.errors import SlabtuneError
+from slabtune.kernel import check, snapshot
+from slabtune.kernel.host import take_snapshot
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "host_snapshot_6.18.csv"

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from slabtune.model import cost
 from slabtune.sweeps import simconfig
 

@@ -12,6 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import optuna
 import optuna_dashboard
 from _tune_helpers import run_cli
+
 from slabtune.tuner import study
 
 

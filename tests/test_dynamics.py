@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+
 from slabtune.model import dynamics, policy, profiles, workloads
 from slabtune.model.topology import Topology
 

@@ -9,12 +9,12 @@ import re
 
 import pytest
 from _tune_helpers import assert_clean_error, quick_study, run_cli
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, profiles
 from slabtune.results import export
 from slabtune.tuner import objectives
 from slabtune.tuner import study as studies
-
-from slabtune.errors import SlabtuneError
 
 
 def _front():

@@ -11,11 +11,11 @@ import tomllib
 
 import numpy as np
 import pytest
+
+from slabtune import cli
 from slabtune.calibrate import fitcost, reproduce
 from slabtune.model import cost, priors, scenarios
 from slabtune.sweeps import simconfig
-
-from slabtune import cli
 
 #: Short runs of the two scenarios with headline rows (real simulations, small counters).
 SMALL_STEPS = 400

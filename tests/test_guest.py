@@ -18,12 +18,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
+from slabtune.errors import SlabtuneError
 from slabtune.kernel import check, guest, snapshot
 from slabtune.kernel.host import topology_from_lists
 from slabtune.model import bootparams, profiles
 from slabtune.model.topology import Topology
-
-from slabtune.errors import SlabtuneError
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "guest-v6.1-4cpu-2node.csv"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+
 from slabtune.model import dynamics, metrics, policy, profiles, topology, workloads
 from slabtune.sweeps import simconfig
 

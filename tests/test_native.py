@@ -26,6 +26,7 @@ import dataclasses
 import subprocess
 
 import pytest
+
 from slabtune.sweeps import simconfig
 from slabtune.validate import native as native_driver
 

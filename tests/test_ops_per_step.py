@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import tomli_w
+
 from slabtune.sweeps import evaluators, grid, simconfig, simulate
 from slabtune.sweeps import spec as sweep_spec
 
@@ -122,10 +123,12 @@ def test_dynamics_evaluator_uses_the_spec_run_length():
 
 # ---- the static run bound: one-op batches compile the single pick (model/dynamics.py)
 
+
 def _bound_configs():
     """Distinct configurations that exercise sheaves, per-CPU partial lists, memoryless
     nodes and remote frees (every one at b = 1)."""
     import jax  # noqa: F401  (the model imports it anyway)
+
     from slabtune.model import dynamics, policy, profiles
     from slabtune.model.topology import Topology
 
@@ -155,6 +158,7 @@ def test_one_op_bound_gives_the_general_counters_bit_for_bit():
     """b = 1 compiled with the static bound 1 (single pick) and with the general bound
     (systematic sampling over slabs and node classes): the same counters, every field."""
     import jax
+
     from slabtune.model import dynamics
 
     batch = dynamics.stack_configs(_bound_configs())
@@ -170,6 +174,7 @@ def test_mixed_batch_takes_the_general_path():
     """A batch of b = 1 and b = 64 configurations: each gives the counters it gives alone
     (its b = 1 members those of the one-op compile)."""
     import jax
+
     from slabtune.model import dynamics
 
     cfgs = _bound_configs()
@@ -186,9 +191,9 @@ def test_mixed_batch_takes_the_general_path():
 
 def test_one_op_bound_refuses_longer_runs():
     import jax
-    from slabtune.model import dynamics
 
     from slabtune.errors import SlabtuneError
+    from slabtune.model import dynamics
 
     cfg = _bound_configs()[0]._replace(ops_per_step=np.int32(8))
     with pytest.raises(SlabtuneError, match="max_run"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import optuna
 import pytest
 from packaging.specifiers import SpecifierSet
+
 from slabtune.tuner import optuna_internals
 
 DISTS = {

@@ -8,6 +8,7 @@ import optuna
 import polars as pl
 import pytest
 from _tune_helpers import assert_clean_error, quick_study, run_cli
+
 from slabtune.results import pareto
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from slabtune.model import policy, reference
 from slabtune.model.profiles import MAX_PAGE_ORDER, PROFILES, detect_profile
 

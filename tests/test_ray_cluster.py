@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from slabtune.results import store
 from slabtune.sweeps import grid, runner
 from slabtune.sweeps import spec as sweep_spec

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from slabtune.model import dynamics, policy, profiles, reference_sim
-from slabtune.model.topology import Topology
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import dynamics, policy, profiles, reference_sim
+from slabtune.model.topology import Topology
 
 STEPS = 300
 GAUGES = {name for name, _ in dynamics.GAUGE_FIELDS}

@@ -8,11 +8,11 @@ import json
 import math
 
 import pytest
-from slabtune.calibrate import reproduce
-from slabtune.model import scenarios
 
 from slabtune import cli
+from slabtune.calibrate import reproduce
 from slabtune.errors import SlabtuneError
+from slabtune.model import scenarios
 
 KEYS = {"scenario", "metric", "published", "model", "published_ratio", "model_ratio",
         "direction_agrees", "headline"}

@@ -8,6 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
+
 from slabtune.model import cost
 from slabtune.validate import candidates, dispatch, native_tasks, plan, rigcost
 from slabtune.validate import spec as validate_spec

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+
 from slabtune.model import policy, reference
 from slabtune.model.profiles import PROFILES
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+
 from slabtune.sweeps import simconfig
 
 ROOT = Path(__file__).resolve().parents[1]

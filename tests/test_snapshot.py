@@ -10,9 +10,9 @@ import polars as pl
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from slabtune.kernel import host, snapshot
 
 from slabtune.errors import SlabtuneError
+from slabtune.kernel import host, snapshot
 
 DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "host_snapshot_6.18.csv"

@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import caches, profiles
 from slabtune.sweeps import grid
 from slabtune.sweeps import spec as sweep_spec
-
-from slabtune.errors import SlabtuneError
 
 BASE = """
 [sweep]

@@ -9,6 +9,7 @@ import sys
 
 import polars as pl
 import pytest
+
 from slabtune.results import store
 
 SPEC = {"name": "s", "chunk_size": 3, "evaluator": "structural"}

@@ -9,14 +9,14 @@ import os
 
 import polars as pl
 import pytest
+
+from slabtune import cli
+from slabtune.errors import SlabtuneError
 from slabtune.model import caches, profiles, reference
 from slabtune.results import store
 from slabtune.sweeps import grid, runner
 from slabtune.sweeps import spec as sweep_spec
 from slabtune.sweeps.progress import Progress, format_eta
-
-from slabtune import cli
-from slabtune.errors import SlabtuneError
 
 pytestmark = pytest.mark.ray
 

@@ -15,12 +15,12 @@ from _tune_helpers import (
     run_cli,
     workdir,
 )
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import profiles, reference, retention
 from slabtune.tuner import fleet as fleets
 from slabtune.tuner import objectives, space
 from slabtune.tuner import study as studies
-
-from slabtune.errors import SlabtuneError
 
 
 def test_quick_study_finds_points_dominating_the_default_policy():

@@ -9,13 +9,13 @@ import jax
 import numpy as np
 import optuna
 import pytest
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import cost as cost_model
 from slabtune.model import dynamics, metrics, policy
 from slabtune.sweeps import simconfig
 from slabtune.tuner import objectives
 from slabtune.tuner import study as studies
-
-from slabtune.errors import SlabtuneError
 
 TRIALS = 48
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+
+from slabtune import cli
+from slabtune.errors import SlabtuneError
 from slabtune.model import profiles
 from slabtune.results import store
 from slabtune.validate import candidates, dispatch, plan, predict, report, schema
 from slabtune.validate import spec as validate_spec
 from slabtune.validate import tasks as kernel_tasks
-
-from slabtune import cli
-from slabtune.errors import SlabtuneError
 
 
 def _guest_missing() -> str | None:

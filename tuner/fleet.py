@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import profiles
 from slabtune.model.caches import CacheInfo, UnknownCacheError, get_cache
 from slabtune.model.topology import Topology, TopologyError
-
-from slabtune.errors import SlabtuneError
 
 _F32 = jnp.float32
 _I32 = jnp.int32

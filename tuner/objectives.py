@@ -50,19 +50,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import cost as cost_model
 from slabtune.model import policy, profiles
 from slabtune.model.topology import Topology
 from slabtune.sweeps import simconfig
 from slabtune.tuner.space import KNOBS, SearchSpace, baseline_values
-
-from slabtune.errors import SlabtuneError
 
 if TYPE_CHECKING:
     from slabtune.model import dynamics
@@ -129,6 +130,8 @@ SOLVE_SWEEPS = 2
 SOLVE_STEPS = 16
 #: Configurations solved together (vmap) per step of a sequential map over the batch.
 SOLVE_BLOCK = 256
+
+
 def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams, has_ml: np.ndarray):
     """Per-op ns of both representative CPUs of every (B, T, W, K) point: the cost model's
     contention fixed point (:func:`slabtune.model.cost.solve`), ``(..., R=2)``.
@@ -271,7 +274,7 @@ class DynamicsObjectives:
     """
 
     def __init__(self, fleet: Fleet, prof: policy.ProfileArrays, fa: FleetArrays,
-                 cost: cost_model.CostParams, pcp_max: int, objective: "ObjectiveSpec"):
+                 cost: cost_model.CostParams, pcp_max: int, objective: ObjectiveSpec):
         from slabtune.model import dynamics
 
         self.fleet, self.prof, self.fa, self.cost, self.pcp_max = fleet, prof, fa, cost, pcp_max
@@ -317,7 +320,7 @@ class DynamicsObjectives:
             pair_w=jnp.asarray(self.pair_w), pair_ops=jnp.asarray(self.pair_ops),
             w_weight=fa.w_weight))
 
-    def configs(self, values) -> "dynamics.SimConfig":
+    def configs(self, values) -> dynamics.SimConfig:
         """The stacked configs of a batch, laid out (b, t, p) policy-major: the template
         of every point with the policy's structural fields (config_from's rules: no
         per-CPU partial slabs on kernels without them; a per-CPU slab iff no sheaf)."""

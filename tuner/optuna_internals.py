@@ -19,8 +19,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import optuna
@@ -175,7 +175,7 @@ def _write_rdb(storage: optuna.storages.RDBStorage, study_id: int, trials) -> No
     from optuna.storages._rdb.storage import _create_scoped_session
 
     def utc(d):   # RDBStorage keeps naive UTC (models.TrialModel.datetime_start)
-        return None if d is None else d.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        return None if d is None else d.astimezone(_dt.UTC).replace(tzinfo=None)
 
     with _create_scoped_session(storage.scoped_session) as session:
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)

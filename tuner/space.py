@@ -30,12 +30,13 @@ the knob names, so a study opens in optuna-dashboard unchanged.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import optuna
-from slabtune.model import profiles
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import profiles
 
 Reach = Literal["boot", "sysfs", "kernel"]
 REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel")

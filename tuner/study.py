@@ -22,19 +22,19 @@ import json
 import logging
 import tomllib
 import warnings
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import optuna
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams
 from slabtune.tuner import fleet as fleets
 from slabtune.tuner import objectives as fleet_objectives
 from slabtune.tuner import optuna_internals
 from slabtune.tuner import space as search_space
-
-from slabtune.errors import SlabtuneError
 
 DIRECTIONS = ("minimize", "minimize")
 OBJECTIVE_NAMES = ("memory", "time")
@@ -395,7 +395,7 @@ def _baseline_attr(ev: fleet_objectives.Evaluation) -> dict:
 
 
 def default_study_name(spec: TuneSpec) -> str:
-    return f"{spec.name}-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    return f"{spec.name}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
 def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None,

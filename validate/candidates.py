@@ -9,14 +9,14 @@ import dataclasses
 import json
 import os
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, profiles
 from slabtune.validate.schema import BASELINE_ID
 from slabtune.validate.spec import ValidateSpec
-
-from slabtune.errors import SlabtuneError
 
 # --------------------------------------------------------------------------- candidates
 
@@ -39,7 +39,7 @@ class Candidate:
                 "source": self.source}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "Candidate":
+    def from_json(cls, d: Mapping) -> Candidate:
         return cls(str(d["id"]), dict(d.get("boot", {})), dict(d.get("knobs", {})),
                    str(d.get("source", "")))
 

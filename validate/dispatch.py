@@ -10,17 +10,17 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from slabtune.errors import SlabtuneError
 from slabtune.validate.candidates import Candidate, with_baseline
 from slabtune.validate.native_tasks import native_model_task, run_native_batch
 from slabtune.validate.plan import Task, guest_available, plan_tasks, preflight
 from slabtune.validate.schema import MAX_RETRIES, QEMU_RESOURCE, failed_rows, frame
 from slabtune.validate.spec import ValidateSpec
 from slabtune.validate.tasks import run_task
-
-from slabtune.errors import SlabtuneError
 
 # --------------------------------------------------------------------------- dispatch
 

@@ -173,6 +173,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
     derivation (``dynamics._derived``), not re-derived here."""
     import jax
     import jax.numpy as jnp
+
     from slabtune.model import dynamics
 
     d = dynamics._derived(jax.tree_util.tree_map(jnp.asarray, sim))

@@ -11,13 +11,13 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from slabtune.errors import SlabtuneError
 from slabtune.validate.candidates import Candidate, applied_values
 from slabtune.validate.schema import failed_rows, row
 from slabtune.validate.spec import ValidateSpec, parse_spec
-
-from slabtune.errors import SlabtuneError
 
 
 def check_workload(sim) -> None:

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams
 from slabtune.validate.candidates import Candidate
 from slabtune.validate.native_tasks import check_workload, native_doc
 from slabtune.validate.schema import BASELINE_ID, TARGETS
 from slabtune.validate.spec import ValidateSpec
-
-from slabtune.errors import SlabtuneError
 
 # --------------------------------------------------------------------------- targets
 

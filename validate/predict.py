@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
 from slabtune.model import profiles
 from slabtune.model.topology import Topology
 from slabtune.validate.spec import parse_spec

@@ -51,17 +51,18 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import polars as pl
+
+from slabtune.errors import SlabtuneError
 from slabtune.validate.schema import (
     ROW_SCHEMA,
     STRUCTURAL_FIELDS,
     is_validate_run,
     task_table,
 )
-
-from slabtune.errors import SlabtuneError
 
 MEMORY_FIELD = "slab_bytes"
 COST_FIELD = "cost"

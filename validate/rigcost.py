@@ -33,7 +33,8 @@ that reads it.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -160,6 +161,7 @@ def fit(features, measured, names: Sequence[str] | None = None) -> dict[str, Any
     constant the runs barely separate from another shows it there.  ``r2`` is 1 - SS_res / SS_tot over the calibration runs (None with
     fewer than 2 runs or no spread)."""
     from scipy.optimize import nnls
+
     from slabtune.model import cost
 
     names = list(names or cost.RIG_FREE)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import polars as pl
+
 from slabtune.kernel.check import COMPARED_FIELDS
 from slabtune.kernel.guest import CONSOLE_TAIL_CHARS
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from typing import Any, Mapping
-
-from slabtune.model.topology import Topology
+from collections.abc import Mapping
+from typing import Any
 
 from slabtune.errors import SlabtuneError
+from slabtune.model.topology import Topology
 
 # --------------------------------------------------------------------------- spec
 

@@ -10,9 +10,11 @@ import math
 import os
 import statistics
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import polars as pl
+
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, profiles
 from slabtune.validate.candidates import Candidate
 from slabtune.validate.predict import (
@@ -29,8 +31,6 @@ from slabtune.validate.schema import (
     row,
 )
 from slabtune.validate.spec import parse_spec
-
-from slabtune.errors import SlabtuneError
 
 
 def structural_rows(task: dict, df: pl.DataFrame, common: dict) -> tuple[list[dict], dict]:

@@ -114,7 +114,7 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     from slabtune.tuner import study
 
     spec = study.load_spec("tune_quick")
-    name = f"main-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    name = f"main-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
     run_dir = out / name
     t0 = _stage(3, f"tuning: {trials} trials of the built-in 'tune_quick' study, "
                    f"{batch} per model call, SQLite storage in {run_dir}")

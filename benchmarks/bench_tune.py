@@ -115,8 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--storages", default="memory,journal,sqlite")
     ap.add_argument("--objectives", choices=sorted(SPECS), default="structural",
-                    help="objective set (and its built-in spec: %s)" % ", ".join(
-                        f"{k}: {v}" for k, v in sorted(SPECS.items())))
+                    help="objective set (and its built-in spec: "
+                         + ", ".join(f"{k}: {v}" for k, v in sorted(SPECS.items())) + ")")
     ap.add_argument("--spec", help="another tune spec (file or built-in name), e.g. the larger "
                                    "fleet of tune_sweep_quick; its own objective set")
     args = ap.parse_args(argv)

@@ -151,7 +151,7 @@ def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta
             scale_text = (f"k = {k:.6g} fitted so that {fit_arm} = {fit_value} {scale['unit']}"
                           f" ({scale['what']})")
 
-        def value(metric, arm):
+        def value(metric, arm, arms=arms, k=k, scale=scale):
             raw = _raw(metric, arms[arm])
             return raw * k if scale and metric == scale["metric"] else raw
 

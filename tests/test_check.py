@@ -311,8 +311,8 @@ def test_cli_mismatch_exits_1_with_table():
     proc = run_cli("kernel", "check", "--snapshot", str(FIXTURE), "--profile", "v6.1")
     assert proc.returncode == 1
     assert "mismatches (2):" in proc.stdout
-    assert any(l.split()[1:] == ["maple_node", "sheaf_capacity", "32", "0"]
-               for l in proc.stdout.splitlines() if "maple_node" in l)
+    assert any(line.split()[1:] == ["maple_node", "sheaf_capacity", "32", "0"]
+               for line in proc.stdout.splitlines() if "maple_node" in line)
     proc = run_cli("kernel", "check", "--snapshot", str(FIXTURE), "--profile", "v6.1", "--json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["mismatches"][0] == {

@@ -220,7 +220,9 @@ def test_block_io_with_many_completion_cpus_balances_the_machine():
     one, c1 = _run("v6.1", topo, {"kind": "block_io"})
     many, cm = _run("v6.1", topo, {"kind": "block_io", "completions": 32})
     assert cm.rep_weight[:4].sum() == 32 and cm.rep_weight[4:].sum() == 32
-    bal = lambda c, cfg: (c["frees"] * cfg.rep_weight).sum() / (c["allocs"] * cfg.rep_weight).sum()
+    def bal(c, cfg):
+        return (c["frees"] * cfg.rep_weight).sum() / (c["allocs"] * cfg.rep_weight).sum()
+
     assert bal(many, cm) > 0.95 > 0.5 > bal(one, c1)
 
 

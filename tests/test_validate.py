@@ -567,7 +567,7 @@ def test_native_rows_and_speed_figures(ray_local, tmp_path):
     cost = rows.filter(pl.col("field") == "native_cost")
     assert not prior["comparable"].any() and not packaged["comparable"].any()
     assert cost["comparable"].all()
-    for (c, t), g in rows.filter(pl.col("field").str.starts_with("native_cost")).group_by(
+    for _key, g in rows.filter(pl.col("field").str.starts_with("native_cost")).group_by(
             "candidate", "topology"):
         assert g.height == 3 and g["measured"].n_unique() == 1
         note = g["note"][0]

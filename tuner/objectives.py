@@ -1,48 +1,20 @@
 """Fleet objectives: memory overhead and modelled time per operation of a batch of policies,
-aggregated over a weighted fleet of topologies and workloads, in one vectorised call.
+aggregated over a weighted fleet of topologies and workloads (:mod:`slabtune.tuner.fleet`),
+in one vectorised call.
 
-A *fleet* (the ``[fleet]`` table of a tune spec) is a kernel profile, weighted topologies and
-weighted workloads; a workload names the caches it uses, the live objects it keeps per CPU in
-each and its share of operations::
+An *objective set* maps the structure of every (policy, topology, cache) point to
+per-topology memory and time; sets are looked up by name in :data:`OBJECTIVE_SETS` (a tune
+spec's ``[objectives] set``):
 
-    [fleet]
-    profile = "v6.18"
-    [[fleet.topology]]
-    name = "small-8"
-    cpus = 8
-    weight = 2.0
-    [[fleet.workload]]
-    name = "net"
-    foreign_free = 0.5      # share of frees that hit a slab other than the CPU's own
-    churn = 0.2             # slabs drained to empty per slab's worth of allocations
-    [fleet.workload.caches]
-    "kmalloc-256" = { live_per_cpu = 4096, ops = 1.0 }
+* ``structural``: memory from the retention model in its ``steady`` state
+  (:func:`slabtune.model.retention.structural_memory`), time from the cost model fed with
+  event rates estimated from structure (:func:`slabtune.model.rates.structural_rates`), for
+  two representative CPUs per topology (one on a node with memory, one on a memoryless node);
+* ``dynamics``: both measured by the dynamics model, every (policy, topology, workload-cache)
+  point one :class:`~slabtune.model.dynamics.SimConfig` of one ``simulate_batch`` call
+  (:class:`DynamicsObjectives`).
 
-An *objective set* maps the structure of every (policy, topology, cache) point to per-topology
-memory and time; sets are looked up by name in :data:`OBJECTIVE_SETS` (the spec's
-``[objectives] set``), so the dynamics-based set can replace the structural one unchanged.
-
-``structural`` (the set shipped here) derives both from the structural model alone:
-
-* memory: bytes held beyond live objects, over live object bytes, from slab leftovers
-  (``leftover`` per slab in use), the slabs each CPU retains (its CPU slab and its per-CPU
-  partial list at the mean length of put_cpu_partial()'s fill-and-drain rule, the slabs half
-  free: the kernel's own assumption in slub_set_cpu_partial), the empty slabs a node with
-  memory keeps (half way to ``min_partial`` under churn, at it once a workload has ended),
-  and sheaves (main and spare half full, their kmalloc'd structs, barns half
-  way to their limits); see :func:`structural_memory`, whose ``state`` input ("steady" here)
-  is what tells this churning fleet apart from a finished workload (validation, "drained");
-* time: ns per alloc-or-free op from :mod:`slabtune.model.cost` (its constants, its page
-  allocator and M/M/1 lock contention fixed point), fed with per-op event rates estimated
-  from the structure (a slow-path-rate proxy, documented in :func:`structural_rates`), for
-  two representative CPUs per topology: one on a node with memory, one on a memoryless node.
-
-``dynamics`` (opt-in: ``[objectives] set = "dynamics"``, with optional ``steps`` and
-``seed``) measures both with the dynamics model instead: every (policy, topology,
-workload-cache) point becomes a :class:`~slabtune.model.dynamics.SimConfig`, a batch runs
-as one ``simulate_batch`` call and ``metrics.compute`` gives overhead_frac-style memory
-and ns per op (see :class:`DynamicsObjectives` and :func:`dynamics_workload` for the
-mapping of fleet workloads to dynamics workloads).
+docs/TUNING.md describes fleets, sets and cost tables; docs/SPECS.md the TOML.
 """
 
 

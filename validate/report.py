@@ -1,50 +1,11 @@
 """The error report of a validation run (``slabtune validate report RUN``).
 
-Everything is recomputed from the rows the run stored (:mod:`slabtune.validate`), so
-the report can be re-derived from the parquet parts alone.  Figures and where they come from:
-
-* **structural match rate**: comparable structural rows (order, objs_per_slab, min_partial,
-  cpu_partial, sheaf_capacity per cache) of *guest* snapshots whose measured value equals
-  the prediction, over all such rows; mismatches are listed.  The host's rate is reported
-  beside it, separately.
-* **memory** (``median_mem_rel_err``): per (candidate, topology) guest pair, the relative
-  error ``|sum predicted - sum measured| / sum measured`` of the slab bytes of the caches
-  the workload drives (:func:`workload_caches`: the caches the spec's workload names, with
-  kmalloc-N's accounted twin kmalloc-cg-N), after-dump ``slabs << order`` pages against
-  the structural memory model at the end of a workload around the objects allocated then
-  (counted after flushing the per-CPU slabs); the median over pairs, with the distribution
-  of the signed error.  A guest pair with no row of those caches is listed
-  (``memory.pairs_without_workload_caches``), never dropped silently.  Beside it, labelled
-  and secondary (``memory.all_driven``), the same over every cache whose objects changed
-  between the before and after dumps (the workload's own and what the system around it
-  touched: fork, exec, sockets' inodes).
-* **speed**: Spearman rank correlation between predicted cost and measured time over
-  (candidate, topology) pairs.  Guest timings count only when the guest ran under KVM (under
-  TCG they are emulation artefacts); native-allocator timings count always and are preferred
-  when present.  ``speed_source`` says which (``native``, ``guest-kvm`` or null when neither
-  produced comparable timings).  The native figure ranks the model under the *rig cost
-  table* (``native_cost`` rows): the native timing rig runs every thread on one CPU and
-  times each allocator call alone, so no cache line moves between CPUs and no lock queues;
-  its table has no line costs and no queueing (:func:`slabtune.model.cost.rig_cost`) and
-  per-event constants fitted on calibration runs of the rig whose configurations are none
-  of the validated pairs' (:mod:`slabtune.validate.rigcost`; stored in the run manifest as
-  ``native_rig`` and shown with its R^2 by :func:`rig_summary`).  The packaged cost table
-  prices a 224-CPU server (cross-node lines, lock queueing) and stays the tuner's; beside
-  the figure, labelled and not in its place, the report gives the correlation under the
-  packaged table (``native_cost_packaged``) and the prior constants
-  (``native_cost_prior``), and without the topologies that have a memoryless node.
-  Also labelled (``native_labelled.ties_within_noise``): the correlation with predictions
-  that lie closer together than the rig's repeat noise (:func:`rig_resolution`) counted as
-  ties (:func:`tie_within`): the model's differences of hundredths of a ns between pairs
-  are not claims the rig can test.
-  Beside the figure, ``speed.spearman_ceiling``: the largest Spearman any measured order
-  could give against these predictions (:func:`spearman_ceiling`; below 1 when candidates
-  are the same configuration to the workload, as a near-identical top 3 is), with
-  ``speed.distinct_predictions``.
-* **native fast path**: the largest absolute difference, in percentage points, between the
-  model's and the native allocator's fast-path fractions (allocs and frees).
-
-This module never imports JAX.
+Every figure is recomputed from the rows the run stored, so the report can be derived
+again from the parquet parts alone: the structural match rate, the median memory error over
+the workload's caches, the Spearman rank correlation of predicted cost and measured time
+(native rig under its fitted cost table, with its ceiling and the labelled diagnostics), and
+the native fast-path difference.  docs/VALIDATION.md, "The report", says what each figure is
+and where it comes from.  This module never imports JAX.
 """
 
 from __future__ import annotations

@@ -1,33 +1,18 @@
-"""The rig cost table of ``slabtune validate --target native``: the cost model's constants
-as the native timing rig (``native/slubsim.c``, every thread pinned to one CPU, each
-allocator call timed alone) pays them, fitted on calibration runs of that rig.
+"""The rig cost table of ``slabtune validate --target native``: the cost model's constants as
+the native timing rig pays them, fitted by non-negative least squares on calibration runs
+of that rig.
 
-Why a table of its own: the packaged cost table (``model/cost_default.toml``) prices a
-224-CPU server, with cross-node cache-line transfers and queueing on contended locks.  On
-the rig no cache line moves between CPUs (one core), no lock is ever contended (threads
-time-slice; a call that spans a time slice is dropped) and "remote" memory is local, so the
-prediction the rig can meet is the model's own counters times the rig's per-event costs:
-:func:`slabtune.model.cost.rig_cost` (line costs 0, no queueing).  Under it the model's ns
-per pair is linear in the :data:`~slabtune.model.cost.RIG_FREE` constants, so
-
-* the *features* of a configuration are its ns per pair under the unit tables (one
-  constant 1, the others 0; :func:`unit_tables`), all from one simulation of the batch;
-* the rig's constants are a non-negative least-squares fit (:func:`fit`) of the measured
-  ns per pair of calibration runs against their features, and a configuration's rig
-  prediction is its features times the constants (:func:`predict`; exactly the model under
-  ``rig_cost(constants)``, by linearity).
-
-The calibration configurations (:func:`calibration_policies`) are the spec's native
-workload on a seeded set of slab orders, cpu_partial and min_partial values on the spec's
-topologies, none equal to a validated pair's effective configuration
-(:func:`native_key`), so the constants are never fitted on the pairs they then rank.
-
-The tuner keeps the server tables: this one describes the rig, not a kernel.
-
-Units: the model's ``ns_per_op`` metric is already ns per alloc+free pair
-(:func:`slabtune.model.metrics.compute`: twice the weighted mean per op), as is the native
-figure (:func:`slabtune.validate.native.op_ns_per_pair`); :func:`model_pair_ns` is the one place
-that reads it.
+The rig (``native/slubsim.c``, every thread pinned to one CPU, each allocator call timed
+alone) moves no cache line between CPUs and never queues on a lock, so its prediction is
+the model's counters priced by :func:`slabtune.model.cost.rig_cost` (line costs 0, no
+queueing).  Under that table ns per pair is linear in the
+:data:`~slabtune.model.cost.RIG_FREE` constants: a configuration's *features* are its ns
+per pair under the unit tables (:func:`unit_tables`), the fit (:func:`fit`) regresses the
+measured ns of calibration runs (:func:`calibration_policies`, never a validated pair's
+configuration, :func:`native_key`) on them, and :func:`predict` prices a pair.
+:func:`model_pair_ns` is the one place that reads the model's ns per alloc+free pair.
+docs/MODEL.md, "The native rig's cost table", gives the method and what the runs identify;
+the tuner keeps the server tables.
 """
 
 from __future__ import annotations

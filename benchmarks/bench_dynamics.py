@@ -39,7 +39,7 @@ import time
 import jax
 import numpy as np
 
-from slabtune.model import dynamics as D
+from slabtune.model import dynamics
 from slabtune.model import metrics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
 
@@ -61,7 +61,7 @@ def distinct_configs(b: int = 1) -> list:
         prof = profiles.get_profile(prof_name)
         st = policy.structure(size, topo.possible, topo.present, topo.online,
                           policy.profile_arrays(prof), explicit_sheaf=32 if size <= 256 else 0)
-        out.append(D.config_from(st, prof, topo, wl, ops_per_step=b))
+        out.append(dynamics.config_from(st, prof, topo, wl, ops_per_step=b))
     return out
 
 
@@ -74,9 +74,9 @@ def labels() -> list[str]:
 
 def fidelity(cfgs, steps: int) -> dict:
     """Per configuration: weighted alloc/free fast-path fractions and memory held (bytes)."""
-    batch = D.stack_configs(cfgs)
+    batch = dynamics.stack_configs(cfgs)
     keys = jax.random.split(jax.random.key(99), len(cfgs))
-    c = D.simulate_batch(keys, batch, steps)
+    c = dynamics.simulate_batch(keys, batch, steps)
     w = np.asarray(batch.rep_weight, np.float64)
     frac = lambda a, b: (w * np.asarray(getattr(c, a))).sum(1) / np.maximum(  # noqa: E731
         (w * np.asarray(getattr(c, b))).sum(1), 1e-9)
@@ -104,14 +104,14 @@ def old_body():
 
 
 def batch_of(cfgs, n):
-    return D.stack_configs([cfgs[i % len(cfgs)] for i in range(n)])
+    return dynamics.stack_configs([cfgs[i % len(cfgs)] for i in range(n)])
 
 
 def time_jax(cfgs, n, steps, repeat, old=None):
     """(ops, median wall s, median CPU s, first-call s) of ``simulate_batch``; with the
     one-op module ``old`` the same for it too, its repeats interleaved with ours."""
     batch = batch_of(cfgs, n)
-    runs = [(D, batch)]
+    runs = [(dynamics, batch)]
     if old is not None:
         runs.append((old, old.SimConfig(*batch[:len(old.SimConfig._fields)])))
     out = []
@@ -136,7 +136,7 @@ def time_jax(cfgs, n, steps, repeat, old=None):
 def time_reference(cfgs, steps, sample):
     rates, cpu_rates = [], []
     for i, cfg in enumerate(cfgs[:: max(len(cfgs) // sample, 1)][:sample]):
-        w = np.asarray(D.draws(jax.random.key(i), steps))
+        w = np.asarray(dynamics.draws(jax.random.key(i), steps))
         t0, c0 = time.perf_counter(), time.process_time()
         c = reference_sim.run(w, cfg)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -158,7 +158,7 @@ def main(argv=None):
     ap.add_argument("--no-old-body", action="store_true",
                     help=f"at b = 1, do not time the one-op body of {OLD_BODY} alongside")
     args = ap.parse_args(argv)
-    bs = [D.check_ops_per_step(int(x)) for x in args.ops_per_step.split(",")]
+    bs = [dynamics.check_ops_per_step(int(x)) for x in args.ops_per_step.split(",")]
     print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: "
           f"{len(distinct_configs())}  load average: {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs")

@@ -111,8 +111,8 @@ def test_one_writer_at_a_time(tmp_path):
 
 
 def test_package_exports_are_lazy():
-    import slabtune.results as R
+    import slabtune.results as results_pkg
 
-    assert R.open_run is store.open_run
+    assert results_pkg.open_run is store.open_run
     with pytest.raises(AttributeError):
-        R.nonesuch  # noqa: B018
+        results_pkg.nonesuch  # noqa: B018

@@ -37,6 +37,7 @@ def assert_offline_html(text: str) -> None:
     assert "<script src=" not in text
 
 
+@pytest.mark.slow
 def test_pareto_chart_png_html_svg(tmp_path):
     study, _url, _runner = quick_study()
     rep = pareto.study_pareto(study)
@@ -49,6 +50,7 @@ def test_pareto_chart_png_html_svg(tmp_path):
     assert svg.lstrip().startswith("<svg") and "baseline (default policy)" in svg
 
 
+@pytest.mark.slow
 def test_order_grid_matches_the_reference():
     prof = profiles.get_profile("v6.18")
     cpus, sizes = [1, 4, 64, 1024, 8192], [8, 192, 256, 1024, 4096, 8192]
@@ -79,6 +81,7 @@ def test_bad_chart_suffix():
                 workdir() / "x.gif")
 
 
+@pytest.mark.slow
 def test_cli_plot_all_three(tmp_path):
     _study, url, _runner = quick_study()
     p = run_cli("plot", "pareto", "--study", "quick", "--storage", url, "--out",

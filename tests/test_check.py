@@ -290,6 +290,7 @@ def _one_error_line(proc, pattern: str):
     assert pattern in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_cli_check_fixture_text_and_json():
     proc = run_cli("kernel", "check", "--snapshot", str(FIXTURE))
     assert proc.returncode == 0, proc.stderr
@@ -307,6 +308,7 @@ def test_cli_check_fixture_text_and_json():
     assert set(out["not_comparable"][0]) == {"boot", "cache", "reason"}
 
 
+@pytest.mark.slow
 def test_cli_mismatch_exits_1_with_table():
     proc = run_cli("kernel", "check", "--snapshot", str(FIXTURE), "--profile", "v6.1")
     assert proc.returncode == 1
@@ -319,6 +321,7 @@ def test_cli_mismatch_exits_1_with_table():
         "boot": 0, "cache": "maple_node", "field": "sheaf_capacity", "kernel": 32, "model": 0}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LIVE, reason="/sys/kernel/slab is not readable here")
 def test_cli_snapshot_then_check(tmp_path):
     out = tmp_path / "host.parquet"

@@ -11,6 +11,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import optuna
 import optuna_dashboard
+import pytest
 from _tune_helpers import run_cli
 
 from slabtune.tuner import study
@@ -27,6 +28,7 @@ def _get(port: int, path: str) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.slow
 def test_tune_study_is_served_by_optuna_dashboard(tmp_path):
     proc = run_cli("tune", "tune_quick", "--trials", "12", "--batch", "6", "--study", "dash",
                    "--json", cwd=tmp_path)

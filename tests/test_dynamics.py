@@ -33,6 +33,7 @@ def _frac(c, part, whole):
     return c[part].sum() / max(c[whole].sum(), 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["v3.1", "v6.1", "v7.0"])
 def test_local_churn_fitting_a_slab_stays_on_the_fast_paths(profile):
     """A live set smaller than a slab: allocations come from the CPU's freelist (or main
@@ -186,6 +187,7 @@ def test_memoryless_penalty_grows_with_cpus_and_vanishes_with_the_fix():
     assert _frac(cf, "alloc_fast", "allocs") > 0.99
 
 
+@pytest.mark.slow
 def test_batch_equals_single_runs():
     topo = MEMLESS
     cfgs = []

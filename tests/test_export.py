@@ -22,6 +22,7 @@ def _front():
     return study, url, runner, [t.number for t in study.best_trials]
 
 
+@pytest.mark.slow
 def test_exported_cmdlines_parse_back_to_the_trial_values():
     study, _url, runner, front = _front()
     prof = runner.spec.fleet.profile
@@ -92,6 +93,7 @@ def test_spelling_follows_the_profile_and_ranges_are_checked():
         export.render(bad, "tmpfiles")
 
 
+@pytest.mark.slow
 def test_cli_export_and_clean_errors(tmp_path):
     study, url, _runner, front = _front()
     out = tmp_path / "slabtune.conf"

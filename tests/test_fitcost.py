@@ -148,6 +148,7 @@ def test_bad_cost_file_is_one_line_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_fit_cost_command_writes_and_reports(tmp_path):
     out = tmp_path / "fit.toml"
     rc, text, _ = _cli(["reproduce", "--work", "derived", "--fit-cost", str(out), "--json"])

@@ -151,6 +151,7 @@ def test_memoryless_cpus_pay_remote_lines_on_the_memory_nodes_lock():
     assert float(memless.ns_per_op) > float(local.ns_per_op)
 
 
+@pytest.mark.slow
 def test_compute_vmaps_over_configurations():
     cfgs = [_cfg(cpus=n)[0] for n in (2, 16, 128)]
     ops = _per_rep([1000] * 8)
@@ -165,6 +166,7 @@ def test_compute_vmaps_over_configurations():
     np.testing.assert_allclose(batched, single, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_each_acquisition_moves_k_lines_local_or_remote():
     # Two reps of one CPU each: rep 0 on node 0 (memory), rep 1 on a memoryless node that
     # takes node 0's list_lock and zone lock across the interconnect.  Hand-worked with

@@ -108,6 +108,7 @@ def test_structural_sweep_rejects_ops_per_step():
         sweep_spec.parse(text)
 
 
+@pytest.mark.slow
 def test_dynamics_evaluator_uses_the_spec_run_length():
     """The same chunk at b = 1 and b = 64: the runs change the counters the metrics come
     from (here the fast-path fractions move, and stay fractions)."""
@@ -170,6 +171,7 @@ def test_one_op_bound_gives_the_general_counters_bit_for_bit():
         np.testing.assert_array_equal(one[k], gen[k], err_msg=k)
 
 
+@pytest.mark.slow
 def test_mixed_batch_takes_the_general_path():
     """A batch of b = 1 and b = 64 configurations: each gives the counters it gives alone
     (its b = 1 members those of the one-op compile)."""

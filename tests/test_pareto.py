@@ -59,6 +59,7 @@ def test_sweep_pareto_on_a_lazy_frame():
         (0.05, 90.0), (0.1, 30.0), (0.3, 20.0), (0.5, 10.0)]
 
 
+@pytest.mark.slow
 def test_cli_pareto_json_and_table():
     study, url, _runner = quick_study()
     proc = run_cli("pareto", "--study", "quick", "--storage", url, "--json")
@@ -76,6 +77,7 @@ def test_cli_pareto_json_and_table():
     assert "laptop-8" in table.stdout
 
 
+@pytest.mark.slow
 def test_cli_pareto_bad_input(tmp_path):
     _study, url, _runner = quick_study()
     assert_clean_error(run_cli("pareto", "--study", "nope", "--storage", url), "no study named 'nope'")

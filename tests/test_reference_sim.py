@@ -154,6 +154,7 @@ def test_runs_equal_reference_edge_configs(b, case):
     assert want["allocs"].sum() > 100
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 300), profile=st.sampled_from(["v3.1", "v6.1", "v6.18", "v7.0", "v7.1"]),

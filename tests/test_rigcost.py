@@ -193,6 +193,7 @@ workload = { kind = "local", live = 64, burst = 32 }
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_NATIVE_WHY is not None, reason=f"native target unavailable ({_NATIVE_WHY})")
 def test_real_calibration_of_the_native_rig():
     """The baseline and one candidate on two topologies, 14 calibration configurations,

@@ -197,6 +197,7 @@ def test_v5_11_kmalloc_caches_get_order0_and_more_page_allocator_calls(hackbench
     assert new["ns_per_op"] > old["ns_per_op"]
 
 
+@pytest.mark.slow
 def test_simulate_text_output(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text(tomli_w.dumps(_doc(topology={"cpus": 224, "nodes": 2})))

@@ -121,6 +121,7 @@ def test_manifest_records_the_run(small_run, small_spec):
     assert sum(s["rows"] for s in m["chunks"]["states"].values()) == small_run.rows
 
 
+@pytest.mark.slow
 def test_failed_tasks_are_retried_and_written_once(ray_local, small_spec, small_run, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -134,6 +135,7 @@ def test_failed_tasks_are_retried_and_written_once(ray_local, small_spec, small_
     assert len(list(res.run_dir.glob("part-*.parquet"))) == n
 
 
+@pytest.mark.slow
 def test_a_chunk_that_always_fails_is_recorded_and_resumed(ray_local, small_spec, small_run,
                                                           tmp_path):
     hooks = tmp_path / "hooks"
@@ -320,6 +322,7 @@ def dyn_frame():
     return _in_process(sweep_spec.parse(DYN))
 
 
+@pytest.mark.slow
 @needs_dynamics
 def test_dynamics_rows_do_not_depend_on_chunking(dyn_frame):
     other = _in_process(sweep_spec.parse(DYN.replace("chunk_size = 8", "chunk_size = 5")))
@@ -346,6 +349,7 @@ def test_dynamics_shows_the_sheaves_memoryless_regression(dyn_frame):
     assert no_sheaf.height > 0 and (no_sheaf["sheaf_bytes"] == 0).all()
 
 
+@pytest.mark.slow
 @needs_dynamics
 def test_dynamics_sweep_on_ray_matches_in_process(ray_local, dyn_frame, tmp_path):
     res = runner.run_sweep(sweep_spec.parse(DYN), tmp_path, progress=False)

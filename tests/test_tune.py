@@ -286,6 +286,7 @@ def test_bad_storage_urls_fail_with_one_line(url, needle):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_cli_tune_defaults_to_sqlite_in_the_run_dir_and_resumes(tmp_path):
     p1 = run_cli("tune", "tune_quick", "--trials", "6", "--batch", "3", "--study", "cli1",
                  "--json", cwd=tmp_path)
@@ -302,6 +303,7 @@ def test_cli_tune_defaults_to_sqlite_in_the_run_dir_and_resumes(tmp_path):
     assert len(s.trials) == 10 and s.metric_names == ["memory", "time"]
 
 
+@pytest.mark.slow
 def test_cli_tune_bad_input_is_one_line(tmp_path):
     assert_clean_error(run_cli("tune", "tune_quick", "--trials", "1", "--storage", "bogus://",
                                cwd=tmp_path), "storage")
@@ -351,6 +353,7 @@ min_partial_lo = { low = 0, high = 10 }
 """
 
 
+@pytest.mark.slow
 def test_sheaf_and_barn_knobs_on_v7_0():
     """v7.0 has sheaves on every non-kmalloc cache and no per-CPU partial lists: sheaf
     capacities follow the searched base (rounded to a kmalloc bucket), barns cost memory,
@@ -491,6 +494,7 @@ def test_sweep_fleet_profile_must_be_one_the_sweep_covers():
     assert _sweep_spec("dynamics_bench", 'profile = "v6.1"').fleet.profile.name == "v6.1"
 
 
+@pytest.mark.slow
 def test_cli_tune_with_a_sweep_fleet(tmp_path):
     spec = tmp_path / "swept.toml"
     spec.write_text(SWEEP_FLEET_SPEC.format(sweep="quick", extra=""))
@@ -507,6 +511,7 @@ def test_cli_tune_with_a_sweep_fleet(tmp_path):
     assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path), "fleet.sweep")
 
 
+@pytest.mark.slow
 def test_study_keeps_the_sweep_its_fleet_came_from(tmp_path):
     """A fleet from a sweep spec named by a relative path: the study keeps that sweep spec,
     so pareto and export read the study from any directory, even after the file is gone."""
@@ -587,6 +592,7 @@ def _spec_with_cost(path: str) -> str:
     return text.replace("[objectives]\n", f'[objectives]\ncost = "{path}"\n', 1)
 
 
+@pytest.mark.slow
 def test_study_under_a_cost_file_keeps_it_and_prices_every_op_by_it(tmp_path):
     """[objectives] cost: the time objective is priced by that table.  Under FLAT_COST
     every op takes exactly one path (an alloc or free is fast or slow, never both, never

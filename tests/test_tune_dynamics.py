@@ -33,6 +33,7 @@ def _study():
     return runner
 
 
+@pytest.mark.slow
 def test_dynamics_study_runs_and_stores_per_topology_objectives():
     runner = _study()
     study = runner.study
@@ -65,6 +66,7 @@ _WORKLOADS = [  # (workload, cache, workload dict, op share within the workload)
 ]
 
 
+@pytest.mark.slow
 def test_baseline_equals_the_default_policy_simulated_directly():
     spec = _spec()
     fleet = spec.fleet

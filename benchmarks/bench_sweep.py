@@ -131,7 +131,8 @@ def reference_rate(spec: sweep_spec.SweepSpec, limit: int) -> dict:
     return {"configs": done, "seconds": dt, "rate": done / dt if dt else float("nan")}
 
 
-def report(name: str, spec: sweep_spec.SweepSpec, repeats: int, ref_limit: int, spec_ref: str) -> dict:
+def report(name: str, spec: sweep_spec.SweepSpec, repeats: int, ref_limit: int,
+           spec_ref: str) -> dict:
     rows = grid.count_rows(spec)
     print(f"== {name}: {rows} configurations, {grid.n_chunks(spec)} chunks of {spec.chunk_size} "
           f"({spec.evaluator}), repeats {repeats}", flush=True)

@@ -55,7 +55,8 @@ def main(argv=None) -> int:
             continue
         med = statistics.median(boots)
         ratio = f"{med / base:.2f}x" if base else "-"
-        print(f"{smp:>4} {accel:>5} {len(boots):>3} {med:>10.2f} {statistics.median(totals):>10.2f} "
+        print(f"{smp:>4} {accel:>5} {len(boots):>3} {med:>10.2f} "
+              f"{statistics.median(totals):>10.2f} "
               f"{min(boots):>6.2f} {max(boots):>6.2f} {ratio:>9} {attempts:>8} {failures:>6}")
     return 0
 

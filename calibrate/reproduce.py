@@ -29,7 +29,8 @@ HEADLINE_FACTOR = 1.5
 def check_work(work: str) -> str:
     """``work`` must be one of :data:`slabtune.model.scenarios.WORK_MODES`."""
     if work not in seed_scenarios.WORK_MODES:
-        raise SlabtuneError(f"--work: {work!r} is not one of {', '.join(seed_scenarios.WORK_MODES)}")
+        raise SlabtuneError(f"--work: {work!r} is not one of "
+                            f"{', '.join(seed_scenarios.WORK_MODES)}")
     return work
 
 
@@ -112,8 +113,8 @@ def arm_metrics(arms: Arms, cost) -> dict[tuple[str, str], dict[str, Any]]:
     return dict(zip(arms.keys, rows))
 
 
-def evaluate(scenarios=seed_scenarios.SCENARIOS, cost=None, cost_meta=None, arms: Arms | None = None,
-             work: str = "none") -> dict[str, Any]:
+def evaluate(scenarios=seed_scenarios.SCENARIOS, cost=None, cost_meta=None,
+             arms: Arms | None = None, work: str = "none") -> dict[str, Any]:
     """Run every arm of every scenario in one batch under the ``work`` mode (or take
     ``arms`` already simulated, with their own mode) and build the comparison (see
     :func:`compare`)."""

@@ -60,7 +60,8 @@ def _read_list(path: Path) -> tuple[int, ...]:
 
 def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
                         nodes_with_memory: str, nodes_with_cpu: str,
-                        node_cpulists: dict[int, str] | None = None) -> tuple[Topology, tuple[int, ...]]:
+                        node_cpulists: dict[int, str] | None = None
+                        ) -> tuple[Topology, tuple[int, ...]]:
     """Build a :class:`Topology` from kernel list strings; return it with the node ids.
 
     * ``possible`` is ``nr_cpu_ids`` (highest possible CPU + 1), ``present`` and ``online``

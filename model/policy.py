@@ -345,8 +345,8 @@ def _target_and_order(size, nr_cpus, p: ProfileArrays, min_order, max_order, min
     return target, _calculate_order(t, size, target, p, min_order, max_order)
 
 
-def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0, max_order=kernel_profiles.DEFAULT_MAX_ORDER,
-               min_objects=0):
+def slab_order(size, nr_cpus, p: ProfileArrays, min_order=0,
+               max_order=kernel_profiles.DEFAULT_MAX_ORDER, min_objects=0):
     """calculate_order(): the page order of a cache's slabs.
 
     Larger orders keep a CPU on its own slab for more allocations (less list_lock and page
@@ -382,7 +382,8 @@ def objects_per_slab(size, order, p: ProfileArrays):
 
 def leftover_bytes(size, order, p: ProfileArrays):
     """Bytes at the end of a slab that no object uses: (PAGE_SIZE << order) - objs * size."""
-    return (slab_bytes(order) - objects_per_slab(size, order, p) * jnp.asarray(size, _I32)).astype(_I32)
+    return (slab_bytes(order)
+            - objects_per_slab(size, order, p) * jnp.asarray(size, _I32)).astype(_I32)
 
 
 # --------------------------------------------------------------------------- partial lists
@@ -448,8 +449,10 @@ def round_sheaf_capacity(capacity):
     fills its kmalloc bucket: a sheaf of 26 objects takes 240 bytes, lands in kmalloc-256,
     and so holds 28."""
     capacity = jnp.asarray(capacity, _I32)
-    bucket = kmalloc_size_roundup(kernel_profiles.SHEAF_HEADER_BYTES + kernel_profiles.POINTER_BYTES * capacity)
-    return ((bucket - kernel_profiles.SHEAF_HEADER_BYTES) // kernel_profiles.POINTER_BYTES).astype(_I32)
+    bucket = kmalloc_size_roundup(kernel_profiles.SHEAF_HEADER_BYTES
+                                  + kernel_profiles.POINTER_BYTES * capacity)
+    return ((bucket - kernel_profiles.SHEAF_HEADER_BYTES)
+            // kernel_profiles.POINTER_BYTES).astype(_I32)
 
 
 def default_sheaf_capacity(size, p: ProfileArrays):
@@ -500,8 +503,8 @@ if Structure._fields != STRUCTURE_FIELDS:  # one list of the fields, model/const
 
 
 def structure(size, possible, present, online, p: ProfileArrays, min_order=0,
-              max_order=kernel_profiles.DEFAULT_MAX_ORDER, min_objects=0, early=False, is_kmalloc=False,
-              is_bootstrap=False, explicit_sheaf=0) -> Structure:
+              max_order=kernel_profiles.DEFAULT_MAX_ORDER, min_objects=0, early=False,
+              is_kmalloc=False, is_bootstrap=False, explicit_sheaf=0) -> Structure:
     """Every structural field of a cache, broadcasting all arguments together."""
     nr = order_nr_cpus(possible, present, online, p, early)
     target, order = _target_and_order(size, nr, p, min_order, max_order, min_objects)

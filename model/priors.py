@@ -1,4 +1,8 @@
-"""The physical range of every cost constant: an order-of-magnitude prior value for a 2020s server core and the interval a physical value lies in, the orderings a physical table keeps (fast paths no dearer than slow ones, remote lines dearer than local ones), and what makes a table unphysical.  ``slabtune reproduce`` judges every cost table against these; the cost fit moves constants only inside them.
+"""The physical range of every cost constant: an order-of-magnitude prior value for a 2020s
+server core and the interval a physical value lies in, the orderings a physical table keeps
+(fast paths no dearer than slow ones, remote lines dearer than local ones), and what makes a
+table unphysical.  ``slabtune reproduce`` judges every cost table against these; the cost fit
+moves constants only inside them.
 """
 
 

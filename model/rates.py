@@ -29,10 +29,11 @@ def structural_rates(st: policy.Structure, prof: policy.ProfileArrays, barn_full
     the dynamics counters):
 
     * no sheaves: an alloc slow path (___slab_alloc) every n/2 allocs (a slab taken with half
-      its objects free; every alloc for n <= 2); a node list_lock acquisition per (n/2 + cpu_partial) allocs, since
-      per-CPU partial slabs refill without the lock; a share ``ff`` of frees go to a foreign
-      slab (__slab_free), and take the list_lock once per 2/(n + 2 cpu_partial) of them, the
-      per-CPU partial list draining (put_partials) once per cpu_partial of them;
+      its objects free; every alloc for n <= 2); a node list_lock acquisition per
+      (n/2 + cpu_partial) allocs, since per-CPU partial slabs refill without the lock; a
+      share ``ff`` of frees go to a foreign slab (__slab_free), and take the list_lock once
+      per 2/(n + 2 cpu_partial) of them, the per-CPU partial list draining (put_partials)
+      once per cpu_partial of them;
     * sheaves (capacity c): a sheaf exchange per c ops on each side; half come from the
       spare, the rest from the barn (barn lock) which hits with the proxy above, misses
       refill or flush c objects under the list_lock;

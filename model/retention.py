@@ -123,7 +123,8 @@ def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_whe
     cpu_retained = per_cpu * slab * retained_free_fraction(state)
     node_empty = node * slab
     cap = f(s(st.sheaf_capacity))
-    sheaf_struct = f(policy.kmalloc_size_roundup(profiles.SHEAF_HEADER_BYTES + profiles.POINTER_BYTES * s(st.sheaf_capacity)))
+    sheaf_struct = f(policy.kmalloc_size_roundup(profiles.SHEAF_HEADER_BYTES
+                                                 + profiles.POINTER_BYTES * s(st.sheaf_capacity)))
     sheaf_struct = jnp.where(cap > 0, sheaf_struct, 0.0)
     per_cpu_sheaves = cpus * (2.0 * sheaf_struct + cap * size)
     barn_nodes = jnp.where(barns_where == 2, t(fa.all_nodes), t(fa.mem_nodes))

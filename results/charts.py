@@ -40,7 +40,8 @@ def pareto_chart(points: pl.DataFrame, baseline: dict, title: str = "Pareto fron
     base = pl.DataFrame({"memory": [float(baseline["memory"])],
                          "time": [float(baseline["time"])], "label": ["baseline (default policy)"]})
     bmark = alt.Chart(base).mark_point(shape="cross", size=220, color="#d62728",
-                                       filled=True).encode(x=x, y=y, tooltip=["label:N", "memory:Q", "time:Q"])
+                                       filled=True).encode(
+        x=x, y=y, tooltip=["label:N", "memory:Q", "time:Q"])
     btext = alt.Chart(base).mark_text(align="left", dx=10, dy=-8, color="#d62728").encode(
         x=x, y=y, text="label:N")
     return (cloud + front + bmark + btext).properties(title=title, width=520, height=360)

@@ -85,7 +85,8 @@ def tmpfiles_lines(c: ExportedPolicy) -> list[str]:
 def _header(c: ExportedPolicy, comment: str = "#") -> list[str]:
     out = [f"{comment} slabtune: study {c.study}, trial {c.trial}, kernel profile {c.profile.name}",
            f"{comment} modelled fleet memory overhead {c.memory:.4f} (baseline "
-           f"{c.baseline['memory']:.4f}), time {c.time:.2f} ns/op (baseline {c.baseline['time']:.2f})"]
+           f"{c.baseline['memory']:.4f}), time {c.time:.2f} ns/op "
+           f"(baseline {c.baseline['time']:.2f})"]
     for k in c.kernel_change:
         out.append(f"{comment} needs a kernel change (not applied here): {k.knob}={k.value} "
                    f"(kernel default {k.baseline}; {k.doc})")
@@ -108,7 +109,8 @@ def render(c: ExportedPolicy, fmt: str, prefix: str | None = None) -> str:
             "# Drop into /etc/default/grub.d/ and run update-grub (grub-mkconfig).",
         ]
         if c.sysfs:
-            lines.append("# Per-cache sysfs values are not boot parameters: export --format tmpfiles.")
+            lines.append("# Per-cache sysfs values are not boot parameters: "
+                         "export --format tmpfiles.")
         if frag:
             lines.append(f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {frag}"')
         else:

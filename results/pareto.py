@@ -63,7 +63,8 @@ def study_pareto(study: optuna.Study) -> dict:
     if base is None or topos is None:
         raise SlabtuneError(f"study: {study.study_name!r} was not created by slabtune tune")
     best = study.best_trials if any(
-        t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) else []
+        t.state == optuna.trial.TrialState.COMPLETE
+        for t in study.get_trials(deepcopy=False)) else []
     best = sorted(best, key=lambda t: (t.values[0], t.values[1], t.number))
     points = []
     for t in best:
@@ -139,7 +140,8 @@ def run_pareto(run_dir: str | Path) -> pl.DataFrame:
 def format_table(report: dict, max_params: int | None = None) -> str:
     """A plain-text table of a :func:`study_pareto` report."""
     pts = report["points"]
-    lines = [f"study {report['study']}: {report['n_trials']} trials, {len(pts)} on the Pareto front",
+    lines = [f"study {report['study']}: {report['n_trials']} trials, "
+             f"{len(pts)} on the Pareto front",
              f"baseline: memory overhead {report['baseline']['memory']:.4f}, "
              f"time {report['baseline']['time']:.2f} ns/op"]
     obj = report.get("objectives") or {}
@@ -163,7 +165,8 @@ def format_table(report: dict, max_params: int | None = None) -> str:
     lines += ["", "gains against the baseline per topology (memory% / time%, + is better):"]
     topos = report["topologies"]
     th = ["trial"] + topos
-    trows = [[str(p["trial"])] + [f"{100 * p['gains'][n]['memory']:+.1f}/{100 * p['gains'][n]['time']:+.1f}"
+    trows = [[str(p["trial"])] + [f"{100 * p['gains'][n]['memory']:+.1f}/"
+                                  f"{100 * p['gains'][n]['time']:+.1f}"
                                  for n in topos] for p in pts]
     tw = [max(len(h), *(len(r[i]) for r in trows)) for i, h in enumerate(th)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(th, tw))]

@@ -19,7 +19,8 @@ HOST_CMDLINE = ("mitigations=auto console=ttyS0 quiet rdinit=/process_api -- "
 
 
 def test_allowed_names_follow_profile_prefixes():
-    assert set(bootparams.allowed_names(V61)) == {"slub_min_order", "slub_max_order", "slub_min_objects"}
+    assert set(bootparams.allowed_names(V61)) == {
+        "slub_min_order", "slub_max_order", "slub_min_objects"}
     assert set(bootparams.allowed_names(V618)) == {
         "slub_min_order", "slub_max_order", "slub_min_objects",
         "slab_min_order", "slab_max_order", "slab_min_objects"}
@@ -107,7 +108,8 @@ def test_validate_cmdline():
     assert bootparams.validate_cmdline(HOST_CMDLINE, V618) == {}
     assert bootparams.validate_cmdline("slub_max_order=1 x=2 slub_max_order=3", V618) == {
         "slub_max_order": 3}
-    with pytest.raises(SlabtuneError, match=r"cmdline slub_max_order=11: must be an integer in 0..10"):
+    with pytest.raises(SlabtuneError,
+                       match=r"cmdline slub_max_order=11: must be an integer in 0..10"):
         bootparams.validate_cmdline("quiet slub_max_order=11", V618)
     with pytest.raises(SlabtuneError, match=r"cmdline slab_min_objects=abc"):
         bootparams.validate_cmdline("slab_min_objects=abc", V618)
@@ -119,7 +121,8 @@ def test_render_spelling():
     v = {"slub_min_order": 1, "slub_max_order": 2, "slub_min_objects": 16}
     assert bootparams.render(v, V618) == "slab_min_order=1 slab_max_order=2 slab_min_objects=16"
     assert bootparams.render(v, V61) == "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
-    assert bootparams.render(v, V618, prefix="slub") == "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
+    assert bootparams.render(v, V618, prefix="slub") == \
+        "slub_min_order=1 slub_max_order=2 slub_min_objects=16"
     assert bootparams.render({}, V618) == ""
     with pytest.raises(SlabtuneError, match="prefix 'slab' is not accepted by kernel profile v6.1"):
         bootparams.render(v, V61, prefix="slab")

@@ -120,7 +120,8 @@ def test_page_call_cost_by_order(default):
     assert float(cost.page_call_ns(2, 0, default)) == float(default.buddy_call_ns)
     assert float(cost.page_call_ns(2, 3, default)) == float(default.pcp_call_ns)
     assert float(cost.zone_lock_per_call(2, 0, default)) == 1.0
-    assert float(cost.zone_lock_per_call(0, 0, default)) == pytest.approx(1 / float(default.pcp_batch))
+    assert float(cost.zone_lock_per_call(0, 0, default)) == pytest.approx(
+        1 / float(default.pcp_batch))
     # Setup grows with pages and objects: order 3 with 64 objects.
     want = 8 * float(default.page_setup_ns) + 64 * float(default.object_setup_ns)
     assert float(cost.slab_setup_ns(3, 64, default)) == pytest.approx(want)

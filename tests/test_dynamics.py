@@ -19,7 +19,8 @@ MEMLESS = Topology.uniform(64, 2, memoryless_nodes=(1,))
 
 def _struct(profile, size=256, topo=ONE_NODE, explicit_sheaf=0):
     return policy.structure(size, topo.possible, topo.present, topo.online,
-                        policy.profile_arrays(profiles.get_profile(profile)), explicit_sheaf=explicit_sheaf)
+                        policy.profile_arrays(profiles.get_profile(profile)),
+                        explicit_sheaf=explicit_sheaf)
 
 
 def _run(profile, topo, wl, size=256, seed=0, structure=None, **kw):
@@ -196,7 +197,8 @@ def test_batch_equals_single_runs():
         prof = profiles.get_profile(profile)
         cfgs.append(dynamics.config_from(_struct(profile, 256, topo), prof, topo, wl))
     keys = jax.random.split(jax.random.key(9), len(cfgs))
-    batch = dynamics.counters_numpy(dynamics.simulate_batch(keys, dynamics.stack_configs(cfgs), STEPS))
+    batch = dynamics.counters_numpy(dynamics.simulate_batch(keys, dynamics.stack_configs(cfgs),
+                                                            STEPS))
     for i, cfg in enumerate(cfgs):
         one = dynamics.counters_numpy(dynamics.simulate(keys[i], cfg, STEPS))
         for k in one:

@@ -43,20 +43,24 @@ def test_grub_tmpfiles_and_json_formats():
     grub = export.render(c, "grub")
     frag = export.boot_fragment(c)
     if frag:
-        assert f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {frag}"' in grub.splitlines()
+        assert (f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {frag}"'
+                in grub.splitlines())
     assert all(ln.startswith("#") or ln.startswith("GRUB_CMDLINE_LINUX_DEFAULT=")
                for ln in grub.splitlines())
-    values = objectives.cache_values(runner.spec.fleet, studies.effective_params(c.params, runner.spec))
+    values = objectives.cache_values(runner.spec.fleet,
+                                     studies.effective_params(c.params, runner.spec))
     body = [ln for ln in export.render(c, "tmpfiles").splitlines() if not ln.startswith("#")]
     assert len(body) == 2 * len(runner.spec.fleet.caches)  # min_partial and cpu_partial each
     for ln in body:
-        m = re.fullmatch(r"w /sys/kernel/slab/([\w.-]+)/(min_partial|cpu_partial) - - - - (\d+)", ln)
+        m = re.fullmatch(r"w /sys/kernel/slab/([\w.-]+)/(min_partial|cpu_partial) "
+                         r"- - - - (\d+)", ln)
         assert m, ln
         assert int(m.group(3)) == values[m.group(1)][m.group(2)]
     rep = json.loads(export.render(c, "json"))
     assert rep["trial"] == c.trial and rep["cmdline"] == frag
     assert set(rep["gains"]) == set(runner.spec.fleet.topology_names)
-    assert rep["baseline"]["memory"] == pytest.approx(study.user_attrs["slabtune_baseline"]["memory"])
+    assert rep["baseline"]["memory"] == pytest.approx(
+        study.user_attrs["slabtune_baseline"]["memory"])
 
 
 def test_kernel_change_knobs_are_listed_never_dropped():
@@ -76,14 +80,17 @@ def test_kernel_change_knobs_are_listed_never_dropped():
 
 
 def _synthetic(profile: str, boot: dict) -> export.ExportedPolicy:
-    return export.ExportedPolicy(study="s", trial=0, profile=profiles.get_profile(profile), memory=0.1, time=10.0,
+    return export.ExportedPolicy(study="s", trial=0, profile=profiles.get_profile(profile),
+                       memory=0.1, time=10.0,
                        baseline={"memory": 0.2, "time": 12.0}, boot=boot, sysfs={},
                        kernel_change=(), gains={}, params={})
 
 
 def test_spelling_follows_the_profile_and_ranges_are_checked():
-    assert export.render(_synthetic("v6.1", {"slub_max_order": 1}), "cmdline") == "slub_max_order=1\n"
-    assert export.render(_synthetic("v7.0", {"slub_max_order": 1}), "cmdline") == "slab_max_order=1\n"
+    assert export.render(_synthetic("v6.1", {"slub_max_order": 1}), "cmdline") == \
+        "slub_max_order=1\n"
+    assert export.render(_synthetic("v7.0", {"slub_max_order": 1}), "cmdline") == \
+        "slab_max_order=1\n"
     with pytest.raises(SlabtuneError, match="slub_max_order: 11 is outside 0..10"):
         export.render(_synthetic("v6.18", {"slub_max_order": 11}), "cmdline")
     with pytest.raises(SlabtuneError, match="slub_min_order: 3 is above slub_max_order 1"):
@@ -105,7 +112,8 @@ def test_cli_export_and_clean_errors(tmp_path):
                 "--format", "cmdline")
     assert p.returncode == 0, p.stderr
     cand = studies.candidate(study, front[0])
-    assert bootparams.parse_cmdline(p.stdout, cand.profile) == bootparams.params_from_validated(cand.boot)
+    assert bootparams.parse_cmdline(p.stdout, cand.profile) == \
+        bootparams.params_from_validated(cand.boot)
     assert_clean_error(run_cli("export", "--study", "quick", "--storage", url, "--trial", "99999",
                                "--format", "json"), "trial: no trial 99999")
     assert_clean_error(run_cli("export", "--study", "quick", "--storage", url, "--trial", "0",

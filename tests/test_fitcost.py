@@ -31,7 +31,8 @@ def _short(sc):
 
 @pytest.fixture(scope="module")
 def arms():
-    return reproduce.simulate_arms((_short(scenarios.SLUB_ORDER_2021), _short(scenarios.SHEAVES_2026)))
+    return reproduce.simulate_arms((_short(scenarios.SLUB_ORDER_2021),
+                                    _short(scenarios.SHEAVES_2026)))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,8 @@ def test_fit_stays_in_range_keeps_orderings_and_improves_on_the_prior(arms, fitt
     assert v["alloc_fast_ns"] <= v["alloc_slow_ns"] and v["free_fast_ns"] <= v["free_slow_ns"]
     assert v["line_remote_ns"] >= 2 * v["line_local_ns"]
     # Nelder-Mead keeps its best vertex, and the start is the prior: never worse.
-    start_rows = reproduce.compare(arms.scenarios, reproduce.arm_metrics(arms, fitcost.cost_of(prior)))["rows"]
+    start_rows = reproduce.compare(arms.scenarios,
+                                   reproduce.arm_metrics(arms, fitcost.cost_of(prior)))["rows"]
     assert fitted.objective <= fitcost.objective(prior, start_rows) + 1e-9
     # The residuals are the headline rows' log errors under the fitted table.
     heads = [r for r in fitted.rows if r["headline"]]

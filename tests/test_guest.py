@@ -64,7 +64,8 @@ def _fake_bzimage(path: Path, release: str) -> Path:
     return path
 
 
-def _sentinel_assets(tmp_path: Path, release: str = "6.1.0-56-cloud-amd64") -> tuple[guest.GuestAssets, Path]:
+def _sentinel_assets(tmp_path: Path, release: str = "6.1.0-56-cloud-amd64"
+                     ) -> tuple[guest.GuestAssets, Path]:
     """Assets whose "qemu" only records that it ran (and exits 0 printing nothing)."""
     ran = tmp_path / "qemu-ran"
     qemu = tmp_path / "qemu"
@@ -172,7 +173,8 @@ def test_topology_args_cpuless_node_and_hotplug_cpus():
 def test_single_node_has_no_numa_args_and_online_below_present_sets_maxcpus():
     t = Topology(possible=4, present=4, online=2, node_cpus=(4,), node_has_memory=(True,))
     assert "-numa" not in guest.topology_qemu_args(t)
-    assert guest.guest_cmdline({}, t, profiles.get_profile("v6.1")) == "console=ttyS0 panic=-1 maxcpus=2"
+    assert guest.guest_cmdline({}, t, profiles.get_profile("v6.1")) == \
+        "console=ttyS0 panic=-1 maxcpus=2"
 
 
 @pytest.mark.parametrize("mem", [0, 64, 10**6, True, "512"])
@@ -192,7 +194,8 @@ def _busybox() -> str | None:
 
 @pytest.mark.skipif(_busybox() is None, reason="no busybox to unpack the archive with")
 def test_cpio_newc_unpacks_with_busybox_cpio(tmp_path):
-    entries = [guest._dir("bin"), guest._dir("etc"), guest._file("bin/tool", b"#!/bin/sh\necho hi\n"),
+    entries = [guest._dir("bin"), guest._dir("etc"),
+               guest._file("bin/tool", b"#!/bin/sh\necho hi\n"),
                guest._file("etc/odd", b"x" * 5, mode=0o640), guest._link("bin/sh", "tool"),
                guest._file("etc/empty", b"", mode=0o600)]
     archive = guest.cpio_newc(entries)
@@ -395,7 +398,8 @@ def test_hotplug_and_cpuless_node_guest_matches_model():
     no CPUs, slub_min_order=1.  6.1 sizes slabs from the present CPUs (4: min_objects 16),
     not the possible (8: 20) or online ones (2: 12); the node masks show the CPU-less node."""
     t = Topology(possible=8, present=4, online=2, node_cpus=(4, 0), node_has_memory=(True, True))
-    r = guest.boot_guest(guest.GuestSpec(topology=t, boot_params={"slub_min_order": 1}, timeout_s=180))
+    r = guest.boot_guest(guest.GuestSpec(topology=t, boot_params={"slub_min_order": 1},
+                                         timeout_s=180))
     assert r.ok, f"{r.error}\n{r.console_tail}"
     first = r.before.row(0, named=True)
     assert (first["cpus_possible"], first["cpus_present"], first["cpus_online"]) == \

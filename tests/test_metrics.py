@@ -20,8 +20,8 @@ COST = simconfig.load_cost()[0]
 def _cfg(profile="v6.1", cpus=8, nodes=2, size=4096, memoryless=(), kind="local", **wl):
     prof = profiles.get_profile(profile)
     topo = topology.Topology.uniform(cpus, nodes, memoryless_nodes=memoryless)
-    st = policy.structure(size, topo.possible, topo.present, topo.online, policy.profile_arrays(prof),
-                      is_kmalloc=True)
+    st = policy.structure(size, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof), is_kmalloc=True)
     return dynamics.config_from(st, prof, topo, workloads.build(kind, topo, **wl)), st
 
 
@@ -32,7 +32,8 @@ def _counters(**fields):
                 empty_slabs_kept=np.zeros(dynamics.N, np.float32),
                 cpu_partial_slabs_held=np.zeros(R, np.float32),
                 sheaf_objects_held=np.zeros(R, np.float32),
-                barn_objects_held=np.zeros(dynamics.N, np.float32), outstanding=np.zeros(R, np.int32))
+                barn_objects_held=np.zeros(dynamics.N, np.float32),
+                outstanding=np.zeros(R, np.int32))
     for k, v in fields.items():
         base[k] = np.asarray(v, base[k].dtype)
     return dynamics.Counters(**base)

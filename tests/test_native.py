@@ -314,7 +314,8 @@ def test_build_failure_is_one_slabtune_error(tmp_path):
 
 
 def test_run_error_is_one_slabtune_error(binary):
-    with pytest.raises(native_driver.NativeError, match=r"slubsim exited 2: slubsim: unknown option"):
+    with pytest.raises(native_driver.NativeError,
+                       match=r"slubsim exited 2: slubsim: unknown option"):
         native_driver.run_args(["--size=64", "--objs=1", "--nope=3"], binary=binary)
 
 

@@ -165,7 +165,8 @@ def test_one_op_bound_gives_the_general_counters_bit_for_bit():
     batch = dynamics.stack_configs(_bound_configs())
     keys = jax.random.split(jax.random.key(5), 4)
     one = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 600, max_run=1))
-    gen = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 600, max_run=dynamics.MAX_OPS_PER_STEP))
+    gen = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 600,
+                                                          max_run=dynamics.MAX_OPS_PER_STEP))
     assert one["ops"].sum() > 4 * 600 and one["remote_free"].sum() > 0
     for k in one:
         np.testing.assert_array_equal(one[k], gen[k], err_msg=k)

@@ -67,7 +67,8 @@ def test_cli_pareto_json_and_table():
     out = json.loads(proc.stdout)
     base = study.user_attrs["slabtune_baseline"]
     assert out["baseline"] == {"memory": base["memory"], "time": base["time"]}
-    assert [p["trial"] for p in out["points"]] == [p["trial"] for p in pareto.study_pareto(study)["points"]]
+    assert [p["trial"] for p in out["points"]] == \
+        [p["trial"] for p in pareto.study_pareto(study)["points"]]
     for p in out["points"]:
         assert set(p) >= {"trial", "memory", "time", "params"}
         assert p["params"] == study.trials[p["trial"]].params
@@ -80,7 +81,8 @@ def test_cli_pareto_json_and_table():
 @pytest.mark.slow
 def test_cli_pareto_bad_input(tmp_path):
     _study, url, _runner = quick_study()
-    assert_clean_error(run_cli("pareto", "--study", "nope", "--storage", url), "no study named 'nope'")
+    assert_clean_error(run_cli("pareto", "--study", "nope", "--storage", url),
+                       "no study named 'nope'")
     assert_clean_error(run_cli("pareto", "--run", str(tmp_path / "missing")), "not a directory")
     assert_clean_error(run_cli("pareto", "--study", "x", "--storage", "mysql+nodriver://u@h/d"),
                        "storage")

@@ -240,14 +240,16 @@ def test_bit_helpers_match_reference():
                                        for v in [1 << e] if 0 < v + d < 2**31}), np.int32)
     j = jnp.asarray(xs)
     np.testing.assert_array_equal(np.asarray(policy.fls(j)), [reference.fls(int(x)) for x in xs])
-    np.testing.assert_array_equal(np.asarray(policy.ilog2(j)), [reference.ilog2(int(x)) for x in xs])
+    np.testing.assert_array_equal(np.asarray(policy.ilog2(j)),
+                                  [reference.ilog2(int(x)) for x in xs])
     small = xs[xs <= (1 << 26)]
     np.testing.assert_array_equal(np.asarray(policy.get_order(jnp.asarray(small))),
                                   [reference.get_order(int(x)) for x in small])
     sz = jnp.asarray(np.arange(8, 70000, 7, dtype=np.int32))
     for order in range(MAX_PAGE_ORDER + 1):
         np.testing.assert_array_equal(np.asarray(policy.order_objects(order, sz)),
-                                      [reference.order_objects(order, int(s)) for s in np.asarray(sz)])
+                                      [reference.order_objects(order, int(s))
+                                       for s in np.asarray(sz)])
 
 
 def test_objects_per_slab_and_leftover_match_reference_for_every_order():

@@ -168,7 +168,8 @@ def derived():
     from slabtune.calibrate import fitcost
     from slabtune.model import priors
 
-    arms = reproduce.simulate_arms((scenarios.SLUB_ORDER_2021, scenarios.SHEAVES_2026), work="derived")
+    arms = reproduce.simulate_arms((scenarios.SLUB_ORDER_2021, scenarios.SHEAVES_2026),
+                                   work="derived")
     return reproduce.evaluate(cost=fitcost.cost_of(priors.prior_values()), arms=arms)
 
 
@@ -186,7 +187,8 @@ def test_derived_work_is_applied_and_reported(derived, rows):
     from slabtune.commands.reproduce import format_report
 
     text = format_report(derived)
-    assert f"work outside the allocator: {scenarios.SHEAVES_2026['work']['other_ns']:.4g} ns per op " \
+    assert "work outside the allocator: " \
+        f"{scenarios.SHEAVES_2026['work']['other_ns']:.4g} ns per op " \
         "applied (--work derived)" in text
     assert "128 modelled CPUs / 34M IOPS" in text
 

@@ -47,7 +47,8 @@ def _sims(params_by_topology):
     from slabtune.sweeps import simconfig
 
     spec = validate_spec.load_spec("validate_quick")
-    return [simconfig.parse_doc(native_tasks.native_policy_doc(spec, t, p)) for t, p in params_by_topology]
+    return [simconfig.parse_doc(native_tasks.native_policy_doc(spec, t, p))
+            for t, p in params_by_topology]
 
 
 def test_model_under_the_rig_table_never_waits_and_is_linear_in_its_constants():
@@ -138,7 +139,8 @@ def test_calibration_policies_cover_every_order_on_every_topology():
         (t, o) for t in "ab" for o in rigcost.CAL_ORDERS}
     assert all(p["slub_min_order"] == p["slub_max_order"] for _, p in pol)
     assert pol == rigcost.calibration_policies(10, 7, ["a", "b"])
-    assert "cpu_partial" not in rigcost.calibration_policies(2, 7, ["a"], has_cpu_partial=False)[0][1]
+    assert "cpu_partial" not in rigcost.calibration_policies(2, 7, ["a"],
+                                                             has_cpu_partial=False)[0][1]
 
 
 def test_rig_fit_needs_two_calibration_runs_and_keeps_the_failed_ones_listed():

@@ -187,7 +187,8 @@ def test_v5_11_kmalloc_caches_get_order0_and_more_page_allocator_calls(hackbench
     old, new = hackbench_rows["v5.10"], hackbench_rows["v5.11"]
     # v5.10: min_objects = 4 * (fls(224) + 1) = 36 -> 36 * 512 B needs order 3 (64 objects);
     # v5.11: one online CPU at boot -> 4 * (fls(1) + 1) = 8 -> order 0 (8 objects).
-    assert (old["nr_cpus"], old["min_objects"], old["order"], old["objs_per_slab"]) == (224, 36, 3, 64)
+    assert (old["nr_cpus"], old["min_objects"], old["order"], old["objs_per_slab"]) == \
+        (224, 36, 3, 64)
     assert (new["nr_cpus"], new["min_objects"], new["order"], new["objs_per_slab"]) == (1, 8, 0, 8)
     # Order-0 slabs hold 8x fewer objects: in steady state 8x the page allocator calls;
     # over this short run the initial fill of the live set dilutes the ratio.

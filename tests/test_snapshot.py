@@ -176,7 +176,8 @@ def test_committed_fixture_reads():
 
 def test_csv_with_empty_sheaf_capacity_is_null(tmp_path):
     """A kernel without sheaves (before v6.18) has no sheaf_capacity file: empty cells."""
-    df = snapshot.read_snapshot(FIXTURE).with_columns(pl.lit(None, pl.Int64).alias("sheaf_capacity"))
+    df = snapshot.read_snapshot(FIXTURE).with_columns(
+        pl.lit(None, pl.Int64).alias("sheaf_capacity"))
     path = snapshot.write_snapshot(df, tmp_path / "old.csv")
     text = path.read_text().splitlines()
     assert text[1].split(",")[-11] == ""  # sheaf_capacity sits before the 10 extras
@@ -218,7 +219,8 @@ def test_bad_values_name_cache_and_column(tmp_path, fixture_df, col, value, patt
 def test_non_integer_names_column(tmp_path, fixture_df):
     df = fixture_df.with_columns(pl.col("order").cast(pl.String))
     df = _set(df, "dentry", "order", "three")
-    with pytest.raises(SlabtuneError, match=r"cache dentry\): column order: 'three' is not an integer"):
+    with pytest.raises(SlabtuneError,
+                       match=r"cache dentry\): column order: 'three' is not an integer"):
         snapshot.read_snapshot(_write_csv(tmp_path, df))
 
 

@@ -65,7 +65,8 @@ def _expected(row: dict) -> dict:
     cpus = row["cpus"]
     possible = row["possible"] or cpus
     explicit = info.explicit_sheaf if row["explicit_sheaf"] < 0 else row["explicit_sheaf"]
-    want = reference.structure(info.size, possible, cpus, cpus, profiles.get_profile(row["profile"]),
+    want = reference.structure(info.size, possible, cpus, cpus,
+                       profiles.get_profile(row["profile"]),
                        row["min_order"], row["max_order"], 0, info.early, info.is_kmalloc,
                        info.is_bootstrap, explicit)
     want["slab_size"] = info.size
@@ -366,6 +367,7 @@ def test_dynamics_spec_names_a_workload_the_topology_cannot_run():
     bad = DYN.replace("cpus = [8]", "cpus = [1, 8]").replace("nodes = [2]", "nodes = [1]") \
         .replace("memoryless_nodes = [0, 1]", "memoryless_nodes = [0]") \
         .replace('["local", "block_io"]', '["local", "producer_consumer"]')
-    with pytest.raises(sweep_spec.SpecError, match=r"workload.producer_consumer: .*needs at least 2 "
-                                          r"CPUs \(at cpus=1"):
+    with pytest.raises(sweep_spec.SpecError,
+                       match=r"workload.producer_consumer: .*needs at least 2 "
+                             r"CPUs \(at cpus=1"):
         sweep_spec.parse(bad, "bad.toml")

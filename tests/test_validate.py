@@ -149,8 +149,8 @@ def _memory_61(cpus: int, live: int, traffic):
     from slabtune.model.topology import Topology
 
     topo = Topology(cpus, cpus, cpus, (cpus,), (True,))
-    return float(predict.predicted_slab_bytes(profiles.get_profile("v6.1"), topo, {}, [CacheInfo(**SKB_61)],
-                                        [live], traffic)[0])
+    return float(predict.predicted_slab_bytes(profiles.get_profile("v6.1"), topo, {},
+                                        [CacheInfo(**SKB_61)], [live], traffic)[0])
 
 
 def test_drained_cache_retains_whole_per_cpu_partial_slabs_as_put_cpu_partial_allows():
@@ -175,7 +175,8 @@ def test_dump_traffic_is_the_larger_net_change_of_objects_and_slab_objects():
                           {"objects": 90, "total_objects": 160}) == 32
     assert predict.dump_traffic({"objects": 16, "total_objects": 16},
                           {"objects": 40, "total_objects": 16}) == 24
-    assert predict.dump_traffic({"objects": 5, "total_objects": 16}, {"objects": 5, "total_objects": 16}) == 0
+    assert predict.dump_traffic({"objects": 5, "total_objects": 16},
+                          {"objects": 5, "total_objects": 16}) == 0
 
 
 def _mem_row(cand, topo, cache, pred, meas, status="ok", target="guest"):
@@ -195,7 +196,8 @@ def test_report_memory_figure_is_the_workload_caches_and_all_driven_is_secondary
     ])
     wl = {"skbuff_head_cache", "kmalloc-512", "kmalloc-cg-512"}
     assert report.accounted_twin("kmalloc-512") == "kmalloc-cg-512"
-    assert report.accounted_twin("kmalloc-cg-512") is None and report.accounted_twin("dentry") is None
+    assert report.accounted_twin("kmalloc-cg-512") is None \
+        and report.accounted_twin("dentry") is None
     m = report.memory(rows, wl)
     # t1: skbuff only, +10%; t2: (80 + 100 - 200) / 200 = -10%
     assert m["pairs"] == 2
@@ -237,7 +239,8 @@ def test_validate_quick_boots_each_pair_three_times_and_small_spec_once():
 
 def test_memory_over_boots_is_the_median_per_cache_of_the_boots_that_drove_it():
     def mem(cache, pred, meas):
-        return {**{k: None for k in schema.ROW_SCHEMA}, "cache": cache, "field": schema.MEMORY_FIELD,
+        return {**{k: None for k in schema.ROW_SCHEMA}, "cache": cache,
+                "field": schema.MEMORY_FIELD,
                 "predicted": float(pred), "measured": float(meas), "note": "n"}
 
     one = [mem("skbuff_head_cache", 100, 90)]
@@ -316,12 +319,14 @@ def test_spelling_the_guest_kernel_lacks_is_refused_before_qemu(tmp_path):
     prof = qemu_guest.kernel_profile(qemu_guest.find_assets().kernel)
     if "slab" in prof.boot_param_prefixes:
         pytest.skip(f"guest kernel {prof.name} accepts slab_* names")
-    cands = candidates.parse_candidates({"candidate": [{"id": "a", "boot": {"slab_max_order": 1}}]}, "t")
+    cands = candidates.parse_candidates(
+        {"candidate": [{"id": "a", "boot": {"slab_max_order": 1}}]}, "t")
     # the file parser canonicalises to slub_*; a spelling check happens on the raw names
     assert cands[0].boot == {"slub_max_order": 1}
     bad = candidates.Candidate("raw", {"slab_max_order": 1})
     with pytest.raises(SlabtuneError, match="candidate raw: boot parameter 'slab_max_order'"):
-        dispatch.validate([bad], validate_spec.load_spec("validate_quick"), ("guest",), out_dir=tmp_path / "runs")
+        dispatch.validate([bad], validate_spec.load_spec("validate_quick"), ("guest",),
+                          out_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 
@@ -649,7 +654,8 @@ def test_native_workload_that_cannot_run_on_a_topology_is_refused_up_front(tmp_p
     spec = validate_spec.parse_spec(NATIVE_SPEC.replace('kind = "local", live = 32, burst = 16',
                                             'kind = "producer_consumer", depth = 8').replace(
         "cpus = 2\n\n[validate", "cpus = 1\n\n[validate"), "n")
-    with pytest.raises(SlabtuneError, match=r"baseline \(native, smp-2\).*validate.native.workload"):
+    with pytest.raises(SlabtuneError, match=r"baseline \(native, smp-2\)"
+                                            r".*validate.native.workload"):
         dispatch.validate([], spec, ("native",), out_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 

@@ -82,7 +82,8 @@ def constraint_attr(name: str) -> str:
     return f"{_constraints_key()}:{name}"
 
 
-def ask_batch(study: optuna.Study, distributions: Mapping[str, optuna.distributions.BaseDistribution],
+def ask_batch(study: optuna.Study,
+              distributions: Mapping[str, optuna.distributions.BaseDistribution],
               k: int) -> list[optuna.trial.FrozenTrial]:
     """Create ``k`` running trials in ``study`` (in-memory) with sampled params, as ``k``
     calls of ``Study.ask(distributions)`` would: the same sampler calls in the same order,
@@ -197,7 +198,8 @@ def _write_rdb(storage: optuna.storages.RDBStorage, study_id: int, trials) -> No
                 dist = t.distributions[name]
                 params.append({"trial_id": tid, "param_name": name,
                                "param_value": dist.to_internal_repr(value),
-                               "distribution_json": optuna.distributions.distribution_to_json(dist)})
+                               "distribution_json":
+                                   optuna.distributions.distribution_to_json(dist)})
             for obj, v in enumerate(t.values or ()):
                 stored, kind = models.TrialValueModel.value_to_stored_repr(v)
                 values.append({"trial_id": tid, "objective": obj, "value": stored,

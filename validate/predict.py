@@ -40,8 +40,8 @@ def predicted_cost(profile: profiles.KernelProfile, spec_text: str, topology_nam
     return float(ev.evaluate([dict(params)]).time_topo[0, 0])
 
 
-def predicted_slab_bytes(profile: profiles.KernelProfile, topology: Topology, boot: Mapping[str, int],
-                         caches: Sequence, live_objects: Sequence[int],
+def predicted_slab_bytes(profile: profiles.KernelProfile, topology: Topology,
+                         boot: Mapping[str, int], caches: Sequence, live_objects: Sequence[int],
                          traffic: Sequence[float] | None = None) -> np.ndarray:
     """The structural memory model's slab bytes (live + overhead) per cache at the end of a
     workload (``state="drained"`` of :func:`slabtune.model.retention.structural_memory`)
@@ -62,9 +62,11 @@ def predicted_slab_bytes(profile: profiles.KernelProfile, topology: Topology, bo
     vals = baseline_values(profile)
     vals.update({k: int(v) for k, v in boot.items()})
     prof = policy.profile_arrays(profile)
-    st, _ = objectives.policy_structure({k: np.array([v], np.int32) for k, v in vals.items()}, prof, fa)
+    st, _ = objectives.policy_structure({k: np.array([v], np.int32) for k, v in vals.items()},
+                                        prof, fa)
     tr = None if traffic is None else np.asarray(traffic, np.float32)
-    overhead, live = retention.structural_memory(st, fa, np.array([vals["barn_max_full"]], np.float32),
+    overhead, live = retention.structural_memory(st, fa,
+                                         np.array([vals["barn_max_full"]], np.float32),
                                          np.array([vals["barn_max_empty"]], np.float32),
                                          prof.barns, state="drained", traffic=tr)
     return np.asarray(overhead + live, np.float64)[0, 0, 0, :]

@@ -532,7 +532,8 @@ def format_report(rep: dict) -> str:
             f"{_fmt(lab['without_memoryless']['spearman'])} over "
             f"{lab['without_memoryless']['pairs']} pairs; model with the packaged (server) "
             f"cost table: {_fmt(lab.get('packaged_constants', {}).get('spearman'))}, without "
-            f"memoryless {_fmt(lab.get('packaged_constants_without_memoryless', {}).get('spearman'))}; "
+            "memoryless "
+            f"{_fmt(lab.get('packaged_constants_without_memoryless', {}).get('spearman'))}; "
             f"with prior cost constants: "
             f"{_fmt(lab['prior_constants']['spearman'])}, without memoryless "
             f"{_fmt(lab['prior_constants_without_memoryless']['spearman'])})")
@@ -545,9 +546,11 @@ def format_report(rep: dict) -> str:
     lines.extend(format_rig(rep.get("native_rig")))
     if sp["guest_tcg_pairs"]:
         lines.append(f"  (guest TCG timings, not counted: Spearman "
-                     f"{_fmt(sp['guest_tcg_spearman_not_counted'])} over {sp['guest_tcg_pairs']} pairs)")
+                     f"{_fmt(sp['guest_tcg_spearman_not_counted'])} over "
+                     f"{sp['guest_tcg_pairs']} pairs)")
+    fastpath = rep["native_fastpath_max_abs_diff_pp"]
     lines.append(f"native fast path: max |model - native| "
-                 f"{'n/a' if rep['native_fastpath_max_abs_diff_pp'] is None else format(rep['native_fastpath_max_abs_diff_pp'], '.2f') + ' pp'}")
+                 f"{'n/a' if fastpath is None else format(fastpath, '.2f') + ' pp'}")
     for m in g["mismatch_list"][:20]:
         lines.append(f"  mismatch {m['candidate']} {m['topology']} {m['cache']} {m['field']}: "
                      f"kernel {m['measured']} model {m['predicted']}")

@@ -143,8 +143,9 @@ def fit(features, measured, names: Sequence[str] | None = None) -> dict[str, Any
     then takes the smallest of the equally good tables; predictions for configurations
     inside the calibration's span are not affected).  ``stderr`` is each fitted constant's
     standard error from the residual variance (pseudo-inverse of the normal matrix): a
-    constant the runs barely separate from another shows it there.  ``r2`` is 1 - SS_res / SS_tot over the calibration runs (None with
-    fewer than 2 runs or no spread)."""
+    constant the runs barely separate from another shows it there.  ``r2`` is
+    1 - SS_res / SS_tot over the calibration runs (None with fewer than 2 runs or no
+    spread)."""
     from scipy.optimize import nnls
 
     from slabtune.model import cost

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -80,13 +81,29 @@ class Run:
         return sorted(int(k) for k, v in self.manifest["chunks"]["states"].items()
                       if v.get("state") == "done")
 
+    def _done_set(self) -> set[int]:
+        return {int(k) for k, v in self.manifest["chunks"]["states"].items()
+                if v.get("state") == "done"}
+
+    def iter_pending(self) -> Iterator[int]:
+        """Chunks not done yet, in order, lazily: memory grows with the chunks done, never
+        with the chunks of the grid (a run may have billions).  The done set is taken
+        when this is called; chunks finished while iterating are still yielded."""
+        done = self._done_set()
+        return (i for i in range(self.n_chunks) if i not in done)
+
+    def pending_count(self) -> int:
+        """How many chunks are not done."""
+        return self.n_chunks - len(self._done_set())
+
     def pending_chunks(self) -> list[int]:
-        done = set(self.done_chunks())
-        return [i for i in range(self.n_chunks) if i not in done]
+        """Every chunk not done, as a list (for small runs and tests; see
+        :meth:`iter_pending`)."""
+        return list(self.iter_pending())
 
     @property
     def complete(self) -> bool:
-        return self.manifest.get("ended") is not None and not self.pending_chunks()
+        return self.manifest.get("ended") is not None and self.pending_count() == 0
 
     @property
     def rows(self) -> int:
@@ -146,8 +163,9 @@ class Run:
 
     def finish(self) -> None:
         """Stamp the end time once every chunk is done."""
-        if self.pending_chunks():
-            raise StoreError(f"run {self.run_id}: chunks {self.pending_chunks()[:5]} not done")
+        if self.pending_count():
+            first = list(itertools.islice(self.iter_pending(), 5))
+            raise StoreError(f"run {self.run_id}: chunks {first} not done")
         self.manifest["ended"] = now_iso()
         self.manifest["rows"] = self.rows
         self.save()
@@ -204,6 +222,29 @@ class _RunLock:
         self.fh.close()
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """``path`` itself or the nearest existing ancestor of it when that is not a directory
+    (a file where a directory is needed), else None."""
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
+
+
+def make_out_dir(out: Path, field: str = "out") -> None:
+    """Create the directory that holds run directories (and its parents); a file in the way
+    or a failed mkdir is one StoreError naming ``field`` and the path."""
+    blocker = file_in_the_way(out)
+    if blocker == out:
+        raise StoreError(f"{field}: {out} is a file, not a directory")
+    if blocker is not None:
+        raise StoreError(f"{field}: {out}: {blocker} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StoreError(f"{field}: cannot create {out}: {err.strerror or err}") from None
+
+
 def run_id_for(spec_name: str, spec_hash: str, when: _dt.datetime | None = None) -> str:
     when = when or _dt.datetime.now(_dt.UTC)
     return f"{spec_name}-{when.strftime('%Y%m%dT%H%M%S')}-{spec_hash[:8]}"
@@ -218,7 +259,7 @@ def create_run(out_dir, *, spec: dict, spec_hash: str, spec_text: str, n_chunks:
     ...]`` in output order.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     base = run_id_for(spec["name"], spec_hash)
     run_id, k = base, 1
     while True:
@@ -228,6 +269,8 @@ def create_run(out_dir, *, spec: dict, spec_hash: str, spec_text: str, n_chunks:
         except FileExistsError:
             k += 1
             run_id = f"{base}.{k}"
+        except OSError as err:
+            raise StoreError(f"run: cannot create {out / run_id}: {err.strerror or err}") from None
     manifest = {
         "format": FORMAT,
         "run_id": run_id,

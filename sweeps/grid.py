@@ -161,6 +161,20 @@ def count_rows(spec: SweepSpec, block: int = 1 << 20) -> int:
     return kept
 
 
+def first_kept_row(spec: SweepSpec, block: int = 1 << 20) -> int | None:
+    """Index of the first product row that survives the exclusions and the topology check,
+    or None when none does (a grid of impossible or excluded configurations only).  Stops at
+    the first block that keeps a row, so a normal grid costs one block."""
+    if not spec.exclude and not _may_be_impossible(spec):
+        return 0 if spec.product else None
+    for start in range(0, spec.product, block):
+        stop = min(spec.product, start + block)
+        kept = np.flatnonzero(~excluded(spec, axis_columns(spec, start, stop)))
+        if kept.size:
+            return start + int(kept[0])
+    return None
+
+
 def _may_be_impossible(spec: SweepSpec) -> bool:
     names = set(spec.axis_names)
     return bool(names & {"memoryless_nodes", "possible", "cpus_per_node"})

@@ -25,7 +25,13 @@ from slabtune.results import store
 from slabtune.sweeps import grid
 from slabtune.sweeps.evaluators import EVALUATORS
 from slabtune.sweeps.progress import Progress
-from slabtune.sweeps.spec import SpecError, SweepSpec
+from slabtune.sweeps.spec import (
+    MAX_GRID_ROWS,
+    SpecError,
+    SweepSpec,
+    check_grid_size,
+    over_grid_limit,
+)
 
 #: Test hook: SIGKILL the driver itself after writing this many parts (see tests).
 KILL_AFTER_ENV = "SLABTUNE_TEST_KILL_AFTER_CHUNKS"
@@ -52,13 +58,19 @@ class SweepResult:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    configs: int
+    """What ``sweep plan`` prints.  ``configs`` is None when the grid is over
+    ``max_configs`` (not counted: counting walks the whole product); ``refused`` says why
+    ``sweep run`` would refuse the grid (None when it would run it)."""
+
+    configs: int | None
     product: int
     chunks: int
     chunk_size: int
     bucket: int
     est_memory_bytes: int
     columns: list
+    max_configs: int = MAX_GRID_ROWS
+    refused: str | None = None
 
 
 def output_columns(spec: SweepSpec) -> list:
@@ -84,9 +96,28 @@ def plan(spec: SweepSpec, workers: int | None = None) -> Plan:
     per_chunk = b * 4 * ncols * _WORK_FACTOR
     in_flight = min(grid.n_chunks(spec), 2 * workers)
     est = in_flight * per_chunk + spec.chunk_size * 4 * (len(spec.axes) + len(spec.metrics))
-    return Plan(configs=grid.count_rows(spec), product=spec.product, chunks=grid.n_chunks(spec),
+    configs, refused = None, None
+    if over_grid_limit(spec):
+        refused = (f"{spec.product} configurations are over the limit of {MAX_GRID_ROWS} "
+                   "per sweep")
+    else:
+        configs = grid.count_rows(spec)
+        if configs == 0:
+            refused = "every configuration is excluded or an impossible topology"
+    return Plan(configs=configs, product=spec.product, chunks=grid.n_chunks(spec),
                 chunk_size=spec.chunk_size, bucket=b, est_memory_bytes=int(est),
-                columns=output_columns(spec))
+                columns=output_columns(spec), refused=refused)
+
+
+def check_runnable(spec: SweepSpec) -> None:
+    """Refuse, before anything is allocated or written, a grid ``sweep run`` cannot do
+    anything useful with: over :data:`MAX_GRID_ROWS` configurations, or none left after the
+    exclusions and the impossible topologies (it would write a complete run of 0 rows)."""
+    check_grid_size(spec)
+    if grid.first_kept_row(spec) is None:
+        raise SpecError(f"grid: every one of the {spec.product} configurations is excluded or "
+                        "an impossible topology; nothing to run (check [[exclude]] and the "
+                        "topology axes)")
 
 
 def frame(spec: SweepSpec, columns: dict) -> pl.DataFrame:
@@ -144,6 +175,7 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
     t_start = time.perf_counter()
     from slabtune.sweeps.dispatch import ChunkFailed, ray_session, run_chunks
 
+    check_runnable(spec)
     spec_dict = spec.to_dict()
     spec_dict["_hash"] = spec.hash
     if resume is not None:
@@ -164,20 +196,21 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
     chunks_run = 0
     with run.lock():
         run.clean_temporaries()
-        pending = run.pending_chunks()
-        run.start_attempt(pid=os.getpid(), pending=len(pending),
+        done = run.done_chunks()          # grows with the work done, not with the grid
+        n_pending = run.n_chunks - len(done)
+        run.start_attempt(pid=os.getpid(), pending=n_pending,
                           ray_address=ray_address or os.environ.get("RAY_ADDRESS"))
         product = spec.product
-        done_configs = sum(_chunk_product(spec, i) for i in run.done_chunks())
+        done_configs = sum(_chunk_product(spec, i) for i in done)
         prog = Progress(product, run.n_chunks, stream=progress_stream, enabled=progress,
-                        done_configs=done_configs, done_chunks=len(run.done_chunks()))
+                        done_configs=done_configs, done_chunks=len(done))
         devices = set(run.manifest.get("devices", []))
-        if pending:
+        if n_pending:
             t_ray = time.perf_counter()
             with ray_session(ray_address) as session:
                 ray_start_s = time.perf_counter() - t_ray
                 run.manifest["ray"] = session
-                results = run_chunks(spec_dict, pending, max_in_flight=max_in_flight,
+                results = run_chunks(spec_dict, run.iter_pending(), max_in_flight=max_in_flight,
                                      fail_once_dir=fail_once_dir)
                 for res in _recording_failures(run, results, ChunkFailed):
                     t_w = time.perf_counter()

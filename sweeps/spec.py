@@ -75,6 +75,13 @@ MAX_CHUNK = 1 << 22
 #: Simulated steps per configuration of a dynamics sweep ([sweep] steps).
 DEFAULT_STEPS = 2000
 MAX_STEPS = 1_000_000
+#: Most points a ``logrange`` axis may generate before rounding (no axis has more values:
+#: the widest, ``size``, spans 8..2 MiB).
+MAX_AXIS_POINTS = 1 << 22
+#: Most configurations (rows of the full product, before exclusions) ``sweep run`` accepts.
+#: Larger grids are refused before anything is allocated; ``sweep plan`` still sizes them.
+#: 1e10 rows is days of model time on a GPU and about a terabyte of parquet.
+MAX_GRID_ROWS = 10_000_000_000
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 
 
@@ -129,7 +136,8 @@ COMMON_AXES: dict[str, AxisDef] = {
     "size": AxisDef("cache", int, 8, MAX_SIZE, None,
                     "object stride of an anonymous, late-created cache"),
     "profile": ChoiceAxis("kernel", str, default=None, doc="kernel profile",
-                          values=tuple(profiles.PROFILES), groups=(("all", tuple(profiles.PROFILES)),)),
+                          values=tuple(profiles.PROFILES),
+                          groups=(("all", tuple(profiles.PROFILES)),)),
     "min_order": AxisDef("boot", int, 0, profiles.MAX_PAGE_ORDER, 0, "slub_min_order"),
     "max_order": AxisDef("boot", int, 0, profiles.MAX_PAGE_ORDER, profiles.DEFAULT_MAX_ORDER,
                          "slub_max_order"),
@@ -202,7 +210,8 @@ class SweepSpec:
             "seed": self.seed,
             "steps": self.steps,
             "metrics": list(self.metrics),
-            "axes": [[a.name, "int" if a.kind is int else "str", list(a.values)] for a in self.axes],
+            "axes": [[a.name, "int" if a.kind is int else "str", list(a.values)]
+                     for a in self.axes],
             "exclude": [[list(t) if not isinstance(t[2], tuple) else [t[0], t[1], list(t[2])]
                          for t in e.tests] for e in self.exclude],
             "defaults": [list(d) for d in self.defaults],
@@ -217,6 +226,20 @@ class SweepSpec:
         d.pop("description")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+def over_grid_limit(spec: SweepSpec) -> bool:
+    """Whether the spec's full product exceeds :data:`MAX_GRID_ROWS`."""
+    return spec.product > MAX_GRID_ROWS
+
+
+def check_grid_size(spec: SweepSpec) -> None:
+    """Refuse a grid over :data:`MAX_GRID_ROWS` configurations, naming its size."""
+    if over_grid_limit(spec):
+        axes = " x ".join(f"{a.name}[{len(a)}]" for a in spec.axes)
+        raise SpecError(f"grid: {spec.product} configurations ({axes}) are over the limit of "
+                        f"{MAX_GRID_ROWS} per sweep; narrow an axis or split the sweep into "
+                        "several specs")
 
 
 def from_dict(d: dict) -> SweepSpec:
@@ -264,14 +287,35 @@ def load(spec: str) -> SweepSpec:
         if not os.path.exists(spec):
             raise SpecError(f"spec: {spec!r} is neither a file nor a built-in spec "
                             f"({', '.join(BUILTIN_SPECS)})")
-        with open(spec, "rb") as fh:
-            raw = fh.read()
         try:
-            text = raw.decode()
-        except UnicodeDecodeError:
-            raise SpecError(f"spec: {spec} is not UTF-8 text") from None
+            text = read_text_file(spec, "spec")
+        except SlabtuneError as err:
+            raise SpecError(str(err)) from None
         where = os.path.basename(spec)
     return parse(text, where)
+
+
+def read_text_file(path, field: str) -> str:
+    """The UTF-8 text of an input file (a spec, config, cost or candidate file).  Each way
+    reading can fail is one :class:`SlabtuneError` naming ``field`` and the path: missing,
+    a directory, a path through a file, unreadable, not UTF-8 (binary)."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise SlabtuneError(f"{field}: {p}: no such file") from None
+    except IsADirectoryError:
+        raise SlabtuneError(f"{field}: {p} is a directory, not a file") from None
+    except NotADirectoryError:
+        raise SlabtuneError(f"{field}: {p}: a parent of it is a file, not a directory") from None
+    except OSError as err:
+        raise SlabtuneError(f"{field}: {p}: cannot read: {err.strerror or err}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SlabtuneError(f"{field}: {p} is not UTF-8 text (bad byte at offset "
+                            f"{err.start}; a binary file?)") from None
 
 
 def parse(text: str, where: str = "<spec>") -> SweepSpec:
@@ -302,7 +346,7 @@ def _expand_int(field: str, raw, d: AxisDef) -> tuple[int, ...]:
                 raise SpecError(f"{field}: {v!r} is not an integer")
         vals = list(raw)
     elif isinstance(raw, dict):
-        vals = _expand_range(field, raw)
+        vals = _expand_range(field, raw, d)
     else:
         raise SpecError(f"{field}: expected an integer, a list, {{range = [a, b]}} or "
                         f"{{logrange = [a, b]}}, got {raw!r}")
@@ -315,13 +359,17 @@ def _expand_int(field: str, raw, d: AxisDef) -> tuple[int, ...]:
     return tuple(vals)
 
 
-def _expand_range(field: str, raw: dict) -> list[int]:
+def _expand_range(field: str, raw: dict, d: AxisDef) -> list[int]:
+    """``{range = ...}`` or ``{logrange = ...}`` as a list of ints; a range is checked
+    against the axis bounds before it is expanded, a logrange's point count against
+    :data:`MAX_AXIS_POINTS`, so no form allocates more than an axis can hold."""
     keys = set(raw)
     if keys <= {"range", "step"} and "range" in keys:
         ab, step = raw["range"], raw.get("step", 1)
         _pair(f"{field}.range", ab)
         if not _is_int(step) or step < 1:
             raise SpecError(f"{field}.step: must be a positive integer, got {step!r}")
+        _range_in_bounds(field, ab[0], ab[1], step, d)
         return list(range(ab[0], ab[1] + 1, step))
     if "logrange" in keys and keys <= {"logrange", "factor", "num"}:
         ab = raw["logrange"]
@@ -331,25 +379,50 @@ def _expand_range(field: str, raw: dict) -> list[int]:
             raise SpecError(f"{field}.logrange: start must be >= 1, got {a}")
         if ("factor" in raw) == ("num" in raw):
             raise SpecError(f"{field}.logrange: give exactly one of factor or num")
-        if "factor" in raw:
-            f = raw["factor"]
-            if not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 1:
-                raise SpecError(f"{field}.factor: must be a number > 1, got {f!r}")
-            n = int(math.floor(math.log(b / a) / math.log(f) + 1e-9)) + 1
-            pts = [a * f ** k for k in range(n)]
-        else:
-            n = raw["num"]
-            if not _is_int(n) or n < 2:
-                raise SpecError(f"{field}.num: must be an integer >= 2, got {n!r}")
-            pts = [a * (b / a) ** (k / (n - 1)) for k in range(n)]
-        out: list[int] = []
-        for x in pts:
-            v = min(int(round(x)), b)
-            if v not in out:
-                out.append(v)
-        return out
+        return _dedupe_points(_log_points(field, raw, a, b), b)
     raise SpecError(f"{field}: unknown range form {sorted(keys)} "
                     "(use {range = [a, b], step = s} or {logrange = [a, b], factor = f | num = n})")
+
+
+def _range_in_bounds(field: str, start: int, stop: int, step: int, d: AxisDef) -> None:
+    """Fail on the first value of ``range(start, stop + 1, step)`` outside the axis bounds,
+    as the expanded list would, without expanding it."""
+    if start < d.lo or start > d.hi:
+        raise SpecError(f"{field}: value {start} is outside {d.lo}..{d.hi}")
+    first_above = start + ((d.hi - start) // step + 1) * step
+    if first_above <= stop:
+        raise SpecError(f"{field}: value {first_above} is outside {d.lo}..{d.hi}")
+
+
+def _log_points(field: str, raw: dict, a: int, b: int) -> list[float]:
+    """The geometric points of a logrange from ``a`` to ``b``, by ``factor`` or ``num``;
+    more than :data:`MAX_AXIS_POINTS` of them is an error naming the key."""
+    if "factor" in raw:
+        f = raw["factor"]
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or not math.isfinite(f) \
+                or f <= 1:
+            raise SpecError(f"{field}.factor: must be a finite number > 1, got {f!r}")
+        n = int(math.floor(math.log(b / a) / math.log(f) + 1e-9)) + 1
+        if n > MAX_AXIS_POINTS:
+            raise SpecError(f"{field}.factor: {f!r} makes {n} points from {a} to {b}; "
+                            f"an axis takes at most {MAX_AXIS_POINTS}")
+        return [a * f ** k for k in range(n)]
+    n = raw["num"]
+    if not _is_int(n) or not 2 <= n <= MAX_AXIS_POINTS:
+        raise SpecError(f"{field}.num: must be an integer in 2..{MAX_AXIS_POINTS}, got {n!r}")
+    return [a * (b / a) ** (k / (n - 1)) for k in range(n)]
+
+
+def _dedupe_points(pts: list[float], b: int) -> list[int]:
+    """Geometric points rounded to integers (at most ``b``), duplicates dropped, in order."""
+    out: list[int] = []
+    seen: set[int] = set()
+    for x in pts:
+        v = min(int(round(x)), b)
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+    return out
 
 
 def _pair(field: str, ab) -> None:
@@ -402,10 +475,44 @@ def validate(doc: dict) -> SweepSpec:
     """Validate a parsed TOML document against the schema and expand its axes."""
     from slabtune.sweeps.evaluators import EVALUATORS  # no JAX at import time
 
+    _check_sections(doc)
+    sweep = _sweep_table(doc)
+    name = check_name("sweep.name", sweep.get("name"))
+    desc = sweep.get("description", "")
+    if not isinstance(desc, str):
+        raise SpecError("sweep.description: must be a string")
+    ev_name = sweep.get("evaluator", "structural")
+    if not isinstance(ev_name, str) or ev_name not in EVALUATORS:
+        raise SpecError(f"sweep.evaluator: unknown evaluator {ev_name!r} "
+                        f"(known: {', '.join(EVALUATORS)})")
+    ev = EVALUATORS[ev_name]
+    chunk, seed, steps, ops_per_step = _sweep_numbers(sweep, ev_name, ev)
+    metrics = _metrics(sweep, ev_name, ev)
+    schema = {**COMMON_AXES, **ev.extra_axes()}
+    axes = _axes(doc, schema, ev_name)
+    names = [a.name for a in axes]
+    _check_axis_set(names, schema, ev_name, ev)
+    exclude = tuple(_exclusion(i, e, axes) for i, e in enumerate(_list_of_tables(doc)))
+    defaults = tuple((k, d.default) for k, d in schema.items()
+                     if k not in names and d.default is not None)
+    spec = SweepSpec(name=name, description=desc, evaluator=ev_name, chunk_size=chunk,
+                     seed=seed, steps=steps, metrics=tuple(metrics), axes=tuple(axes),
+                     exclude=exclude,
+                     defaults=defaults, ops_per_step=ops_per_step)
+    ev.check(spec)
+    return spec
+
+
+def _check_sections(doc: dict) -> None:
+    """Every top-level key is a known section."""
     allowed_top = {"sweep", "exclude", *AXIS_SECTIONS}
     for key in doc:
         if key not in allowed_top:
             raise SpecError(f"{key}: unknown section (allowed: {', '.join(sorted(allowed_top))})")
+
+
+def _sweep_table(doc: dict) -> dict:
+    """The ``[sweep]`` table, with only known keys."""
     sweep = doc.get("sweep")
     if not isinstance(sweep, dict):
         raise SpecError("sweep: missing [sweep] section")
@@ -414,18 +521,21 @@ def validate(doc: dict) -> SweepSpec:
     for key in sweep:
         if key not in known_sweep:
             raise SpecError(f"sweep.{key}: unknown key (allowed: {', '.join(sorted(known_sweep))})")
-    name = sweep.get("name")
+    return sweep
+
+
+def check_name(field: str, name) -> str:
+    """A run or study name: non-empty letters, digits, '-', '_' and '.' (it becomes part of
+    a directory name); returns it or raises SpecError naming ``field``."""
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
-        raise SpecError(f"sweep.name: must be a non-empty name of letters, digits, '-', '_', '.'; "
+        raise SpecError(f"{field}: must be a non-empty name of letters, digits, '-', '_', '.'; "
                         f"got {name!r}")
-    desc = sweep.get("description", "")
-    if not isinstance(desc, str):
-        raise SpecError("sweep.description: must be a string")
-    ev_name = sweep.get("evaluator", "structural")
-    if ev_name not in EVALUATORS:
-        raise SpecError(f"sweep.evaluator: unknown evaluator {ev_name!r} "
-                        f"(known: {', '.join(EVALUATORS)})")
-    ev = EVALUATORS[ev_name]
+    return name
+
+
+def _sweep_numbers(sweep: dict, ev_name: str, ev) -> tuple[int, int, int, int]:
+    """``chunk_size``, ``seed``, ``steps`` and ``ops_per_step`` of ``[sweep]``, in range (the
+    last two only for evaluators that simulate steps)."""
     chunk = sweep.get("chunk_size", 65536)
     if not _is_int(chunk) or not 1 <= chunk <= MAX_CHUNK:
         raise SpecError(f"sweep.chunk_size: must be an integer in 1..{MAX_CHUNK}, got {chunk!r}")
@@ -443,6 +553,11 @@ def validate(doc: dict) -> SweepSpec:
                         f"got {ops_per_step!r}")
     if "ops_per_step" in sweep and not ev.uses_steps:
         raise SpecError(f"sweep.ops_per_step: the {ev_name} evaluator simulates no steps")
+    return chunk, seed, steps, ops_per_step
+
+
+def _metrics(sweep: dict, ev_name: str, ev) -> list[str]:
+    """``[sweep] metrics``: known to the evaluator, each once (default: all of them)."""
     all_metrics = ev.metrics()
     metrics = sweep.get("metrics", list(all_metrics))
     if not isinstance(metrics, list) or not metrics:
@@ -453,8 +568,12 @@ def validate(doc: dict) -> SweepSpec:
                             f"(known: {', '.join(all_metrics)})")
     if len(set(metrics)) != len(metrics):
         raise SpecError("sweep.metrics: lists a metric twice")
+    return metrics
 
-    schema = {**COMMON_AXES, **ev.extra_axes()}
+
+def _axes(doc: dict, schema: dict[str, AxisDef], ev_name: str) -> list[Axis]:
+    """Every key of the axis sections, checked against ``schema`` and expanded, in grid
+    order."""
     axes: list[Axis] = []
     for section in AXIS_SECTIONS:
         table = doc.get(section)
@@ -471,7 +590,12 @@ def validate(doc: dict) -> SweepSpec:
                                 f"(known in [{section}]: {', '.join(here) or 'none'})")
             vals = _expand_int(field, raw, d) if d.kind is int else _expand_str(field, raw, d)
             axes.append(Axis(key, d.kind, vals))
-    names = [a.name for a in axes]
+    return axes
+
+
+def _check_axis_set(names: list[str], schema: dict[str, AxisDef], ev_name: str, ev) -> None:
+    """The axes a grid needs: exactly one of cpus/cpus_per_node and of cache/size, a
+    profile, nodes with cpus_per_node, and the evaluator's own required axes."""
     if ("cpus" in names) == ("cpus_per_node" in names):
         raise SpecError("topology.cpus: give exactly one of cpus or cpus_per_node")
     if ("cache" in names) == ("size" in names):
@@ -483,16 +607,6 @@ def validate(doc: dict) -> SweepSpec:
     for req in ev.required_axes():
         if req not in names:
             raise SpecError(f"{schema[req].section}.{req}: evaluator {ev_name} needs this axis")
-
-    exclude = tuple(_exclusion(i, e, axes) for i, e in enumerate(_list_of_tables(doc)))
-    defaults = tuple((k, d.default) for k, d in schema.items()
-                     if k not in names and d.default is not None)
-    spec = SweepSpec(name=name, description=desc, evaluator=ev_name, chunk_size=chunk,
-                     seed=seed, steps=steps, metrics=tuple(metrics), axes=tuple(axes),
-                     exclude=exclude,
-                     defaults=defaults, ops_per_step=ops_per_step)
-    ev.check(spec)
-    return spec
 
 
 def _list_of_tables(doc: dict) -> list:

@@ -470,10 +470,50 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     ``w``: this rep's K random words.  Allocation and free halves are masked updates (the
     run lengths ``na``/``nf`` exclude each other); the order of the events within a run is
     the one :mod:`slabtune.model.reference_sim` plays event by event (docs/MODEL.md).
+
+    The parts, each its own function, in the order they are traced (the order is part of
+    the compiled program; keep it): :func:`_rep_values`, :func:`_choose_run`, the
+    allocation half :func:`_alloc_run`, the optimisation barrier :func:`_between_halves`,
+    the free half :func:`_free_run`, and :func:`_write_counters`.  The parts update the
+    state through the :class:`_Ctx` they are given (as :func:`_bulk_take` and the other
+    helpers do) and have no other effect; none branches in Python on a traced value.
     """
     st = dict(st)
     cx = _Ctx(st, r, d)
-    wl = cfg.workload
+    k = _rep_values(r, w, cfg, d)
+    do_a, na, nf = _choose_run(cx, cfg.workload, k.w0)
+    shape = jnp.shape(do_a)
+    _alloc_run(cx, k, cfg, do_a, na)
+    nf, k = _between_halves(cx, k, nf, shape)
+    _free_run(cx, k, cfg, nf)
+    _write_counters(cx, shape)
+    return st
+
+
+class _Rep(NamedTuple):
+    """What one rep's run reads besides the state: the cache's scalars, the rep's node
+    classes and its K random words (the free half gets ``w1``/``w2`` as they come out of
+    the optimisation barrier, :func:`_between_halves`)."""
+
+    objs: Any       # objects per slab
+    cap1: Any       # max(objs - 1, 1): objects of a packed partial slab
+    cap: Any        # sheaf capacity (0: no sheaves)
+    capm: Any       # max(cap, 1), a divisor
+    sheaves: Any    # cap > 0
+    cps: Any        # cpu_partial_slabs (0: no per-CPU partial list)
+    mp: Any         # min_partial
+    w0: Any         # random word: the run's kind
+    w1: Any         # random word: freeing reps of an allocation run, pending objects freed
+    w2: Any         # random word: slabs a free run's objects come from
+    m: Any          # the rep's memory node class (its slabs come from there)
+    own: Any        # the rep's own node class (its barn)
+    has_barn: Any   # the rep's node has a barn (and the cache sheaves)
+
+
+def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
+    """The :class:`_Rep` of rep ``r`` with random words ``w`` (no kernel function: the
+    constants of one run, read from the config and :func:`_derived` ``d``).  ``m`` is one
+    traced value for the whole run: :meth:`_Ctx.lock` counts locks per node object."""
     objs, cap1 = d["objs"], d["cap1"]
     cap = _i(cfg.sheaf_capacity)
     capm = jnp.maximum(cap, 1)
@@ -484,7 +524,17 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     m = d["mem_node"][r]
     own = d["node"][r]
     has_barn = d["has_barn"][r]
+    return _Rep(objs, cap1, cap, capm, sheaves, cps, mp, w0, w1, w2, m, own, has_barn)
 
+
+def _choose_run(cx: _Ctx, wl: workloads.Workload, w0):
+    """The kind and length of rep ``cx.r``'s run this step (the workload, no kernel
+    function): it allocates if it can (active, below its live target) and wants to (its
+    burst phase, else the high half of ``w0`` against ``alloc_p``), else frees if it has
+    objects to free; at most b ops, at most the rest of a burst phase (which flips at its
+    end).  Returns ``do_a`` (the run allocates) and the run lengths ``na``/``nf`` (one of
+    them 0), and counts the ops."""
+    r, d = cx.r, cx.d
     # ---- workload: a run of allocations or of frees, and its length
     alloc_p = wl.alloc_p[r]
     burst = wl.burst[r]
@@ -504,13 +554,62 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.bump("ops", n)
     na = jnp.where(do_a, n, 0)
     nf = jnp.where(do_f, n, 0)
+    return do_a, na, nf
 
-    # ================================================================ allocation run
+
+# ================================================================ allocation run
+
+
+def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
+    """The allocation half of a run: ``na`` allocations (0 when the run frees), the paths
+    of slab_alloc() (mm/slub.c): the sheaves where the cache has them
+    (:func:`_sheaf_alloc`, v6.18 opt-in, v7.0 on), else the CPU slab
+    (:func:`_cpu_slab_alloc`), except on a memoryless CPU without the numa_mem_id() fix
+    (v2.6.27, or the ``memoryless_fallback`` override), which takes every object from its
+    memory node's partial list; then the bulk take of the sheaf refills and those direct
+    allocations from node ``m`` (:func:`_bulk_take`) and the bookkeeping
+    (:func:`_count_allocs`)."""
+    Cj, cnt = _alloc_freers(cx, cfg.workload, na, k.w1)
+    sh_slow, rfl = _sheaf_alloc(cx, k, cfg, na)
+
+    # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
+    #    "local": every object comes from the node's partial list under its lock
+    direct = do_a & ~k.sheaves & (cx.d["alloc_local"][cx.r] == 0)
+    nd = jnp.where(direct, na, 0)
+
+    a_cs = do_a & ~k.sheaves & ~direct
+    rfe, E, t_pg = _cpu_slab_alloc(cx, k, a_cs, na, Cj, cnt)
+
+    # -- bulk allocation from node m: sheaf refills (cap objects each) or direct ones
+    _bulk_take(cx, k.m, rfl * k.cap + nd)
+    cx.lock(k.m, rfl + nd)
+
+    _count_allocs(cx, na, cnt, sh_slow, rfe, E, nd, t_pg)
+
+
+def _alloc_freers(cx: _Ctx, wl: workloads.Workload, na, w1):
+    """The freeing rep of each of a run's ``na`` allocations (the workload's who frees
+    what, no kernel function), drawn when the object is allocated: systematic points over
+    the rep's ``free_cum`` row from the low half of ``w1``.  Returns the cumulative counts
+    ``Cj`` and the counts ``cnt`` per freeing rep (R, B); counts the allocations."""
+    r, d = cx.r, cx.d
     # freeing rep of each object: systematic points over the rep's free_cum row
     Cj = _systematic(wl.free_cum[r], na, _i(w1 & _U32(0xFFFF)), PROB_ONE, d["max_run"])
     cnt = _counts(Cj)
     cx.bump("allocs", na)
+    return Cj, cnt
 
+
+def _sheaf_alloc(cx: _Ctx, k: _Rep, cfg: SimConfig, na):
+    """A run's allocations from the per-CPU sheaves (v6.18 for caches that ask for them,
+    every cache from v7.0): alloc_from_pcs() takes from the main sheaf; when it is empty,
+    __pcs_replace_empty_main() swaps in a non-empty spare, else takes a full sheaf from
+    the barn (barn_replace_empty_sheaf(): the empty main goes into the barn while it has
+    room), else refills the main sheaf from the slabs (refill_sheaf(), ``cap`` objects;
+    the caller does the bulk take and its lock).  Returns the slow paths ``sh_slow`` and
+    the refills ``rfl``."""
+    st, cap, capm, sheaves = cx.st, k.cap, k.capm, k.sheaves
+    own, has_barn = k.own, k.has_barn
     # -- sheaves (alloc_from_pcs, __pcs_replace_empty_main): main, then the spare, then
     #    full sheaves from the barn, then refills from slabs, cap objects each
     ns = jnp.where(sheaves, na, 0)
@@ -531,24 +630,82 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.nadd("barn_full", own, -gb)
     cx.nadd("barn_empty", own,
             jnp.clip(cfg.barn_max_empty - _get(st["barn_empty"], own), 0, gb))
+    return sh_slow, rfl
 
-    # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
-    #    "local": every object comes from the node's partial list under its lock
-    direct = do_a & ~sheaves & (d["alloc_local"][r] == 0)
-    nd = jnp.where(direct, na, 0)
 
+def _cpu_slab_alloc(cx: _Ctx, k: _Rep, a_cs, na, Cj, cnt):
+    """A run's allocations through the CPU slab (``a_cs``: caches without sheaves, CPUs
+    whose CPU slab counts as local): slab_alloc()'s fast path on the CPU freelist, then
+    the slow paths of ___slab_alloc() in their order (:func:`_cpu_freelist`), new
+    CPU slabs from the per-CPU partial list (v3.2 to v6.18), the node's partial list
+    (get_partial_node()) and the page allocator (new_slab()): :func:`_partial_lists`,
+    :func:`_new_cpu_slabs`, :func:`_take_partial_slabs`, :func:`_install_cpu_slab`.
+    Returns ``rfe`` (the remotely freed objects were taken), ``E`` (new CPU slabs) and
+    ``t_pg`` (of them, new slabs from the page allocator)."""
     # -- CPU slab (slab_alloc fast path, ___slab_alloc): the freelist, the remotely freed
     #    objects, then new CPU slabs, each a slow path, in the order ___slab_alloc takes
     #    them: per-CPU partial slabs, node partial slabs (get_partial_node moving up to
     #    cpu_partial_slabs / 2 + 1 more to the per-CPU list), new slabs
-    a_cs = do_a & ~sheaves & ~direct
     nc = jnp.where(a_cs, na, 0)
+    fl = _cpu_freelist(cx, nc)
+    pl = _partial_lists(cx, k)
+    ns = _new_cpu_slabs(k, pl, fl.n2)
+    _take_partial_slabs(cx, k, pl, ns)
+    _install_cpu_slab(cx, k, a_cs, nc, fl, ns, Cj, cnt)
+    return fl.rfe, ns.E, ns.t_pg
+
+
+class _Freelist(NamedTuple):
+    """What a CPU-slab allocation run takes before it needs a new CPU slab."""
+
+    f0: Any     # objects on the CPU freelist as the run starts
+    i0: Any     # allocated objects of the CPU slab as the run starts
+    r0: Any     # objects other CPUs freed into the CPU slab as the run starts
+    a0: Any     # allocations from the CPU freelist (fast)
+    a1: Any     # allocations from the remotely freed objects
+    n1: Any     # allocations left after the freelist
+    n2: Any     # allocations left for new CPU slabs
+    rfe: Any    # the remotely freed objects were taken (one slow path)
+
+
+def _cpu_freelist(cx: _Ctx, nc) -> _Freelist:
+    """The first ``nc`` allocations' sources in the current CPU slab: the lockless CPU
+    freelist (the slab_alloc() fast path), then, once it is empty, the objects other
+    CPUs freed into the frozen slab (___slab_alloc() taking ``slab->freelist`` through
+    get_freelist(), no lock, one slow path)."""
     f0, i0, r0 = cx.row("cs_free"), cx.row("cs_inuse"), cx.row("cs_rfree")
     a0 = jnp.minimum(nc, f0)
     n1 = nc - a0
     rfe = (n1 > 0) & (r0 > 0)
     a1 = jnp.where(rfe, jnp.minimum(n1, r0), 0)
     n2 = n1 - a1
+    return _Freelist(f0, i0, r0, a0, a1, n1, n2, rfe)
+
+
+class _Partials(NamedTuple):
+    """The per-CPU and node partial lists a CPU-slab run takes new CPU slabs from, under
+    the packing rule (empty slabs, non-empty ones, the objects of the emptiest)."""
+
+    ps: Any     # slabs on the per-CPU partial list
+    pu: Any     # allocated objects in them
+    S_m: Any    # slabs on node m's partial list
+    ne_p: Any   # non-empty per-CPU partial slabs
+    e_p: Any    # empty per-CPU partial slabs
+    hd_p: Any   # allocated objects of the emptiest non-empty per-CPU partial slab
+    ne_n: Any   # non-empty slabs on node m's list
+    e_n: Any    # empty slabs on node m's list
+    hd_n: Any   # allocated objects of the emptiest non-empty slab on node m's list
+    G: Any      # slabs one get_partial_node() takes off node m's list
+    q1: Any     # nearly full slabs taken with the last empty ones
+
+
+def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
+    """The :class:`_Partials` of rep ``cx.r`` and its memory node ``m`` as the run
+    starts: the per-CPU partial list (``c->partial``, v3.2 to v6.18) and the node's
+    (``n->partial``), and what one get_partial_node() takes off the node's list under its
+    list_lock: the slab it returns plus, where the era has per-CPU partial lists, up to
+    ``cpu_partial_slabs / 2 + 1`` more that it puts on the per-CPU list."""
+    st, cap1, cps, m = cx.st, k.cap1, k.cps, k.m
     ps, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
     S_m = _get(st["part_slabs"], m)
     U_m = _get(st["part_inuse"], m)
@@ -561,6 +718,28 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
     gend = ceil_div(e_n, G) * G
     q1 = jnp.where((e_n > 0) & (gend < S_m), gend - e_n, 0)
+    return _Partials(ps, pu, S_m, ne_p, e_p, hd_p, ne_n, e_n, hd_n, G, q1)
+
+
+class _NewSlabs(NamedTuple):
+    """The new CPU slabs of a CPU-slab allocation run."""
+
+    E: Any          # new CPU slabs (each a slow path)
+    L: Any          # objects the run takes from the last of them
+    y_last: Any     # free objects of the last of them when it became the CPU slab
+    t_p: Any        # of them, taken off the per-CPU partial list
+    t_n: Any        # of them, taken off node m's partial list
+    t_pg: Any       # of them, new slabs from the page allocator
+
+
+def _new_cpu_slabs(k: _Rep, p: _Partials, n2) -> _NewSlabs:
+    """How many new CPU slabs the ``n2`` allocations left after the freelists take, each a
+    slow path of ___slab_alloc() in its order of sources: the per-CPU partial list
+    (``c->partial``, v3.2 to v6.18), the node's partial list (get_partial()), the
+    page allocator (new_slab()).  The sources are blocks of slabs of equal yield, most
+    free first within a list; the run ends in the block its cumulative yield reaches."""
+    objs, cap1 = k.objs, k.cap1
+    ps, pu, S_m, ne_p, e_p, hd_p, ne_n, e_n, hd_n, G, q1 = p
     one = objs - cap1
     h_p, h_n = _i(ne_p > 0), _i(ne_n > 0)
     # the new CPU slabs as blocks of equal yield (free objects per slab): per-CPU list
@@ -582,6 +761,18 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     t_p = jnp.minimum(E, ps)
     t_n = jnp.clip(E - ps, 0, S_m)
     t_pg = jnp.maximum(E - ps - S_m, 0)
+    return _NewSlabs(E, L, y_last, t_p, t_n, t_pg)
+
+
+def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
+    """Take a run's new CPU slabs off the partial lists: ``t_p`` off the per-CPU partial
+    list (no lock), then ``t_n`` off node ``m``'s list in get_partial_node() calls, each
+    under the node's list_lock and taking ``G`` slabs: one becomes the CPU slab, the rest
+    go onto the per-CPU partial list (put_cpu_partial(), v3.2 to v6.18), where later slow
+    paths of the run take them first.  Updates both lists' slabs and objects."""
+    cap1, m = k.cap1, k.m
+    ps, pu, S_m, ne_p, e_p, hd_p, ne_n, e_n, hd_n, G, q1 = p
+    t_p, t_n = ns.t_p, ns.t_n
 
     def inuse_p(t):
         return cap1 * jnp.clip(t - e_p, 0, ne_p) - jnp.where((t > e_p) & (ne_p > 0),
@@ -599,6 +790,18 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.nadd("part_slabs", m, -gone)
     cx.nadd("part_inuse", m, -inuse_n(gone))
     cx.lock(m, takes)
+
+
+def _install_cpu_slab(cx: _Ctx, k: _Rep, a_cs, nc, fl: _Freelist, ns: _NewSlabs, Cj, cnt):
+    """The CPU slab after a CPU-slab allocation run: each new CPU slab deactivates the
+    old one (deactivate_slab(): an exhausted CPU slab is full and on no list, unless it
+    held nothing), the last one keeps its free objects on the CPU freelist; else the
+    freelist and the remotely freed objects are what the run left.  Which of the run's
+    objects are still in the CPU slab (``pend_cs``, ``cs_tracked``): the last ``L`` of
+    the run when it took a new CPU slab (its objects are in freeing-rep order)."""
+    st, r, objs, m = cx.st, cx.r, k.objs, k.m
+    f0, i0, r0, a0, a1, n1, rfe = fl.f0, fl.i0, fl.r0, fl.a0, fl.a1, fl.n1, fl.rfe
+    E, L, y_last = ns.E, ns.L, ns.y_last
     # every new CPU slab deactivates the old one, full unless it held nothing
     cx.nadd("full_slabs", m, jnp.where(E > 0, E - _i(i0 + a0 + a1 == 0), 0))
     cx.rset("cs_free", jnp.where(E > 0, y_last - L, jnp.where(rfe, r0 - a1, f0 - a0)))
@@ -610,10 +813,13 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     st["pend_cs"] = st["pend_cs"].at[r].set(pcs_row)
     cx.rset("cs_tracked", jnp.where(E > 0, L, cx.row("cs_tracked") + nc))
 
-    # -- bulk allocation from node m: sheaf refills (cap objects each) or direct ones
-    _bulk_take(cx, m, rfl * cap + nd)
-    cx.lock(m, rfl + nd)
 
+def _count_allocs(cx: _Ctx, na, cnt, sh_slow, rfe, E, nd, t_pg):
+    """The allocation run's bookkeeping: fast and slow paths (a sheaf slow path, taking
+    the remotely freed objects, a new CPU slab, a direct node-list allocation: each one
+    slow path), new slabs from the page allocator, and the objects now in flight
+    (``pend`` by freeing rep, ``out``, the freeing reps' ``pend_tot``)."""
+    st, r = cx.st, cx.r
     slow = sh_slow + _i(rfe) + E + nd
     cx.bump("alloc_fast", na - slow)
     cx.bump("alloc_slow", slow)
@@ -622,15 +828,58 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.radd("out", na)
     st["pend_tot"] = cx.whole("pend_tot") + cnt
 
-    # ================================================================ free run
+
+def _between_halves(cx: _Ctx, k: _Rep, nf, shape):
+    """The optimisation barrier between a run's allocation and free halves (no kernel
+    function): this rep's rows are written back and the state, the counter increments
+    (broadcast to the batch ``shape``), ``nf`` and the free half's random words go through
+    ``lax.optimization_barrier``.  Returns ``nf`` and ``k`` with ``w1``/``w2`` past it."""
+    st = cx.st
     # a materialisation point between the two halves: XLA then fuses each half on its own
     # (half the compile time, same speed)
     cx.write_rows()
-    inc = tuple(jnp.broadcast_to(x, jnp.shape(do_a)) for x in cx.inc)
-    st_b, inc, nf, w1, w2 = lax.optimization_barrier((dict(st), inc, nf, w1, w2))
+    inc = tuple(jnp.broadcast_to(x, shape) for x in cx.inc)
+    st_b, inc, nf, w1, w2 = lax.optimization_barrier((dict(st), inc, nf, k.w1, k.w2))
     st.update(st_b)
     cx.inc = list(inc)
+    return nf, k._replace(w1=w1, w2=w2)
+
+
+# ================================================================ free run
+
+
+def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
+    """The free half of a run: ``nf`` frees (0 when the run allocates), in the run's
+    fixed order (docs/MODEL.md): which pending objects (:func:`_pick_pending`), the slabs
+    as the run starts (:func:`_slab_layout`), every sheaf free first
+    (:func:`_sheaf_free`), then the frees into slabs, which slab_free() and __slab_free()
+    do without the sheaves (:func:`_split_slab_frees`): into CPU and per-CPU partial slabs
+    (:func:`_frozen_frees`), the node's partial list (:func:`_part_frees`), full slabs
+    (:func:`_full_slab_frees`); last the fast and slow path counts."""
     cx.bump("frees", nf)
+    k_cs, k_ot, k_all, rem = _pick_pending(cx, k, nf)
+    lay = _slab_layout(cx, k, k_ot)
+    _unpend(cx, k_cs, k_all, nf)
+    sh, nsh, full_main = _sheaf_free(cx, k, cfg, rem, k_all)
+    c_cs, c_pc, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot)
+    own_fast = _frozen_frees(cx, c_cs, c_pc)
+    _part_frees(cx, xU, lay.on_cls, lay.from_cls)
+    _full_slab_frees(cx, k, cfg, lay, xF)
+
+    ffast = (nsh - full_main) + own_fast
+    cx.bump("free_fast", ffast)
+    cx.bump("free_slow", nf - ffast)
+
+
+def _pick_pending(cx: _Ctx, k: _Rep, nf):
+    """Which of rep ``cx.r``'s pending objects its ``nf`` frees take (the workload, no
+    kernel function), drawn uniformly: systematic points (offset from ``w1``) over the
+    origin segments.  Returns per origin rep (R, B) the objects still in its CPU slab
+    ``k_cs``, the others ``k_ot`` and their sum ``k_all``, and ``rem``: the origins whose
+    objects are remote to the freeing CPU (slab node against its numa_mem_id() as the
+    v7.0 sheaf test sees it; v7.1 lets memoryless CPUs use their memory node); counts the
+    remote frees."""
+    st, d, r, w1 = cx.st, cx.d, cx.r, k.w1
     # which pending objects: systematic points over the segments (origin 0 in its CPU
     # slab, origin 0 elsewhere, origin 1 in its CPU slab, ...)
     col = st["pend"][:, r]
@@ -643,6 +892,28 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     k_all = k_cs + k_ot
     rem = d["mem_node"] != d["local_node"][r]
     cx.bump("remote_free", jnp.sum(jnp.where(rem, k_all, 0), axis=0))
+    return k_cs, k_ot, k_all, rem
+
+
+class _Layout(NamedTuple):
+    """The allocated objects on the node classes a free run can reach, by slab, as the
+    run starts (shapes: C node classes, 2R rep segments, B configurations)."""
+
+    z: Any          # (2R, B) rep segments cs_0, pc_0, cs_1, ...: CPU slab, per-CPU partial
+    cls: Any        # (C, B) the node classes (:func:`_pick_classes`)
+    on_cls: Any     # per-node (N, B) field -> (C, B)
+    from_cls: Any   # (C, B) counts -> per-node (N, B)
+    on_seg: Any     # (C, 2R, B) rep segment on node class c
+    z_end: Any      # (2R, B) a segment's end among its node's segments
+    z_tot: Any      # (C, B) end of the rep segments
+    u_end: Any      # (C, B) end of the partial list
+    tot: Any        # (C, B) end of the full slabs (at least 1)
+
+
+def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
+    """The :class:`_Layout` a free run's objects that are no longer in their origin's CPU
+    slab are split over (no kernel function: where the objects are)."""
+    st, d, objs = cx.st, cx.d, k.objs
     # the slabs on every node class as the run starts, in destination order: per rep its
     # CPU slab (objects not tracked in pend_cs) and its per-CPU partial slabs, then the
     # node's partial list, then its full slabs
@@ -660,34 +931,67 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     z_tot = cum_n[:, -1]                                                 # (C, B)
     u_end = z_tot + on_cls(st["part_inuse"])
     tot = jnp.maximum(u_end + on_cls(st["full_slabs"]) * objs, 1)
+    return _Layout(z, cls, on_cls, from_cls, on_seg, z_end, z_tot, u_end, tot)
+
+
+def _unpend(cx: _Ctx, k_cs, k_all, nf):
+    """Take a free run's objects off the books (no kernel function): ``pend`` and
+    ``pend_cs`` of every origin rep, its ``cs_tracked`` and ``out``, this rep's
+    ``pend_tot``."""
+    st, r = cx.st, cx.r
     st["pend"] = st["pend"].at[:, r].add(-k_all)
     st["pend_cs"] = st["pend_cs"].at[:, r].add(-k_cs)
     st["cs_tracked"] = cx.whole("cs_tracked") - k_cs
     st["out"] = cx.whole("out") - k_all
     cx.radd("pend_tot", -nf)
 
+
+def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
+    """A free run's frees into the per-CPU sheaves, all before its slab frees (v6.18 for
+    caches that ask for sheaves, every cache from v7.0; remote objects bypass the sheaf
+    where ``remote_free_bypasses_sheaf``, v6.18 on): free_to_pcs() pushes onto the main
+    sheaf while it has room; each time it is full, __pcs_replace_full_main() swaps it
+    with an empty spare, else puts it into the barn while the barn holds fewer than
+    ``barn_max_full`` full sheaves, else flushes its ``cap`` objects to node ``m``'s slabs
+    under the list_lock (:func:`_bulk_free`).  Returns ``sh`` (R, B), the origins whose
+    objects go to the sheaves, the sheaf frees ``nsh`` and ``full_main``, the frees that
+    found the main sheaf full (each a slow path)."""
+    st, cap, capm, sheaves = cx.st, k.cap, k.capm, k.sheaves
+    m, own, has_barn = k.m, k.own, k.has_barn
     # -- sheaf frees first (free_to_pcs, __pcs_replace_full_main): the main sheaf, then
     #    one slow path per cap frees: the spare swap, barn puts, flushes
     sh = sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & rem)        # (R, B)
     nsh = jnp.sum(jnp.where(sh, k_all, 0), axis=0)
     main_r, spare_r = cx.row("main"), cx.row("spare")
     over = nsh - jnp.minimum(nsh, cap - main_r)
-    O = ceil_div(over, capm)
-    fswap = (O > 0) & (spare_r == 0)
+    full_main = ceil_div(over, capm)
+    fswap = (full_main > 0) & (spare_r == 0)
     room = jnp.where(has_barn, jnp.maximum(cfg.barn_max_full - _get(st["barn_full"], own), 0), 0)
-    puts = jnp.minimum(O - _i(fswap), room)
-    fl = O - _i(fswap) - puts
-    cx.bump("sheaf_free_hit", nsh - O)
+    puts = jnp.minimum(full_main - _i(fswap), room)
+    fl = full_main - _i(fswap) - puts
+    cx.bump("sheaf_free_hit", nsh - full_main)
     cx.bump("barn_put", puts)
     cx.bump("barn_put_fail", jnp.where(has_barn, fl, 0))
     cx.bump("sheaf_flush", fl)
-    cx.rset("main", jnp.where(O > 0, over - (O - 1) * cap, main_r + nsh))
+    cx.rset("main", jnp.where(full_main > 0, over - (full_main - 1) * cap, main_r + nsh))
     cx.rset("spare", cap, fswap)
     cx.nadd("barn_empty", own, -jnp.minimum(puts, _get(st["barn_empty"], own)))
     cx.nadd("barn_full", own, puts)
     _bulk_free(cx, m, fl * cap)
     cx.lock(m, fl)
+    return sh, nsh, full_main
 
+
+def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
+    """Where a free run's objects that skip the sheaves land, which __slab_free() finds
+    from the object's slab: an object still in its origin's CPU slab goes there; the
+    others, per node class, by systematic points (offset from ``w2``) over the slabs as
+    the run starts (:class:`_Layout`).  Returns per rep (R, B) the frees into its CPU
+    slab ``c_cs`` and into its per-CPU partial slabs ``c_pc``, and per node class (N, B)
+    those into the partial list ``xU`` and into full slabs ``xF``."""
+    d, w2 = cx.d, k.w2
+    z, cls, from_cls, on_seg = lay.z, lay.cls, lay.from_cls, lay.on_seg
+    z_end, z_tot, u_end, tot = lay.z_end, lay.z_tot, lay.u_end, lay.tot
     # -- objects still in their origin's CPU slab: the CPU's own freelist (fast) or
     #    another CPU's frozen slab (no lock)
     kcs = jnp.where(sh, 0, k_cs)
@@ -700,7 +1004,9 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     def below(end, n_, u_, t_):          # points of a node's run below a segment end
         return _below(end, n_, u_, t_, d["max_run"])
 
-    at_seg = lambda v: jnp.sum(jnp.where(on_seg, v[:, None], 0), axis=0)  # noqa: E731
+    def at_seg(v):                       # a node class's value at each of its segments
+        return jnp.sum(jnp.where(on_seg, v[:, None], 0), axis=0)
+
     xs, us, ts = at_seg(x), at_seg(un), at_seg(tot)
     cz = (below(z_end, xs, us, ts) - below(z_end - z, xs, us, ts)).reshape(
         (R, 2) + z.shape[1:])
@@ -709,13 +1015,36 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     at_u = below(u_end, x, un, tot)
     xU = from_cls(at_u - below(z_tot, x, un, tot))                      # (N, B)
     xF = from_cls(x - at_u)                      # the last segment takes the rest
+    return c_cs, c_pc, xU, xF
+
+
+def _frozen_frees(cx: _Ctx, c_cs, c_pc):
+    """Frees into CPU slabs and per-CPU partial slabs (frozen, so no lock): into this
+    CPU's own CPU slab, slab_free()'s fast path onto its freelist; into another CPU's,
+    __slab_free() onto the frozen slab's freelist (``cs_rfree``, which its owner takes on
+    its next slow path); into per-CPU partial slabs, __slab_free() without the lock.
+    Returns the fast frees."""
+    st, r = cx.st, cx.r
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
     st["pc_inuse"] = cx.whole("pc_inuse") - c_pc
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
-    _part_frees(cx, xU, on_cls, from_cls)
+    return own_fast
+
+
+def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
+    """``xF[n]`` frees (N, B) into full slabs of node class n: __slab_free() makes each
+    slab partial, frozen onto this CPU's per-CPU partial list (put_cpu_partial(), v3.2 to
+    v6.18, for a slab of its memory node: :func:`_full_to_cpu_partial`), else added to
+    the node's partial list under its list_lock (add_partial(); with one object per slab
+    the now empty slab is freed, discard_slab(), once the node keeps min_partial).  Frees
+    beyond the node's full slabs go into the slabs the run has just made partial: this
+    CPU's per-CPU partial list while it holds objects, else the node's list
+    (:func:`_part_frees`)."""
+    st, objs, cps, mp, m = cx.st, k.objs, k.cps, k.mp, k.m
+    on_cls, from_cls = lay.on_cls, lay.from_cls
     # full slabs become partial: frozen onto this CPU's partial list if it has one (and
     # the slab is on its memory node), else onto the node's list under the lock; picks
     # beyond the node's full slabs free into the slabs the run has just made partial
@@ -738,15 +1067,16 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     cx.rset("pc_inuse", pcu - into_pc)
     _part_frees(cx, jnp.where(cpp, xm2 - into_pc, xF2), on_cls, from_cls)
 
-    ffast = (nsh - O) + own_fast
-    cx.bump("free_fast", ffast)
-    cx.bump("free_slow", nf - ffast)
+
+def _write_counters(cx: _Ctx, shape):
+    """End of a run (no kernel function): the list_lock acquisitions go onto their node
+    classes, this rep's rows are written back, and its counter increments (broadcast to
+    the batch ``shape``) are added to its column of ``counts``."""
+    st, r = cx.st, cx.r
     cx.flush_locks()
     cx.write_rows()
-    shape = jnp.shape(do_a)
     st["counts"] = st["counts"].at[:, r].add(jnp.stack([jnp.broadcast_to(x, shape)
                                                         for x in cx.inc]))
-    return st
 
 
 def _part_frees(cx: _Ctx, x, on_cls, from_cls):
@@ -905,12 +1235,15 @@ def init_state(cfg: SimConfig) -> State:
     """Empty caches: no slabs, empty sheaves, nothing allocated (batch-minor: every field
     has a trailing batch axis of the size of ``cfg.objs_per_slab``)."""
     bs = jnp.shape(cfg.objs_per_slab)
-    z = lambda *s: jnp.zeros(s + bs, _I32)
+
+    def z(*s):
+        return jnp.zeros(s + bs, _I32)
+
     return State(
-        pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R), cs_inuse=z(R),
-        cs_rfree=z(R), pc_slabs=z(R), pc_inuse=z(R), main=z(R), spare=z(R), phase=z(R),
-        phase_left=jnp.asarray(cfg.workload.burst, _I32), part_slabs=z(N), part_inuse=z(N),
-        full_slabs=z(N), barn_full=z(N), barn_empty=z(N),
+        pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R),
+        cs_inuse=z(R), cs_rfree=z(R), pc_slabs=z(R), pc_inuse=z(R), main=z(R), spare=z(R),
+        phase=z(R), phase_left=jnp.asarray(cfg.workload.burst, _I32), part_slabs=z(N),
+        part_inuse=z(N), full_slabs=z(N), barn_full=z(N), barn_empty=z(N),
         counts=z(len(COUNTER_FIELDS), R), lock_node=z(N), gsum_rep=z(3, R), gsum_node=z(3, N),
         ghi_rep=z(3, R), ghi_node=z(3, N),
     )
@@ -918,7 +1251,10 @@ def init_state(cfg: SimConfig) -> State:
 
 def _finish(st: State, steps: int) -> Counters:
     """Counters of a batch-minor final state, batch-major ((B, R), (B, N))."""
-    front = lambda x: jnp.moveaxis(x, -1, 0)
+
+    def front(x):
+        return jnp.moveaxis(x, -1, 0)
+
     c = {name: front(st.counts[k]) for k, name in enumerate(COUNTER_FIELDS)}
     den = jnp.float32(max(steps, 1))
     scale = jnp.float32(1 << GAUGE_SHIFT)

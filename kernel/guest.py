@@ -360,11 +360,29 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
     ``flushed`` dump then reads ``objects`` without the free objects that sat on per-CPU
     slabs (sysfs ``objects`` is total_objects minus the free objects of the node partial
     lists only, show_slab_objects(SO_ALL|SO_OBJECTS)), i.e. the objects really allocated.
+
+    The script's parts: :func:`_init_start_lines`, :func:`_init_info_function`,
+    :func:`_init_dump_function`, :func:`_init_before_lines`, :func:`_init_workload_lines`
+    per workload, :func:`_init_flush_lines`, :func:`_init_end_lines`.
     """
     if not token.isalnum():
         raise GuestError("token: must be alphanumeric")
-    attrs = " ".join(CACHE_ATTRS)
-    lines = [
+    lines = _init_start_lines(token) + _init_info_function() + _init_dump_function()
+    if dump:
+        lines += _init_before_lines()
+    for i, w in enumerate(workloads):
+        lines += _init_workload_lines(i, w)
+    if dump:
+        lines += _init_flush_lines()
+    lines += _init_end_lines(token)
+    return "\n".join(lines) + "\n"
+
+
+def _init_start_lines(token: str) -> list[str]:
+    """The start of /init: the shell, PATH, /proc and /sys mounted, console log level 1
+    (kernel messages do not interleave with the records), ``M`` the record mark, and the
+    start record ``S <token> <uptime>``."""
+    return [
         "#!/bin/sh",
         "PATH=/bin",
         "export PATH",
@@ -375,6 +393,14 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
         "up=",
         "read up rest < /proc/uptime",
         f'echo "$M S {token} $up"',
+    ]
+
+
+def _init_info_function() -> list[str]:
+    """The shell function ``info <phase>``: the boot identity as ``I`` records (kernel
+    release, command line, possible/present/online CPU masks, node has_memory and
+    has_cpu masks, NA where the node file is missing: a kernel without NUMA)."""
+    return [
         "info() {",
         '  v=; read v < /proc/sys/kernel/osrelease; echo "$M I $1 release $v"',
         '  v=; read v < /proc/cmdline; echo "$M I $1 cmdline $v"',
@@ -382,10 +408,21 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
         '    v=; read v < /sys/devices/system/cpu/$f; echo "$M I $1 cpus_$f $v"',
         "  done",
         "  for f in has_memory has_cpu; do",
-        '    v=NA; [ -r /sys/devices/system/node/$f ] && { v=; read v < /sys/devices/system/node/$f; }',
+        ('    v=NA; [ -r /sys/devices/system/node/$f ] && '
+         '{ v=; read v < /sys/devices/system/node/$f; }'),
         '    echo "$M I $1 $f $v"',
         "  done",
         "}",
+    ]
+
+
+def _init_dump_function() -> list[str]:
+    """The shell function ``dump <phase>``: one ``A`` record per /sys/kernel/slab alias
+    (symlink), one ``C`` record per cache directory with every attribute of
+    :data:`CACHE_ATTRS` (first word, NA when missing), then ``N`` with the count of ``C``
+    records."""
+    attrs = " ".join(CACHE_ATTRS)
+    return [
         "dump() {",
         "  n=0",
         "  for d in /sys/kernel/slab/*; do",
@@ -405,28 +442,46 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
         '  echo "$M N $1 $n"',
         "}",
     ]
-    if dump:
-        lines += ["dump warm > /dev/null", "info before", "dump before"]
-    for i, w in enumerate(workloads):
-        args = " ".join(w.argv())
-        lines += [
-            f'echo "$M W {i} begin"',
-            f"/bin/workload {args} > /tmp/w{i}.out 2>&1",
-            "rc=$?",
-            f'while read -r l; do echo "$M J {i} $l"; done < /tmp/w{i}.out',
-            f'echo "$M W {i} rc $rc"',
-        ]
-    if dump:
-        lines += [
-            "info after", "dump after",
-            "for d in /sys/kernel/slab/*; do",
-            '  [ -L "$d" ] && continue',
-            '  v=; read v < "$d/cpu_partial" && echo "$v" > "$d/cpu_partial" 2>/dev/null',
-            "done",
-            "info flushed", "dump flushed",
-        ]
-    lines += [f'echo "$M E {token}"', "sync", "poweroff -f", "sleep 60"]
-    return "\n".join(lines) + "\n"
+
+
+def _init_before_lines() -> list[str]:
+    """With ``dump``, before the workloads: a warm-up dump to /dev/null (instantiates
+    the sysfs inodes and dentries the dump itself needs), then the ``before`` phase."""
+    return ["dump warm > /dev/null", "info before", "dump before"]
+
+
+def _init_workload_lines(i: int, w: WorkloadSpec) -> list[str]:
+    """Workload ``i``: ``W <i> begin``, its run of /bin/workload with the validated
+    arguments of :meth:`WorkloadSpec.argv`, its output as ``J <i>`` records, then
+    ``W <i> rc <status>``."""
+    args = " ".join(w.argv())
+    return [
+        f'echo "$M W {i} begin"',
+        f"/bin/workload {args} > /tmp/w{i}.out 2>&1",
+        "rc=$?",
+        f'while read -r l; do echo "$M J {i} $l"; done < /tmp/w{i}.out',
+        f'echo "$M W {i} rc $rc"',
+    ]
+
+
+def _init_flush_lines() -> list[str]:
+    """With ``dump``, after the workloads: the ``after`` phase, every cache's
+    ``cpu_partial`` written back unchanged (its store handler flushes the per-CPU slabs
+    and partial lists, see :func:`init_script`), then the ``flushed`` phase."""
+    return [
+        "info after", "dump after",
+        "for d in /sys/kernel/slab/*; do",
+        '  [ -L "$d" ] && continue',
+        '  v=; read v < "$d/cpu_partial" && echo "$v" > "$d/cpu_partial" 2>/dev/null',
+        "done",
+        "info flushed", "dump flushed",
+    ]
+
+
+def _init_end_lines(token: str) -> list[str]:
+    """The end of /init: the end record ``E <token>``, sync, and power off (the sleep
+    keeps /init from exiting, which panics the kernel, should poweroff return)."""
+    return [f'echo "$M E {token}"', "sync", "poweroff -f", "sleep 60"]
 
 
 def build_initramfs(busybox: Path, script: str, workload: Path | None = None) -> bytes:

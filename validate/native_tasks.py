@@ -203,10 +203,40 @@ def run_native_batch(tds: Sequence[dict], calibration: Sequence[dict] = (),
        :func:`prior_cost`) put the same measurement beside the model under the other
        tables: labelled diagnostics, not counted.
     A pair whose run fails leaves one failed row; the others go on.  A calibration run that
-    fails is left out of the fit and listed with its error."""
-    from slabtune.sweeps import simconfig
-    from slabtune.validate import native, rigcost
+    fails is left out of the fit and listed with its error.
 
+    The steps are :func:`_counter_runs`, :func:`_timing_config` and
+    :func:`_calibration_configs`, :func:`_timing_rounds`, :func:`rig_fit`,
+    :func:`_pair_rows` and :func:`_span_check`."""
+    out, cfgs, t0 = _counter_runs(tds)
+    live = [td for td in tds if td["index"] in cfgs]
+    if not live:
+        return {"rows": out, "rig": None}
+    sn = live[0]["spec_native"]
+    timeout = float(live[0].get("timeout_s") or 300.0)
+    pin = timing_cpu()
+    tcfg = {td["index"]: _timing_config(cfgs[td["index"]], sn, pin) for td in live}
+    cal = _calibration_configs(calibration, sn, pin)
+    times, dropped, failed = _timing_rounds(live, cfgs, tcfg, cal, int(sn["timing_repeats"]),
+                                            timeout)
+    steps = int(sn["timing_steps"])
+    rig = rig_fit(cal, pcp_batch, steps=steps, cpu=pin)
+    for td in live:
+        i = td["index"]
+        if i in failed:
+            out[i] = failed_rows(td, f"timing: {failed[i]}", seconds=time.monotonic() - t0[i])
+            continue
+        out[i] = _pair_rows(td, out[i], tcfg[i], times[i], dropped[i], pin, rig, t0[i])
+    _span_check(rig, live, failed)
+    return {"rows": out, "rig": rig}
+
+
+def _counter_runs(tds: Sequence[dict]) -> tuple[dict[int, list[dict]], dict[int, Any],
+                                                 dict[int, float]]:
+    """Step 1 of :func:`run_native_batch`: each pair's counters run, in lockstep with the
+    model (:func:`_native_counter_rows`).  Returns the rows by pair index (fast-path rows,
+    or one failed row), the binary's configuration of every pair whose run succeeded, and
+    each pair's start time (``time.monotonic``)."""
     out: dict[int, list[dict]] = {}
     cfgs: dict[int, Any] = {}
     t0 = {td["index"]: time.monotonic() for td in tds}
@@ -216,91 +246,141 @@ def run_native_batch(tds: Sequence[dict], calibration: Sequence[dict] = (),
             out[td["index"]], cfgs[td["index"]] = _native_counter_rows(td, timeout)
         except SlabtuneError as err:
             out[td["index"]] = failed_rows(td, str(err), seconds=time.monotonic() - t0[td["index"]])
-    live = [td for td in tds if td["index"] in cfgs]
-    if not live:
-        return {"rows": out, "rig": None}
-    sn = live[0]["spec_native"]
-    timeout = float(live[0].get("timeout_s") or 300.0)
-    pin = timing_cpu()
+    return out, cfgs, t0
 
-    def timed(cfg):
-        return dataclasses.replace(cfg, sync_every=int(sn["timing_sync_every"]),
-                                   steps=int(sn["timing_steps"]), time_ops=1, pin_cpu=pin)
 
-    tcfg = {td["index"]: timed(cfgs[td["index"]]) for td in live}
+def _timing_config(cfg, sn: Mapping[str, Any], pin: int):
+    """A configuration of the binary as a timing run: every allocator call timed alone
+    (``time_ops``), every thread pinned to CPU ``pin``, the spec's (``sn``, its
+    ``[validate.native]`` table) ``timing_steps`` and ``timing_sync_every``."""
+    return dataclasses.replace(cfg, sync_every=int(sn["timing_sync_every"]),
+                               steps=int(sn["timing_steps"]), time_ops=1, pin_cpu=pin)
+
+
+def _calibration_configs(calibration: Sequence[dict], sn: Mapping[str, Any],
+                         pin: int) -> list[dict]:
+    """The calibration entries (copies) ready for the timing rounds: each with ``runs``
+    (ns per pair, one per round) and ``dropped``, and its timing run's configuration
+    ``cfg``, or ``error`` where its document does not give one."""
+    from slabtune.sweeps import simconfig
+    from slabtune.validate import native
+
     cal = [dict(c) for c in calibration]
     for c in cal:
         c.update(runs=[], dropped=0)
         try:
-            c["cfg"] = timed(native.config_for_spec(simconfig.parse_doc(c["doc"])))
+            c["cfg"] = _timing_config(native.config_for_spec(simconfig.parse_doc(c["doc"])),
+                                      sn, pin)
         except SlabtuneError as err:
             c["error"] = str(err)
+    return cal
+
+
+def _interleaved_order(n_pairs: int, n_cal: int) -> list[tuple[float, int, int]]:
+    """One timing round's order: ``(position, kind, k)`` with kind 0 for pair ``k`` and 1
+    for calibration run ``k``, the two lists spread over the round by their position."""
+    # pairs and calibration runs in one round, interleaved by their position in their list
+    return sorted([((k + 0.5) / n_pairs, 0, k) for k in range(n_pairs)]
+                  + [((k + 0.5) / n_cal, 1, k) for k in range(n_cal)])
+
+
+def _timed_run(cfg, weights, timeout: float) -> tuple[float, int]:
+    """One timing run: the ns in the allocator per alloc+free pair (reps weighted by
+    ``weights``) and the calls left out for spanning a time slice."""
+    from slabtune.validate import native
+
+    r = native.run(cfg, timeout=timeout)
+    return native.op_ns_per_pair(r, weights), int(r.raw.get("op_dropped", 0))
+
+
+def _time_calibration(c: dict, timeout: float) -> None:
+    """One round's run of calibration entry ``c``: a measurement appended to its ``runs``,
+    or its ``error`` set (a failed entry runs no more)."""
+    if "error" in c:
+        return
+    try:
+        ns, dropped = _timed_run(c["cfg"], c["cfg"].rep_weight, timeout)
+        c["runs"].append(ns)
+        c["dropped"] += dropped
+    except SlabtuneError as err:
+        c["error"] = str(err)
+
+
+def _timing_rounds(live: Sequence[dict], cfgs: Mapping[int, Any], tcfg: Mapping[int, Any],
+                   cal: list[dict], repeats: int, timeout: float
+                   ) -> tuple[dict[int, list[float]], dict[int, int], dict[int, str]]:
+    """Step 2 of :func:`run_native_batch`: ``repeats`` rounds, each timing every live pair
+    (its configuration ``tcfg``, reps weighted as in ``cfgs``) and every calibration entry
+    once, interleaved (:func:`_interleaved_order`).  Returns per pair index its ns per
+    pair of each round and its calls left out, and the error of each pair whose timing
+    failed (it runs no more); the calibration entries are updated in place."""
     times: dict[int, list[float]] = {td["index"]: [] for td in live}
     dropped: dict[int, int] = {td["index"]: 0 for td in live}
     failed: dict[int, str] = {}
-    # pairs and calibration runs in one round, interleaved by their position in their list
-    order = sorted([((k + 0.5) / len(live), 0, k) for k in range(len(live))]
-                   + [((k + 0.5) / len(cal), 1, k) for k in range(len(cal))])
-    for _ in range(int(sn["timing_repeats"])):
+    order = _interleaved_order(len(live), len(cal))
+    for _ in range(repeats):
         for _, kind, k in order:
             if kind == 1:
-                c = cal[k]
-                if "error" in c:
-                    continue
-                try:
-                    r = native.run(c["cfg"], timeout=timeout)
-                    c["runs"].append(native.op_ns_per_pair(r, c["cfg"].rep_weight))
-                    c["dropped"] += int(r.raw.get("op_dropped", 0))
-                except SlabtuneError as err:
-                    c["error"] = str(err)
+                _time_calibration(cal[k], timeout)
                 continue
             td = live[k]
             i = td["index"]
             if i in failed:
                 continue
             try:
-                r = native.run(tcfg[i], timeout=float(td.get("timeout_s") or 300.0))
-                times[i].append(native.op_ns_per_pair(r, cfgs[i].rep_weight))
-                dropped[i] += int(r.raw.get("op_dropped", 0))
+                ns, n_dropped = _timed_run(tcfg[i], cfgs[i].rep_weight,
+                                           float(td.get("timeout_s") or 300.0))
+                times[i].append(ns)
+                dropped[i] += n_dropped
             except SlabtuneError as err:
                 failed[i] = str(err)
-    steps = int(sn["timing_steps"])
-    rig = rig_fit(cal, pcp_batch, steps=steps, cpu=pin)
-    for td in live:
-        i = td["index"]
-        if i in failed:
-            out[i] = failed_rows(td, f"timing: {failed[i]}", seconds=time.monotonic() - t0[i])
-            continue
-        m = td["native"]["model"]
-        v = times[i]
-        med = statistics.median(v)
-        common = {"accelerator": "native", "attempts": 1, "comparable": True,
-                  "applied": out[i][0]["applied"], "profile": out[i][0]["profile"],
-                  "cache": out[i][0]["cache"], "unit": "ns in the allocator per alloc+free pair",
-                  "note": f"allocator calls timed alone, {len(v)} interleaved runs x "
-                          f"{tcfg[i].steps} steps, threads on CPU {pin}; runs "
-                          + ", ".join(f"{x:.1f}" for x in v)
-                          + f"; {dropped[i]} calls over 50 us left out"}
-        seconds = time.monotonic() - t0[i]
-        if rig["constants"] is not None:
-            rig_pred = float(rigcost.predict(m["rig_features"], rig["constants"], rig["names"])[0])
-            rig_row = {}
-        else:
-            rig_pred, rig_row = None, {"comparable": False,
-                                       "note": f"{common['note']}; no rig table: {rig['error']}"}
-        out[i] = [{**r, "seconds": seconds} for r in out[i]] + [
-            row(td, **{**common, **rig_row}, seconds=seconds, field="native_cost",
-                 predicted=rig_pred, measured=med),
-            row(td, **{**common, "comparable": False}, seconds=seconds,
-                 field="native_cost_packaged", predicted=float(m["ns_per_op"]), measured=med),
-            row(td, **{**common, "comparable": False}, seconds=seconds,
-                 field="native_cost_prior", predicted=float(m["ns_per_op_prior"]), measured=med),
-        ]
+    return times, dropped, failed
+
+
+def _pair_rows(td: dict, counter_rows: list[dict], tcfg, v: list[float], dropped: int,
+               pin: int, rig: dict, t0: float) -> list[dict]:
+    """A timed pair's rows: its counter rows with the task's seconds, then the median of
+    its runs ``v`` against the model under the rig table (``native_cost``; not comparable
+    when there is no table), the packaged table and the prior constants (labelled
+    diagnostics, not comparable)."""
+    from slabtune.validate import rigcost
+
+    m = td["native"]["model"]
+    med = statistics.median(v)
+    common = {"accelerator": "native", "attempts": 1, "comparable": True,
+              "applied": counter_rows[0]["applied"], "profile": counter_rows[0]["profile"],
+              "cache": counter_rows[0]["cache"], "unit": "ns in the allocator per alloc+free pair",
+              "note": f"allocator calls timed alone, {len(v)} interleaved runs x "
+                      f"{tcfg.steps} steps, threads on CPU {pin}; runs "
+                      + ", ".join(f"{x:.1f}" for x in v)
+                      + f"; {dropped} calls over 50 us left out"}
+    seconds = time.monotonic() - t0
+    if rig["constants"] is not None:
+        rig_pred = float(rigcost.predict(m["rig_features"], rig["constants"], rig["names"])[0])
+        rig_row = {}
+    else:
+        rig_pred, rig_row = None, {"comparable": False,
+                                   "note": f"{common['note']}; no rig table: {rig['error']}"}
+    return [{**r, "seconds": seconds} for r in counter_rows] + [
+        row(td, **{**common, **rig_row}, seconds=seconds, field="native_cost",
+             predicted=rig_pred, measured=med),
+        row(td, **{**common, "comparable": False}, seconds=seconds,
+             field="native_cost_packaged", predicted=float(m["ns_per_op"]), measured=med),
+        row(td, **{**common, "comparable": False}, seconds=seconds,
+             field="native_cost_prior", predicted=float(m["ns_per_op_prior"]), measured=med),
+    ]
+
+
+def _span_check(rig: dict, live: Sequence[dict], failed: Mapping[int, str]) -> None:
+    """With a rig table, ``rig["pairs_outside_span"]``: how far the timed pairs' features
+    lie outside the span of the measured calibration runs' features
+    (:func:`slabtune.validate.rigcost.span_residual`)."""
+    from slabtune.validate import rigcost
+
     if rig["constants"] is not None:
         pf = [td["native"]["model"]["rig_features"] for td in live if td["index"] not in failed]
         rig["pairs_outside_span"] = rigcost.span_residual([c["features"] for c in rig["calibration"]
                                                       if c.get("measured") is not None], pf)
-    return {"rows": out, "rig": rig}
 
 
 def rig_fit(cal: Sequence[dict], pcp_batch: float | None, steps: int, cpu: int) -> dict:

@@ -335,9 +335,9 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
     lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): what rep r adds to each
     acquisition of lock l beyond ``hold``: the transfer of the cache lines its critical
     section moves (the lock's and the lists it guards, ``k_l * line_{r,l}``) and any
-    work it does under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real CPUs per rep.  ``multiplicity`` (L,): real
-    locks per class (arrivals spread evenly over them).  ``duty`` (R,): ops per simulated
-    step of each rep (default 1).
+    work it does under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real
+    CPUs per rep.  ``multiplicity`` (L,): real locks per class (arrivals spread evenly over
+    them).  ``duty`` (R,): ops per simulated step of each rep (default 1).
 
     Service: a CPU holds the lock for ``hold`` plus the transfer of the lock's line (and the
     list it guards) to it, ``hold + line``; CPUs across the interconnect therefore lower
@@ -353,7 +353,38 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
     ``U(rho)_l - rho_l`` has exactly one root in ``rho_l`` when the others are held: each
     lock class is solved by bisection in turn, and the round over classes is repeated
     (``sweeps`` and ``steps`` are static).
+
+    The parts: :func:`_lock_system` (the fixed arrays), :func:`_pace`, :func:`_waits`,
+    :func:`_times`, :func:`_utilisation` (of each lock class), :func:`_bisect_class` (the
+    bisection of one class), :func:`_fixed_point` (the rounds) and :func:`_solution` (the
+    final times).
     """
+    s = _lock_system(base, acq, hold, line, weight, multiplicity, rho_max, duty)
+    rho = _fixed_point(s, sweeps, steps)
+    return _solution(s, rho)
+
+
+class _Locks(NamedTuple):
+    """What :func:`solve` holds fixed while it looks for the utilisations (float32; R reps,
+    L lock classes)."""
+
+    fixed: jnp.ndarray         # (R,) ns per op without waiting: base + acq x service
+    acq: jnp.ndarray           # (R, L) acquisitions per op
+    service: jnp.ndarray       # (R, L) hold + line of rep r's acquisitions
+    mean_service: jnp.ndarray  # (L,) mean service over each lock's arrivals
+    own: jnp.ndarray           # (R, L) rep r's own share of a lock's utilisation
+    weight: jnp.ndarray        # (R,) real CPUs per rep
+    duty: jnp.ndarray          # (R,) ops per simulated step
+    active: jnp.ndarray        # (R,) weight > 0
+    mult: jnp.ndarray          # (L,) real locks per class, at least 1
+    rho_max: jnp.ndarray       # () utilisation cap
+    hold: jnp.ndarray          # (L,) hold time (its shape fixes L)
+
+
+def _lock_system(base, acq, hold, line, weight, multiplicity, rho_max, duty) -> _Locks:
+    """The :class:`_Locks` of :func:`solve`'s arguments: the service of each acquisition
+    (hold plus lines), the time per op without waiting, each lock's mean service over its
+    arrivals, and each rep's own share of a lock (taken out of the queue it sees)."""
     base = jnp.asarray(base, _F32)
     acq = jnp.asarray(acq, _F32)
     hold = jnp.asarray(hold, _F32)
@@ -365,51 +396,78 @@ def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweep
     mult = jnp.maximum(jnp.asarray(multiplicity, _F32), 1.0)
     service = hold[None, :] + line
     fixed = base + jnp.sum(acq * service, axis=1)
-    n_locks = hold.shape[-1]
     # Mean service time of each lock over its arrivals (rates all scale with 1 / tau).
     flow = jnp.where(active, weight * duty, 0.0)[:, None] * acq
     mean_service = jnp.where(jnp.sum(flow, axis=0) > 0,
                              jnp.sum(flow * service, axis=0)
                              / jnp.maximum(jnp.sum(flow, axis=0), 1e-30), hold)
 
-    def pace(t):
-        return jnp.maximum(jnp.max(jnp.where(active, duty * t, 0.0)), 1e-3)
-
     # A CPU does not queue behind itself: its own share of a lock's utilisation (bounded
     # above by its share when nobody waits) is taken out of the queue it sees.
-    own = acq * service * (duty / pace(fixed))[:, None]
+    own = acq * service * (duty / _pace(active, duty, fixed))[:, None]
+    return _Locks(fixed=fixed, acq=acq, service=service, mean_service=mean_service, own=own,
+                  weight=weight, duty=duty, active=active, mult=mult, rho_max=rho_max,
+                  hold=hold)
 
-    def waits(rho):
-        return wait_excluding_own(mean_service, rho, own, rho_max)
 
-    def times(rho):
-        return fixed + jnp.sum(acq * waits(rho), axis=1)
+def _pace(active, duty, t):
+    """ns per simulated step at per-op times ``t``: ``tau = max_r duty_r * t_r`` over the
+    active reps (at least 1e-3)."""
+    return jnp.maximum(jnp.max(jnp.where(active, duty * t, 0.0)), 1e-3)
 
-    def utilisation(t):
-        rate = duty / pace(t)
-        busy = jnp.sum(weight[:, None] * acq * service * rate[:, None], axis=0) / mult
-        return jnp.minimum(busy, rho_max)
 
-    def solve_one(rho, l):
-        def bisect(_, bracket):
-            lo, hi = bracket
-            mid = 0.5 * (lo + hi)
-            trial = rho.at[l].set(mid)
-            above = utilisation(times(trial))[l] > mid
-            return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+def _waits(s: _Locks, rho):
+    """(R, L) mean wait of each rep per acquisition at utilisations ``rho``
+    (:func:`wait_excluding_own`)."""
+    return wait_excluding_own(s.mean_service, rho, s.own, s.rho_max)
 
-        lo, hi = lax.fori_loop(0, steps, bisect, (jnp.asarray(0.0, _F32), rho_max))
-        return rho.at[l].set(0.5 * (lo + hi))
+
+def _times(s: _Locks, rho):
+    """(R,) ns per op at utilisations ``rho``: the fixed time plus the waits."""
+    return s.fixed + jnp.sum(s.acq * _waits(s, rho), axis=1)
+
+
+def _utilisation(s: _Locks, t):
+    """(L,) utilisation of each lock class when the reps take ``t`` ns per op: the busy
+    time its arrivals bring per ns, spread over the class's locks, capped at rho_max."""
+    rate = s.duty / _pace(s.active, s.duty, t)
+    busy = jnp.sum(s.weight[:, None] * s.acq * s.service * rate[:, None], axis=0) / s.mult
+    return jnp.minimum(busy, s.rho_max)
+
+
+def _bisect_class(s: _Locks, rho, lc: int, steps: int):
+    """``rho`` with lock class ``lc``'s utilisation solved, the others held: ``steps``
+    bisections of ``U(rho)_lc - rho_lc`` (decreasing, one root) on [0, rho_max]."""
+    def bisect(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        trial = rho.at[lc].set(mid)
+        above = _utilisation(s, _times(s, trial))[lc] > mid
+        return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+
+    lo, hi = lax.fori_loop(0, steps, bisect, (jnp.asarray(0.0, _F32), s.rho_max))
+    return rho.at[lc].set(0.5 * (lo + hi))
+
+
+def _fixed_point(s: _Locks, sweeps: int, steps: int):
+    """The utilisations at the fixed point ``rho = U(rho)``: from 0, ``sweeps`` rounds,
+    each solving every lock class in turn (:func:`_bisect_class`)."""
+    n_locks = s.hold.shape[-1]
 
     def sweep(_, rho):
-        for l in range(n_locks):
-            rho = solve_one(rho, l)
+        for lc in range(n_locks):
+            rho = _bisect_class(s, rho, lc, steps)
         return rho
 
-    rho = lax.fori_loop(0, sweeps, sweep, jnp.zeros_like(hold))
-    t = times(rho)
-    tau = pace(t)
-    resid = jnp.max(jnp.abs(utilisation(t) - rho))
-    return Solution(t=t, wait=waits(rho), rho=rho, tau=tau,
-                    throughput=jnp.sum(jnp.where(active, weight * duty, 0.0)) / tau,
+    return lax.fori_loop(0, sweeps, sweep, jnp.zeros_like(s.hold))
+
+
+def _solution(s: _Locks, rho) -> Solution:
+    """The :class:`Solution` at utilisations ``rho``: per-op times, the pace, the waits,
+    the machine's throughput and the residual ``max |U(rho) - rho|``."""
+    t = _times(s, rho)
+    tau = _pace(s.active, s.duty, t)
+    resid = jnp.max(jnp.abs(_utilisation(s, t) - rho))
+    return Solution(t=t, wait=_waits(s, rho), rho=rho, tau=tau,
+                    throughput=jnp.sum(jnp.where(s.active, s.weight * s.duty, 0.0)) / tau,
                     residual=resid)

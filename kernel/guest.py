@@ -113,8 +113,8 @@ def find_assets(kernel: Path | str | None = None, busybox: Path | str | None = N
     """Locate qemu, a bzImage, a static busybox and the static workload.
 
     ``kernel`` overrides the cached Debian kernel with any bzImage.  The workload is built
-    from native/workload.c when missing or older than its source and ``build`` is set.  Raises GuestError naming the
-    first missing piece.
+    from native/workload.c when missing or older than its source and ``build`` is set.
+    Raises GuestError naming the first missing piece.
     """
     c = cache_dir()
     qemu_path = qemu or shutil.which("qemu-system-x86_64")
@@ -217,7 +217,8 @@ def topology_qemu_args(topology: Topology, memory_mib: int = DEFAULT_MEMORY_MIB)
     the nodes with memory; a node without memory gets no memdev (a memoryless node, or an
     empty one when it has no CPUs either).
     """
-    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or not 128 <= memory_mib <= 65536:
+    if (isinstance(memory_mib, bool) or not isinstance(memory_mib, int)
+            or not 128 <= memory_mib <= 65536):
         raise GuestError(f"memory_mib: {memory_mib!r} is outside 128..65536")
     if topology.possible > 255:
         raise GuestError(f"possible: {topology.possible} CPUs is more than qemu's q35/pc "
@@ -590,7 +591,8 @@ def parse_console(text: str, token: str) -> ParsedConsole:
                 try:
                     found = json.loads(ln)
                 except json.JSONDecodeError:
-                    raise ConsoleParseError(f"workload {i}: unparseable JSON {ln[:120]!r}") from None
+                    raise ConsoleParseError(
+                        f"workload {i}: unparseable JSON {ln[:120]!r}") from None
         workloads.append(found if found is not None else {})
     return ParsedConsole(
         started=started, ended=ended, guest_uptime_at_start=uptime, info=info, caches=caches,

@@ -23,15 +23,17 @@ lock, whose service time is ``hold_l + k_l * line_{r,l}``: with ``lambda_l`` acq
 per ns on each of the ``m_l`` real locks of the class (rep ``r``'s CPUs contribute
 ``weight_r * A[r, l]`` per op), ``rho_l = sum_r lambda_{r,l} * (hold_l + k_l * line_{r,l})``
 and ``W_l = s_l * rho_l / (1 - rho_l)`` with ``s_l`` the mean service time, less the CPU's own
-share of ``rho_l`` in the numerator (a CPU never queues behind itself).  ``t_r`` depends on ``W`` and ``W`` on ``t_r``; the
-fixed point is found by bisection on each lock's utilisation in turn (the map from ``rho``
-to ``rho'`` is decreasing, so plain iteration would oscillate), static rounds for ``jit``.  Near saturation
-the fixed point gives each lock a throughput just under one per mean service time: the machine slows to
-what its busiest lock can serve, which is how one node's list_lock caps a whole machine.
+share of ``rho_l`` in the numerator (a CPU never queues behind itself).  ``t_r`` depends
+on ``W`` and ``W`` on ``t_r``; the fixed point is found by bisection on each lock's
+utilisation in turn (the map from ``rho`` to ``rho'`` is decreasing, so plain iteration
+would oscillate), static rounds for ``jit``.  Near saturation the fixed point gives each
+lock a throughput just under one per mean service time: the machine slows to what its
+busiest lock can serve, which is how one node's list_lock caps a whole machine.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from typing import NamedTuple
 

@@ -211,8 +211,9 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         kind = params.pop("kind")
         workload = workloads.build(kind, topology, **params)
     wl, lay = workload
-    cap = int(np.asarray(structure.sheaf_capacity)) if sheaf_capacity is None else int(sheaf_capacity)
-    cps = int(np.asarray(structure.cpu_partial_slabs)) if cpu_partial_slabs is None else int(cpu_partial_slabs)
+    cap = int(np.asarray(structure.sheaf_capacity) if sheaf_capacity is None else sheaf_capacity)
+    cps = int(np.asarray(structure.cpu_partial_slabs) if cpu_partial_slabs is None
+              else cpu_partial_slabs)
     if not profile.has_cpu_partial:
         cps = 0
     mp = int(np.asarray(structure.min_partial)) if min_partial is None else int(min_partial)

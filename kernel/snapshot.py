@@ -11,6 +11,7 @@ names the file, the row (and cache) and the column.  This module never imports J
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import tempfile
@@ -60,6 +61,15 @@ EXTRA_COLUMNS: tuple[str, ...] = DEBUG_FLAG_COLUMNS + (
 _MINIMUM = {
     "object_size": 1, "slab_size": 1, "order": 0, "objs_per_slab": 1, "min_partial": 0,
     "cpu_partial": 0, "sheaf_capacity": 0,
+}
+#: Upper bounds of the integer columns: what any kernel can report.  A slab's order is a
+#: page order (MAX_PAGE_ORDER is 10 on x86-64; no architecture allows more than 20); a slab
+#: holds at most MAX_OBJS_PER_PAGE (32767) objects (15 bits of struct slab); sizes fit in a
+#: slab of the largest order; the rest are counters the model holds as int32.
+_INT32_MAX = (1 << 31) - 1
+_MAXIMUM = {
+    "object_size": 1 << 30, "slab_size": 1 << 30, "order": 20, "objs_per_slab": 32767,
+    "min_partial": _INT32_MAX, "cpu_partial": _INT32_MAX, "sheaf_capacity": _INT32_MAX,
 }
 _SUFFIXES = (".csv", ".parquet")
 
@@ -176,12 +186,7 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
             if c not in NULLABLE_INT_COLUMNS and s.null_count():
                 i = int(s.is_null().arg_true()[0])
                 raise SlabtuneError(f"{source}: {_row_label(df, i)}: column {c} is empty")
-            low = _MINIMUM[c]
-            bad = (s < low).fill_null(False)
-            if bad.any():
-                i = int(bad.arg_true()[0])
-                raise SlabtuneError(
-                    f"{source}: {_row_label(df, i)}: {c} is {s[i]} (must be >= {low})")
+            _check_range(df, s, c, source)
         else:
             if s.dtype != pl.String:
                 s = s.cast(pl.String)
@@ -219,6 +224,19 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
     return out
 
 
+def _check_range(df: pl.DataFrame, s: pl.Series, c: str, source: str) -> None:
+    """Fail on the first value of integer column ``c`` outside what a kernel can report
+    (:data:`_MINIMUM`, :data:`_MAXIMUM`), naming the file, the row (and cache) and the
+    column: bad input, not something for the model to mismatch."""
+    low, high = _MINIMUM[c], _MAXIMUM[c]
+    bad = ((s < low) | (s > high)).fill_null(False)
+    if bad.any():
+        i = int(bad.arg_true()[0])
+        limit = f"must be >= {low}" if s[i] < low else \
+            f"must be <= {high}, the most a kernel can report"
+        raise SlabtuneError(f"{source}: {_row_label(df, i)}: {c} is {s[i]} ({limit})")
+
+
 def _int_column(df: pl.DataFrame, c: str, source: str) -> pl.Series:
     s = df[c]
     if s.dtype.is_integer():
@@ -252,6 +270,10 @@ def read_snapshot(path: str | os.PathLike) -> pl.DataFrame:
     path = Path(path)
     suffix = _check_suffix(path)
     if not path.exists():
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise SlabtuneError(f"{path}: cannot read snapshot: {blocker} is a file, not a "
+                                "directory")
         raise SlabtuneError(f"{path}: cannot read snapshot: no such file")
     if path.is_dir():
         raise SlabtuneError(f"{path}: cannot read snapshot: is a directory")
@@ -260,6 +282,8 @@ def read_snapshot(path: str | os.PathLike) -> pl.DataFrame:
             fh.read(1)
     except OSError as err:
         raise SlabtuneError(f"{path}: cannot read snapshot: {err.strerror}") from None
+    if suffix == ".csv":
+        _check_csv_header(path)
     try:
         if suffix == ".csv":
             df = pl.read_csv(path, infer_schema=False, raise_if_empty=True)
@@ -269,6 +293,25 @@ def read_snapshot(path: str | os.PathLike) -> pl.DataFrame:
         first = (str(err).strip().splitlines() or [err.__class__.__name__])[0]
         raise SlabtuneError(f"{path}: malformed snapshot: {first}") from None
     return validate_snapshot(df, str(path))
+
+
+def _check_csv_header(path: Path) -> None:
+    """A CSV snapshot's header names every required column, and no row has more fields
+    than the header: each problem is one line naming the file and the missing column or
+    the row (instead of a parser's message about its schema)."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        rows = csv.reader(fh)
+        header = next(rows, None)
+        if header is None:
+            return   # empty: the parser says so
+        missing = [c for c in SNAPSHOT_COLUMNS if c not in header]
+        if missing:
+            raise SlabtuneError(f"{path}: header: missing column(s) {', '.join(missing)} "
+                                f"(the header has {len(header)} columns)")
+        for i, row in enumerate(rows):
+            if len(row) > len(header):
+                raise SlabtuneError(f"{path}: row {i + 1}: {len(row)} fields but the header "
+                                    f"names {len(header)} columns")
 
 
 def write_snapshot(df: pl.DataFrame, path: str | os.PathLike) -> Path:

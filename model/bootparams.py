@@ -168,7 +168,8 @@ def _strict_int(name: str, value: object) -> int:
     raise SlabtuneError(f"boot parameter {name}: {value!r} is not an integer")
 
 
-def validate_params(params: Mapping[str, object], profile: profiles.KernelProfile) -> dict[str, int]:
+def validate_params(params: Mapping[str, object],
+                    profile: profiles.KernelProfile) -> dict[str, int]:
     """Strictly validate user-supplied boot parameters; return ``{"slub_<suffix>": int}``.
 
     Raises SlabtuneError naming the parameter for: a name not on the profile's allow-list,
@@ -198,6 +199,19 @@ def validate_params(params: Mapping[str, object], profile: profiles.KernelProfil
         raise SlabtuneError(
             f"boot parameter slub_min_order: {lo_o} is above slub_max_order {hi_o}")
     return out
+
+
+def validate_params_any_profile(params: Mapping[str, object]) -> dict[str, int]:
+    """:func:`validate_params` before the kernel is known: a name must be on the allow-list
+    in some spelling (``slub_*``, or ``slab_*`` from v6.8), a value in its range.  The
+    target kernel's profile is checked again once it is known."""
+    widest = max(profiles.PROFILES.values(), key=lambda p: len(p.boot_param_prefixes))
+    names = allowed_names(widest)
+    for name in params:
+        if str(name) not in names:
+            raise SlabtuneError(f"boot parameter {name!r} is not allowed by any kernel "
+                                f"profile (allowed: {', '.join(names)})")
+    return validate_params(params, widest)
 
 
 def validate_cmdline(cmdline: str, profile: profiles.KernelProfile) -> dict[str, int]:

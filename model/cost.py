@@ -120,6 +120,8 @@ OPTIONAL_DEFAULTS: dict[str, float] = {
 }
 
 FIELDS: tuple[str, ...] = CostParams._fields
+#: Largest cost constant: the model holds them as float32, where anything larger is inf.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class CostError(ValueError):
@@ -147,6 +149,8 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
             raise CostError(f"cost.{key}: unknown cost constant (known: {', '.join(FIELDS)})")
         if isinstance(val, bool) or not isinstance(val, (int, float)):
             raise CostError(f"cost.{key}: {val!r} is not a number")
+        if not math.isfinite(val) or abs(val) > FLOAT32_MAX:
+            raise CostError(f"cost.{key}: {val!r} is not a finite number (float32)")
         if val < 0:
             raise CostError(f"cost.{key}: {val} is negative")
         out[key] = float(val)

@@ -31,6 +31,7 @@ from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, caches, cost, profiles
 from slabtune.model import topology as topologies
 from slabtune.model.constants import MAX_OPS_PER_STEP
+from slabtune.sweeps.spec import read_text_file
 
 WORKLOAD_KINDS: tuple[str, ...] = ("local", "producer_consumer", "request_response", "block_io")
 
@@ -154,8 +155,14 @@ def _int(where: str, val, lo: int | None = None, hi: int | None = None) -> int:
     return val
 
 
+#: Largest number a config may give: the model computes in float32.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _number(where: str, val, lo: float = 0.0) -> float:
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+    """A finite, float32-representable number of at least ``lo``."""
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val) \
+            or abs(val) > _FLOAT32_MAX:
         raise ConfigError(f"{where}: {val!r} is not a finite number")
     if val < lo:
         word = "negative" if lo == 0 else f"below {lo}"
@@ -199,10 +206,12 @@ def parse_topology(tab: dict) -> topologies.Topology:
     if online is not None:
         online = _int("topology.online", online, 1, cpus)
     try:
-        return topologies.Topology.uniform(cpus, nodes, memoryless_nodes=ml, possible=possible,
-                                  online=online, node_cpus=node_cpus)
+        topo = topologies.Topology.uniform(cpus, nodes, memoryless_nodes=ml, possible=possible,
+                                           online=online, node_cpus=node_cpus)
+        topologies.check_no_empty_nodes(topo)
     except topologies.TopologyError as err:
         raise ConfigError(f"topology.{err}") from None
+    return topo
 
 
 def parse_cache(tab: dict) -> caches.CacheInfo:
@@ -313,6 +322,18 @@ def parse_workload(tab: dict) -> tuple[str, dict[str, Any], float]:
     return kind, params, other
 
 
+def check_workload(kind: str, params: dict[str, Any], topo: topologies.Topology) -> None:
+    """Build the workload once, so a parameter its constructor refuses (a count out of
+    range, a probability above 1) is an error naming ``workload.<param>`` now, not when
+    the model runs."""
+    from slabtune.model import workloads
+
+    try:
+        workloads.build(kind, topo, **params)
+    except workloads.WorkloadError as err:
+        raise ConfigError(f"workload.{err}") from None
+
+
 def parse_run(tab: dict) -> tuple[int, int, int]:
     """[run] -> (steps, seed, ops_per_step)."""
     _no_unknown(tab, "run", ("steps", "seed", "ops_per_step"))
@@ -344,9 +365,26 @@ def parse_text(text: str, where: str = "<config>") -> SimSpec:
 
 
 def load(path: str | Path) -> SimSpec:
-    """Read and validate a config file."""
+    """Read and validate a config file; every error is one line naming the file and the
+    field."""
     p = Path(path)
-    return parse_text(p.read_text(), str(p))
+    text = _read("config", p)
+    try:
+        spec = parse_text(text, str(p))
+        check_workload(spec.workload_kind, spec.workload_params, spec.topology)
+        return spec
+    except ConfigError as err:
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith(f"{p}: ") else f"{p}: {msg}") from None
+
+
+def _read(field: str, path: Path) -> str:
+    """A config or cost file's UTF-8 text; a missing, binary or directory path is one
+    ConfigError line naming ``field`` and the path."""
+    try:
+        return read_text_file(path, field)
+    except SlabtuneError as err:
+        raise ConfigError(str(err)) from None
 
 
 # --------------------------------------------------------------------------- cost files
@@ -362,7 +400,7 @@ def load_cost(path: str | Path | None = None) -> tuple[cost.CostParams, cost.Cos
     if path is None:
         return cost.parse_cost_toml(default_cost_text(), "cost_default.toml")
     p = Path(path)
-    return load_cost_text(p.read_text(), str(p))
+    return load_cost_text(_read("cost", p), str(p))
 
 
 def load_cost_text(text: str, source: str) -> tuple[cost.CostParams, cost.CostMeta]:
@@ -372,7 +410,8 @@ def load_cost_text(text: str, source: str) -> tuple[cost.CostParams, cost.CostMe
     try:
         params, file_meta = cost.parse_cost_toml(text, source, base=base)
     except cost.CostError as err:
-        raise ConfigError(f"{source}: {err}") from None
+        msg = str(err)   # a TOML syntax error already names the source
+        raise ConfigError(msg if msg.startswith(f"{source}: ") else f"{source}: {msg}") from None
     # Defaults the file does not override keep their "fitted" note; the file's own notes
     # are added.
     overridden = set(tomllib.loads(text).get("cost", {}))

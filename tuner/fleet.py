@@ -17,10 +17,11 @@ import numpy as np
 from slabtune.errors import SlabtuneError
 from slabtune.model import profiles
 from slabtune.model.caches import CacheInfo, UnknownCacheError, get_cache
-from slabtune.model.topology import Topology, TopologyError
+from slabtune.model.topology import Topology, TopologyError, check_no_empty_nodes
 
 _F32 = jnp.float32
 _I32 = jnp.int32
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # --------------------------------------------------------------------------- fleet data
@@ -58,8 +59,12 @@ class Fleet:
 
 
 def check_number(where: str, value, lo: float, hi: float = math.inf) -> float:
+    """A finite number in ``lo..hi`` (TOML's ``nan`` and ``inf`` are refused, and so is
+    anything float32, which the objectives compute in, would hold as inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SlabtuneError(f"{where}: expected a number, got {value!r}")
+    if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+        raise SlabtuneError(f"{where}: {value!r} is not a finite number (float32)")
     if not lo <= value <= hi:
         raise SlabtuneError(f"{where}: {value} is outside {lo}..{hi}")
     return float(value)
@@ -71,6 +76,15 @@ def check_int(where: str, value, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise SlabtuneError(f"{where}: {value} is outside {lo}..{hi}")
     return value
+
+
+def _id_list(where: str, t: Mapping) -> list:
+    """``memoryless_nodes`` of a ``[[fleet.topology]]`` table: a list (of node ids, checked
+    by :meth:`Topology.uniform`)."""
+    ml = t.get("memoryless_nodes", [])
+    if not isinstance(ml, list):
+        raise SlabtuneError(f"{where}.memoryless_nodes: expected a list of node ids, got {ml!r}")
+    return ml
 
 
 def _parse_topology(i: int, t) -> FleetTopology:
@@ -88,9 +102,10 @@ def _parse_topology(i: int, t) -> FleetTopology:
         raise SlabtuneError(f"{where}.name: expected a non-empty string")
     weight = check_number(f"{where}.weight", t.get("weight", 1.0), 0.0)
     try:
-        topo = Topology.uniform(cpus, nodes, memoryless_nodes=t.get("memoryless_nodes", ()),
+        topo = Topology.uniform(cpus, nodes, memoryless_nodes=_id_list(where, t),
                                 possible=t.get("possible"), online=t.get("online"),
                                 node_cpus=t.get("node_cpus"))
+        check_no_empty_nodes(topo)
     except (TopologyError, TypeError) as err:
         raise SlabtuneError(f"{where}: {err}") from None
     return FleetTopology(name, topo, weight)

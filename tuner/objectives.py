@@ -377,7 +377,7 @@ def parse_objectives(table) -> ObjectiveSpec:
     if unknown:
         raise SlabtuneError(f"objectives.{sorted(unknown)[0]}: unknown field")
     name = table.get("set", "structural")
-    if name not in OBJECTIVE_SETS:
+    if not isinstance(name, str) or name not in OBJECTIVE_SETS:
         raise SlabtuneError(f"objectives.set: {name!r} is not one of {', '.join(OBJECTIVE_SETS)}")
     mr = table.get("max_regression")
     if mr is not None:

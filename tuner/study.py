@@ -20,6 +20,9 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import os
+import shlex
+import sys
 import tomllib
 import warnings
 from collections.abc import Mapping
@@ -31,6 +34,7 @@ import optuna
 
 from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams
+from slabtune.sweeps.spec import SpecError, check_name, read_text_file
 from slabtune.tuner import fleet as fleets
 from slabtune.tuner import objectives as fleet_objectives
 from slabtune.tuner import optuna_internals
@@ -75,7 +79,8 @@ class TuneSpec:
 
         if self.cost_text is None:
             return simconfig.load_cost()[0]
-        return simconfig.load_cost_text(self.cost_text, f"objectives.cost {self.objectives.cost}")[0]
+        return simconfig.load_cost_text(self.cost_text,
+                                        f"objectives.cost {self.objectives.cost}")[0]
 
 
 def builtin_spec_path(name: str) -> Path | None:
@@ -118,11 +123,7 @@ def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None,
     if objectives.cost is None:
         cost_text = None
     elif cost_text is None:
-        try:
-            cost_text = Path(objectives.cost).read_text()
-        except OSError as err:
-            raise SlabtuneError(f"objectives.cost: {objectives.cost}: "
-                                f"{err.strerror or err}") from None
+        cost_text = read_text_file(objectives.cost, "objectives.cost")
     out = TuneSpec(name=name, text=text, fleet=fleet, space=space, objectives=objectives,
                    fleet_sweep=sweep.to_dict() if sweep is not None else None,
                    cost_text=cost_text)
@@ -148,7 +149,7 @@ def spec_file(ref: str, field: str = "spec") -> Path:
 def load_spec(ref: str) -> TuneSpec:
     """Load a spec from a file path or a built-in name (``tune_quick``)."""
     path = spec_file(ref)
-    return parse_spec(path.read_text(), path.stem)
+    return parse_spec(read_text_file(path, "spec"), path.stem)
 
 
 # --------------------------------------------------------------------------- storage
@@ -162,13 +163,22 @@ def default_storage_url(run_dir: Path) -> str:
     return f"sqlite:///{run_dir.resolve() / DB_NAME}"
 
 
+#: Storage URLs of an in-memory study (gone when the process ends).
+MEMORY_URLS = ("memory:", ":memory:", "inmemory")
+
+
+def is_in_memory_url(url: str) -> bool:
+    """Whether ``url`` names an in-memory storage."""
+    return url.strip() in MEMORY_URLS
+
+
 def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
     """Open a storage by URL; a bad URL or unreachable database raises one SlabtuneError
     line naming the storage."""
     if not isinstance(url, str) or not url.strip():
         raise SlabtuneError("storage: empty storage URL")
     url = url.strip()
-    if url in ("memory:", ":memory:", "inmemory"):
+    if is_in_memory_url(url):
         return optuna.storages.InMemoryStorage()
     journal = None
     if url.startswith("journal:"):
@@ -178,26 +188,14 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
     elif "://" not in url and url.endswith((".log", ".journal", ".jsonl")):
         journal = url
     if journal is not None:
-        path = Path(journal)
-        if not journal or path.is_dir():
-            raise SlabtuneError(f"storage: {url!r}: journal storage needs a file path")
-        if not path.parent.is_dir():
-            raise SlabtuneError(f"storage: {url!r}: directory {path.parent} does not exist")
-        if not create and not path.exists():
-            raise SlabtuneError(f"storage: {url!r}: journal file does not exist")
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-        try:
-            return JournalStorage(JournalFileBackend(str(path)))
-        except Exception as err:  # noqa: BLE001 - any backend failure is a bad storage
-            raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+        return _open_journal(url, journal, create)
     if "://" not in url:
         raise SlabtuneError(f"storage: {url!r} is not a storage URL (use sqlite:///PATH, "
                             "postgresql://..., journal:PATH or memory:)")
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         if str(path) not in ("", ":memory:"):
-            if not path.parent.is_dir():
-                raise SlabtuneError(f"storage: {url!r}: directory {path.parent} does not exist")
+            _check_parent(url, path)
             if not create and not path.exists():
                 raise SlabtuneError(f"storage: {url!r}: database file does not exist")
     try:
@@ -207,6 +205,95 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:"):
         _sqlite_wal(storage)
     return storage
+
+
+def _check_parent(url: str, path: Path) -> None:
+    """The directory a storage file goes in exists (and is not a file)."""
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise SlabtuneError(f"storage: {url!r}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise SlabtuneError(f"storage: {url!r}: directory {parent} does not exist")
+
+
+def _open_journal(url: str, journal: str, create: bool) -> optuna.storages.BaseStorage:
+    """A journal file storage.  Opened to write (``create``), a file whose last record was
+    torn by a crash is repaired first (:func:`repair_torn_journal`), since a record appended
+    after the torn bytes would make the whole file unreadable."""
+    path = Path(journal)
+    if not journal or path.is_dir():
+        raise SlabtuneError(f"storage: {url!r}: journal storage needs a file path")
+    _check_parent(url, path)
+    if not create and not path.exists():
+        raise SlabtuneError(f"storage: {url!r}: journal file does not exist")
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    if create:
+        moved = repair_torn_journal(path)
+        if moved is not None:
+            print(f"slabtune: note: journal {path} ended in a torn record (a crash mid-write); "
+                  f"cut it off and kept its bytes in {moved}", file=sys.stderr)
+    try:
+        return JournalStorage(JournalFileBackend(str(path)))
+    except Exception as err:  # noqa: BLE001 - any backend failure is a bad storage
+        raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+
+
+def torn_tail_offset(path: Path, block: int = 1 << 16) -> int | None:
+    """Where a journal's torn last record starts (just after its last newline), or None
+    when the file is empty or ends with a newline.  Optuna's reader skips such a tail, but
+    the next append would glue a record onto it and make every later read fail."""
+    size = path.stat().st_size
+    if size == 0:
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return None
+        end = size
+        while end > 0:
+            start = max(0, end - block)
+            fh.seek(start)
+            nl = fh.read(end - start).rfind(b"\n")
+            if nl >= 0:
+                return start + nl + 1
+            end = start
+    return 0
+
+
+def repair_torn_journal(path: Path) -> Path | None:
+    """Cut a torn last record off a journal file (under Optuna's own journal lock), after
+    copying its bytes to ``<file>.torn-<UTC time>`` beside it; returns that copy, or None
+    when the file is intact.  Nothing Optuna can read is removed: it never reads a last
+    line without a newline."""
+    if not path.is_file() or torn_tail_offset(path) is None:
+        return None
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        keep = torn_tail_offset(path)   # again, under the lock
+        if keep is None:
+            return None
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
+        copy = path.with_name(f"{path.name}.torn-{stamp}")
+        k = 1
+        while copy.exists():
+            k += 1
+            copy = path.with_name(f"{path.name}.torn-{stamp}.{k}")
+        with open(path, "r+b") as fh:
+            fh.seek(keep)
+            torn = fh.read()
+            with open(copy, "wb") as out:
+                out.write(torn)
+                out.flush()
+                os.fsync(out.fileno())
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return copy
+    finally:
+        lock.release()
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
@@ -240,13 +327,37 @@ def resolve_storage(study_name: str | None, storage: str | None, run_dir: str | 
     if run_dir is None:
         if study_name is None:
             raise SlabtuneError("study: give --study NAME or --run RUN_DIR")
-        run_dir = default_run_dir(study_name)
+        run_dir = default_run_dir(check_study_name(study_name))
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SlabtuneError(f"run: {run_dir} is a file, not a directory")
     if create:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise SlabtuneError(f"run: cannot create {run_dir}: {err.strerror or err}") from None
     elif not (run_dir / DB_NAME).is_file():
         raise SlabtuneError(f"run: {run_dir} has no {DB_NAME} (not a tune run directory)")
     return default_storage_url(run_dir), run_dir
+
+
+#: Longest study name accepted: it names a directory (``runs/<study>``).
+MAX_STUDY_NAME = 128
+
+
+def check_study_name(name) -> str:
+    """A study name, checked as sweep names are (:func:`slabtune.sweeps.spec.check_name`:
+    letters, digits, '-', '_', '.'), and not starting with '.' (no ``..``, nothing hidden),
+    at most :data:`MAX_STUDY_NAME` characters: it becomes the directory ``runs/<study>``."""
+    try:
+        check_name("--study", name)
+    except SpecError as err:
+        raise SlabtuneError(str(err)) from None
+    if name.startswith("."):
+        raise SlabtuneError(f"--study: {name!r} must not start with '.'")
+    if len(name) > MAX_STUDY_NAME:
+        raise SlabtuneError(f"--study: {len(name)} characters; at most {MAX_STUDY_NAME}")
+    return name
 
 
 def load_study(study_name: str | None, storage: str | None,
@@ -263,9 +374,33 @@ def load_study(study_name: str | None, storage: str | None,
         study = optuna.load_study(study_name=study_name, storage=st)
     except KeyError:
         raise SlabtuneError(f"study: no study named {study_name!r} in {url}") from None
-    if ATTR_SPEC not in study.user_attrs:
-        raise SlabtuneError(f"study: {study_name!r} was not created by slabtune tune")
+    except ValueError as err:   # a journal or database it cannot replay
+        raise SlabtuneError(f"storage: {url!r}: unreadable: {_first_line(err)}") from None
+    if not is_complete(study):
+        raise SlabtuneError(_not_a_slabtune_study(study, url))
     return study
+
+
+def is_complete(study: optuna.Study) -> bool:
+    """Whether :func:`create_or_resume` finished creating the study: its spec and baseline
+    are stored (a process killed in its first moments leaves a study without them)."""
+    attrs = study.user_attrs
+    return ATTR_SPEC in attrs and ATTR_BASELINE in attrs
+
+
+def _not_a_slabtune_study(study: optuna.Study, url: str) -> str:
+    """Why a study cannot be read: left incomplete by a killed ``tune`` (no trials, no or
+    only some of slabtune's attrs) and how to finish or remove it, or made by another tool."""
+    name = study.study_name
+    attrs = study.user_attrs
+    mine = [k for k in attrs if k.startswith("slabtune_")]
+    if len(study.get_trials(deepcopy=False)) == 0 and (mine or not attrs):
+        restart = shlex.join(["slabtune", "tune", "SPEC", "--study", name, "--storage", url])
+        return (f"study: {name!r} in {url} is incomplete: it was created, then its process "
+                "stopped before slabtune tune stored its spec and baseline; finish creating "
+                f"it with '{restart}' (SPEC: the spec it was started with) or remove it with "
+                "optuna.delete_study")
+    return f"study: {name!r} was not created by slabtune tune"
 
 
 def study_spec(study: optuna.Study) -> TuneSpec:
@@ -304,7 +439,8 @@ def evaluator_for(spec: TuneSpec) -> fleet_objectives.FleetEvaluator:
     """One evaluator (one compiled model) per spec text and cost table in a process."""
     key = (spec.text, spec.objectives.name, spec.cost_text)
     if key not in _EVALUATORS:
-        _EVALUATORS[key] = fleet_objectives.FleetEvaluator(spec.fleet, spec.objectives, cost=spec.cost())
+        _EVALUATORS[key] = fleet_objectives.FleetEvaluator(spec.fleet, spec.objectives,
+                                                           cost=spec.cost())
     return _EVALUATORS[key]
 
 
@@ -327,7 +463,8 @@ class StudyRunner:
     ``Trial`` objects are built.
     """
 
-    def __init__(self, spec: TuneSpec, study: optuna.Study, evaluator: fleet_objectives.FleetEvaluator | None = None):
+    def __init__(self, spec: TuneSpec, study: optuna.Study,
+                 evaluator: fleet_objectives.FleetEvaluator | None = None):
         self.spec = spec
         self.study = study
         self.evaluator = evaluator or evaluator_for(spec)
@@ -349,7 +486,8 @@ class StudyRunner:
         calls of ``Study.ask(distributions)`` would (same sampler calls in the same order)."""
         return optuna_internals.ask_batch(self._asker, self.distributions, k)
 
-    def tell_batch(self, trials, ev: fleet_objectives.Evaluation, excess: np.ndarray | None) -> list:
+    def tell_batch(self, trials, ev: fleet_objectives.Evaluation,
+                   excess: np.ndarray | None) -> list:
         """Complete the asked ``trials`` with the batch's objectives, per-topology user attr
         and regression constraint, as ``Trial.set_user_attr``, ``Trial.set_constraint`` and
         ``Study.tell`` would; a non-finite objective fails the trial as ``Study.tell``
@@ -400,10 +538,11 @@ def default_study_name(spec: TuneSpec) -> str:
 
 def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None,
                      run_dir: str | Path | None = None,
-                     evaluator: fleet_objectives.FleetEvaluator | None = None) -> tuple[StudyRunner, str]:
+                     evaluator: fleet_objectives.FleetEvaluator | None = None
+                     ) -> tuple[StudyRunner, str]:
     """Create a study (or resume the one called ``study_name``) and return its runner and
     storage URL.  Resuming requires the same spec the study was created with."""
-    name = study_name or default_study_name(spec)
+    name = check_study_name(study_name) if study_name else default_study_name(spec)
     url, _rd = resolve_storage(name, storage, run_dir, create=True)
     st = open_storage(url, create=True)
     sampler = search_space.make_sampler(spec.space)
@@ -419,11 +558,11 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
     if stored is not None and stored != spec.text:
         raise SlabtuneError(f"study: {name!r} was created with a different spec; "
                             "resume it with the same spec file")
-    if stored is not None and study.user_attrs.get(ATTR_COST) != spec.cost_text:
+    if is_complete(study) and study.user_attrs.get(ATTR_COST) != spec.cost_text:
         raise SlabtuneError(f"objectives.cost: {spec.objectives.cost} is not the cost file "
                             f"study {name!r} was created with (its text changed)")
     evaluator = evaluator or evaluator_for(spec)
-    if stored is None:
+    if stored is None or not is_complete(study):   # new, or created by a killed process
         study.set_user_attr(ATTR_SPEC, spec.text)
         study.set_user_attr("slabtune_spec_name", spec.name)
         if spec.fleet_sweep is not None:
@@ -433,10 +572,9 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
         study.set_user_attr(ATTR_PROFILE, spec.fleet.profile.name)
         study.set_user_attr(ATTR_TOPOLOGIES, list(spec.fleet.topology_names))
         study.set_user_attr(ATTR_BASELINE, _baseline_attr(evaluator.baseline))
-        study.set_user_attr("slabtune_objectives", {"set": spec.objectives.name,
-                                                    "max_regression": spec.objectives.max_regression,
-                                                    "cost": spec.objectives.cost or "packaged",
-                                                    "names": list(OBJECTIVE_NAMES)})
+        study.set_user_attr("slabtune_objectives", {
+            "set": spec.objectives.name, "max_regression": spec.objectives.max_regression,
+            "cost": spec.objectives.cost or "packaged", "names": list(OBJECTIVE_NAMES)})
     if not study.metric_names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -485,7 +623,8 @@ def candidate(study: optuna.Study, number: int):
             sysfs.setdefault(cache, {})[attr] = vals[attr]
     # a non-zero slub_min_objects replaces the heuristic, so its coefficients then change
     # nothing (calculate_order() never evaluates them)
-    inert = {"order_objects_mul", "order_objects_add"} if int(eff.get("slub_min_objects", 0)) else set()
+    inert = ({"order_objects_mul", "order_objects_add"} if int(eff.get("slub_min_objects", 0))
+             else set())
     kernel = tuple(export.KernelChange(k, int(eff[k]), base[k], search_space.KNOBS[k].doc)
                    for k in ft.params if search_space.KNOBS[k].reach == "kernel"
                    and int(eff[k]) != base[k] and k not in inert)

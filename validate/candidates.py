@@ -101,7 +101,8 @@ def parse_candidates(doc: Any, source: str) -> list[Candidate]:
             raise SlabtuneError(f"{where}: expected a table")
         bad = set(c) - {"id", "boot", "knobs"}
         if bad:
-            raise SlabtuneError(f"{where}.{sorted(bad)[0]}: unknown field (expected id, boot, knobs)")
+            raise SlabtuneError(f"{where}.{sorted(bad)[0]}: unknown field "
+                                "(expected id, boot, knobs)")
         cid = c.get("id", f"c{i}")
         if not isinstance(cid, str) or not cid or len(cid) > 64 or not all(
                 ch.isalnum() or ch in "-_." for ch in cid):
@@ -125,15 +126,16 @@ def parse_candidates(doc: Any, source: str) -> list[Candidate]:
 
 def load_candidate_file(path: str | os.PathLike) -> list[Candidate]:
     """Read a candidate file (``.toml`` or ``.json``; see :func:`parse_candidates`)."""
+    from slabtune.sweeps.spec import read_text_file
+
     p = Path(path)
-    if not p.is_file():
-        raise SlabtuneError(f"--candidate: {p}: no such file")
-    text = p.read_text(errors="replace")
+    text = read_text_file(p, "--candidate")
     if p.suffix.lower() == ".json":
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise SlabtuneError(f"--candidate: {p}: not valid JSON ({err.msg}, line {err.lineno})") from None
+            raise SlabtuneError(f"--candidate: {p}: not valid JSON ({err.msg}, line "
+                                f"{err.lineno})") from None
     else:
         try:
             doc = tomllib.loads(text)

@@ -6,6 +6,7 @@ how guests and the native rig run (docs/SPECS.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from typing import Any
@@ -67,8 +68,10 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
     if bad:
         raise SlabtuneError(f"validate.{sorted(bad)[0]}: unknown field")
     timeout = v.get("timeout_s", 180.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
-        raise SlabtuneError(f"validate.timeout_s: {timeout!r} is outside (0, 3600]")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or not 0 < timeout <= 3600:
+        raise SlabtuneError(f"validate.timeout_s: {timeout!r} is not a finite number in "
+                            "(0, 3600]")
     retries = v.get("retries", 1)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 5:
         raise SlabtuneError(f"validate.retries: {retries!r} is outside 0..5")
@@ -83,7 +86,10 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
         raise SlabtuneError(f"validate.accel: {accel!r} is not auto, kvm or tcg")
     wls = []
     fields = {f.name for f in dataclasses.fields(guest.WorkloadSpec)}
-    for i, w in enumerate(v.get("workload", [{}])):
+    workload_tables = v.get("workload", [{}])
+    if not isinstance(workload_tables, list):
+        raise SlabtuneError("validate.workload: expected [[validate.workload]] tables")
+    for i, w in enumerate(workload_tables):
         if not isinstance(w, Mapping):
             raise SlabtuneError(f"validate.workload[{i}]: expected a table")
         bad = set(w) - fields
@@ -136,12 +142,26 @@ def _parse_native(tab: Any, fleet) -> dict:
     if not isinstance(out["workload"], Mapping) or "kind" not in out["workload"]:
         raise SlabtuneError("validate.native.workload: expected a table with kind")
     out["workload"] = dict(out["workload"])
+    _check_native_workload(out["workload"])
     return out
+
+
+def _check_native_workload(table: dict) -> None:
+    """``[validate.native.workload]`` is a simulation config's ``[workload]`` table
+    (:func:`slabtune.sweeps.simconfig.parse_workload`): checked now, with its field
+    names prefixed, so a bad value (a NaN, a negative count) fails before any task runs."""
+    from slabtune.sweeps import simconfig
+
+    try:
+        simconfig.parse_workload(table)
+    except SlabtuneError as err:
+        raise SlabtuneError(f"validate.native.{err}") from None
 
 
 def load_spec(ref: str) -> ValidateSpec:
     """A spec from a path or a built-in name (``validate_quick``)."""
+    from slabtune.sweeps.spec import read_text_file
     from slabtune.tuner.study import spec_file
 
     p = spec_file(ref, "--topologies")
-    return parse_spec(p.read_text(), p.stem)
+    return parse_spec(read_text_file(p, "--topologies"), p.stem)

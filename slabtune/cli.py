@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from slabtune import __version__
 from slabtune.errors import SlabtuneError
@@ -33,13 +35,15 @@ COMMAND_MODULES = (
 )
 
 #: Exceptions from the libraries below the CLI that mean "bad input", not "bug".
-_USER_ERRORS = (SlabtuneError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError)
+_USER_ERRORS = (SlabtuneError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
+                NotADirectoryError, FileExistsError)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slabtune",
-        description="Sweep, tune and validate Linux SLUB slab policies with a vectorised JAX model.",
+        description="Sweep, tune and validate Linux SLUB slab policies with a vectorised JAX "
+                    "model.",
     )
     parser.add_argument("--version", action="version", version=f"slabtune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -59,13 +63,62 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+#: Signals that end a command the way Ctrl-C does: the ``finally`` blocks run (a local Ray
+#: is shut down, a run's manifest stays consistent), then the exit status is 128 + signal.
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM or SIGHUP (see :data:`TERMINATING_SIGNALS`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: The terminating signal this process received, if any: code between the handler and
+#: :func:`_run` (Ray's blocking calls) may turn :class:`Terminated` into a plain
+#: KeyboardInterrupt, so the exit status is decided from this.
+_received: list[int] = []
+
+
+def _terminate(signum, _frame) -> None:
+    """Turn the signal into :class:`Terminated`; a second one while cleaning up takes the
+    default action (ends the process at once)."""
+    signal.signal(signum, signal.SIG_DFL)
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def _install_signal_handlers() -> dict:
+    """Handle TERMINATING_SIGNALS in this (main) thread; returns the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in TERMINATING_SIGNALS:
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, _terminate)
+    return previous
+
+
+def _restore_signal_handlers(previous: dict) -> None:
+    for sig, handler in previous.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 def main(argv=None) -> int:
-    """Run one command; ``slabtune ... | head`` ends quietly when ``head`` stops reading."""
+    """Run one command; ``slabtune ... | head`` ends quietly when ``head`` stops reading.
+    SIGTERM and SIGHUP end it like Ctrl-C (cleanup runs), with status 128 + signal."""
+    _received.clear()
+    previous = _install_signal_handlers()
     try:
         return _run(argv)
     except BrokenPipeError:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
+    finally:
+        _restore_signal_handlers(previous)
 
 
 def _run(argv) -> int:
@@ -78,13 +131,18 @@ def _run(argv) -> int:
         return int(args.func(args) or 0)
     except _USER_ERRORS as err:
         msg = str(err) or err.__class__.__name__
-        if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)) and err.filename:
+        if isinstance(err, OSError) and err.filename:
             msg = f"{err.filename}: {err.strerror}"
         print(f"slabtune: error: {msg.splitlines()[0] if msg else msg}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("slabtune: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        signum = err.signum if isinstance(err, Terminated) else \
+            (_received[0] if _received else None)
+        if signum is None:
+            print("slabtune: interrupted", file=sys.stderr)
+            return 130
+        print(f"slabtune: terminated by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -18,8 +18,10 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -33,6 +35,8 @@ DEVICE_ENV = "SLABTUNE_DEVICE"
 MAX_RETRIES = 3
 
 _SPEC_CACHE: dict[str, Any] = {}
+#: Mode of the innermost :func:`ray_session` ("local", "cluster", "existing"; None outside).
+_session_mode: list[str] = []
 
 
 class ChunkFailed(SlabtuneError):
@@ -88,8 +92,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                 resources: dict | None = None) -> Iterator[dict]:
     """Yield a Ray session description; start or connect as the module docstring says.
     ``resources`` are custom resources a local instance declares (e.g. ``{"qemu": 1}``)."""
-    import ray
-
+    ray = _import_ray_for_driver()
     if ray.is_initialized():
         if address:
             raise SlabtuneError("--ray-address: Ray is already initialised in this process")
@@ -99,11 +102,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     tmp = None
+    sigterm = _own_sigterm_handler()
     try:
         if address:
             _probe(address)
             try:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+                _init(ray, sigterm, address=address, log_to_driver=False,
+                      configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise SlabtuneError(f"--ray-address: cannot connect to {address}: "
                                     f"{str(err).splitlines()[0] if str(err) else err}") from None
@@ -116,16 +121,76 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                 # warns about any fork, but an exec'd child shares none of its threads.
                 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
                                         category=RuntimeWarning)
-                ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
-                         resources=dict(resources or {}), include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+                _init(ray, sigterm, num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp,
+                      resources=dict(resources or {}), include_dashboard=False,
+                      log_to_driver=False, configure_logging=False)
             info = {"mode": "local", "address": None}
-        yield info
+        _restore_sigterm_handler(sigterm)
+        _session_mode.append(info["mode"])
+        try:
+            yield info
+        finally:
+            _session_mode.pop()
     finally:
-        if ray.is_initialized():
+        if ray.is_initialized() or tmp:   # tmp: also a local instance half started
             ray.shutdown()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: Ray's driver installs a C-level handler for SIGTERM (and fatal signals) that aborts the
+#: process, bypassing every ``finally`` (a local Ray would then outlive the driver).  This
+#: variable, set while Ray is first imported, keeps it out of the driver only: Ray reads it
+#: at import, and its workers (started later, without it) keep their crash reports.
+_NO_DRIVER_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+
+
+def _import_ray_for_driver():
+    """``import ray`` so that the driver keeps Python's signal handling (see
+    :data:`_NO_DRIVER_SIGNAL_HANDLER`); a Ray imported earlier is used as it is."""
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        return ray
+    had = os.environ.get(_NO_DRIVER_SIGNAL_HANDLER)
+    os.environ.setdefault(_NO_DRIVER_SIGNAL_HANDLER, "1")
+    try:
+        import ray
+    finally:
+        if had is None:
+            os.environ.pop(_NO_DRIVER_SIGNAL_HANDLER, None)
+    return ray
+
+
+def _own_sigterm_handler():
+    """The process's Python SIGTERM handler (the CLI's, which raises so that this
+    function's ``finally`` shuts Ray down), or None when there is none to keep or this is
+    not the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGTERM)
+    return handler if callable(handler) else None
+
+
+def _init(ray, sigterm, **kwargs) -> None:
+    """``ray.init(**kwargs)``.  While it runs, Ray's own SIGTERM handler is in place
+    (``sys.exit(15)``); a SIGTERM then is handed to ``sigterm``, the handler ``ray.init``
+    displaced, so the command ends as any other SIGTERM ends it."""
+    try:
+        ray.init(**kwargs)
+    except SystemExit as exc:
+        if sigterm is not None and exc.code == signal.SIGTERM:
+            sigterm(signal.SIGTERM, None)
+        raise
+
+
+def _restore_sigterm_handler(handler) -> None:
+    """Put back the handler ``ray.init`` replaced with its own ``sys.exit(15)``, so a SIGTERM
+    ends the command as the CLI says (status 143, Ray shut down by the ``finally``)."""
+    if handler is not None and signal.getsignal(signal.SIGTERM) is not handler:
+        signal.signal(signal.SIGTERM, handler)
 
 
 _TMP_PREFIX = "slt-ray-"
@@ -212,5 +277,9 @@ def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | Non
                 submit()
                 yield res
     finally:
-        for ref in refs:
-            ray.cancel(ref, force=True)
+        # A local instance is shut down next, which ends its tasks; cancelling them first
+        # races with their replies inside Ray (a failed internal check aborts the driver).
+        local = bool(_session_mode) and _session_mode[-1] == "local"
+        if ray.is_initialized() and not local:
+            for ref in refs:
+                ray.cancel(ref, force=True)

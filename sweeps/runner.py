@@ -210,6 +210,7 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
             with ray_session(ray_address) as session:
                 ray_start_s = time.perf_counter() - t_ray
                 run.manifest["ray"] = session
+                run.save()        # which Ray this attempt runs on, before any chunk is done
                 results = run_chunks(spec_dict, run.iter_pending(), max_in_flight=max_in_flight,
                                      fail_once_dir=fail_once_dir)
                 for res in _recording_failures(run, results, ChunkFailed):

@@ -22,10 +22,12 @@ def register(subparsers) -> None:
 
 
 def _export(args) -> int:
-    from slabtune.errors import SlabtuneError
+    from slabtune.commands.paths import output_file
     from slabtune.results import export
     from slabtune.tuner import study as studies
 
+    if args.out:
+        output_file("--out", args.out)
     study = studies.load_study(args.study, args.storage, args.run)
     cand = studies.candidate(study, args.trial)
     text = export.render(cand, args.format, args.prefix)
@@ -37,8 +39,6 @@ def _export(args) -> int:
                   file=sys.stderr)
     if args.out:
         out = Path(args.out)
-        if not out.parent.is_dir():
-            raise SlabtuneError(f"--out: directory {out.parent} does not exist")
         out.write_text(text)
         print(f"wrote {out}", file=sys.stderr)
     else:

@@ -7,9 +7,9 @@ The handlers parse arguments and print; booting, the initramfs and console parsi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from slabtune.commands import jsonout
 from slabtune.errors import SlabtuneError
 
 
@@ -52,7 +52,8 @@ def register(subparsers) -> None:
     b.add_argument("--transport", choices=("socket", "pipe"), default="socket")
     b.add_argument("--out", metavar="FILE", help="snapshot before the workload (.csv/.parquet)")
     b.add_argument("--after", metavar="FILE", help="snapshot after the workload")
-    b.add_argument("--json", action="store_true", help="print one JSON summary line")
+    b.add_argument("--json", action="store_true",
+                   help="print one JSON summary line; " + jsonout.NON_FINITE_HELP)
     b.set_defaults(func=_boot)
 
     p = sub.add_parser("probe", help="probe whether KVM guests run here (cached)")
@@ -70,7 +71,8 @@ def _int_list(text: str, field: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise SlabtuneError(f"{field}: {text!r} is not a comma-separated list of integers") from None
+        raise SlabtuneError(f"{field}: {text!r} is not a comma-separated list of "
+                            "integers") from None
 
 
 def _params(items: list[str]) -> dict[str, str]:
@@ -83,23 +85,56 @@ def _params(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _topology(args):
+    """The guest's topology from --cpus, --nodes, --node-cpus, --memoryless, --possible and
+    --online; an impossible one (or a node with neither CPUs nor memory) is one error line."""
+    from slabtune.model.topology import Topology, TopologyError, check_no_empty_nodes
+
+    node_cpus = _int_list(args.node_cpus, "--node-cpus") if args.node_cpus else None
+    try:
+        topo = Topology.uniform(args.cpus, nodes=args.nodes,
+                                memoryless_nodes=_int_list(args.memoryless, "--memoryless"),
+                                possible=args.possible, online=args.online, node_cpus=node_cpus)
+        check_no_empty_nodes(topo)
+    except TopologyError as err:
+        raise SlabtuneError(f"topology: {err}") from None
+    return topo
+
+
+def _check_inputs(args) -> dict[str, str]:
+    """Everything a boot checks before it looks for a kernel or starts qemu: the --param
+    names against the allow-list and their values against their ranges (for every
+    spelling any profile accepts; the booted kernel's own profile is checked again once
+    it is known), and the output paths.  Returns the --param dict."""
+    from slabtune.commands.paths import output_file
+    from slabtune.model import bootparams
+
+    params = _params(args.param)
+    try:
+        bootparams.validate_params_any_profile(params)
+    except SlabtuneError as err:
+        raise SlabtuneError(f"--param: {err}") from None
+    for flag, path in (("--out", args.out), ("--after", args.after)):
+        if path:
+            output_file(flag, path)
+    return params
+
+
 def _boot(args) -> int:
     from slabtune.kernel import guest as qemu_guest
     from slabtune.kernel.snapshot import write_snapshot
-    from slabtune.model.topology import Topology
 
-    node_cpus = _int_list(args.node_cpus, "--node-cpus") if args.node_cpus else None
-    topo = Topology.uniform(args.cpus, nodes=args.nodes,
-                            memoryless_nodes=_int_list(args.memoryless, "--memoryless"),
-                            possible=args.possible, online=args.online, node_cpus=node_cpus)
+    params = _check_inputs(args)
+    topo = _topology(args)
     workloads = ()
     if args.workload != "none":
         workloads = (qemu_guest.WorkloadSpec(mode=args.workload, transport=args.transport,
-                                    groups=args.groups, fds=args.fds, loops=args.loops,
-                                    msg_size=args.msg_size),)
-    spec = qemu_guest.GuestSpec(topology=topo, boot_params=_params(args.param), workloads=workloads,
-                       memory_mib=args.memory, timeout_s=args.timeout, retries=args.retries,
-                       accel=args.accel)
+                                             groups=args.groups, fds=args.fds, loops=args.loops,
+                                             msg_size=args.msg_size),)
+        workloads[0].argv()   # range errors now, before a kernel is looked for
+    spec = qemu_guest.GuestSpec(topology=topo, boot_params=params, workloads=workloads,
+                                memory_mib=args.memory, timeout_s=args.timeout,
+                                retries=args.retries, accel=args.accel)
     assets = qemu_guest.find_assets(kernel=args.kernel)
     r = qemu_guest.boot_guest(spec, assets)
     if r.ok:
@@ -115,7 +150,7 @@ def _boot(args) -> int:
         "workloads": r.workloads, "qemu_argv": r.qemu_argv,
     }
     if args.json:
-        print(json.dumps(summary))
+        print(jsonout.dumps(summary))
     elif r.ok:
         first = r.before.row(0, named=True)
         print(f"guest {first['kernel_release']} ({r.accelerator}, attempt {r.attempts}): "

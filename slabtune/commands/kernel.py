@@ -8,8 +8,9 @@ comparison in :mod:`slabtune.kernel.check` (imported lazily: it pulls in JAX).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from slabtune.commands import jsonout
 
 
 def register(subparsers) -> None:
@@ -35,7 +36,8 @@ def register(subparsers) -> None:
                    help="snapshot to check (.csv or .parquet); default: a fresh one of this host")
     c.add_argument("--profile", metavar="NAME",
                    help="kernel profile (e.g. v6.18); default: detected from kernel_release")
-    c.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    c.add_argument("--json", action="store_true", help="print one JSON object instead of tables; "
+                   + jsonout.NON_FINITE_HELP)
     c.set_defaults(func=_check)
 
 
@@ -45,9 +47,12 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _snapshot(args) -> int:
+    from slabtune.commands.paths import input_dir, output_file
     from slabtune.kernel.host import take_snapshot
     from slabtune.kernel.snapshot import write_snapshot
 
+    output_file("--out", args.out)
+    input_dir("--root", args.root)
     df = take_snapshot(args.root)
     path = write_snapshot(df, args.out)
     print(f"wrote {df.height} caches of kernel {df['kernel_release'][0]} to {path}")
@@ -67,7 +72,7 @@ def _check(args) -> int:
         df, source = take_snapshot("/"), "/sys/kernel/slab"
     result = check.check_snapshot(df, args.profile, source)
     if args.json:
-        print(json.dumps(result.to_json(), indent=None))
+        print(jsonout.dumps(result.to_json(), indent=None))
     else:
         _print_report(result)
     return 0 if result.ok else 1

@@ -136,7 +136,8 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     chart = charts.pareto_chart(pareto.all_points(runner.study), rep["baseline"],
                             title=f"{name}: memory against time per op")
     for suffix in ("html", "png"):
-        written.append((f"Pareto chart ({suffix})", charts.save(chart, run_dir / f"pareto.{suffix}")))
+        written.append((f"Pareto chart ({suffix})",
+                        charts.save(chart, run_dir / f"pareto.{suffix}")))
     _done(t0, "chart written")
 
     t0 = _stage(6, "exporting the chosen policy's boot parameters")
@@ -159,6 +160,7 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
 
 
 def run(args) -> int:
+    from slabtune.commands.paths import output_dir
     from slabtune.errors import SlabtuneError
     from slabtune.sweeps import runner
     from slabtune.sweeps import spec as sweep_spec
@@ -167,8 +169,7 @@ def run(args) -> int:
         raise SlabtuneError(f"--trials: {args.trials} must be at least 1")
     if args.batch < 1:
         raise SlabtuneError(f"--batch: {args.batch} must be at least 1")
-
-    out = Path(args.out)
+    out = output_dir("--out", args.out)
     written: list[tuple[str, Path]] = []
     ok = True
 

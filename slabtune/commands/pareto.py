@@ -3,8 +3,9 @@ sweep run) with both objectives and per-topology gains against the baseline."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from slabtune.commands import jsonout
 
 
 def register(subparsers) -> None:
@@ -15,7 +16,8 @@ def register(subparsers) -> None:
                      help="a tune run directory (with study.db) or a sweep run directory")
     p.add_argument("--storage", metavar="URL", help="storage URL (default: the run's study.db)")
     p.add_argument("--json", action="store_true",
-                   help='print {"baseline": {...}, "points": [{trial, memory, time, params}]}')
+                   help='print {"baseline": {...}, "points": [{trial, memory, time, params}]}; '
+                        + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_pareto)
 
 
@@ -28,7 +30,7 @@ def _pareto(args) -> int:
             raise SlabtuneError(f"run: {args.run} is not a directory")
         df = pareto.run_pareto(args.run)
         if args.json:
-            print(json.dumps({"run": str(args.run), "points": df.to_dicts()}, default=str))
+            print(jsonout.dumps({"run": str(args.run), "points": df.to_dicts()}, default=str))
         else:
             print(df)
         return 0
@@ -37,9 +39,10 @@ def _pareto(args) -> int:
     study = studies.load_study(args.study, args.storage, args.run)
     rep = pareto.study_pareto(study)
     if args.json:
-        print(json.dumps({"study": rep["study"], "baseline": rep["baseline"],
-                          "points": [{k: p[k] for k in ("trial", "memory", "time", "params", "gains")}
-                                     for p in rep["points"]]}))
+        print(jsonout.dumps({"study": rep["study"], "baseline": rep["baseline"],
+                             "points": [{k: p[k] for k in ("trial", "memory", "time",
+                                                           "params", "gains")}
+                                        for p in rep["points"]]}))
     else:
         print(pareto.format_table(rep))
     return 0

@@ -56,10 +56,18 @@ def _done(path) -> int:
     return 0
 
 
+def _check_out(args) -> None:
+    """--out is a file in an existing directory (checked before the study is read)."""
+    from slabtune.commands.paths import output_file
+
+    output_file("--out", args.out)
+
+
 def _plot_pareto(args) -> int:
     from slabtune.results import charts, pareto
     from slabtune.tuner import study as studies
 
+    _check_out(args)
     study = studies.load_study(args.study, args.storage, args.run)
     rep = pareto.study_pareto(study)
     chart = charts.pareto_chart(pareto.all_points(study), rep["baseline"],
@@ -76,6 +84,7 @@ def _plot_orders(args) -> int:
     from slabtune.tuner import objectives
     from slabtune.tuner import study as studies
 
+    _check_out(args)
     cpus = _ints("--cpus", args.cpus, 1, 8192)
     sizes = _ints("--sizes", args.sizes, 8, 2 * 1024 * 1024)
     params: dict[str, int] = {}
@@ -104,6 +113,7 @@ def _plot_fleet(args) -> int:
     from slabtune.results import charts, pareto
     from slabtune.tuner import study as studies
 
+    _check_out(args)
     study = studies.load_study(args.study, args.storage, args.run)
     rep = pareto.study_pareto(study)
     if not rep["points"]:

@@ -6,8 +6,9 @@ prints (and writes the ``--fit-cost`` file)."""
 
 from __future__ import annotations
 
-import json
+import shlex
 
+from slabtune.commands import jsonout
 from slabtune.model.scenarios import WORK_MODES
 
 
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--cost", metavar="FILE",
                    help="cost constants overriding the packaged cost_default.toml")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON list of row objects")
+                   help="print a JSON list of row objects; " + jsonout.NON_FINITE_HELP)
     p.add_argument("--work", choices=WORK_MODES, default="none",
                    help="work outside the allocator per op on the arms: none (default; "
                         "the arms only allocate and free) or derived (each scenario's "
@@ -37,14 +38,17 @@ def register(subparsers) -> None:
 
 def _reproduce(args) -> int:
     from slabtune.calibrate import reproduce
+    from slabtune.commands.paths import output_file
     from slabtune.sweeps import simconfig
 
+    if args.fit_cost:
+        output_file("--fit-cost", args.fit_cost)
     cost, meta = simconfig.load_cost(args.cost)
     if args.fit_cost:
         return _fit_cost(args, cost, meta)
     out = reproduce.evaluate(cost=cost, cost_meta=meta, work=args.work)
     if args.json:
-        print(json.dumps(out["rows"]))
+        print(jsonout.dumps(out["rows"]))
     else:
         print(format_report(out))
     return 0
@@ -60,9 +64,9 @@ def _fit_cost(args, cost, meta) -> int:
     arms = reproduce.simulate_arms(work=args.work)
     before = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
     result = fitcost.fit(arms)
-    work = f" --work {args.work}" if args.work != "none" else ""
+    work = ["--work", args.work] if args.work != "none" else []
     path.write_text(fitcost.to_toml(
-        result, f"slabtune reproduce{work} --fit-cost {args.fit_cost}"))
+        result, shlex.join(["slabtune", "reproduce", *work, "--fit-cost", args.fit_cost])))
     new_cost, new_meta = simconfig.load_cost(path)
     after = reproduce.evaluate(cost=new_cost, cost_meta=new_meta, arms=arms)
     old = {k: float(v) for k, v in cost._asdict().items()}
@@ -76,7 +80,7 @@ def _fit_cost(args, cost, meta) -> int:
         "rows": after["rows"],
     }
     if args.json:
-        print(json.dumps(summary))
+        print(jsonout.dumps(summary))
     else:
         print(format_report(after))
         print(format_fit(summary, before, after))

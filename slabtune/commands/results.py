@@ -6,8 +6,9 @@ The store is :mod:`slabtune.results.store` (polars, never JAX).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from slabtune.commands import jsonout
 
 
 def register(subparsers) -> None:
@@ -17,14 +18,16 @@ def register(subparsers) -> None:
 
     ls = sub.add_parser("list", help="one line per run under --out")
     ls.add_argument("--out", default="runs", metavar="DIR", help="run directories (default: runs)")
-    ls.add_argument("--json", action="store_true", help="print a JSON list")
+    ls.add_argument("--json", action="store_true",
+                    help="print a JSON list; " + jsonout.NON_FINITE_HELP)
     ls.set_defaults(func=_list)
 
     sh = sub.add_parser("show", help="manifest summary, columns and value ranges of one run")
     sh.add_argument("run", metavar="RUN", help="a run directory, id or unique id prefix")
     sh.add_argument("--out", default="runs", metavar="DIR", help="run directories (default: runs)")
     sh.add_argument("--head", type=int, default=5, metavar="N", help="rows to print (default 5)")
-    sh.add_argument("--json", action="store_true", help="print one JSON object")
+    sh.add_argument("--json", action="store_true",
+                    help="print one JSON object; " + jsonout.NON_FINITE_HELP)
     sh.set_defaults(func=_show)
 
 
@@ -34,11 +37,13 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _list(args) -> int:
+    from slabtune.commands.paths import input_dir
     from slabtune.results import store
 
+    input_dir("--out", args.out)
     df = store.list_runs(args.out)
     if args.json:
-        print(json.dumps(df.to_dicts()))
+        print(jsonout.dumps(df.to_dicts()))
         return 0
     if df.height == 0:
         print(f"no runs under {args.out}")
@@ -56,8 +61,10 @@ def _num(v) -> str:
 def _show(args) -> int:
     import polars as pl
 
+    from slabtune.commands.paths import input_dir
     from slabtune.results import store
 
+    input_dir("--out", args.out)
     run = store.resolve_run(args.run, args.out)
     summary = run.summary()
     lf = run.scan()
@@ -74,7 +81,7 @@ def _show(args) -> int:
         summary["columns"] = {c: str(t) for c, t in schema.items()}
         summary["ranges"] = ranges
         summary["versions"] = run.manifest.get("versions")
-        print(json.dumps(summary))
+        print(jsonout.dumps(summary))
         return 0
     for k in ("run_id", "run_dir", "spec", "spec_hash", "evaluator", "state", "rows",
               "started", "ended", "devices", "git_revision"):

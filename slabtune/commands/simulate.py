@@ -4,7 +4,7 @@ metrics.  Parsing and validation live in :mod:`slabtune.sweeps.simconfig`, the r
 
 from __future__ import annotations
 
-import json
+from slabtune.commands import jsonout
 
 
 def register(subparsers) -> None:
@@ -15,7 +15,8 @@ def register(subparsers) -> None:
     p.add_argument("config", metavar="CONFIG.toml", help="configuration file (see examples/)")
     p.add_argument("--cost", metavar="FILE",
                    help="cost constants overriding the packaged cost_default.toml")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object; " + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_simulate)
 
 
@@ -28,7 +29,7 @@ def _simulate(args) -> int:
     row["cost_source"] = meta.source
     row["cost_fitted"] = meta.fitted
     if args.json:
-        print(json.dumps(row, sort_keys=False))
+        print(jsonout.dumps(row, sort_keys=False))
         return 0
     print(format_row(row))
     return 0

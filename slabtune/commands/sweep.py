@@ -8,8 +8,10 @@ JAX and Ray).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from slabtune.commands import jsonout
+from slabtune.errors import SlabtuneError
 
 
 def register(subparsers) -> None:
@@ -27,14 +29,16 @@ def register(subparsers) -> None:
     r.add_argument("--resume", default=None, metavar="RUN",
                    help="continue an interrupted run (its directory, id or id prefix)")
     r.add_argument("--json", action="store_true",
-                   help="print one JSON object {run_dir, rows, ...} instead of text")
+                   help="print one JSON object {run_dir, rows, ...} instead of text; "
+                        + jsonout.NON_FINITE_HELP)
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.set_defaults(func=_run)
 
     p = sub.add_parser("plan", help="print grid size, chunks and estimated memory; run nothing")
     p.add_argument("spec", metavar="SPEC", help="a spec file or a built-in name")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object {configs, chunks, est_memory_bytes, ...}")
+                   help="print one JSON object {configs, chunks, est_memory_bytes, refused, ...}; "
+                        + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_plan)
 
 
@@ -52,24 +56,36 @@ def _load(ref: str):
 
         if not os.path.exists(ref):
             return spec, sweep_spec.builtin_path(ref).read_text()
-    with open(ref, encoding="utf-8") as fh:
-        return spec, fh.read()
+    return spec, sweep_spec.read_text_file(ref, "spec")
+
+
+def _where(ref: str) -> str:
+    """How errors name a spec: its file name, or ``NAME.toml`` for a built-in."""
+    import os
+
+    return os.path.basename(ref) if os.path.exists(ref) or ref.endswith(".toml") else f"{ref}.toml"
 
 
 def _run(args) -> int:
+    from slabtune.commands.paths import output_dir
     from slabtune.sweeps import runner
 
+    output_dir("--out", args.out)
     spec, text = _load(args.spec)
+    try:
+        runner.check_runnable(spec)
+    except SlabtuneError as err:
+        raise SlabtuneError(f"{_where(args.spec)}: {err}") from None
     res = runner.run_sweep(spec, args.out, spec_text=text, ray_address=args.ray_address,
                            resume=args.resume, progress=not (args.quiet or args.json))
     if args.json:
-        print(json.dumps({"run_dir": str(res.run_dir), "rows": res.rows,
-                          "chunks_run": res.chunks_run, "chunks": res.chunks_total,
-                          "seconds": round(res.seconds, 3), "devices": res.devices,
-                          "timings": {"ray_start_s": round(res.ray_start_s, 3),
-                                      "model_s": round(res.model_s, 3),
-                                      "grid_s": round(res.grid_s, 3),
-                                      "write_s": round(res.write_s, 3)}}))
+        print(jsonout.dumps({"run_dir": str(res.run_dir), "rows": res.rows,
+                             "chunks_run": res.chunks_run, "chunks": res.chunks_total,
+                             "seconds": round(res.seconds, 3), "devices": res.devices,
+                             "timings": {"ray_start_s": round(res.ray_start_s, 3),
+                                         "model_s": round(res.model_s, 3),
+                                         "grid_s": round(res.grid_s, 3),
+                                         "write_s": round(res.write_s, 3)}}))
     else:
         print(f"run_dir: {res.run_dir}")
         print(f"rows: {res.rows}")
@@ -90,17 +106,29 @@ def _plan(args) -> int:
     spec, _ = _load(args.spec)
     p = runner.plan(spec)
     if args.json:
-        print(json.dumps({"spec": spec.name, "spec_hash": spec.hash, "evaluator": spec.evaluator,
-                          "configs": p.configs, "product": p.product, "chunks": p.chunks,
-                          "chunk_size": p.chunk_size, "bucket": p.bucket,
-                          "est_memory_bytes": p.est_memory_bytes,
-                          "axes": {a.name: len(a) for a in spec.axes},
-                          "columns": [c[0] for c in p.columns]}))
+        print(jsonout.dumps({"spec": spec.name, "spec_hash": spec.hash,
+                             "evaluator": spec.evaluator,
+                             "configs": p.configs, "product": p.product, "chunks": p.chunks,
+                             "chunk_size": p.chunk_size, "bucket": p.bucket,
+                             "est_memory_bytes": p.est_memory_bytes,
+                             "max_configs": p.max_configs, "refused": p.refused,
+                             "axes": {a.name: len(a) for a in spec.axes},
+                             "columns": [c[0] for c in p.columns]}))
         return 0
     print(f"spec: {spec.name} ({spec.evaluator}, hash {spec.hash[:12]})")
     print("axes: " + " x ".join(f"{a.name}[{len(a)}]" for a in spec.axes))
-    excluded = p.product - p.configs
-    print(f"configs: {p.configs}" + (f" ({excluded} of {p.product} excluded)" if excluded else ""))
+    print(_configs_line(p))
     print(f"chunks: {p.chunks} of {p.chunk_size} (compiled shape {p.bucket})")
     print(f"est_memory: {_human_bytes(p.est_memory_bytes)}")
+    print(f"limit: {p.max_configs} configurations per sweep run")
+    if p.refused:
+        print(f"refused: sweep run would refuse this grid: {p.refused}")
     return 0
+
+
+def _configs_line(p) -> str:
+    """``configs: N`` with the excluded count, or the product when it was not counted."""
+    if p.configs is None:
+        return f"configs: {p.product} before exclusions (not counted: over the limit)"
+    excluded = p.product - p.configs
+    return f"configs: {p.configs}" + (f" ({excluded} of {p.product} excluded)" if excluded else "")

@@ -1,15 +1,18 @@
 """``slabtune tune SPEC``: run (or resume) an Optuna study over SLUB policies.
 
 Trials are asked ``--batch`` at a time, each batch is evaluated in one vectorised model call
-and written to the storage in one go.  Storage defaults to ``runs/<study>/study.db``; ``--storage`` takes any Optuna storage
-URL or ``journal:PATH``; ``--study NAME`` resumes an existing study with the same spec.
+and written to the storage in one go.  Storage defaults to ``runs/<study>/study.db``;
+``--storage`` takes any Optuna storage URL or ``journal:PATH``; ``--study NAME`` resumes an
+existing study with the same spec.
 """
 
 from __future__ import annotations
 
-import json
+import shlex
 import sys
 import time
+
+from slabtune.commands import jsonout
 
 
 def register(subparsers) -> None:
@@ -32,11 +35,12 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", metavar="DIR",
                    help="run directory (default runs/<study>) holding study.db")
     p.add_argument("--json", action="store_true",
-                   help="print {study, storage, trials} as JSON")
+                   help="print {study, storage, trials} as JSON; " + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_tune)
 
 
 def _tune(args) -> int:
+    from slabtune.commands.paths import output_dir
     from slabtune.errors import SlabtuneError
     from slabtune.tuner import study
 
@@ -44,6 +48,10 @@ def _tune(args) -> int:
         raise SlabtuneError(f"--trials: {args.trials} is negative")
     if args.batch < 1:
         raise SlabtuneError(f"--batch: {args.batch} must be at least 1")
+    if args.run_dir is not None:
+        output_dir("--run-dir", args.run_dir)
+    if args.study is not None:
+        study.check_study_name(args.study)
     spec = study.load_spec(args.spec)
     runner, url = study.create_or_resume(spec, args.study, args.storage, args.run_dir)
     before = len(runner.study.trials)
@@ -52,12 +60,23 @@ def _tune(args) -> int:
     dt = time.perf_counter() - t0
     total = len(runner.study.trials)
     if args.json:
-        print(json.dumps({"study": runner.study.study_name, "storage": url, "trials": total}))
+        print(jsonout.dumps({"study": runner.study.study_name, "storage": url, "trials": total}))
     else:
         front = len(runner.study.best_trials)
         print(f"study {runner.study.study_name}: {total - before} trials added "
               f"({total} in all) in {dt:.1f} s; {front} on the Pareto front")
         print(f"storage {url}")
-        print(f"next: slabtune pareto --study {runner.study.study_name}"
-              + (f" --storage {url}" if args.storage else ""), file=sys.stderr)
+        print(next_hint(runner.study.study_name, args.storage, url), file=sys.stderr)
     return 0
+
+
+def next_hint(study: str, storage: str | None, url: str) -> str:
+    """The ``next:`` line after a study: a pasteable ``slabtune pareto`` command (every
+    argument shell-quoted), or, for an in-memory study, that it is gone."""
+    from slabtune.tuner.study import is_in_memory_url
+
+    if is_in_memory_url(url):
+        return ("note: the study lived in memory (--storage memory:) and is gone now that "
+                "this process ends; use a file storage to keep it")
+    argv = ["slabtune", "pareto", "--study", study] + (["--storage", url] if storage else [])
+    return "next: " + shlex.join(argv)

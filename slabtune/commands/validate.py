@@ -7,8 +7,10 @@ Dispatch and the validators live in :mod:`slabtune.validate`, the report in
 
 from __future__ import annotations
 
-import json
+import shlex
 import sys
+
+from slabtune.commands import jsonout
 
 
 def register(subparsers) -> None:
@@ -55,7 +57,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="runs", metavar="DIR", help="where run directories go")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="override the spec's guest boot timeout (seconds)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON; " + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_validate)
 
 
@@ -67,6 +69,7 @@ def _validate(args) -> int:
     if args.run_ref is not None:
         raise SlabtuneError(f"validate: unexpected argument {args.run_ref!r} "
                             "(did you mean 'validate report RUN'?)")
+    from slabtune.commands.paths import input_file, output_dir
     from slabtune.validate import candidates, dispatch, plan
     from slabtune.validate import spec as validate_spec
 
@@ -82,6 +85,9 @@ def _validate(args) -> int:
         raise SlabtuneError("--topologies: required (a spec file or validate_quick)")
     if args.timeout is not None and not 0 < args.timeout <= 3600:
         raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
+    output_dir("--out", args.out)
+    if args.candidate:
+        input_file("--candidate", args.candidate)
     spec = validate_spec.load_spec(args.topologies)
     targets = plan.parse_targets(args.target)
     if args.candidate:
@@ -110,18 +116,20 @@ def _validate(args) -> int:
     res = dispatch.validate(cands, spec, targets, out_dir=args.out, ray_address=args.ray_address,
                      timeout_s=args.timeout, source=source)
     if args.json:
-        print(json.dumps({"run_dir": str(res.run_dir), "tasks": res.tasks,
+        print(jsonout.dumps({"run_dir": str(res.run_dir), "tasks": res.tasks,
                           "failed": res.failed}))
     else:
         print(f"validated {len(candidates.with_baseline(cands))} candidates on "
               f"{len(spec.fleet.topologies)} topologies ({', '.join(targets)}): "
               f"{res.tasks} tasks, {res.failed} failed")
         print(f"run {res.run_dir}")
-        print(f"next: slabtune validate report {res.run_dir}", file=sys.stderr)
+        print("next: " + shlex.join(["slabtune", "validate", "report", str(res.run_dir)]),
+              file=sys.stderr)
     return 1 if res.failed else 0
 
 
 def _report(args) -> int:
+    from slabtune.commands.paths import input_dir
     from slabtune.errors import SlabtuneError
     from slabtune.results import store
     from slabtune.validate import report
@@ -134,10 +142,11 @@ def _report(args) -> int:
                             ("--topologies", args.topologies), ("--target", args.target)) if v]
     if extra:
         raise SlabtuneError(f"validate report: {extra[0]} does not apply to a report")
+    input_dir("--out", args.out)
     run = store.resolve_run(args.run_ref, args.out)
     rep = report.report(run)
     if args.json:
-        print(json.dumps(rep, default=str))
+        print(jsonout.dumps(rep, default=str))
     else:
         print(report.format_report(rep))
     return 0

@@ -1,0 +1,992 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * slabtune_lab: drive one slab cache from kthreads bound to chosen CPUs, in the workload
+ * kinds of slabtune's model (model/workloads.py), so that the real allocator's SLUB_STATS
+ * counters (/sys/kernel/slab/<cache>/alloc_fastpath ...) can be set beside the model's.
+ *
+ * The cache: kmalloc(size) (the kmalloc cache that size falls in), or with own_cache=1 a
+ * cache of the module's own, kmem_cache_create(cache_name, size, align, cache_flags).
+ *
+ * The workload is the model's, per worker instead of per representative CPU:
+ *
+ *   every op, a worker allocates if it may (it has done fewer than `ops` ops, fewer than
+ *   its live target of the objects it allocated are outstanding) and wants to (its burst
+ *   phase, else a random draw against its alloc probability), otherwise it frees one of the
+ *   objects sent to it, if any.  Who frees an object is drawn when it is allocated, from
+ *   the worker's free distribution; the object then travels to that worker (itself
+ *   included) through a ring.  Which pending object a free takes is drawn in proportion to
+ *   the objects each ring holds (oldest first within a ring).
+ *
+ * Kinds (cpus: list A, cpus_b: list B; probabilities are integers out of 65536):
+ *
+ *   local             A: every worker allocates and frees its own objects (live, burst,
+ *                     alloc_prob).  B unused.
+ *   producer_consumer A allocate (depth in flight each), B free; a sender sends a
+ *                     cross_node share to receivers on other nodes than its own, the rest
+ *                     to receivers on its node (all to the other side when one is empty).
+ *   request_response  A: application CPUs; B: exactly one interrupt CPU.  Every worker
+ *                     allocates with probability 1/2 (live outstanding each).  The
+ *                     interrupt CPU frees irq_free of what A allocates (A frees the rest
+ *                     itself); it frees irq_self_free of its own allocations and sends the
+ *                     rest evenly to A.
+ *   block_io          A submit (allocate, depth in flight each), B complete (free); each
+ *                     submitter spreads its requests evenly over B.
+ *
+ * Rings: ring=lockless gives one single-producer single-consumer ring per (allocating,
+ * freeing) pair, acquire/release only; ring=spinlock gives one ring per freeing worker,
+ * shared by every worker that sends to it, under a spinlock.
+ *
+ * A worker stops allocating after `ops` ops (allocations plus frees) and keeps freeing
+ * what reaches it until no worker allocates any more and its rings are empty; workers
+ * that never allocate (receivers, completion CPUs) only do the latter.  So every object
+ * is freed before the run ends.  The run starts on load (autorun=1) and again each time 1
+ * is written to /sys/module/slabtune_lab/parameters/run; it reports through printk lines
+ * with a fixed prefix, each one JSON object:
+ *
+ *   slabtune_lab: worker {"run":R,"w":i,"cpu":c,"node":n,"role":"...","allocs":...,
+ *                          "frees":...,"drain_frees":...,"idle":...,"ops_ns":...,"ns":...}
+ *   slabtune_lab: done {"run":R,"status":0,"kind":"...","allocs":...,"frees":...,...}
+ *   slabtune_lab: error {"run":R,"field":"...","msg":"..."}
+ *
+ * A bad parameter fails the load (or the write to `run`) with -EINVAL after an error line
+ * naming it.  The module allocates its own bookkeeping with vzalloc, so none of it comes
+ * from the kmalloc caches it drives (vmalloc itself takes a few small kmalloc objects).
+ * No floating point: a splitmix64 generator per worker, seeded from `seed`.
+ */
+#include <linux/atomic.h>
+#include <linux/completion.h>
+#include <linux/cpumask.h>
+#include <linux/delay.h>
+#include <linux/err.h>
+#include <linux/kernel.h>
+#include <linux/kthread.h>
+#include <linux/ktime.h>
+#include <linux/log2.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/string.h>
+#include <linux/topology.h>
+#include <linux/vmalloc.h>
+
+#define LAB_PREFIX "slabtune_lab: "
+#define LAB_MAX_WORKERS 64
+#define LAB_PROB_ONE 65536u
+#define LAB_MAX_LIVE (1u << 20)
+#define LAB_MAGIC 0x5ab7u
+
+/* ------------------------------------------------------------------ parameters */
+
+static char *kind = "local";
+module_param(kind, charp, 0644);
+MODULE_PARM_DESC(kind, "local | producer_consumer | request_response | block_io");
+static char *cpus = "0";
+module_param(cpus, charp, 0644);
+MODULE_PARM_DESC(cpus, "CPU list A (e.g. 0,2-3): allocating/submitting/application CPUs");
+static char *cpus_b = "";
+module_param(cpus_b, charp, 0644);
+MODULE_PARM_DESC(cpus_b, "CPU list B: receivers / the interrupt CPU / completion CPUs");
+static unsigned int size = 512;
+module_param(size, uint, 0644);
+MODULE_PARM_DESC(size, "object size in bytes (kmalloc(size), or the own cache's size)");
+static bool own_cache;
+module_param(own_cache, bool, 0644);
+MODULE_PARM_DESC(own_cache, "1: a cache of the module's own instead of kmalloc");
+static char cache_name[32] = "slabtune_lab";
+module_param_string(cache_name, cache_name, sizeof(cache_name), 0644);
+MODULE_PARM_DESC(cache_name, "name of the own cache");
+static unsigned int align;
+module_param(align, uint, 0644);
+MODULE_PARM_DESC(align, "alignment of the own cache (0: the default)");
+static char *cache_flags = "";
+module_param(cache_flags, charp, 0644);
+MODULE_PARM_DESC(cache_flags, "own cache flags: hwcache_align,reclaim_account,account,no_merge");
+static bool keep_cache;
+module_param(keep_cache, bool, 0644);
+MODULE_PARM_DESC(keep_cache, "1: destroy the own cache at unload, not after the run");
+static unsigned int live = 32;
+module_param(live, uint, 0644);
+MODULE_PARM_DESC(live, "local, request_response: objects outstanding per worker at most");
+static unsigned int burst;
+module_param(burst, uint, 0644);
+MODULE_PARM_DESC(burst, "local: alternate burst allocations and burst frees (0: random)");
+static unsigned int alloc_prob = 32768;
+module_param(alloc_prob, uint, 0644);
+MODULE_PARM_DESC(alloc_prob, "local: probability (out of 65536) that an op allocates");
+static unsigned int depth = 64;
+module_param(depth, uint, 0644);
+MODULE_PARM_DESC(depth, "producer_consumer, block_io: objects in flight per allocator");
+static unsigned int cross_node;
+module_param(cross_node, uint, 0644);
+MODULE_PARM_DESC(cross_node, "producer_consumer: share (of 65536) sent to other nodes");
+static unsigned int irq_free = 58982;
+module_param(irq_free, uint, 0644);
+MODULE_PARM_DESC(irq_free, "request_response: share (of 65536) of A's objects B frees");
+static unsigned int irq_self_free;
+module_param(irq_self_free, uint, 0644);
+MODULE_PARM_DESC(irq_self_free, "request_response: share (of 65536) B frees of its own");
+static unsigned long ops = 10000;
+module_param(ops, ulong, 0644);
+MODULE_PARM_DESC(ops, "ops (allocations plus frees) per allocating worker");
+static unsigned long seed = 1;
+module_param(seed, ulong, 0644);
+MODULE_PARM_DESC(seed, "seed of the per-worker generators");
+static char *ring = "lockless";
+module_param(ring, charp, 0644);
+MODULE_PARM_DESC(ring, "lockless (a ring per pair) | spinlock (a shared ring per freer)");
+static unsigned int work_ns;
+module_param(work_ns, uint, 0644);
+MODULE_PARM_DESC(work_ns, "busy-wait after each op (the workload's own work), ns");
+static bool autorun = true;
+module_param(autorun, bool, 0444);
+MODULE_PARM_DESC(autorun, "run once at load");
+static int last_status;
+module_param(last_status, int, 0444);
+MODULE_PARM_DESC(last_status, "status of the last run (0 or a negative errno)");
+
+/* ------------------------------------------------------------------ state */
+
+struct lab_ring {
+	void **slot;
+	unsigned int mask;
+	unsigned int head;		/* advanced by the producer(s) */
+	unsigned int tail;		/* advanced by the consumer */
+	spinlock_t lock;		/* ring=spinlock: held around push and pop */
+	unsigned int cap_want;		/* objects it must hold at most */
+};
+
+struct lab_run;
+
+struct lab_worker {
+	struct lab_run *run;
+	int idx;
+	int cpu;
+	int node;
+	const char *role;
+	u32 alloc_p;			/* out of LAB_PROB_ONE */
+	u32 live;			/* live target */
+	u32 burst;
+	bool allocator;
+	int ndest;
+	u8 dest[LAB_MAX_WORKERS];
+	u32 dest_cum[LAB_MAX_WORKERS];	/* cumulative, the last is LAB_PROB_ONE */
+	struct lab_ring *out_ring[LAB_MAX_WORKERS];	/* per dest index */
+	int nin;
+	struct lab_ring *in_ring[LAB_MAX_WORKERS];
+	atomic_t out;			/* objects it allocated that nobody freed yet */
+	u64 rng;
+	int phase;
+	u32 phase_left;
+	/* results */
+	u64 allocs, frees, drain_frees, idle;
+	u64 ops_ns, ns;
+	struct task_struct *task;
+	struct completion done;
+};
+
+struct lab_run {
+	unsigned int id;
+	int nw;
+	int na;				/* workers in list A */
+	struct lab_worker *w;		/* nw workers */
+	struct lab_ring *rings;		/* nw * nw (lockless) or nw (spinlock) */
+	int nrings;
+	bool locked;
+	struct kmem_cache *cache;
+	unsigned int size;
+	unsigned long ops;
+	unsigned int work_ns;
+	atomic_t allocating;		/* allocating workers still in their ops */
+	int abort;			/* an allocation failed: stop allocating */
+	struct completion go;
+	unsigned int ksize;
+};
+
+static DEFINE_MUTEX(lab_mutex);
+static unsigned int lab_runs;
+static bool lab_ready;
+static struct kmem_cache *lab_kept_cache;
+
+struct lab_obj {
+	u16 magic;
+	u16 src;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+static void lab_error(unsigned int id, const char *field, const char *msg)
+{
+	pr_info(LAB_PREFIX "error {\"run\":%u,\"field\":\"%s\",\"msg\":\"%s\"}\n", id, field, msg);
+}
+
+static u32 lab_rand(struct lab_worker *w)
+{
+	u64 z = (w->rng += 0x9E3779B97F4A7C15ULL);
+
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+	return (u32)((z ^ (z >> 31)) >> 32);
+}
+
+/* "0,2-3" -> out[] (in the order given, repeats allowed); count, or -EINVAL */
+static int lab_parse_cpus(const char *s, int *out, int max)
+{
+	int n = 0;
+
+	while (s && *s) {
+		unsigned int a, b;
+		char *end;
+
+		if (*s == ',') {
+			s++;
+			continue;
+		}
+		a = simple_strtoul(s, &end, 10);
+		if (end == s)
+			return -EINVAL;
+		b = a;
+		s = end;
+		if (*s == '-') {
+			s++;
+			b = simple_strtoul(s, &end, 10);
+			if (end == s || b < a)
+				return -EINVAL;
+			s = end;
+		}
+		if (*s && *s != ',' && *s != '\n')
+			return -EINVAL;
+		if (*s == '\n')
+			s++;
+		for (; a <= b; a++) {
+			if (n >= max || a >= nr_cpu_ids || !cpu_online(a))
+				return -EINVAL;
+			out[n++] = a;
+		}
+	}
+	return n;
+}
+
+static bool lab_word(const char *s, const char *word)
+{
+	size_t n = strlen(word);
+
+	return !strncmp(s, word, n) && (s[n] == '\0' || s[n] == '\n');
+}
+
+static int lab_parse_flags(const char *s, slab_flags_t *flags)
+{
+	*flags = 0;
+	while (s && *s) {
+		const char *end = strchrnul(s, ',');
+		size_t n = end - s;
+
+		if (n && s[n - 1] == '\n')
+			n--;
+		if (n == 13 && !strncmp(s, "hwcache_align", n))
+			*flags |= SLAB_HWCACHE_ALIGN;
+		else if (n == 15 && !strncmp(s, "reclaim_account", n))
+			*flags |= SLAB_RECLAIM_ACCOUNT;
+		else if (n == 7 && !strncmp(s, "account", n))
+			*flags |= SLAB_ACCOUNT;
+#ifdef SLAB_NO_MERGE
+		else if (n == 8 && !strncmp(s, "no_merge", n))
+			*flags |= SLAB_NO_MERGE;
+#endif
+		else if (n)
+			return -EINVAL;
+		s = *end ? end + 1 : end;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ rings */
+
+static bool lab_push(struct lab_run *r, struct lab_ring *q, void *obj)
+{
+	unsigned int head, tail;
+	bool ok = false;
+
+	if (r->locked)
+		spin_lock(&q->lock);
+	head = q->head;
+	tail = smp_load_acquire(&q->tail);
+	if (head - tail <= q->mask) {
+		q->slot[head & q->mask] = obj;
+		smp_store_release(&q->head, head + 1);
+		ok = true;
+	}
+	if (r->locked)
+		spin_unlock(&q->lock);
+	return ok;
+}
+
+static void *lab_pop(struct lab_run *r, struct lab_ring *q)
+{
+	unsigned int head, tail;
+	void *obj = NULL;
+
+	if (r->locked)
+		spin_lock(&q->lock);
+	tail = q->tail;
+	head = smp_load_acquire(&q->head);
+	if (head != tail) {
+		obj = q->slot[tail & q->mask];
+		smp_store_release(&q->tail, tail + 1);
+	}
+	if (r->locked)
+		spin_unlock(&q->lock);
+	return obj;
+}
+
+static unsigned int lab_count(struct lab_ring *q)
+{
+	return smp_load_acquire(&q->head) - READ_ONCE(q->tail);
+}
+
+/* ------------------------------------------------------------------ ops */
+
+static void lab_free_obj(struct lab_run *r, void *obj)
+{
+	struct lab_obj *o = obj;
+	struct lab_worker *src;
+
+	WARN_ON_ONCE(o->magic != LAB_MAGIC || o->src >= r->nw);
+	src = &r->w[o->src < r->nw ? o->src : 0];
+	o->magic = 0;
+	if (r->cache)
+		kmem_cache_free(r->cache, obj);
+	else
+		kfree(obj);
+	smp_mb__before_atomic();
+	atomic_dec(&src->out);
+}
+
+/* free one pending object, drawn in proportion to what each incoming ring holds */
+static bool lab_free_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
+{
+	unsigned int cnt[LAB_MAX_WORKERS];
+	u64 total = 0, pick;
+	int k;
+	void *obj;
+
+	for (k = 0; k < w->nin; k++) {
+		cnt[k] = lab_count(w->in_ring[k]);
+		total += cnt[k];
+	}
+	if (!total)
+		return false;
+	pick = ((u64)rnd * total) >> 32;
+	for (k = 0; k < w->nin; k++) {
+		if (pick < cnt[k])
+			break;
+		pick -= cnt[k];
+	}
+	if (k == w->nin)
+		k = w->nin - 1;
+	obj = lab_pop(r, w->in_ring[k]);
+	if (!obj)
+		return false;	/* ring=spinlock: never, only this worker pops */
+	lab_free_obj(r, obj);
+	w->frees++;
+	return true;
+}
+
+/* allocate one object and send it to the freer drawn with the low 16 bits of rnd */
+static int lab_alloc_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
+{
+	struct lab_obj *o;
+	u32 u = rnd & 0xffff;
+	int j = 0;
+
+	while (j < w->ndest - 1 && w->dest_cum[j] <= u)
+		j++;
+	if (r->cache)
+		o = kmem_cache_alloc(r->cache, GFP_KERNEL);
+	else
+		o = kmalloc(r->size, GFP_KERNEL);
+	if (!o)
+		return -ENOMEM;
+	o->magic = LAB_MAGIC;
+	o->src = w->idx;
+	atomic_inc(&w->out);
+	if (!lab_push(r, w->out_ring[j], o)) {
+		/* cannot happen: a ring holds at most the live targets of its senders */
+		lab_free_obj(r, o);
+		return -EOVERFLOW;
+	}
+	w->allocs++;
+	return 1;
+}
+
+/* one op of an allocating worker: 1 allocated, 2 freed, 0 nothing to do, < 0 error */
+static int lab_step(struct lab_run *r, struct lab_worker *w)
+{
+	u32 rnd = lab_rand(w);
+	bool can_a, can_f, want_a, do_a;
+	unsigned int k, pend = 0;
+	int ret;
+
+	can_a = w->alloc_p > 0 && (u32)atomic_read(&w->out) < w->live;
+	for (k = 0; k < w->nin && !pend; k++)
+		pend = lab_count(w->in_ring[k]);
+	can_f = pend > 0;
+	want_a = w->burst ? w->phase == 0 : (rnd >> 16) < w->alloc_p;
+	do_a = can_a && (want_a || !can_f);
+	if (!do_a && !can_f)
+		return 0;
+	if (do_a)
+		ret = lab_alloc_one(r, w, rnd);
+	else
+		ret = lab_free_one(r, w, lab_rand(w)) ? 2 : 0;
+	if (ret > 0 && w->burst && --w->phase_left == 0) {
+		w->phase ^= 1;
+		w->phase_left = w->burst;
+	}
+	return ret;
+}
+
+static void lab_idle(struct lab_worker *w, unsigned int *idle)
+{
+	w->idle++;
+	if (++*idle < 64) {
+		cpu_relax();
+		cond_resched();
+	} else {
+		usleep_range(20, 50);
+	}
+}
+
+static int lab_worker_fn(void *arg)
+{
+	struct lab_worker *w = arg;
+	struct lab_run *r = w->run;
+	bool allocating = w->allocator;
+	unsigned long done_ops = 0;
+	unsigned int idle = 0;
+	u64 t0;
+
+	wait_for_completion(&r->go);
+	t0 = ktime_get_ns();
+	for (;;) {
+		int op;
+
+		if (allocating && (done_ops >= r->ops || READ_ONCE(r->abort))) {
+			allocating = false;
+			w->ops_ns = ktime_get_ns() - t0;
+			smp_mb__before_atomic();
+			atomic_dec(&r->allocating);
+		}
+		if (allocating) {
+			op = lab_step(r, w);
+			if (op < 0) {
+				WRITE_ONCE(r->abort, op);
+				continue;
+			}
+		} else {
+			bool last = atomic_read(&r->allocating) == 0;
+
+			smp_rmb();
+			op = lab_free_one(r, w, lab_rand(w)) ? 2 : 0;
+			if (op)
+				w->drain_frees++;
+			else if (last)
+				break;
+		}
+		if (!op) {
+			lab_idle(w, &idle);
+			continue;
+		}
+		idle = 0;
+		if (allocating)
+			done_ops++;
+		if (r->work_ns)
+			ndelay(r->work_ns);
+		if ((done_ops & 31) == 0 || !allocating)
+			cond_resched();
+	}
+	w->ns = ktime_get_ns() - t0;
+	if (!w->allocator)
+		w->ops_ns = w->ns;
+	complete(&w->done);
+	while (!kthread_should_stop()) {
+		set_current_state(TASK_INTERRUPTIBLE);
+		if (!kthread_should_stop())
+			schedule();
+		__set_current_state(TASK_RUNNING);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ workload tables */
+
+/* share `part` (of 65536) evenly over workers first..first+n-1 as w's destinations */
+static void lab_add_dests(struct lab_worker *w, u32 *cum, int first, int n, u32 part)
+{
+	int k;
+
+	if (!n || !part)
+		return;
+	for (k = 0; k < n; k++) {
+		u32 share = (u32)((u64)part * (k + 1) / n - (u64)part * k / n);
+
+		if (!share)
+			continue;
+		*cum += share;
+		w->dest[w->ndest] = first + k;
+		w->dest_cum[w->ndest] = *cum;
+		w->ndest++;
+	}
+}
+
+static void lab_add_dest_list(struct lab_worker *w, u32 *cum, const int *idx, int n, u32 part)
+{
+	int k;
+
+	for (k = 0; k < n && part; k++) {
+		u32 share = (u32)((u64)part * (k + 1) / n - (u64)part * k / n);
+
+		if (!share)
+			continue;
+		*cum += share;
+		w->dest[w->ndest] = idx[k];
+		w->dest_cum[w->ndest] = *cum;
+		w->ndest++;
+	}
+}
+
+static void lab_role(struct lab_worker *w, const char *role, u32 alloc_p, u32 lv, u32 bst)
+{
+	w->role = role;
+	w->alloc_p = alloc_p;
+	w->live = alloc_p ? lv : 0;
+	w->burst = bst;
+	w->allocator = alloc_p > 0;
+}
+
+/* fill roles and free distributions; 0, or -EINVAL after an error line */
+static int lab_tables(struct lab_run *r, const char *k)
+{
+	int na = r->na, nb = r->nw - r->na, i;
+
+	if (lab_word(k, "local")) {
+		if (nb) {
+			lab_error(r->id, "cpus_b", "local uses cpus only");
+			return -EINVAL;
+		}
+		if (!live || live > LAB_MAX_LIVE || alloc_prob > LAB_PROB_ONE ||
+		    burst > LAB_MAX_LIVE) {
+			lab_error(r->id, !live || live > LAB_MAX_LIVE ? "live" :
+				  alloc_prob > LAB_PROB_ONE ? "alloc_prob" : "burst", "out of range");
+			return -EINVAL;
+		}
+		for (i = 0; i < na; i++) {
+			u32 cum = 0;
+
+			lab_role(&r->w[i], "local", alloc_prob, live, burst);
+			lab_add_dests(&r->w[i], &cum, i, 1, LAB_PROB_ONE);
+		}
+		return 0;
+	}
+	if (lab_word(k, "producer_consumer")) {
+		if (!na || !nb) {
+			lab_error(r->id, na ? "cpus_b" : "cpus", "producer_consumer needs senders "
+				  "(cpus) and receivers (cpus_b)");
+			return -EINVAL;
+		}
+		if (!depth || depth > LAB_MAX_LIVE || cross_node > LAB_PROB_ONE) {
+			lab_error(r->id, cross_node > LAB_PROB_ONE ? "cross_node" : "depth",
+				  "out of range");
+			return -EINVAL;
+		}
+		for (i = 0; i < na; i++) {
+			struct lab_worker *w = &r->w[i];
+			int same[LAB_MAX_WORKERS], other[LAB_MAX_WORKERS], ns = 0, no = 0, j;
+			u32 cum = 0, c;
+
+			lab_role(w, "sender", LAB_PROB_ONE, depth, 0);
+			for (j = na; j < r->nw; j++) {
+				if (r->w[j].node == w->node)
+					same[ns++] = j;
+				else
+					other[no++] = j;
+			}
+			if (!ns) {
+				memcpy(same, other, sizeof(int) * no);
+				ns = no;
+				no = 0;
+			}
+			c = no ? cross_node : 0;
+			lab_add_dest_list(w, &cum, same, ns, LAB_PROB_ONE - c);
+			lab_add_dest_list(w, &cum, other, no, c);
+		}
+		for (i = na; i < r->nw; i++)
+			lab_role(&r->w[i], "receiver", 0, 0, 0);
+		return 0;
+	}
+	if (lab_word(k, "request_response")) {
+		int irq = r->nw - 1;
+
+		if (!na || nb != 1) {
+			lab_error(r->id, na ? "cpus_b" : "cpus", "request_response needs thread CPUs "
+				  "(cpus) and exactly one interrupt CPU (cpus_b)");
+			return -EINVAL;
+		}
+		if (!live || live > LAB_MAX_LIVE || irq_free > LAB_PROB_ONE ||
+		    irq_self_free > LAB_PROB_ONE) {
+			lab_error(r->id, !live || live > LAB_MAX_LIVE ? "live" :
+				  irq_free > LAB_PROB_ONE ? "irq_free" : "irq_self_free",
+				  "out of range");
+			return -EINVAL;
+		}
+		for (i = 0; i < na; i++) {
+			u32 cum = 0;
+
+			lab_role(&r->w[i], "thread", LAB_PROB_ONE / 2, live, 0);
+			lab_add_dests(&r->w[i], &cum, irq, 1, irq_free);
+			lab_add_dests(&r->w[i], &cum, i, 1, LAB_PROB_ONE - irq_free);
+		}
+		{
+			u32 cum = 0;
+
+			lab_role(&r->w[irq], "irq", LAB_PROB_ONE / 2, live, 0);
+			lab_add_dests(&r->w[irq], &cum, irq, 1, irq_self_free);
+			lab_add_dests(&r->w[irq], &cum, 0, na, LAB_PROB_ONE - irq_self_free);
+		}
+		return 0;
+	}
+	if (lab_word(k, "block_io")) {
+		if (!na || !nb) {
+			lab_error(r->id, na ? "cpus_b" : "cpus", "block_io needs submitting CPUs "
+				  "(cpus) and completion CPUs (cpus_b)");
+			return -EINVAL;
+		}
+		if (!depth || depth > LAB_MAX_LIVE) {
+			lab_error(r->id, "depth", "out of range");
+			return -EINVAL;
+		}
+		for (i = 0; i < na; i++) {
+			u32 cum = 0;
+
+			lab_role(&r->w[i], "submit", LAB_PROB_ONE, depth, 0);
+			lab_add_dests(&r->w[i], &cum, na, nb, LAB_PROB_ONE);
+		}
+		for (i = na; i < r->nw; i++)
+			lab_role(&r->w[i], "complete", 0, 0, 0);
+		return 0;
+	}
+	lab_error(r->id, "kind", "not local, producer_consumer, request_response or block_io");
+	return -EINVAL;
+}
+
+/* rings for every (sender, freer) pair in use, sized so that a push never fails */
+static int lab_rings(struct lab_run *r)
+{
+	int i, k;
+
+	r->nrings = r->locked ? r->nw : r->nw * r->nw;
+	r->rings = vzalloc(sizeof(*r->rings) * r->nrings);
+	if (!r->rings)
+		return -ENOMEM;
+	for (i = 0; i < r->nw; i++) {
+		struct lab_worker *w = &r->w[i];
+
+		for (k = 0; k < w->ndest; k++) {
+			int d = w->dest[k];
+			struct lab_ring *q = &r->rings[r->locked ? d : i * r->nw + d];
+
+			q->cap_want += w->live;
+			w->out_ring[k] = q;
+		}
+	}
+	for (i = 0; i < r->nrings; i++) {
+		struct lab_ring *q = &r->rings[i];
+		unsigned int cap;
+
+		spin_lock_init(&q->lock);
+		if (!q->cap_want)
+			continue;
+		cap = roundup_pow_of_two(q->cap_want);
+		q->slot = vzalloc(sizeof(void *) * cap);
+		if (!q->slot)
+			return -ENOMEM;
+		q->mask = cap - 1;
+		k = r->locked ? i : i % r->nw;
+		r->w[k].in_ring[r->w[k].nin++] = q;
+	}
+	return 0;
+}
+
+static void lab_free_rings(struct lab_run *r)
+{
+	int i;
+
+	if (!r->rings)
+		return;
+	for (i = 0; i < r->nrings; i++)
+		vfree(r->rings[i].slot);
+	vfree(r->rings);
+}
+
+/* ------------------------------------------------------------------ one run */
+
+static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k,
+		       const char *ring_kind)
+{
+	u64 allocs = 0, frees = 0;
+	int i;
+
+	for (i = 0; i < r->nw; i++) {
+		struct lab_worker *w = &r->w[i];
+
+		allocs += w->allocs;
+		frees += w->frees;
+		pr_info(LAB_PREFIX "worker {\"run\":%u,\"w\":%d,\"cpu\":%d,\"node\":%d,"
+			"\"role\":\"%s\",\"allocs\":%llu,\"frees\":%llu,\"drain_frees\":%llu,"
+			"\"idle\":%llu,\"ops_ns\":%llu,\"ns\":%llu}\n", r->id, i, w->cpu, w->node,
+			w->role, (unsigned long long)w->allocs, (unsigned long long)w->frees,
+			(unsigned long long)w->drain_frees, (unsigned long long)w->idle,
+			(unsigned long long)w->ops_ns, (unsigned long long)w->ns);
+	}
+	pr_info(LAB_PREFIX "done {\"run\":%u,\"status\":%d,\"kind\":\"%s\",\"cache\":\"%s\","
+		"\"own_cache\":%d,\"size\":%u,\"ksize\":%u,\"ring\":\"%s\",\"workers\":%d,"
+		"\"ops\":%lu,\"seed\":%lu,\"allocs\":%llu,\"frees\":%llu,\"elapsed_ns\":%llu}\n",
+		r->id, status, k, r->cache ? cache_name : "kmalloc", r->cache ? 1 : 0, r->size,
+		r->ksize, ring_kind, r->nw, r->ops, seed, (unsigned long long)allocs,
+		(unsigned long long)frees, (unsigned long long)elapsed);
+}
+
+static const char *lab_kind_name(const char *k)
+{
+	static const char * const names[] = {
+		"local", "producer_consumer", "request_response", "block_io",
+	};
+	int i;
+
+	for (i = 0; i < ARRAY_SIZE(names); i++)
+		if (lab_word(k, names[i]))
+			return names[i];
+	return "?";
+}
+
+/* the whole run under lab_mutex with the module's parameters stable */
+static int lab_run_once(void)
+{
+	int list_a[LAB_MAX_WORKERS], list_b[LAB_MAX_WORKERS];
+	struct lab_run *r;
+	const char *ring_kind;
+	u64 t0, elapsed = 0;
+	int na, nb, i, err = 0, allocators = 0;
+
+	r = vzalloc(sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->id = ++lab_runs;
+	r->size = size;
+	r->ops = ops;
+	r->work_ns = work_ns;
+	init_completion(&r->go);
+
+	na = lab_parse_cpus(cpus, list_a, LAB_MAX_WORKERS);
+	nb = lab_parse_cpus(cpus_b, list_b, LAB_MAX_WORKERS);
+	if (na < 0 || nb < 0 || na + nb > LAB_MAX_WORKERS || na + nb == 0) {
+		lab_error(r->id, na < 0 ? "cpus" : nb < 0 ? "cpus_b" : "cpus",
+			  "not a list of online CPUs (at most 64 workers, at least one)");
+		err = -EINVAL;
+		goto out_run;
+	}
+	if (size < sizeof(struct lab_obj) || size > KMALLOC_MAX_CACHE_SIZE) {
+		lab_error(r->id, "size", "outside 4..KMALLOC_MAX_CACHE_SIZE");
+		err = -EINVAL;
+		goto out_run;
+	}
+	if (!ops) {
+		lab_error(r->id, "ops", "must be at least 1");
+		err = -EINVAL;
+		goto out_run;
+	}
+	if (lab_word(ring, "lockless")) {
+		ring_kind = "lockless";
+	} else if (lab_word(ring, "spinlock")) {
+		ring_kind = "spinlock";
+		r->locked = true;
+	} else {
+		lab_error(r->id, "ring", "not lockless or spinlock");
+		err = -EINVAL;
+		goto out_run;
+	}
+	r->nw = na + nb;
+	r->na = na;
+	r->w = vzalloc(sizeof(*r->w) * r->nw);
+	if (!r->w) {
+		err = -ENOMEM;
+		goto out_run;
+	}
+	for (i = 0; i < r->nw; i++) {
+		struct lab_worker *w = &r->w[i];
+
+		w->run = r;
+		w->idx = i;
+		w->cpu = i < na ? list_a[i] : list_b[i - na];
+		w->node = cpu_to_node(w->cpu);
+		w->rng = (u64)seed * 0x9E3779B97F4A7C15ULL + ((u64)i << 32) + i;
+		atomic_set(&w->out, 0);
+		init_completion(&w->done);
+	}
+	err = lab_tables(r, kind);
+	if (err)
+		goto out_workers;
+	for (i = 0; i < r->nw; i++)
+		r->w[i].phase_left = r->w[i].burst;
+
+	if (own_cache) {
+		slab_flags_t flags;
+
+		if (lab_parse_flags(cache_flags, &flags)) {
+			lab_error(r->id, "cache_flags", "not a list of hwcache_align, "
+				  "reclaim_account, account, no_merge (no_merge from v6.5)");
+			err = -EINVAL;
+			goto out_workers;
+		}
+		if (lab_kept_cache) {
+			kmem_cache_destroy(lab_kept_cache);
+			lab_kept_cache = NULL;
+		}
+		r->cache = kmem_cache_create(cache_name, size, align, flags, NULL);
+		if (!r->cache) {
+			lab_error(r->id, "cache_name", "kmem_cache_create failed");
+			err = -EINVAL;
+			goto out_workers;
+		}
+	}
+	err = lab_rings(r);
+	if (err)
+		goto out_rings;
+	/* the kmalloc bucket, without allocating (every allocation counts) */
+	r->ksize = r->cache ? size : kmalloc_size_roundup(size);
+
+	for (i = 0; i < r->nw; i++) {
+		struct lab_worker *w = &r->w[i];
+		struct task_struct *t;
+
+		t = kthread_create(lab_worker_fn, w, "slabtune_lab/%d", i);
+		if (IS_ERR(t)) {
+			err = PTR_ERR(t);
+			lab_error(r->id, "cpus", "kthread_create failed");
+			break;
+		}
+		kthread_bind(t, w->cpu);
+		w->task = t;
+		if (w->allocator)
+			allocators++;
+	}
+	if (err) {
+		/* workers already created run no op: they see abort, find nothing, finish */
+		r->abort = err;
+	}
+	atomic_set(&r->allocating, allocators);
+	for (i = 0; i < r->nw; i++)
+		if (r->w[i].task)
+			wake_up_process(r->w[i].task);
+	t0 = ktime_get_ns();
+	complete_all(&r->go);
+	for (i = 0; i < r->nw; i++) {
+		if (!r->w[i].task)
+			continue;
+		/* wake every 10 s so a long run under TCG does not look hung */
+		while (!wait_for_completion_timeout(&r->w[i].done, 10 * HZ))
+			;
+	}
+	elapsed = ktime_get_ns() - t0;
+	for (i = 0; i < r->nw; i++)
+		if (r->w[i].task)
+			kthread_stop(r->w[i].task);
+	if (!err && r->abort)
+		err = r->abort;
+	if (!err) {
+		u64 allocs = 0, frees = 0;
+
+		for (i = 0; i < r->nw; i++) {
+			allocs += r->w[i].allocs;
+			frees += r->w[i].frees;
+			if (atomic_read(&r->w[i].out))
+				err = -EFAULT;
+		}
+		if (allocs != frees)
+			err = -EFAULT;
+		if (err)
+			lab_error(r->id, "run", "objects left outstanding");
+	}
+	lab_report(r, err, elapsed, lab_kind_name(kind), ring_kind);
+out_rings:
+	lab_free_rings(r);
+	if (r->cache) {
+		if (keep_cache && !err)
+			lab_kept_cache = r->cache;
+		else
+			kmem_cache_destroy(r->cache);
+	}
+out_workers:
+	vfree(r->w);
+out_run:
+	vfree(r);
+	last_status = err;
+	return err;
+}
+
+/* writing 1 to /sys/module/slabtune_lab/parameters/run runs again (sysfs holds the
+ * module's parameter lock around this call, so the parameters are stable) */
+static int lab_run_set(const char *val, const struct kernel_param *kp)
+{
+	bool go;
+	int err = kstrtobool(val, &go);
+
+	if (err)
+		return err;
+	if (!go || !READ_ONCE(lab_ready))
+		return 0;	/* at load, autorun decides */
+	mutex_lock(&lab_mutex);
+	err = lab_run_once();
+	mutex_unlock(&lab_mutex);
+	return err;
+}
+
+static const struct kernel_param_ops lab_run_ops = {
+	.set = lab_run_set,
+	.get = param_get_int,
+};
+static int lab_run_dummy;
+module_param_cb(run, &lab_run_ops, &lab_run_dummy, 0644);
+MODULE_PARM_DESC(run, "write 1 to run the workload again with the current parameters");
+
+static int __init lab_init(void)
+{
+	int err = 0;
+
+	if (autorun) {
+		kernel_param_lock(THIS_MODULE);
+		mutex_lock(&lab_mutex);
+		err = lab_run_once();
+		mutex_unlock(&lab_mutex);
+		kernel_param_unlock(THIS_MODULE);
+	}
+	WRITE_ONCE(lab_ready, true);
+	return err;
+}
+
+static void __exit lab_exit(void)
+{
+	mutex_lock(&lab_mutex);
+	if (lab_kept_cache) {
+		kmem_cache_destroy(lab_kept_cache);
+		lab_kept_cache = NULL;
+	}
+	mutex_unlock(&lab_mutex);
+}
+
+module_init(lab_init);
+module_exit(lab_exit);
+MODULE_LICENSE("GPL");
+MODULE_AUTHOR("slabtune");
+MODULE_DESCRIPTION("slabtune's slab allocator lab: the model's workloads on real caches");

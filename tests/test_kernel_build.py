@@ -27,6 +27,7 @@ SCRIPT = build.BUILD_SCRIPT
 #: Options every kernel must end up with (the lab's needs; see kernel/configs/base.config).
 REQUIRED_ALL = {
     "CONFIG_64BIT": "y", "CONFIG_SMP": "y", "CONFIG_HOTPLUG_CPU": "y",
+    "CONFIG_HYPERVISOR_GUEST": "y", "CONFIG_KVM_GUEST": "y",
     "CONFIG_NUMA": "y", "CONFIG_ACPI": "y", "CONFIG_ACPI_NUMA": "y",
     "CONFIG_X86_64_ACPI_NUMA": "y", "CONFIG_PCI": "y",
     "CONFIG_SYSFS": "y", "CONFIG_PROC_FS": "y", "CONFIG_PROC_SYSCTL": "y",

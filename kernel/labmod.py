@@ -398,13 +398,16 @@ _ROLES = {
 }
 
 
-def cache_params(cache_doc: Mapping[str, Any], *, cache_name: str = MODULE_NAME) -> list[str]:
+def cache_params(cache_doc: Mapping[str, Any], *, cache_name: str = MODULE_NAME,
+                 no_merge: bool = True) -> list[str]:
     """``insmod`` arguments for a config's ``[cache]`` table: ``name = "kmalloc-512"`` (any
     kmalloc cache, ``kmalloc-1k`` style above 512) drives kmalloc of that size;
     ``size = N`` a cache of the module's own, ``cache_name``, of that size, kept unmerged
     (SLAB_NO_MERGE, v6.5 on) and kept until the module is removed, so its
-    /sys/kernel/slab directory can be read after the run.  Other named caches belong to
-    kernel subsystems and cannot be driven from the module."""
+    /sys/kernel/slab directory can be read after the run.  Kernels before v6.5 have no
+    SLAB_NO_MERGE and refuse it: pass ``no_merge=False`` there (a size no existing cache
+    is within 8 bytes of is not merged anyway).  Other named caches belong to kernel
+    subsystems and cannot be driven from the module."""
     if not isinstance(cache_doc, Mapping):
         raise LabError("cache: must be a table")
     for key in cache_doc:
@@ -423,8 +426,8 @@ def cache_params(cache_doc: Mapping[str, Any], *, cache_name: str = MODULE_NAME)
     size = _int("cache.size", cache_doc["size"], 8, 1 << 20)
     if not cache_name.replace("_", "").isalnum() or len(cache_name) > 31:
         raise LabError(f"cache_name: {cache_name!r} is not a short identifier")
-    return ["own_cache=1", f"size={size}", f"cache_name={cache_name}",
-            "cache_flags=no_merge", "keep_cache=1"]
+    return (["own_cache=1", f"size={size}", f"cache_name={cache_name}"]
+            + (["cache_flags=no_merge"] if no_merge else []) + ["keep_cache=1"])
 
 
 def config_params(doc: Mapping[str, Any], *, ring: str = "lockless") -> list[str]:

@@ -124,6 +124,7 @@ def test_cache_params():
     assert labmod.cache_params({"size": 700}) == [
         "own_cache=1", "size=700", "cache_name=slabtune_lab", "cache_flags=no_merge",
         "keep_cache=1"]
+    assert "cache_flags=no_merge" not in labmod.cache_params({"size": 700}, no_merge=False)
 
 
 def test_config_params_from_a_config_document():

@@ -39,8 +39,7 @@ import time
 import jax
 import numpy as np
 
-from slabtune.model import dynamics
-from slabtune.model import metrics, policy, profiles, reference_sim
+from slabtune.model import dynamics, metrics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
 
 PROFILES = ("v3.1", "v6.1", "v6.18", "v7.0", "v7.1")

@@ -303,14 +303,15 @@ class Dynamics(Evaluator):
                 built[key] = _build_workload(row)
             t, wl = built[key]
             s_r = policy.Structure(*(st[f][r] for f in STRUCTURE_FIELDS))
-            cfgs.append(dynamics.config_from(s_r, profiles.get_profile(prof_names[cols["profile"][r]]), t, wl,
-                                      ops_per_step=spec.ops_per_step))
+            prof = profiles.get_profile(prof_names[cols["profile"][r]])
+            cfgs.append(dynamics.config_from(s_r, prof, t, wl, ops_per_step=spec.ops_per_step))
         stacked = dynamics.stack_configs(cfgs)
-        pcp = np.asarray([cost_model.pcp_max_order(profiles.get_profile(p).version) for p in prof_names],
-                         np.int32)[cols["profile"][rows]]
+        pcp = np.asarray([cost_model.pcp_max_order(profiles.get_profile(p).version)
+                          for p in prof_names], np.int32)[cols["profile"][rows]]
         index = (chunk.start + rows).astype(np.uint32)
-        out = _dynamics_fn(spec.steps, dynamics.run_bound(stacked))(np.uint32(spec.seed), index, stacked, _default_cost(),
-                                        pcp, object_size[rows].astype(np.float32))
+        fn = _dynamics_fn(spec.steps, dynamics.run_bound(stacked))
+        out = fn(np.uint32(spec.seed), index, stacked, _default_cost(), pcp,
+                 object_size[rows].astype(np.float32))
         met = out._asdict()
         for m in names:
             res[m] = np.asarray(met[m], np.float32)

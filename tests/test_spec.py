@@ -79,7 +79,8 @@ max_order = { logrange = [1, 10], num = 3 }
 
 
 def test_aliases_are_canonicalised():
-    spec = sweep_spec.parse(BASE.replace('"kmalloc-64"', '"kmalloc-1024"').replace('"v5.11"', '"5.11"'))
+    spec = sweep_spec.parse(BASE.replace('"kmalloc-64"', '"kmalloc-1024"')
+                            .replace('"v5.11"', '"5.11"'))
     assert spec.axis("cache").values == ("kmalloc-1k", "maple_node")
     assert spec.axis("profile").values == ("v5.11", "v6.18")
 
@@ -116,7 +117,8 @@ def test_defaults_fill_absent_axes():
     (BASE.replace("[1, 2, 64]", "[1, 1]"), "topology.cpus: duplicate value 1"),
     (BASE.replace("[1, 2, 64]", '"many"'), "topology.cpus: expected an integer"),
     (BASE.replace("[1, 2, 64]", "[1.5]"), "topology.cpus: 1.5 is not an integer"),
-    (BASE.replace("[1, 2, 64]", "{ range = [8, 2] }"), "topology.cpus.range: start 8 is above stop 2"),
+    (BASE.replace("[1, 2, 64]", "{ range = [8, 2] }"),
+     "topology.cpus.range: start 8 is above stop 2"),
     (BASE.replace("[1, 2, 64]", "{ logrange = [1, 8], factor = 1 }"), "topology.cpus.factor"),
     (BASE.replace("[1, 2, 64]", "{ span = [1, 8] }"), "topology.cpus: unknown range form"),
     (BASE.replace('"maple_node"', '"no_such_cache"'), "cache.cache: unknown value 'no_such_cache'"),
@@ -125,16 +127,20 @@ def test_defaults_fill_absent_axes():
     (BASE.replace("chunk_size = 7", "chunk_size = 7\ncolour = 1"), "sweep.colour: unknown key"),
     (BASE.replace('name = "t"', 'name = "a b"'), "sweep.name"),
     (BASE.replace("chunk_size = 7", 'evaluator = "magic"'), "sweep.evaluator: unknown evaluator"),
-    (BASE.replace("chunk_size = 7", 'metrics = ["order", "speed"]'), "sweep.metrics: unknown metric 'speed'"),
+    (BASE.replace("chunk_size = 7", 'metrics = ["order", "speed"]'),
+     "sweep.metrics: unknown metric 'speed'"),
     (BASE.replace("[kernel]\nprofile = [\"v5.11\", \"v6.18\"]", ""), "kernel.profile: missing"),
-    (BASE.replace("cpus = [1, 2, 64]", "cpus_per_node = [2]"), "topology.nodes: required with cpus_per_node"),
+    (BASE.replace("cpus = [1, 2, 64]", "cpus_per_node = [2]"),
+     "topology.nodes: required with cpus_per_node"),
     (with_("[boot]\nslub_debug = 1"), "boot.slub_debug: unknown axis"),
     (with_("[boot]\nmax_order = 11"), "boot.max_order: value 11 is outside 0..10"),
     (with_("[cache]\nsize = [64]"), "not valid TOML"),  # [cache] defined twice
     (with_("[[exclude]]\nnodes = 2"), "exclude[0].nodes: not an axis of this spec"),
     (with_("[[exclude]]\ncpus = { about = 2 }"), "exclude[0].cpus.about: unknown comparison"),
-    (with_("[[exclude]]\ncpus = { gt = \"nodes\" }"), "exclude[0].cpus.gt: 'nodes' is not an integer axis"),
-    (with_("[[exclude]]\nprofile = \"v7.0\""), "exclude[0].profile.eq: 'v7.0' is not a value of axis profile"),
+    (with_("[[exclude]]\ncpus = { gt = \"nodes\" }"),
+     "exclude[0].cpus.gt: 'nodes' is not an integer axis"),
+    (with_("[[exclude]]\nprofile = \"v7.0\""),
+     "exclude[0].profile.eq: 'v7.0' is not a value of axis profile"),
     (with_("[[exclude]]\nprofile = { gt = \"v5.11\" }"), "supports only eq, ne and in"),
     ("[sweep\nname=1", "not valid TOML"),
 ])
@@ -148,8 +154,10 @@ def test_bad_specs_name_the_field(text, field):
 
 def test_duplicate_section_keys_give_one_line():
     # cpus and cpus_per_node together, cache and size together
-    with pytest.raises(sweep_spec.SpecError, match="topology.cpus: give exactly one of cpus or cpus_per_node"):
-        sweep_spec.parse(BASE.replace("cpus = [1, 2, 64]", "cpus = [1]\ncpus_per_node = [1]\nnodes = 1"))
+    with pytest.raises(sweep_spec.SpecError,
+                       match="topology.cpus: give exactly one of cpus or cpus_per_node"):
+        sweep_spec.parse(BASE.replace("cpus = [1, 2, 64]",
+                                      "cpus = [1]\ncpus_per_node = [1]\nnodes = 1"))
     with pytest.raises(sweep_spec.SpecError, match="cache.cache: give exactly one of cache"):
         sweep_spec.parse(BASE.replace("[kernel]", "size = [64]\n[kernel]"))
 

@@ -102,7 +102,8 @@ def test_batched_runner_gives_the_trials_of_plain_ask_and_tell(sampler):
     50), and stores the same values, attrs and constraints."""
     _study, _url, quick = quick_study()
     spec = studies.load_spec("tune_quick")
-    spec = studies.parse_spec(spec.text.replace('sampler = "nsga2"', f'sampler = "{sampler}"'), sampler)
+    spec = studies.parse_spec(spec.text.replace('sampler = "nsga2"', f'sampler = "{sampler}"'),
+                              sampler)
     runner, _ = studies.create_or_resume(spec, f"same-{sampler}", "memory:",
                                     evaluator=quick.evaluator)
     runner.run(120, 40)
@@ -230,7 +231,8 @@ def test_effective_boot_params_follow_the_kernel_setup_order():
     ('slub_max_order = { low = 0, high = 11 }', "search.knobs.slub_max_order.high: 11 is outside"),
     ('cpu_partial_small = { low = 0, high = 10, step = 3 }', "search.knobs.cpu_partial_small.step"),
     ('slub_min_objects = { choices = [0, 40000] }', "search.knobs.slub_min_objects.choices"),
-    ('barn_max_full = { low = 0, high = 4 }', "search.knobs.barn_max_full: profile v6.1 has no barns"),
+    ('barn_max_full = { low = 0, high = 4 }',
+     "search.knobs.barn_max_full: profile v6.1 has no barns"),
 ])
 def test_bad_search_spaces_name_the_field(knobs, needle):
     text = ('[fleet]\nprofile = "v6.1"\n[[fleet.topology]]\ncpus = 4\n[[fleet.workload]]\n'
@@ -578,8 +580,9 @@ def test_structural_memory_steady_retention_worked_by_hand():
 
 #: Every allocator op pays 10 ns whichever path it takes (fast or slow); nothing else costs
 #: anything (no page allocator, no lock holds, no line transfers, so no queueing).
+_PATH_NS = ("alloc_fast_ns", "free_fast_ns", "alloc_slow_ns", "free_slow_ns")
 FLAT_COST = "[cost]\n" + "".join(
-    f"{k} = {10.0 if k in ('alloc_fast_ns', 'free_fast_ns', 'alloc_slow_ns', 'free_slow_ns') else 0.0}\n"
+    f"{k} = {10.0 if k in _PATH_NS else 0.0}\n"
     for k in ("alloc_fast_ns", "free_fast_ns", "alloc_slow_ns", "free_slow_ns", "sheaf_swap_ns",
               "sheaf_object_ns", "cpu_partial_drain_ns", "list_lock_hold_ns",
               "barn_lock_hold_ns", "line_local_ns", "line_remote_ns", "pcp_call_ns",

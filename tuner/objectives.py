@@ -104,7 +104,8 @@ SOLVE_STEPS = 16
 SOLVE_BLOCK = 256
 
 
-def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams, has_ml: np.ndarray):
+def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams,
+               has_ml: np.ndarray):
     """Per-op ns of both representative CPUs of every (B, T, W, K) point: the cost model's
     contention fixed point (:func:`slabtune.model.cost.solve`), ``(..., R=2)``.
 
@@ -141,8 +142,8 @@ def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams,
     return jnp.take(jnp.concatenate([t for _, t in parts], axis=1), order, axis=1)
 
 
-def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays, cost: cost_model.CostParams,
-                          pcp_max: int) -> PerTopology:
+def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
+                          cost: cost_model.CostParams, pcp_max: int) -> PerTopology:
     """The ``structural`` objective set: (B, T) memory overhead ratio and ns per op."""
     st, prof_b = policy_structure(values, prof, fa)
     bfull = jnp.asarray(values["barn_max_full"], _F32)
@@ -170,7 +171,8 @@ def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays, c
         reps.append((cost_model.OpRates(*(bs(x) for x in r)), bs(ll), bs(bl)))
     order = stw.order.astype(_F32)
     objs = stw.objs_per_slab.astype(_F32)
-    base = jnp.stack([cost_model.base_ns_per_op(r, order, objs, pcp_max, cost) for r, _, _ in reps], -1)
+    base = jnp.stack([cost_model.base_ns_per_op(r, order, objs, pcp_max, cost)
+                      for r, _, _ in reps], -1)
     zone = cost_model.zone_lock_per_call(order, pcp_max, cost)
     acq = jnp.stack([jnp.stack([ll, bl, (r.slab_alloc + r.slab_free) * zone], -1)
                      for r, ll, bl in reps], -2)                       # (..., R=2, L=3)

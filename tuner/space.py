@@ -201,12 +201,14 @@ def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
         raise SlabtuneError(f"{where}: unknown knob (known: {', '.join(KNOBS)})")
     kd = KNOBS[name]
     if not _profile_has(profile, kd.needs):
-        raise SlabtuneError(f"{where}: profile {profile.name} has no {kd.needs}; the knob means nothing there")
+        raise SlabtuneError(f"{where}: profile {profile.name} has no {kd.needs}; "
+                            "the knob means nothing there")
     if not isinstance(table, Mapping):
         raise SlabtuneError(f"{where}: expected a table such as {{ low = 0, high = 4 }}")
     unknown = set(table) - {"low", "high", "step", "choices"}
     if unknown:
-        raise SlabtuneError(f"{where}.{sorted(unknown)[0]}: unknown field (use low, high, step or choices)")
+        raise SlabtuneError(f"{where}.{sorted(unknown)[0]}: unknown field "
+                            "(use low, high, step or choices)")
     if "choices" in table:
         if {"low", "high", "step"} & set(table):
             raise SlabtuneError(f"{where}: give either choices or low/high/step, not both")
@@ -216,7 +218,8 @@ def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
         vals = tuple(_int_field(f"{where}.choices", c) for c in ch)
         for v in vals:
             if not kd.low <= v <= kd.high:
-                raise SlabtuneError(f"{where}.choices: {v} is outside the kernel range {kd.low}..{kd.high}")
+                raise SlabtuneError(f"{where}.choices: {v} is outside the kernel range "
+                                    f"{kd.low}..{kd.high}")
         if len(set(vals)) != len(vals):
             raise SlabtuneError(f"{where}.choices: duplicate values")
         return Knob(name, kd.reach, min(vals), max(vals), 1, vals)

@@ -65,6 +65,7 @@ def test_order_grid_matches_the_reference():
     assert png_size(path.read_bytes())[0] > 100
 
 
+@pytest.mark.slow
 def test_fleet_chart_svg(tmp_path):
     study, _url, _runner = quick_study()
     rep = pareto.study_pareto(study)

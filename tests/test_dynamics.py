@@ -48,6 +48,7 @@ def test_local_churn_fitting_a_slab_stays_on_the_fast_paths(profile):
     assert c["slab_free"].sum() == 0
 
 
+@pytest.mark.slow
 def test_remote_frees_without_cpu_partial_never_take_the_fast_path():
     """v3.1 (no per-CPU partial lists): receivers free objects of the senders' CPU slabs,
     never of their own, so every free is a slow path; full slabs that get a free go back

@@ -37,6 +37,7 @@ def test_exported_cmdlines_parse_back_to_the_trial_values():
         assert bootparams.parse_cmdline(slub, prof) == bootparams.parse_cmdline(line, prof)
 
 
+@pytest.mark.slow
 def test_grub_tmpfiles_and_json_formats():
     study, _url, runner, front = _front()
     c = studies.candidate(study, front[len(front) // 2])

@@ -215,6 +215,7 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     assert t[1] == pytest.approx(want_t1, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_one_line_per_acquisition_is_k_equals_1():
     # A lone CPU never waits, so its time per op falls by exactly acq * (k - 1) * line
     # when the list_lock's k lines become one.

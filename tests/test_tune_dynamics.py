@@ -103,6 +103,7 @@ def test_baseline_equals_the_default_policy_simulated_directly():
     np.testing.assert_allclose(ev.evaluate([{}]).memory_topo, ev.baseline.memory_topo, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_batched_evaluation_equals_one_at_a_time():
     ev = studies.evaluator_for(_spec())
     params = [{"slub_min_order": 1, "cpu_partial_256": 8},

@@ -153,6 +153,7 @@ def _memory_61(cpus: int, live: int, traffic):
                                         [CacheInfo(**SKB_61)], [live], traffic)[0])
 
 
+@pytest.mark.slow
 def test_drained_cache_retains_whole_per_cpu_partial_slabs_as_put_cpu_partial_allows():
     per_cpu = 1 + 2.4
     # churned on every CPU: 8 live objects + 4 * 3.4 slabs + min_partial = 5 empty node

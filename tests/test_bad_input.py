@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
+from conftest import _pids_naming
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -617,20 +618,6 @@ def test_a_snapshot_header_short_of_an_extra_column_names_the_row(tmp_path):
 
 
 # --------------------------------------------------------------------------- 8: SIGTERM
-
-
-def _pids_naming(text: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmd:
-            out.append(int(d.name))
-    return out
 
 
 def _ray_started(out: Path) -> bool:

@@ -379,10 +379,10 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
     return "\n".join(lines) + "\n"
 
 
-def _init_start_lines(token: str) -> list[str]:
-    """The start of /init: the shell, PATH, /proc and /sys mounted, console log level 1
-    (kernel messages do not interleave with the records), ``M`` the record mark, and the
-    start record ``S <token> <uptime>``."""
+def init_prelude(mark: str = MARK) -> list[str]:
+    """The first lines of every /init slabtune generates: the shell, PATH, /proc and /sys
+    mounted, console log level 1 (kernel messages do not interleave with the records) and
+    ``M`` the record mark the host parses."""
     return [
         "#!/bin/sh",
         "PATH=/bin",
@@ -390,7 +390,14 @@ def _init_start_lines(token: str) -> list[str]:
         "mount -t proc proc /proc",
         "mount -t sysfs sysfs /sys",
         "echo 1 > /proc/sys/kernel/printk",
-        f"M={MARK}",
+        f"M={mark}",
+    ]
+
+
+def _init_start_lines(token: str) -> list[str]:
+    """The start of /init: :func:`init_prelude` and the start record
+    ``S <token> <uptime>``."""
+    return init_prelude() + [
         "up=",
         "read up rest < /proc/uptime",
         f'echo "$M S {token} $up"',

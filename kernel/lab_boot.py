@@ -135,13 +135,7 @@ def init_script(token: str, cache: str, params: Sequence[str]) -> str:
             raise LabBootError(f"params: {p!r} is not a key=value module parameter")
     args = " ".join(params)
     return "\n".join([
-        "#!/bin/sh",
-        "PATH=/bin",
-        "export PATH",
-        "mount -t proc proc /proc",
-        "mount -t sysfs sysfs /sys",
-        "echo 1 > /proc/sys/kernel/printk",
-        f"M={MARK}",
+        *guest.init_prelude(MARK),
         f"D=/sys/kernel/slab/{cache}",
         f'echo "$M S {token}"',
         'v=; read v < /proc/sys/kernel/osrelease; echo "$M I release $v"',

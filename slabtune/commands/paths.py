@@ -29,16 +29,16 @@ def _through_file(flag: str, path: Path) -> None:
 
 def output_dir(flag: str, path) -> Path:
     """A directory the command creates or writes into: missing is fine, a file is not."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise SlabtuneError(f"{flag}: {p} is a file, not a directory")
-    _through_file(flag, p)
-    return p
+    return _not_a_file(flag, Path(path))
 
 
 def input_dir(flag: str, path) -> Path:
     """A directory the command reads (missing is left to the command): not a file."""
-    p = Path(path)
+    return _not_a_file(flag, Path(path))
+
+
+def _not_a_file(flag: str, p: Path) -> Path:
+    """``p`` unless it, or a directory it would sit in, is a file."""
     if p.exists() and not p.is_dir():
         raise SlabtuneError(f"{flag}: {p} is a file, not a directory")
     _through_file(flag, p)

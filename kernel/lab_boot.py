@@ -42,8 +42,30 @@ from slabtune.model.topology import Topology
 MARK = "@@LAB"
 #: busybox applets the /init uses.
 APPLETS = ("sh", "mount", "echo", "cat", "insmod", "rmmod", "dmesg", "grep", "poweroff",
-           "sleep", "sync")
+           "sleep", "sync", "mkfifo")
 DEFAULT_TIMEOUT_S = 300.0
+#: Seconds between two samples of the cache's ``slabs`` file while the run goes on.
+SAMPLE_INTERVAL_S = 0.05
+#: Attempts a boot that failed before the run could report (timeout, no start or end
+#: marker) gets in all: one retry for boot flakes.
+BOOT_ATTEMPTS = 2
+#: Every SLUB_STATS file of the kernels the lab builds (``enum stat_item`` of mm/slub.c,
+#: lower-cased as sysfs names them): 6.1 and 6.12 have the per-CPU slab and partial
+#: counters, 7.2 (sheaves for every cache) has sheaf and barn counters instead.
+SLUB_STAT_FILES = (
+    "alloc_fastpath", "alloc_slowpath", "free_fastpath", "free_slowpath", "free_frozen",
+    "free_add_partial", "free_remove_partial", "alloc_from_partial", "alloc_slab",
+    "alloc_refill", "alloc_node_mismatch", "free_slab", "cpuslab_flush", "deactivate_full",
+    "deactivate_empty", "deactivate_to_head", "deactivate_to_tail",
+    "deactivate_remote_frees", "deactivate_bypass", "order_fallback",
+    "cmpxchg_double_cpu_fail", "cmpxchg_double_fail", "cpu_partial_alloc",
+    "cpu_partial_free", "cpu_partial_node", "cpu_partial_drain",
+    # v6.18 / v7.x sheaves and barns
+    "free_rcu_sheaf", "free_rcu_sheaf_fail", "sheaf_flush", "sheaf_refill", "sheaf_alloc",
+    "sheaf_free", "barn_get", "barn_get_fail", "barn_put", "barn_put_fail",
+    "sheaf_prefill_fast", "sheaf_prefill_slow", "sheaf_prefill_oversize",
+    "sheaf_return_fast", "sheaf_return_slow",
+)
 #: Phases the /init dumps the cache in (``warm`` goes to /dev/null).
 PHASES = ("base", "before", "after")
 _PARAM_RE = re.compile(r"^[a-z_]+=[A-Za-z0-9_,\-]+$")
@@ -69,6 +91,8 @@ class LabBootResult:
     dumps: dict[str, dict[str, str]]
     #: phases in which the cache did not exist (an own cache before the run): counters 0
     missing: list[str]
+    #: the cache's ``slabs`` file sampled during the run, in order
+    samples: list[str]
     #: the module's ``done`` record (None when it printed none) and ``worker`` records
     done: dict | None
     workers: list[dict]
@@ -79,6 +103,9 @@ class LabBootResult:
     accel: str
     seconds: float
     console_tail: str
+    #: boots made (a boot flake is retried once, see BOOT_ATTEMPTS)
+    attempts: int = 1
+    cmdline: str = ""
 
     def value(self, phase: str, name: str) -> int | None:
         """The total (first number) of counter ``name`` in ``phase``: 0 when the cache did
@@ -124,8 +151,24 @@ def counter_per_cpu(raw: str | None) -> dict[int, int]:
 # --------------------------------------------------------------------------- the guest
 
 
-def init_script(token: str, cache: str, params: Sequence[str]) -> str:
-    """The guest's /init for one lab run on /sys/kernel/slab/``cache``."""
+#: Per-cache sysfs files a lab run may set before it starts (simulation knobs of the same
+#: names, sweeps/simconfig.py SIM_KNOBS); cpu_partial exists only with per-CPU partial lists.
+SYSFS_KNOBS = ("min_partial", "cpu_partial")
+
+
+def init_script(token: str, cache: str, params: Sequence[str],
+                sample_s: float = SAMPLE_INTERVAL_S,
+                sysfs: Mapping[str, int] | None = None) -> str:
+    """The guest's /init for one lab run on /sys/kernel/slab/``cache``; ``sysfs`` values
+    (:data:`SYSFS_KNOBS`) are written to the cache's files before anything is dumped."""
+    sysfs = dict(sysfs or {})
+    for k, v in sysfs.items():
+        if k not in SYSFS_KNOBS:
+            raise LabBootError(f"policy.params.{k}: the lab sets only {', '.join(SYSFS_KNOBS)}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 31:
+            raise LabBootError(f"policy.params.{k}: {v!r} is not a non-negative integer")
+    if not 0.001 <= sample_s <= 10:
+        raise LabBootError(f"sample_s: {sample_s!r} is outside 0.001..10 s")
     if not token.isalnum():
         raise LabBootError("token: must be alphanumeric")
     if not re.fullmatch(r"[A-Za-z0-9_:\-]+", cache):
@@ -151,6 +194,7 @@ def init_script(token: str, cache: str, params: Sequence[str]) -> str:
         "  done",
         '  echo "$M N $1"',
         "}",
+        *[f'echo {v} > "$D/{k}"; echo "$M R set_{k} $?"' for k, v in sysfs.items()],
         "dump warm > /dev/null",
         "dump base",
         f"insmod /{_KO_PATH} autorun=0",
@@ -159,8 +203,18 @@ def init_script(token: str, cache: str, params: Sequence[str]) -> str:
         'echo "$M R probe_rmmod $?"',
         "dmesg | grep 'slabtune_lab: ' > /dev/null",
         "dump before",
-        f"insmod /{_KO_PATH} {args}",
-        'echo "$M R insmod $?"',
+        # the run: insmod in the background while the cache's slab count is sampled every
+        # SAMPLE_INTERVAL_S (the wait is a read with a timeout on a FIFO: no fork, no CPU)
+        "mkfifo /tmp/tick",
+        f"( insmod /{_KO_PATH} {args}; echo $? > /tmp/rc ) &",
+        "i=0",
+        "while [ ! -e /tmp/rc ]; do",
+        '  v=; { read -r v < "$D/slabs"; } 2>/dev/null; [ -n "$v" ] && echo "$M P $i $v"',
+        "  i=$((i+1))",
+        f"  read -t {sample_s:g} v <> /tmp/tick",
+        "done",
+        "wait",
+        'v=; read v < /tmp/rc; echo "$M R insmod $v"',
         "dmesg | grep 'slabtune_lab: ' > /tmp/lab.log",
         "dump after",
         'while read -r l; do echo "$M K $l"; done < /tmp/lab.log',
@@ -192,7 +246,8 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
     """The ``@@LAB`` records of a console log: started/ended, info, dumps, return codes,
     the module's kernel log lines."""
     out: dict[str, Any] = {"started": False, "ended": False, "info": {}, "rc": {},
-                           "dumps": {p: {} for p in PHASES}, "missing": [], "log": []}
+                           "dumps": {p: {} for p in PHASES}, "missing": [], "log": [],
+                           "samples": []}
     for raw in text.replace("\r\n", "\n").split("\n"):
         line = raw.rstrip("\r")
         if not line.startswith(MARK + " "):
@@ -209,6 +264,8 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
             out["rc"][parts[2]] = int(parts[3]) if parts[3].lstrip("-").isdigit() else None
         elif kind == "C" and len(parts) > 3 and parts[2] in out["dumps"]:
             out["dumps"][parts[2]][parts[3]] = parts[4] if len(parts) > 4 else ""
+        elif kind == "P" and len(parts) > 3 and parts[2].isdigit():
+            out["samples"].append(" ".join(parts[3:]))
         elif kind == "X" and len(parts) > 2:
             out["missing"].append(parts[2])
         elif kind == "K":
@@ -253,11 +310,21 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
              *, cache_doc: Mapping[str, Any] | None = None, ops: int = labmod.DEFAULT_OPS,
              seed: int = 1, ring: str = "lockless", memory_mib: int = 512,
              timeout_s: float = DEFAULT_TIMEOUT_S, accel: str = "auto",
-             extra_params: Sequence[str] = ()) -> LabBootResult:
+             extra_params: Sequence[str] = (), boot_params: Mapping[str, int] | None = None,
+             sysfs: Mapping[str, int] | None = None,
+             attempts: int = BOOT_ATTEMPTS) -> LabBootResult:
     """Build the module for ``kernel_name``, boot that kernel on ``topology`` and run the
     ``[workload]`` table ``workload_doc`` on the ``[cache]`` table ``cache_doc`` (default
-    kmalloc-512); the counters of that cache before and after, and the module's records.
-    ``extra_params`` (``key=value``) go after the generated parameters and so override them.
+    kmalloc-512); the counters of that cache before and after, its slab count sampled
+    during the run, and the module's records.  ``kernel_name`` is a kernel of
+    ``scripts/build-kernels.sh`` (``6.1``, ``6.12``, ``7.2``) or the path of a bzImage whose
+    build tree the module can be built against (see :func:`resolve_kernel`).
+    ``extra_params`` (``key=value``) go after the generated module parameters and so
+    override them; ``boot_params`` (slab boot parameters) go on the kernel command line,
+    checked against the kernel's profile; ``sysfs`` values are written to the cache's
+    sysfs files before the run (a kmalloc cache: an own cache does not exist until then).
+    A boot that fails before the run reports (timeout, no start or end marker) is retried
+    until ``attempts`` boots were made.
     Setup errors raise (LabError, GuestError, LabBootError); a guest that fails returns
     ``ok=False`` with the reason in ``error``."""
     cache_doc = dict(cache_doc or {"name": "kmalloc-512"})
@@ -265,19 +332,74 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
               + labmod.module_params(workload_doc, topology, ops=ops, seed=seed, ring=ring)
               + list(extra_params))
     cache = cache_doc["name"] if "name" in cache_doc else labmod.MODULE_NAME
-    kernel = build.kernel_path(kernel_name)
-    if kernel is None:
-        raise LabBootError(f"kernel {kernel_name}: not built (scripts/build-kernels.sh)")
-    ko = labmod.build_module(kernel_name)
+    if sysfs and "name" not in cache_doc:
+        raise LabBootError(f"policy.params.{next(iter(sysfs))}: a cache of the module's own "
+                           "exists only during the run; the lab sets sysfs values on kmalloc "
+                           "caches only")
+    init_script("x", cache, params, sysfs=sysfs)      # every value checked before a boot
+    kernel, tree_name = resolve_kernel(kernel_name)
+    ko = labmod.build_module(tree_name)
     # find_assets checks qemu, the kernel and busybox; the module stands in for the
     # workload binary, which this guest does not use.
     assets = guest.find_assets(kernel=kernel, workload=ko, build=False)
     profile = guest.kernel_profile(kernel)
-    cmdline = guest.guest_cmdline({}, topology, profile)
+    cmdline = guest.guest_cmdline(dict(boot_params or {}), topology, profile)
     if accel == "auto":
         accel = "kvm" if guest.probe_kvm(assets).usable else "tcg"
+    if not 1 <= attempts <= 5:
+        raise LabBootError(f"attempts: {attempts!r} is outside 1..5")
+    result = None
+    for n in range(1, attempts + 1):
+        result = _boot_once(assets, ko, kernel, cache, params, cmdline, topology, memory_mib,
+                            timeout_s, accel, dict(sysfs or {}))
+        result.attempts = n
+        if result.ok or not _is_boot_flake(result.error):
+            break
+    assert result is not None
+    return result
+
+
+def resolve_kernel(name: str) -> tuple[Path, str]:
+    """``(bzImage, lab kernel name)`` for ``--kernel``: a kernel of
+    ``scripts/build-kernels.sh`` (``6.1``, ``6.12``, ``7.2``, ``6.1-slab``) by name, or a
+    bzImage path whose release string is that of a built lab kernel (the module is built
+    against that kernel's kept tree; a kernel of another release has no tree to build it
+    against).  One error line when neither holds."""
+    table = build.read_table()
+    if name in table:
+        kernel = build.kernel_path(name)
+        if kernel is None:
+            raise LabBootError(f"--kernel {name}: not built yet (scripts/build-kernels.sh "
+                               f"--only {name})")
+        return kernel, name
+    path = Path(name)
+    if not path.is_file():
+        raise LabBootError(f"--kernel {name}: neither a lab kernel ({', '.join(table)}) nor "
+                           "a bzImage file")
+    release = guest.bzimage_release(path)
+    for known in table:
+        built = build.kernel_path(known)
+        if built is not None and release and guest.bzimage_release(built) == release:
+            return path, known
+    raise LabBootError(f"--kernel {name}: release {release or 'unknown'} is not one of the "
+                       "built lab kernels, so there is no tree to build the lab module "
+                       "against (scripts/build-kernels.sh)")
+
+
+#: Errors of a boot that never reached the run's report: worth one more boot.
+_FLAKES = ("timed out", "qemu exited", "no end marker")
+
+
+def _is_boot_flake(error: str) -> bool:
+    return error.startswith(_FLAKES)
+
+
+def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cmdline: str,
+               topology: Topology, memory_mib: int, timeout_s: float, accel: str,
+               sysfs: dict[str, int]) -> LabBootResult:
+    """One boot of a lab guest; see :func:`boot_lab`."""
     token = secrets.token_hex(6)
-    script = init_script(token, cache, params)
+    script = init_script(token, cache, params, sysfs=sysfs)
     with tempfile.TemporaryDirectory(prefix="slabtune-lab-") as tmp:
         tmpd = Path(tmp)
         initrd = tmpd / "initrd.cpio"
@@ -289,7 +411,11 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
         qerr = console.with_suffix(".err")
         stderr = qerr.read_text(errors="replace") if qerr.exists() else ""
     parsed = parse_console(text, token)
-    records = labmod.parse_printk(parsed["log"])
+    try:
+        records = labmod.parse_printk(parsed["log"])
+    except labmod.LabError as err:
+        records = {"workers": [], "done": None, "errors": [{"field": "printk",
+                                                            "msg": str(err)}]}
     error = ""
     if timed_out:
         error = f"timed out after {seconds:.0f} s"
@@ -298,6 +424,9 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
         error = f"qemu exited with {rc} before init started: {last}"
     elif not parsed["ended"]:
         error = f"no end marker (qemu exited with {rc})"
+    elif any(parsed["rc"].get(f"set_{k}") != 0 for k in sysfs):
+        k = next(k for k in sysfs if parsed["rc"].get(f"set_{k}") != 0)
+        error = f"policy.params.{k}: writing {sysfs[k]} to /sys/kernel/slab/{cache}/{k} failed"
     elif parsed["rc"].get("insmod") != 0:
         why = records["errors"][0] if records["errors"] else {}
         error = f"insmod exited with {parsed['rc'].get('insmod')}" + (
@@ -312,9 +441,74 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
         ok=not error, error=error, kernel=str(kernel),
         release=parsed["info"].get("release", ""), cache=cache,
         files=sorted(parsed["dumps"]["after"]), dumps=parsed["dumps"],
-        missing=[p for p in parsed["missing"] if p in PHASES],
+        missing=[p for p in parsed["missing"] if p in PHASES], samples=parsed["samples"],
         done=records["done"], workers=records["workers"], module_errors=records["errors"],
         insmod_rc=parsed["rc"].get("insmod"), params=params, qemu_argv=argv, accel=accel,
-        seconds=seconds,
+        seconds=seconds, cmdline=cmdline,
         console_tail=(text + ("\n[qemu stderr]\n" + stderr if stderr.strip() else ""))[-4000:],
     )
+
+
+# --------------------------------------------------------------------------- figures
+
+#: Bytes of a base page (x86-64), for slab memory from ``slabs`` and ``order``.
+PAGE_SIZE = 4096
+
+
+def counter_deltas(result: LabBootResult) -> dict[str, int]:
+    """Every SLUB_STATS counter of the cache the run changed or left, ``after`` minus
+    ``before``, by sysfs name (the kernel's own ``enum stat_item`` names)."""
+    out = {}
+    for name in SLUB_STAT_FILES:
+        d = result.delta(name)
+        if d is not None:
+            out[name] = d
+    return out
+
+
+def _frac(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def measure(result: LabBootResult) -> dict[str, Any]:
+    """The measured side of a lab run, in the model's metric names.
+
+    * ``alloc_fastpath_frac`` = alloc_fastpath / (alloc_fastpath + alloc_slowpath), and the
+      same for frees.  What counts as a fast path is the kernel's: before v7.0 the lockless
+      per-CPU freelist (slab_alloc_node(), do_slab_free()); on kernels with sheaves every
+      object taken from or put into a per-CPU sheaf (alloc_from_pcs(), free_to_pcs()), a
+      sheaf replaced from the barn or refilled included.
+    * ``ops``: the workload's allocations plus frees (the module's ``done`` record), the
+      denominator of every ``*_per_kop`` figure as in the model (one op is one alloc or
+      one free).
+    * ``slab_allocs_per_kop`` = 1000 * alloc_slab / ops (new slabs from the page allocator).
+    * ``memory_bytes``: the cache's slab memory the run added, averaged over the run:
+      mean of the ``slabs`` samples minus the slabs before the run, times
+      ``PAGE_SIZE << order``.  None when the run was too short to be sampled.
+    * ``counters``: every SLUB_STATS delta (:func:`counter_deltas`).
+    """
+    counters = counter_deltas(result)
+    done = result.done or {}
+    ops = int(done.get("allocs", 0)) + int(done.get("frees", 0))
+    order = counter_total(result.dumps.get("after", {}).get("order"))
+    before_slabs = result.value("before", "slabs")
+    samples = [v for v in (counter_total(s) for s in result.samples) if v is not None]
+    memory = None
+    if samples and order is not None and before_slabs is not None:
+        mean = sum(samples) / len(samples)
+        memory = max(mean - before_slabs, 0.0) * (PAGE_SIZE << order)
+    c = counters.get
+    return {
+        "alloc_fastpath_frac": _frac(c("alloc_fastpath", 0),
+                                     c("alloc_fastpath", 0) + c("alloc_slowpath", 0)),
+        "free_fastpath_frac": _frac(c("free_fastpath", 0),
+                                    c("free_fastpath", 0) + c("free_slowpath", 0)),
+        "slab_allocs_per_kop": (1000.0 * c("alloc_slab", 0) / ops) if ops else None,
+        "memory_bytes": memory,
+        "ops": ops,
+        "order": order,
+        "samples": len(samples),
+        "peak_slabs": (max(samples) - before_slabs) if samples and before_slabs is not None
+        else None,
+        "counters": counters,
+    }

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "plot",
     "export",
     "validate",
+    "lab",
     "simulate",
     "reproduce",
 )

@@ -36,6 +36,8 @@ ROW_SCHEMA: dict[str, pl.DataType] = {
     "cache": pl.String, "field": pl.String, "predicted": pl.Float64, "measured": pl.Float64,
     "unit": pl.String, "comparable": pl.Boolean, "note": pl.String, "attempts": pl.Int64,
     "seconds": pl.Float64, "error": pl.String, "console_tail": pl.String,
+    # lab rows: the lab kernel (scripts/build-kernels.sh name) and the config's hash
+    "kernel": pl.String, "config_hash": pl.String,
 }
 
 # --------------------------------------------------------------------------- rows

@@ -1,0 +1,152 @@
+"""``slabtune lab run CONFIG.toml...``: run simulation configs on the real allocator (the lab
+module on kernels built by scripts/build-kernels.sh) and print the kernel's counters beside
+the model's.  The work lives in :mod:`slabtune.validate.lab`; this module parses and prints.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from slabtune.commands import jsonout
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "lab", help="run configs on the real allocator (lab kernels under qemu) beside the "
+                    "model",
+        description="'slabtune lab run CONFIG.toml... [--kernel K]...': boot each lab kernel "
+                    "(6.1, 6.12, 7.2 built from Debian's sources by scripts/build-kernels.sh, "
+                    "or a bzImage of the same release) on each config's topology with its "
+                    "slab boot parameters, run its [workload] on its [cache] with the lab "
+                    "module, read the cache's SLUB_STATS counters, and print them beside "
+                    "the model's prediction of the same config under the booted kernel's "
+                    "profile.  Each boot is a Ray task (qemu resource); rows go to the "
+                    "results store.  Under TCG counters are functional, times are not "
+                    "compared.  Exit 0 when every run completed, 1 when some failed, 2 on "
+                    "bad input.")
+    p.add_argument("action", choices=("run",), help="'run': boot and compare")
+    p.add_argument("configs", nargs="*", metavar="CONFIG.toml",
+                   help="simulation configs (see examples/lab/)")
+    p.add_argument("--kernel", action="append", metavar="6.1|6.12|7.2|PATH",
+                   help="lab kernel (repeatable; default: every built one)")
+    p.add_argument("--out", default="runs", metavar="DIR", help="where run directories go")
+    p.add_argument("--resume", metavar="RUN",
+                   help="finish an interrupted lab run (its configs and kernels; no CONFIG)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster address (default: a local instance, or RAY_ADDRESS)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="wall-clock limit per boot attempt (default 300)")
+    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="qemu accelerator (auto: KVM where a probe boot works)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true",
+                     help="print JSON: the record of the one (config, kernel) pair, or "
+                          "{run_dir, records} for several; each record has kernel, "
+                          "accelerator, config, measured and predicted; "
+                          + jsonout.NON_FINITE_HELP)
+    out.add_argument("--markdown", action="store_true",
+                     help="print the report-card table (Markdown) instead of the text table")
+    p.set_defaults(func=_lab)
+
+
+def _lab(args) -> int:
+    from slabtune.commands.paths import input_file, output_dir
+    from slabtune.errors import SlabtuneError
+    from slabtune.validate import lab
+
+    if args.resume is not None:
+        if args.configs or args.kernel:
+            raise SlabtuneError("--resume: takes the configs and kernels of the run; give "
+                                "no CONFIG or --kernel")
+        configs, kernels = [], []
+    else:
+        if not args.configs:
+            raise SlabtuneError("CONFIG.toml: give at least one config")
+        configs = [lab.load_config(input_file("CONFIG", c)) for c in args.configs]
+        kernels = lab.resolve_kernels(args.kernel)
+    if args.timeout is not None and not 0 < args.timeout <= 3600:
+        raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
+    output_dir("--out", args.out)
+    res = lab.run_lab(configs, kernels, out_dir=args.out, ray_address=args.ray_address,
+                      timeout_s=args.timeout, accel=args.accel, resume=args.resume)
+    if args.json:
+        recs = [{k: v for k, v in r.items() if k != "console_tail" or not r["ok"]}
+                for r in res.records]
+        doc = ({**recs[0], "run_dir": str(res.run_dir)} if len(recs) == 1
+               else {"run_dir": str(res.run_dir), "records": recs})
+        print(jsonout.dumps(doc))
+    elif args.markdown:
+        print(format_markdown(res.records))
+    else:
+        print(format_text(res.records))
+        print(f"run {res.run_dir}", file=sys.stderr)
+    return 1 if res.failed else 0
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v, nd: int = 3) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{nd}g}"
+
+
+def _mem(v) -> str:
+    return "-" if v is None else f"{v / 1024:.0f} KiB"
+
+
+#: (label, key, formatter) of the compared figures in both tables.
+_FIGURES = (("alloc fast", "alloc_fastpath_frac", _pct),
+            ("free fast", "free_fastpath_frac", _pct),
+            ("slabs/kop", "slab_allocs_per_kop", _num),
+            ("memory", "memory_bytes", _mem))
+
+
+def format_text(records) -> str:
+    """Per (config, kernel): the compared figures measured | predicted, then the counters
+    per 1000 ops either side has."""
+    lines = []
+    for r in records:
+        head = (f"{r['config']['name']} on {r['kernel']} ({r['release'] or '?'}, "
+                f"{r['accelerator'] or '?'}, profile {r['profile']})")
+        if not r["ok"]:
+            lines += [head, f"  FAILED: {r['error']}"]
+            continue
+        m, p = r["measured"], r["predicted"]
+        lines.append(head + f": {m['ops']} ops, {m['samples']} memory samples")
+        lines.append(f"  {'':26s} {'measured':>12s} {'predicted':>12s}")
+        for label, key, fmt in _FIGURES:
+            lines.append(f"  {label:26s} {fmt(m[key]):>12s} {fmt(p[key]):>12s}")
+        names = sorted(set(m["counters_per_kop"]) | set(p["counters_per_kop"]))
+        shown = [n for n in names if m["counters_per_kop"].get(n)
+                 or p["counters_per_kop"].get(n)]
+        if shown:
+            lines.append("  per 1000 ops:")
+            for n in shown:
+                mv = m["counters_per_kop"].get(n)
+                pv = p["counters_per_kop"].get(n)
+                lines.append(f"    {n:24s} {_num(mv, 4):>12s} {_num(pv, 4):>12s}")
+    lines.append("TCG runs count every allocator path; their times are emulation artefacts "
+                 "and are not compared.")
+    return "\n".join(lines)
+
+
+def format_markdown(records) -> str:
+    """The report card: one row per (config, kernel), measured / predicted."""
+    head = ("| kernel | config | topology | accel | alloc fast | free fast | slabs/kop | "
+            "memory |")
+    lines = [head, "|" + "---|" * 8]
+    from slabtune.validate.lab import topology_label
+
+    for r in records:
+        cells = [r["kernel"], r["config"]["name"], topology_label(r["config"]["doc"]),
+                 r["accelerator"] or "-"]
+        if not r["ok"]:
+            cells += [f"failed: {r['error'][:60]}", "", "", ""]
+        else:
+            m, p = r["measured"], r["predicted"]
+            cells += [f"{fmt(m[k])} / {fmt(p[k])}" for _, k, fmt in _FIGURES]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

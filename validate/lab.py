@@ -1,0 +1,424 @@
+"""The real-allocator lab: a simulation config (sweeps/simconfig.py) run by the lab module on
+a kernel built from Debian's sources (``scripts/build-kernels.sh``), its SLUB_STATS counters
+set beside the model's prediction of the same config.
+
+One config drives both sides.  The kernel side boots the config's topology under qemu with
+the config's slab boot parameters, writes its sysfs knobs (``min_partial``, ``cpu_partial``)
+to the cache, runs its ``[workload]`` on its ``[cache]`` with ``steps * ops_per_step`` ops
+per allocating worker (:func:`slabtune.kernel.labmod.config_params`) and reads the cache's
+counters (:func:`slabtune.kernel.lab_boot.measure`).  The model side simulates the same
+config under the profile of the booted kernel (the config's own ``profile`` names the
+machine it was written for; the lab kernel decides what runs), so one config on 6.1, 6.12
+and 7.2 is predicted three times.
+
+Every boot is one Ray task asking for the ``qemu`` resource (validate/dispatch.py), so on a
+cluster whose workers offer it with KVM the runs use real cores; the accelerator
+(``lab-tcg`` or ``lab-kvm``) goes with every row.  Under TCG the counters are functional
+(every path the allocator takes is counted) but times are an emulation artefact: no time
+is compared here.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slabtune.errors import SlabtuneError
+
+#: The lab kernels with SLUB and SLUB_STATS (kernel/configs/kernels.tsv), in version order.
+LAB_KERNELS = ("6.1", "6.12", "7.2")
+#: The figures compared for every run, with their units.
+COMPARED: dict[str, str] = {
+    "alloc_fastpath_frac": "fraction of allocations",
+    "free_fastpath_frac": "fraction of frees",
+    "slab_allocs_per_kop": "new slabs per 1000 ops",
+    "memory_bytes": "bytes (mean over the run)",
+}
+#: SLUB_STATS file -> (the model's Counters field, whether one model event moves a whole
+#: sheaf: the kernel counts the objects, sheaf_refill/sheaf_flush are stat_add(n) in v7.x).
+MODEL_COUNTERS: dict[str, tuple[str, bool]] = {
+    "alloc_fastpath": ("alloc_fast", False),
+    "alloc_slowpath": ("alloc_slow", False),
+    "free_fastpath": ("free_fast", False),
+    "free_slowpath": ("free_slow", False),
+    "alloc_slab": ("slab_alloc", False),
+    "free_slab": ("slab_free", False),
+    "cpu_partial_drain": ("cpu_partial_drain", False),
+    "barn_get": ("barn_get", False),
+    "barn_get_fail": ("barn_get_fail", False),
+    "barn_put": ("barn_put", False),
+    "barn_put_fail": ("barn_put_fail", False),
+    "sheaf_refill": ("sheaf_refill", True),
+    "sheaf_flush": ("sheaf_flush", True),
+}
+#: Ray task retries for a worker that died or raised OSError.
+MAX_RETRIES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class LabConfig:
+    """One checked simulation config for the lab."""
+
+    name: str
+    path: str
+    text: str
+    doc: dict
+    config_hash: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "path": self.path, "text": self.text}
+
+
+def parse_config(text: str, name: str, path: str = "") -> LabConfig:
+    """A simulation config checked for both sides: the model's parser
+    (:func:`slabtune.sweeps.simconfig.parse_doc`), the lab module's mapping
+    (:func:`slabtune.kernel.labmod.config_params`) and the knobs the lab can apply.  Every
+    error is one line naming the file and the field."""
+    from slabtune.kernel import lab_boot, labmod
+    from slabtune.sweeps import simconfig
+
+    where = path or name
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SlabtuneError(f"{where}: not valid TOML ({err})") from None
+    try:
+        spec = simconfig.parse_doc(doc)
+        labmod.config_params(doc)
+    except SlabtuneError as err:
+        raise SlabtuneError(f"{where}: {err}") from None
+    for k in spec.knobs:
+        if k not in lab_boot.SYSFS_KNOBS:
+            raise SlabtuneError(f"{where}: policy.params.{k}: a model knob the real kernel "
+                                f"has no setting for (the lab applies boot parameters and "
+                                f"{', '.join(lab_boot.SYSFS_KNOBS)})")
+    if spec.knobs and "name" not in doc["cache"]:
+        raise SlabtuneError(f"{where}: policy.params.{next(iter(spec.knobs))}: the lab sets "
+                            "sysfs values on kmalloc caches only")
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+    return LabConfig(name, path, text, doc, digest)
+
+
+def load_config(path: str | os.PathLike) -> LabConfig:
+    """:func:`parse_config` of a file."""
+    from slabtune.sweeps.spec import read_text_file
+
+    p = Path(path)
+    return parse_config(read_text_file(p, "CONFIG"), p.stem, str(p))
+
+
+def resolve_kernels(names: Sequence[str] | None) -> list[str]:
+    """``--kernel`` values checked (names of ``scripts/build-kernels.sh`` or bzImage
+    paths); none given: every built lab kernel of :data:`LAB_KERNELS`."""
+    from slabtune.kernel import build, lab_boot
+
+    if names:
+        for n in names:
+            lab_boot.resolve_kernel(n)
+        return list(dict.fromkeys(names))
+    built = [k for k in LAB_KERNELS if build.kernel_path(k) is not None
+             and build.build_tree(k) is not None]
+    if not built:
+        raise SlabtuneError("--kernel: no lab kernel is built here; build them with "
+                            "scripts/build-kernels.sh (about 27 min on 2 cores)")
+    return built
+
+
+def kernel_profile(kernel: str):
+    """The model profile of a lab kernel, from its bzImage's release
+    (:func:`slabtune.model.profiles.detect_profile`, era rules included)."""
+    from slabtune.kernel import guest, lab_boot
+
+    path, _ = lab_boot.resolve_kernel(kernel)
+    return guest.kernel_profile(path)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def spec_for(doc: Mapping[str, Any], profile=None):
+    """The config's :class:`~slabtune.sweeps.simconfig.SimSpec`, under ``profile`` (a
+    KernelProfile, its knobs applied as the config's are) instead of the config's own."""
+    from slabtune.sweeps import simconfig
+
+    spec = simconfig.parse_doc(copy.deepcopy(dict(doc)))
+    if profile is not None:
+        spec = dataclasses.replace(spec, profile=simconfig.apply_knobs(profile, spec.knobs))
+    return spec
+
+
+def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[dict]:
+    """The model's side of each (config document, KernelProfile or None) pair: the compared
+    figures, every counter of :data:`MODEL_COUNTERS` per 1000 ops (weighted over the
+    representative CPUs as the metrics are), the structure, and the profile."""
+    from slabtune.sweeps import simconfig, simulate
+
+    if cost is None:
+        cost, _ = simconfig.load_cost(None)
+    specs = [spec_for(d, prof) for d, prof in items]
+    structs, cfgs, counters = simulate.simulate_specs(specs)
+    rows = simulate.metrics_of(specs, structs, cfgs, counters, cost)
+    out = []
+    for spec, cfg, cnt, row in zip(specs, cfgs, counters, rows):
+        w = np.asarray(cfg.rep_weight, np.float64)
+        wops = float(np.sum(w * np.asarray(cnt.ops, np.float64)))
+        cap = int(row["sheaf_capacity"])
+        per_kop = {}
+        for name, (field, per_sheaf) in MODEL_COUNTERS.items():
+            v = float(np.sum(w * np.asarray(getattr(cnt, field), np.float64)))
+            per_kop[name] = 1000.0 * v * (cap if per_sheaf else 1) / wops if wops else 0.0
+        out.append({
+            **{k: row[k] for k in COMPARED},
+            "profile": spec.profile.name,
+            "structure": {k: row[k] for k in ("order", "objs_per_slab", "min_partial",
+                                              "cpu_partial", "sheaf_capacity")},
+            "counters_per_kop": per_kop,
+        })
+    return out
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def boot_args(doc: Mapping[str, Any]) -> dict:
+    """:func:`slabtune.kernel.lab_boot.boot_lab` keyword arguments of a config document."""
+    from slabtune.sweeps import simconfig
+
+    spec = simconfig.parse_doc(copy.deepcopy(dict(doc)))
+    run = doc.get("run", {})
+    return {"workload_doc": dict(doc["workload"]), "topology": spec.topology,
+            "cache_doc": dict(doc["cache"]),
+            "ops": int(run.get("steps", 2000)) * int(run.get("ops_per_step", 1)),
+            "seed": int(run.get("seed", 0)), "boot_params": dict(spec.boot_given),
+            "sysfs": dict(spec.knobs)}
+
+
+def run_boot(task: Mapping[str, Any]) -> dict:
+    """Body of one Ray task: boot ``task["kernel"]`` with ``task["doc"]`` and measure.
+    A setup error or a failed guest is a record with ``ok`` false and the reason; OSError
+    and subprocess errors propagate so Ray retries the task."""
+    from slabtune.kernel import lab_boot
+
+    t0 = time.monotonic()
+    rec: dict[str, Any] = {"index": task["index"], "kernel": task["kernel"], "ok": False,
+                           "error": "", "release": "", "accelerator": "", "attempts": 0,
+                           "seconds": 0.0, "console_tail": "", "measured": None,
+                           "cmdline": "", "module_params": [], "host": os.uname().nodename}
+    try:
+        r = lab_boot.boot_lab(task["kernel"], accel=task.get("accel", "auto"),
+                              timeout_s=float(task.get("timeout_s") or
+                                              lab_boot.DEFAULT_TIMEOUT_S),
+                              **boot_args(task["doc"]))
+    except SlabtuneError as err:
+        rec.update(error=str(err), seconds=time.monotonic() - t0)
+        return rec
+    rec.update(ok=r.ok, error=r.error, release=r.release, accelerator=f"lab-{r.accel}",
+               attempts=r.attempts, seconds=r.seconds, cmdline=r.cmdline,
+               module_params=r.params, console_tail="" if r.ok else r.console_tail,
+               measured=lab_boot.measure(r) if r.ok else None)
+    return rec
+
+
+def combine(rec: Mapping[str, Any], cfg: LabConfig, predicted: Mapping[str, Any]) -> dict:
+    """The record ``lab run --json`` prints for one (config, kernel): ``kernel``,
+    ``accelerator``, ``config``, ``measured`` and ``predicted``, each of the last two with
+    the compared figures and ``counters`` (the kernel's SLUB_STATS deltas by name; the
+    model's counterparts scaled to the measured op count)."""
+    measured = rec.get("measured")
+    ops = (measured or {}).get("ops") or 0
+    pred = {k: predicted[k] for k in COMPARED}
+    pred["counters"] = ({k: v * ops / 1000.0 for k, v in predicted["counters_per_kop"].items()}
+                        if ops else {})
+    pred["counters_per_kop"] = dict(predicted["counters_per_kop"])
+    pred["profile"] = predicted["profile"]
+    pred["structure"] = dict(predicted["structure"])
+    if measured is not None:
+        measured = dict(measured)
+        measured["counters_per_kop"] = ({k: 1000.0 * v / ops
+                                         for k, v in measured["counters"].items()}
+                                        if ops else {})
+    return {
+        "kernel": rec["kernel"], "release": rec.get("release", ""),
+        "accelerator": rec.get("accelerator", ""), "ok": bool(rec.get("ok")),
+        "error": rec.get("error", ""),
+        "config": {"name": cfg.name, "path": cfg.path, "hash": cfg.config_hash,
+                   "doc": cfg.doc},
+        "profile": predicted["profile"], "attempts": rec.get("attempts", 0),
+        "seconds": rec.get("seconds", 0.0), "cmdline": rec.get("cmdline", ""),
+        "module_params": list(rec.get("module_params", [])),
+        "measured": measured, "predicted": pred,
+        "console_tail": rec.get("console_tail", ""),
+    }
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def topology_label(doc: Mapping[str, Any]) -> str:
+    """``16cpu-4node``, ``4cpu-2node-ml1`` (memoryless nodes after ``ml``)."""
+    t = doc["topology"]
+    ml = t.get("memoryless_nodes", [])
+    return (f"{t['cpus']}cpu-{t.get('nodes', 1)}node"
+            + (f"-ml{','.join(str(n) for n in ml)}" if ml else ""))
+
+
+def rows_of(record: Mapping[str, Any], base: Mapping[str, Any]) -> list[dict]:
+    """Store rows (validate/schema.py ROW_SCHEMA) of one combined record: one per compared
+    figure and one per counter either side has (``counters.<name>``, predicted None where
+    the model has no counterpart); a failed run is one failed row with its console tail."""
+    from slabtune.validate.schema import ROW_SCHEMA, TASK_FIELD
+
+    common = {k: None for k in ROW_SCHEMA}
+    common.update(base)
+    common.update(kernel=record["kernel"], kernel_release=record["release"],
+                  accelerator=record["accelerator"] or None, profile=record["profile"],
+                  config_hash=record["config"]["hash"], attempts=record["attempts"],
+                  seconds=record["seconds"], applied=json.dumps(
+                      {"cmdline": record["cmdline"], "module": record["module_params"]}),
+                  target="lab")
+    if not record["ok"]:
+        return [{**common, "status": "failed", "field": TASK_FIELD,
+                 "error": record["error"] or "failed", "comparable": False,
+                 "console_tail": record["console_tail"][-4000:]}]
+    m, p = record["measured"], record["predicted"]
+    out = []
+    for k, unit in COMPARED.items():
+        out.append({**common, "status": "ok", "field": k, "measured": _num(m.get(k)),
+                    "predicted": _num(p.get(k)), "unit": unit,
+                    "comparable": m.get(k) is not None})
+    for name in sorted(set(m["counters"]) | set(p["counters"])):
+        out.append({**common, "status": "ok", "field": f"counters.{name}",
+                    "measured": _num(m["counters"].get(name)),
+                    "predicted": _num(p["counters"].get(name)), "unit": "events",
+                    "comparable": name in m["counters"] and name in p["counters"],
+                    "note": "model: sheaves x capacity" if MODEL_COUNTERS.get(
+                        name, ("", False))[1] else None})
+    return out
+
+
+def _num(v) -> float | None:
+    return None if v is None else float(v)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class LabRun:
+    run_dir: Path
+    records: list[dict]
+
+    @property
+    def failed(self) -> int:
+        return sum(not r["ok"] for r in self.records)
+
+
+def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
+            out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
+            timeout_s: float | None = None, accel: str = "auto",
+            resume: str | None = None) -> LabRun:
+    """Every (config, kernel) pair: predictions first (one model batch, here), then one Ray
+    task per boot; each pair's rows are stored atomically as it finishes.  ``resume``: a
+    run directory of an interrupted ``lab run``; its finished pairs are kept, the rest run."""
+    from slabtune.results import store
+    from slabtune.sweeps.dispatch import ray_session
+    from slabtune.sweeps.runner import git_revision, package_versions
+    from slabtune.validate.dispatch import local_resources
+
+    if resume is not None:
+        run = store.resolve_run(resume, out_dir)
+        if run.manifest.get("kind") != "lab":
+            raise SlabtuneError(f"--resume: {run.path} is not a lab run")
+        configs = [parse_config(c["text"], c["name"], c["path"])
+                   for c in run.manifest["spec"]["configs"]]
+        kernels = list(run.manifest["spec"]["kernels"])
+        accel = run.manifest["spec"]["accel"]
+    pairs = [(c, k) for c in configs for k in kernels]
+    profiles = {k: kernel_profile(k) for k in kernels}
+    preds = predict([(c.doc, profiles[k]) for c, k in pairs])
+    meta = {"name": "lab", "evaluator": "lab", "chunk_size": 1,
+            "configs": [c.to_json() for c in configs], "kernels": list(kernels),
+            "accel": accel, "plan": [[c.name, k] for c, k in pairs]}
+    spec_hash = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+    with ray_session(ray_address, resources=local_resources()) as sess:
+        if resume is None:
+            run = store.create_run(out_dir, spec=meta, spec_hash=spec_hash,
+                                   spec_text=json.dumps(meta), n_chunks=len(pairs),
+                                   columns=[], versions=package_versions(),
+                                   git_revision=git_revision(), extra={"kind": "lab"})
+        with run.lock():
+            run.clean_temporaries()
+            run.start_attempt(ray=sess)
+            records = _dispatch(run, pairs, preds, timeout_s, accel)
+            run.finish()
+    return LabRun(run.path, records)
+
+
+def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
+    import ray
+
+    from slabtune.validate.schema import QEMU_RESOURCE, frame
+
+    res = ray.cluster_resources()
+    use_qemu = QEMU_RESOURCE in res
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if not use_qemu and len(alive) > 1:
+        raise SlabtuneError(f"lab: no Ray node offers the {QEMU_RESOURCE!r} resource (start "
+                            "workers with --resources='{\"qemu\": 1}')")
+    node_cpus = int(max((n["Resources"].get("CPU", 1) for n in alive), default=1))
+    remote = ray.remote(max_retries=MAX_RETRIES,
+                        retry_exceptions=[OSError, subprocess.SubprocessError])(run_boot)
+    records: dict[int, dict] = {}
+    refs = {}
+    for i, (cfg, kernel) in enumerate(pairs):
+        if run.chunk_state(i) == "done":
+            old = run.manifest["chunks"]["states"][str(i)].get("record")
+            if old is not None:
+                records[i] = old
+            continue
+        td = {"index": i, "kernel": kernel, "doc": cfg.doc, "timeout_s": timeout_s,
+              "accel": accel}
+        opts: dict[str, Any] = {"num_cpus": max(1, min(int(cfg.doc["topology"]["cpus"]),
+                                                       node_cpus))}
+        if use_qemu:
+            opts["resources"] = {QEMU_RESOURCE: 1}
+        refs[remote.options(**opts).remote(td)] = i
+    while refs:
+        ready, _ = ray.wait(list(refs), num_returns=1)
+        for ref in ready:
+            i = refs.pop(ref)
+            cfg, kernel = pairs[i]
+            try:
+                rec = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                rec = {"index": i, "kernel": kernel, "ok": False, "release": "",
+                       "accelerator": "", "attempts": MAX_RETRIES + 1, "seconds": 0.0,
+                       "cmdline": "", "module_params": [], "measured": None,
+                       "error": f"failed after {MAX_RETRIES + 1} attempts: "
+                                + (lines[-1] if lines else err.__class__.__name__),
+                       "console_tail": "\n".join(lines[-20:])}
+            full = combine(rec, cfg, preds[i])
+            rows = rows_of(full, {"task": i, "candidate": cfg.name,
+                                  "params": json.dumps(cfg.doc["policy"].get("params", {}),
+                                                       sort_keys=True),
+                                  "topology": topology_label(cfg.doc),
+                                  "cache": cfg.doc["cache"].get("name")
+                                  or f"size-{cfg.doc['cache'].get('size')}"})
+            slim = {k: v for k, v in full.items() if k != "console_tail"}
+            run.write_part(i, frame(rows), status="ok" if full["ok"] else "failed",
+                           config=cfg.name, kernel=kernel, error=full["error"] or None,
+                           record=slim)
+            records[i] = full
+    return [records[i] for i in sorted(records)]

@@ -4,6 +4,11 @@ This is the contract ``slabtune kernel snapshot`` writes, ``slabtune kernel chec
 and the guest validator produces from inside a qemu guest.  The first columns are fixed, in
 this order; extra columns may follow.
 
+Most snapshots come from SLUB (``/sys/kernel/slab``).  A kernel built with CONFIG_SLAB (the
+allocator Linux had up to v6.7) has no sysfs tree; its snapshot is read from
+``/proc/slabinfo`` (:func:`parse_slabinfo`) and says so in an ``allocator`` column ("slab",
+followed by :data:`SLAB_COLUMNS`).  A snapshot without that column is a SLUB one.
+
 A snapshot is CSV or parquet, chosen by the file's suffix.  Reading validates columns, types
 and values and turns every problem into one :class:`~slabtune.errors.SlabtuneError` line that
 names the file, the row (and cache) and the column.  This module never imports JAX.
@@ -57,6 +62,26 @@ DEBUG_FLAG_COLUMNS: tuple[str, ...] = ("sanity_checks", "red_zone", "poison", "s
 EXTRA_COLUMNS: tuple[str, ...] = DEBUG_FLAG_COLUMNS + (
     "slabs", "objects", "total_objects", "partial", "aliases")
 
+#: The allocators a snapshot can come from.  SLUB: /sys/kernel/slab, no ``allocator``
+#: column.  SLAB (CONFIG_SLAB, up to v6.7): /proc/slabinfo, ``allocator`` "slab".
+ALLOCATORS: tuple[str, ...] = ("slub", "slab")
+#: Columns of a SLAB snapshot after EXTRA_COLUMNS: ``allocator`` ("slab"), then the
+#: /proc/slabinfo numbers no SLUB column holds: the per-CPU array tunables ``limit``,
+#: ``batchcount`` and ``sharedfactor`` (the node's shared array holds sharedfactor *
+#: batchcount objects), ``active_slabs`` (slabs not entirely free) and ``shared_avail``
+#: (objects sitting in the nodes' shared arrays).
+SLAB_COLUMNS: tuple[str, ...] = ("allocator", "limit", "batchcount", "sharedfactor",
+                                 "active_slabs", "shared_avail")
+#: The integer columns of SLAB_COLUMNS.
+SLAB_INT_COLUMNS: tuple[str, ...] = SLAB_COLUMNS[1:]
+#: Required integer columns a SLAB snapshot leaves empty: /proc/slabinfo prints no
+#: object_size (its ``objsize`` is the cache's ``size``, the stride SLUB calls slab_size),
+#: and min_partial, cpu_partial and sheaf_capacity are SLUB's own.
+SLAB_NULL_COLUMNS: tuple[str, ...] = ("object_size", "min_partial", "cpu_partial",
+                                      "sheaf_capacity")
+#: The error ``kernel check`` gives for a SLAB snapshot (after "<source>: ").
+NO_SLAB_PROFILE = "a SLAB snapshot (/proc/slabinfo); the model has no SLAB profile yet"
+
 #: Lower bounds of the integer columns (object sizes must be positive; a slab holds >= 1).
 _MINIMUM = {
     "object_size": 1, "slab_size": 1, "order": 0, "objs_per_slab": 1, "min_partial": 0,
@@ -71,6 +96,9 @@ _MAXIMUM = {
     "object_size": 1 << 30, "slab_size": 1 << 30, "order": 20, "objs_per_slab": 32767,
     "min_partial": _INT32_MAX, "cpu_partial": _INT32_MAX, "sheaf_capacity": _INT32_MAX,
 }
+# SLAB's tunables and slab counts: non-negative (kernel ints and unsigned longs).
+_MINIMUM.update(dict.fromkeys(SLAB_INT_COLUMNS, 0))
+_MAXIMUM.update(dict.fromkeys(SLAB_INT_COLUMNS, (1 << 63) - 1))
 _SUFFIXES = (".csv", ".parquet")
 
 
@@ -140,12 +168,13 @@ def _span(run: Sequence[int]) -> str:
 
 
 def snapshot_schema(extra: Sequence[str] = EXTRA_COLUMNS) -> dict[str, pl.DataType]:
-    """The polars dtypes of a snapshot: strings for text and lists, Int64 for numbers."""
+    """The polars dtypes of a snapshot: strings for text and lists (and ``allocator``),
+    Int64 for numbers."""
     schema: dict[str, pl.DataType] = {}
     for c in SNAPSHOT_COLUMNS:
         schema[c] = pl.Int64 if c in INT_COLUMNS else pl.String
     for c in extra:
-        schema[c] = pl.Int64
+        schema[c] = pl.String if c == "allocator" else pl.Int64
     return schema
 
 
@@ -170,7 +199,9 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
     strictly.  Raises SlabtuneError naming ``source``, the row/cache and the column for: a
     missing column, no rows, an empty required value, a non-integer, a value below its
     minimum (a size of 0 or less), slab_size below object_size, a CPU/node column that is
-    not kernel list syntax, or a cache listed twice in one boot.
+    not kernel list syntax, or a cache listed twice in one boot.  Rows whose ``allocator``
+    is "slab" may leave :data:`SLAB_NULL_COLUMNS` empty; an ``allocator`` other than slub
+    or slab is refused.
     """
     missing = [c for c in SNAPSHOT_COLUMNS if c not in df.columns]
     if missing:
@@ -178,13 +209,25 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
     if df.height == 0:
         raise SlabtuneError(f"{source}: no rows")
     extras = [c for c in df.columns if c not in SNAPSHOT_COLUMNS]
+    slab_rows = None
+    if "allocator" in df.columns:
+        alloc = df["allocator"].cast(pl.String).str.strip_chars()
+        bad = ~alloc.is_in(list(ALLOCATORS)).fill_null(False)
+        if bad.any():
+            i = int(bad.arg_true()[0])
+            raise SlabtuneError(f"{source}: {_row_label(df, i)}: column allocator: "
+                                f"{alloc[i]!r} is not one of {', '.join(ALLOCATORS)}")
+        slab_rows = alloc == "slab"
     cols = []
     for c in SNAPSHOT_COLUMNS:
         s = df[c]
         if c in INT_COLUMNS:
             s = _int_column(df, c, source)
-            if c not in NULLABLE_INT_COLUMNS and s.null_count():
-                i = int(s.is_null().arg_true()[0])
+            empty = s.is_null()
+            if slab_rows is not None and c in SLAB_NULL_COLUMNS:
+                empty = empty & ~slab_rows
+            if c not in NULLABLE_INT_COLUMNS and empty.any():
+                i = int(empty.arg_true()[0])
                 raise SlabtuneError(f"{source}: {_row_label(df, i)}: column {c} is empty")
             _check_range(df, s, c, source)
         else:
@@ -198,8 +241,13 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
         cols.append(s.alias(c))
     for c in extras:
         s = df[c]
-        if s.dtype == pl.String or s.dtype.is_integer():
-            s = _int_column(df, c, source) if c in EXTRA_COLUMNS else s
+        if c == "allocator":
+            s = s.cast(pl.String).str.strip_chars()
+        elif s.dtype == pl.String or s.dtype.is_integer():
+            if c in EXTRA_COLUMNS or c in SLAB_INT_COLUMNS:
+                s = _int_column(df, c, source)
+                if c in SLAB_INT_COLUMNS:
+                    _check_range(df, s, c, source)
         cols.append(s.alias(c))
     out = pl.DataFrame(cols)
     small = (out["slab_size"] < out["object_size"])
@@ -348,3 +396,105 @@ def boots(df: pl.DataFrame) -> list[pl.DataFrame]:
     keyed = df.with_row_index("_row")
     groups = keyed.group_by(list(BOOT_COLUMNS), maintain_order=True).agg(pl.col("_row"))
     return [df[sorted(idx)] for idx in groups["_row"].to_list()]
+
+
+# --------------------------------------------------------------------------- /proc/slabinfo
+
+
+#: The /proc/slabinfo formats :func:`parse_slabinfo` reads: version 2.1 (mm/slab_common.c
+#: print_slabinfo_header(), unchanged since v2.6.x), and its CONFIG_DEBUG_SLAB variant
+#: "2.1 (statistics)", whose lines carry two more groups (globalstat, cpustat) that are
+#: skipped.
+SLABINFO_VERSIONS: tuple[str, ...] = ("2.1", "2.1 (statistics)")
+_SLABINFO_PREFIX = "slabinfo - version: "
+
+
+def slabinfo_version(line: str) -> str:
+    """The version a /proc/slabinfo first line names ("slabinfo - version: 2.1" -> "2.1");
+    ValueError for any other line or version."""
+    if not line.startswith(_SLABINFO_PREFIX):
+        raise ValueError(f"not a /proc/slabinfo header: {line[:80]!r}")
+    version = line[len(_SLABINFO_PREFIX):].strip()
+    if version not in SLABINFO_VERSIONS:
+        raise ValueError(f"/proc/slabinfo version {version!r} is not supported (want "
+                         f"{' or '.join(repr(v) for v in SLABINFO_VERSIONS)})")
+    return version
+
+
+def parse_slabinfo_line(line: str) -> dict[str, object]:
+    """One cache line of /proc/slabinfo as snapshot values (mm/slab_common.c cache_show()):
+
+    ``name active_objs num_objs objsize objperslab pagesperslab : tunables limit batchcount
+    sharedfactor : slabdata active_slabs num_slabs sharedavail [: globalstat ... : cpustat
+    ...]`` gives cache, objects (active_objs: every object not free on a node list, so the
+    ones in per-CPU and shared arrays count as in use, like SLUB's ``objects``),
+    total_objects (num_objs = num_slabs * objperslab), slab_size (objsize is the cache's
+    ``size``, the object stride: what SLUB's ``slab_size`` file shows), objs_per_slab,
+    order (log2 of pagesperslab), slabs (num_slabs), the :data:`SLAB_INT_COLUMNS` and
+    ``allocator`` "slab".  ValueError naming the cache for a malformed line."""
+    f = line.split()
+    if (len(f) < 16 or f[6:8] != [":", "tunables"] or f[11:13] != [":", "slabdata"]
+            or (len(f) > 16 and f[16:18] != [":", "globalstat"])):
+        raise ValueError(f"not a /proc/slabinfo cache line: {line.strip()[:120]!r}")
+    try:
+        nums = [int(x) for x in f[1:6] + f[8:11] + f[13:16]]
+    except ValueError:
+        raise ValueError(f"cache {f[0]}: a field is not an integer in "
+                         f"{line.strip()[:120]!r}") from None
+    active, num, objsize, per_slab, pages, limit, batch, shared, act_slabs, slabs, avail = nums
+    if pages < 1 or pages & (pages - 1):
+        raise ValueError(f"cache {f[0]}: pagesperslab {pages} is not a power of two")
+    return {
+        "cache": f[0], "slab_size": objsize, "order": pages.bit_length() - 1,
+        "objs_per_slab": per_slab, "slabs": slabs, "objects": active, "total_objects": num,
+        "allocator": "slab", "limit": limit, "batchcount": batch, "sharedfactor": shared,
+        "active_slabs": act_slabs, "shared_avail": avail,
+    }
+
+
+def parse_slabinfo(text: str) -> list[dict[str, object]]:
+    """Every cache of a /proc/slabinfo text, in its order (see :func:`parse_slabinfo_line`).
+    The first non-empty line must name a supported version (:func:`slabinfo_version`);
+    lines starting with ``#`` (the column legend) are skipped.  ValueError naming the line
+    number for anything else."""
+    rows: list[dict[str, object]] = []
+    header = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            if not header:
+                slabinfo_version(line)
+                header = True
+            elif not line.startswith("#"):
+                rows.append(parse_slabinfo_line(line))
+        except ValueError as err:
+            raise ValueError(f"/proc/slabinfo line {n}: {err}") from None
+    if not header:
+        raise ValueError("/proc/slabinfo: empty")
+    return rows
+
+
+def slabinfo_frame(text: str, boot: Mapping[str, str]) -> pl.DataFrame:
+    """A SLAB snapshot frame from a /proc/slabinfo text and the boot's identity (the
+    :data:`BOOT_COLUMNS`): the required columns (SLAB_NULL_COLUMNS null), EXTRA_COLUMNS
+    (flags, partial and aliases null: /proc/slabinfo has none), then SLAB_COLUMNS; sorted
+    by cache name."""
+    rows = [{**boot, **r} for r in parse_slabinfo(text)]
+    rows.sort(key=lambda r: str(r["cache"]))
+    return frame_from_rows(rows, extra=EXTRA_COLUMNS + SLAB_COLUMNS)
+
+
+def allocator(df: pl.DataFrame) -> str:
+    """The allocator a snapshot comes from: "slab" when any row's ``allocator`` is slab,
+    else "slub" (a snapshot without the column is a SLUB one)."""
+    if "allocator" in df.columns and (df["allocator"].cast(pl.String) == "slab").any():
+        return "slab"
+    return "slub"
+
+
+def require_slub(df: pl.DataFrame, source: str = "snapshot") -> None:
+    """Raise SlabtuneError (``<source>: a SLAB snapshot ...; the model has no SLAB profile
+    yet``) for a snapshot with SLAB rows: the policy model predicts SLUB only."""
+    if allocator(df) == "slab":
+        raise SlabtuneError(f"{source}: {NO_SLAB_PROFILE}")

@@ -9,7 +9,8 @@ busybox, the static workload (``native/workload.c``) and a generated ``/init`` t
 1. mounts proc and sysfs and quiets the console (console loglevel 1: only KERN_EMERG, so
    soft lockups and panics still show),
 2. prints the boot identity (release, cmdline, CPU and node masks) and one line per real
-   cache directory of ``/sys/kernel/slab`` (aliases: one line per symlink),
+   cache directory of ``/sys/kernel/slab`` (aliases: one line per symlink), or, on a
+   CONFIG_SLAB kernel (no /sys/kernel/slab), every line of ``/proc/slabinfo``,
 3. runs the workload(s), each line of output prefixed,
 4. prints the same dump again, an end marker, and powers off (``poweroff -f``).
 
@@ -428,11 +429,26 @@ def _init_dump_function() -> list[str]:
     """The shell function ``dump <phase>``: one ``A`` record per /sys/kernel/slab alias
     (symlink), one ``C`` record per cache directory with every attribute of
     :data:`CACHE_ATTRS` (first word, NA when missing), then ``N`` with the count of ``C``
-    records."""
+    records.
+
+    A kernel without /sys/kernel/slab (CONFIG_SLAB: SLAB has no sysfs) gets
+    /proc/slabinfo instead, line by line through the ``read`` builtin (no fork): ``H``
+    records for its header lines (version, column legend), one ``P`` record per cache line
+    as the kernel printed it, then ``N`` with the count of ``P`` records."""
     attrs = " ".join(CACHE_ATTRS)
     return [
         "dump() {",
         "  n=0",
+        "  if [ ! -d /sys/kernel/slab ]; then",
+        "    while read -r l; do",
+        "      case \"$l\" in",
+        '        slabinfo*|"#"*) echo "$M H $1 $l" ;;',
+        '        *) echo "$M P $1 $l"; n=$((n+1)) ;;',
+        "      esac",
+        "    done < /proc/slabinfo",
+        '    echo "$M N $1 $n"',
+        "    return",
+        "  fi",
         "  for d in /sys/kernel/slab/*; do",
         "    c=${d##*/}",
         '    if [ -L "$d" ]; then',
@@ -475,13 +491,27 @@ def _init_workload_lines(i: int, w: WorkloadSpec) -> list[str]:
 def _init_flush_lines() -> list[str]:
     """With ``dump``, after the workloads: the ``after`` phase, every cache's
     ``cpu_partial`` written back unchanged (its store handler flushes the per-CPU slabs
-    and partial lists, see :func:`init_script`), then the ``flushed`` phase."""
+    and partial lists, see :func:`init_script`), then the ``flushed`` phase.
+
+    Under SLAB (no /sys/kernel/slab) every cache's tunables are written back unchanged to
+    /proc/slabinfo instead: slabinfo_write() -> do_tune_cpucache() (mm/slab.c) swaps in
+    new per-CPU arrays and frees the objects of the old ones to their slabs, and
+    setup_kmem_cache_node(force_change) does the same with each node's shared array, so
+    ``flushed`` counts as active only objects really allocated (and those in alien
+    caches, which are not drained)."""
     return [
         "info after", "dump after",
+        "if [ -d /sys/kernel/slab ]; then",
         "for d in /sys/kernel/slab/*; do",
         '  [ -L "$d" ] && continue',
         '  v=; read v < "$d/cpu_partial" && echo "$v" > "$d/cpu_partial" 2>/dev/null',
         "done",
+        "else",
+        "while read -r c x x x x x x x l b s x; do",
+        '  case "$c" in slabinfo|"#") continue ;; esac',
+        '  echo "$c $l $b $s" > /proc/slabinfo 2>/dev/null',
+        "done < /proc/slabinfo",
+        "fi",
         "info flushed", "dump flushed",
     ]
 
@@ -526,6 +556,9 @@ class ParsedConsole:
     workloads: list[dict]
     workload_rc: list[int | None]
     workload_output: list[list[str]]
+    #: /proc/slabinfo header lines (``H`` records) per phase: present only for a kernel
+    #: without /sys/kernel/slab (SLAB)
+    slabinfo_header: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def _console_lines(text: str) -> list[str]:
@@ -541,6 +574,7 @@ def parse_console(text: str, token: str) -> ParsedConsole:
     info: dict[str, dict[str, str]] = {p: {} for p in PHASES}
     caches: dict[str, list[dict[str, object]]] = {p: [] for p in PHASES}
     aliases: dict[str, dict[str, str]] = {p: {} for p in PHASES}
+    headers: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     outputs: dict[int, list[str]] = {}
     rcs: dict[int, int | None] = {}
@@ -570,6 +604,16 @@ def parse_console(text: str, token: str) -> ParsedConsole:
                 if missing:
                     raise ConsoleParseError(f"cache {cache} lacks {missing[0]}")
                 caches[phase].append(row)
+            elif kind == "H":
+                text = " ".join(parts[3:])
+                if not headers.setdefault(parts[2], []):
+                    snapshot.slabinfo_version(text)
+                headers[parts[2]].append(text)
+            elif kind == "P":
+                phase = parts[2]
+                if not headers.get(phase):
+                    raise ConsoleParseError("a /proc/slabinfo line before its header")
+                caches[phase].append(snapshot.parse_slabinfo_line(" ".join(parts[3:])))
             elif kind == "A":
                 aliases[parts[2]][parts[3]] = parts[4]
             elif kind == "N":
@@ -606,17 +650,30 @@ def parse_console(text: str, token: str) -> ParsedConsole:
         aliases=aliases, counts=counts, workloads=workloads,
         workload_rc=[rcs.get(i) for i in order],
         workload_output=[outputs.get(i, []) for i in order],
+        slabinfo_header=headers,
     )
 
 
 def snapshot_frame(parsed: ParsedConsole, phase: str, accelerator: str = "") -> pl.DataFrame:
     """One dump as a snapshot frame: SNAPSHOT_COLUMNS first (sheaf_capacity null where the
     kernel has no such file), then FRAME_EXTRA, then ``phase`` and ``accelerator``; sorted
-    by cache name.  ``aliases`` counts the /sys/kernel/slab symlinks naming each cache."""
+    by cache name.  ``aliases`` counts the /sys/kernel/slab symlinks naming each cache.
+
+    A dump read from /proc/slabinfo (a SLAB kernel) becomes a SLAB snapshot
+    (:func:`slabtune.kernel.snapshot.parse_slabinfo_line`): FRAME_EXTRA with flags,
+    partial and aliases null, then :data:`slabtune.kernel.snapshot.SLAB_COLUMNS`."""
     info = parsed.info[phase]
     missing = [k for k in _INFO_KEYS if k not in info]
     if missing:
         raise ConsoleParseError(f"{phase} dump: no {missing[0]} record")
+    if not parsed.caches[phase]:
+        raise ConsoleParseError(f"{phase} dump: no caches (the guest has neither "
+                                "/sys/kernel/slab nor /proc/slabinfo)")
+    kinds = {str(c.get("allocator", "slub")) for c in parsed.caches[phase]}
+    if len(kinds) > 1:
+        raise ConsoleParseError(f"{phase} dump: both /sys/kernel/slab and /proc/slabinfo "
+                                "records")
+    slab = kinds == {"slab"}
     boot = {col: ("" if info[k] == "NA" else info[k]) for k, col in _INFO_KEYS.items()}
     alias_count: dict[str, int] = {}
     for target in parsed.aliases[phase].values():
@@ -625,9 +682,10 @@ def snapshot_frame(parsed: ParsedConsole, phase: str, accelerator: str = "") -> 
     for c in sorted(parsed.caches[phase], key=lambda r: str(r["cache"])):
         row = dict(boot)
         row.update(c)
-        row["aliases"] = alias_count.get(str(c["cache"]), 0)
+        row["aliases"] = None if slab else alias_count.get(str(c["cache"]), 0)
         rows.append(row)
-    df = snapshot.frame_from_rows(rows, extra=FRAME_EXTRA)
+    extra = FRAME_EXTRA + (snapshot.SLAB_COLUMNS if slab else ())
+    df = snapshot.frame_from_rows(rows, extra=extra)
     return df.with_columns(pl.lit(phase).alias("phase"), pl.lit(accelerator).alias("accelerator"))
 
 

@@ -16,7 +16,8 @@ from slabtune.errors import SlabtuneError
 def register(subparsers) -> None:
     guest = subparsers.add_parser(
         "guest", help="boot a real kernel under qemu with a chosen topology and slub_* "
-                      "parameters, run the workload, snapshot /sys/kernel/slab")
+                      "parameters, run the workload, snapshot /sys/kernel/slab "
+                      "(/proc/slabinfo on a SLAB kernel)")
     sub = guest.add_subparsers(dest="guest_command", metavar="ACTION")
     guest.set_defaults(func=lambda args: _help(guest))
 
@@ -24,7 +25,9 @@ def register(subparsers) -> None:
         "boot", help="boot one guest and write its before/after snapshots",
         description="Boot a kernel (default: the Debian cloud kernel that "
                     "scripts/install-guest-deps.sh unpacks) under qemu, dump /sys/kernel/slab "
-                    "before and after the workload, write the snapshot(s). Exit 0 when the "
+                    "(/proc/slabinfo on a CONFIG_SLAB kernel, which has no sysfs tree: a "
+                    "SLAB snapshot) before and after the workload, write the snapshot(s). "
+                    "Exit 0 when the "
                     "guest completed, 1 when it failed after its retries, 2 on bad input.")
     b.add_argument("--cpus", type=int, default=1, help="present CPUs (default 1)")
     b.add_argument("--possible", type=int, help="possible CPUs (default: --cpus)")
@@ -122,7 +125,7 @@ def _check_inputs(args) -> dict[str, str]:
 
 def _boot(args) -> int:
     from slabtune.kernel import guest as qemu_guest
-    from slabtune.kernel.snapshot import write_snapshot
+    from slabtune.kernel.snapshot import allocator, write_snapshot
 
     params = _check_inputs(args)
     topo = _topology(args)
@@ -157,7 +160,8 @@ def _boot(args) -> int:
               f"init after {r.boot_seconds:.1f} s, done after {r.total_seconds:.1f} s; cpus "
               f"possible {first['cpus_possible']} present {first['cpus_present']} online "
               f"{first['cpus_online']}; nodes with memory {first['nodes_with_memory'] or '-'}, "
-              f"with cpus {first['nodes_with_cpu'] or '-'}; {r.before.height} caches")
+              f"with cpus {first['nodes_with_cpu'] or '-'}; {r.before.height} caches"
+              + ("; SLAB (/proc/slabinfo)" if allocator(r.before) == "slab" else ""))
         for w in r.workloads:
             print(f"workload {w.get('mode')}: {w.get('messages')} messages in "
                   f"{w.get('wall_s')} s")

@@ -230,6 +230,7 @@ def check_snapshot(df: pl.DataFrame, profile: str | profiles.KernelProfile | Non
     """
     forced = resolve_profile(profile)
     df = snapshot.validate_snapshot(df, source)
+    snapshot.require_slub(df, source)  # SLAB snapshots: no SLAB profile yet
     boots_out: list[BootInfo] = []
     not_comp: list[NotComparable] = []
     mism: list[Mismatch] = []

@@ -289,8 +289,18 @@ def test_parse_printk_keeps_the_last_run():
 
 def test_init_script_takes_only_key_value_words():
     script = lab_boot.init_script("abc123", "kmalloc-512", ["kind=local", "cpus=0-3"])
-    assert "insmod /lib/slabtune_lab.ko kind=local cpus=0-3\n" in script
+    assert "( insmod /lib/slabtune_lab.ko kind=local cpus=0-3; echo $? > /tmp/rc ) &\n" \
+        in script
     assert "D=/sys/kernel/slab/kmalloc-512" in script
+    # the sampling loop waits on a FIFO read with a timeout, no sleep fork
+    assert "read -t 0.05 v <> /tmp/tick" in script
+    assert "sleep" not in script.split("mkfifo")[1].split("poweroff")[0]
+    s2 = lab_boot.init_script("abc123", "kmalloc-512", [], sysfs={"min_partial": 7})
+    assert 'echo 7 > "$D/min_partial"; echo "$M R set_min_partial $?"' in s2
+    assert s2.index("min_partial") < s2.index("dump base")
+    for bad in ({"order": 1}, {"min_partial": -1}, {"min_partial": "5; reboot"}):
+        with pytest.raises(lab_boot.LabBootError, match="^policy.params."):
+            lab_boot.init_script("abc123", "kmalloc-512", [], sysfs=bad)
     for bad in (["kind=local;reboot"], ["cpus=$(x)"], ["kind local"], ["=1"]):
         with pytest.raises(lab_boot.LabBootError, match="^params:"):
             lab_boot.init_script("abc123", "kmalloc-512", bad)

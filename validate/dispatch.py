@@ -96,8 +96,8 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
     use_qemu = QEMU_RESOURCE in res
-    if "guest" in targets and not use_qemu and len(nodes) > 1:
-        raise SlabtuneError(f"--target guest: no Ray node offers the {QEMU_RESOURCE!r} "
+    if ("guest" in targets or "lab" in targets) and not use_qemu and len(nodes) > 1:
+        raise SlabtuneError(f"--target guest/lab: no Ray node offers the {QEMU_RESOURCE!r} "
                             "resource (start workers with --resources='{\"qemu\": 1}')")
     remote = ray.remote(max_retries=MAX_RETRIES,
                         retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
@@ -114,6 +114,23 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
                                 + (lines[-1] if lines else err.__class__.__name__)) from None
         for td in nat:
             td.update(filled["pairs"][td["index"]])
+    labs = [td for td in tds if td["target"] == "lab"]
+    if labs:
+        from slabtune.validate.lab import validate_predictions
+
+        kernels = list(run.manifest["spec"].get("lab_kernels") or [])
+        model = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
+            validate_predictions).options(num_cpus=1)
+        try:
+            preds = ray.get(model.remote(labs, kernels, spec.text, spec.name))
+        except ray.exceptions.RayError as err:
+            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            raise SlabtuneError("lab: the model's predictions failed: "
+                                + (lines[-1] if lines else err.__class__.__name__)) from None
+        for td in labs:
+            td["lab_kernels"] = kernels
+            td["lab_predicted"] = {str(k): v for k, v in preds[td["index"]].items()}
+
     def store(td: dict, rows: list[dict]) -> int:
         bad = any(r["status"] == "failed" for r in rows)
         st = next((r for r in rows if r["status"] == "failed"), None)
@@ -131,8 +148,8 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
     for td in tds:
         if td["target"] == "native":
             continue
-        opts = (_guest_options(td, spec, use_qemu, node_cpus) if td["target"] == "guest"
-                else {"num_cpus": 1})
+        opts = (_guest_options(td, spec, use_qemu, node_cpus)
+                if td["target"] in ("guest", "lab") else {"num_cpus": 1})
         refs[remote.options(**opts).remote(td)] = td
     while refs:
         ready, _ = ray.wait(list(refs), num_returns=1)

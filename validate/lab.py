@@ -110,6 +110,13 @@ def parse_config(text: str, name: str, path: str = "") -> LabConfig:
     return LabConfig(name, path, text, doc, digest)
 
 
+def config_from_doc(doc: Mapping[str, Any], name: str) -> LabConfig:
+    """A :class:`LabConfig` of a document built in code (validate's pairs)."""
+    d = copy.deepcopy(dict(doc))
+    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return LabConfig(name, "", "", d, digest)
+
+
 def load_config(path: str | os.PathLike) -> LabConfig:
     """:func:`parse_config` of a file."""
     from slabtune.sweeps.spec import read_text_file
@@ -324,6 +331,18 @@ class LabRun:
         return sum(not r["ok"] for r in self.records)
 
 
+def stored_run(run) -> LabRun:
+    """The records of a stored lab run (its finished pairs, in plan order)."""
+    if run.manifest.get("kind") != "lab":
+        raise SlabtuneError(f"lab show: {run.path} is not a lab run")
+    states = run.manifest["chunks"]["states"]
+    recs = [states[str(i)]["record"] for i in range(run.n_chunks)
+            if states.get(str(i), {}).get("record") is not None]
+    for r in recs:
+        r.setdefault("console_tail", "")
+    return LabRun(run.path, recs)
+
+
 def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
             out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
             timeout_s: float | None = None, accel: str = "auto",
@@ -422,3 +441,155 @@ def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
                            record=slim)
             records[i] = full
     return [records[i] for i in sorted(records)]
+
+
+# --------------------------------------------------------------------------- report
+
+#: Figures compared as an absolute difference in percentage points; the others relatively.
+FRACTIONS = ("alloc_fastpath_frac", "free_fastpath_frac")
+
+
+def _spread(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {"median": float(np.median(values)), "worst": float(max(values)), "n": len(values)}
+
+
+def summary(rows) -> dict:
+    """The lab part of a report, from store rows (``target == "lab"``): per kernel and
+    profile, for each compared figure the median and worst absolute difference in
+    percentage points (fast-path fractions) or relative error |predicted - measured| /
+    measured (slab allocations per 1000 ops, memory; pairs whose measured value is 0 are
+    counted apart); per SLUB_STATS counter the model has, the same relative error.  The
+    source is ``lab-tcg`` or ``lab-kvm`` (the accelerators of the rows)."""
+    import polars as pl
+
+    lab = rows.filter((pl.col("target") == "lab") & (pl.col("status") == "ok"))
+    failed = rows.filter((pl.col("target") == "lab") & (pl.col("status") == "failed")).height
+    out: dict[str, Any] = {"sources": sorted(set(lab["accelerator"].drop_nulls())),
+                           "runs": lab.select(["task", "kernel"]).unique().height,
+                           "failed": failed, "by_kernel": []}
+    if lab.is_empty():
+        return out
+    for (kernel, profile), g in sorted(lab.group_by(["kernel", "profile"]),
+                                       key=lambda kv: str(kv[0])):
+        figs: dict[str, Any] = {}
+        for field in COMPARED:
+            sel = g.filter((pl.col("field") == field) & pl.col("measured").is_not_null()
+                           & pl.col("predicted").is_not_null())
+            m, p = sel["measured"].to_list(), sel["predicted"].to_list()
+            if field in FRACTIONS:
+                figs[field] = {"unit": "pp", **(_spread([abs(a - b) * 100 for a, b
+                                                         in zip(p, m)]) or {})}
+            else:
+                rel = [abs(a - b) / b for a, b in zip(p, m) if b > 0]
+                figs[field] = {"unit": "relative", **(_spread(rel) or {}),
+                               "measured_zero": sum(1 for b in m if b == 0)}
+        counters: dict[str, Any] = {}
+        for name in MODEL_COUNTERS:
+            sel = g.filter((pl.col("field") == f"counters.{name}") & pl.col("comparable"))
+            rel = [abs(a - b) / b for a, b in zip(sel["predicted"].to_list(),
+                                                  sel["measured"].to_list())
+                   if a is not None and b is not None and b > 0]
+            if rel:
+                counters[name] = _spread(rel)
+        out["by_kernel"].append({"kernel": kernel, "profile": profile,
+                                 "runs": g["task"].n_unique(), "figures": figs,
+                                 "counters": counters})
+    return out
+
+
+def format_summary(s: Mapping[str, Any]) -> list[str]:
+    """Text lines of :func:`summary`."""
+    if not s["runs"] and not s["failed"]:
+        return []
+    lines = [f"lab (the real allocator, source {', '.join(s['sources']) or '-'}): "
+             f"{s['runs']} runs, {s['failed']} failed; |predicted - measured| median / worst"]
+    for k in s["by_kernel"]:
+        parts = []
+        for field, f in k["figures"].items():
+            if "median" not in f:
+                parts.append(f"{field} -")
+            elif f["unit"] == "pp":
+                parts.append(f"{field} {f['median']:.1f} / {f['worst']:.1f} pp")
+            else:
+                parts.append(f"{field} {100 * f['median']:.0f}% / {100 * f['worst']:.0f}%")
+        lines.append(f"  {k['kernel']} (profile {k['profile']}, {k['runs']} runs): "
+                     + "; ".join(parts))
+        if k["counters"]:
+            lines.append("    counters (relative): " + "; ".join(
+                f"{n} {100 * c['median']:.0f}% / {100 * c['worst']:.0f}%"
+                for n, c in k["counters"].items()))
+    return lines
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def lab_available() -> str | None:
+    """None when ``validate --target lab`` can run here (qemu and a built lab kernel), else
+    why not."""
+    import shutil
+
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed"
+    try:
+        resolve_kernels(None)
+    except SlabtuneError as err:
+        return str(err)
+    return None
+
+
+def validate_doc(spec, cand, topology_name: str) -> dict:
+    """The config of a validation pair on the lab: the spec's ``[validate.native]`` cache,
+    workload, steps and seed on the topology, with the candidate's boot parameters (its
+    sysfs knobs are left out: the per-cache values need the model's cache table)."""
+    from slabtune.validate.native_tasks import native_doc
+
+    doc, _ = native_doc(spec, cand, topology_name)
+    doc["policy"]["params"] = {k: v for k, v in doc["policy"]["params"].items()
+                               if k in dict(cand.boot)}
+    return doc
+
+
+def validate_predictions(tds: Sequence[Mapping[str, Any]], kernels: Sequence[str],
+                         spec_text: str, spec_name: str) -> dict[int, dict[str, dict]]:
+    """Body of one Ray task: the model's side of every (validation lab task, kernel)."""
+    from slabtune.validate.candidates import Candidate
+    from slabtune.validate.spec import parse_spec
+
+    spec = parse_spec(spec_text, spec_name)
+    profiles = {k: kernel_profile(k) for k in kernels}
+    keys, items = [], []
+    for td in tds:
+        doc = validate_doc(spec, Candidate.from_json(td["candidate"]), td["topology"])
+        for k in kernels:
+            keys.append((td["index"], k))
+            items.append((doc, profiles[k]))
+    out: dict[int, dict[str, dict]] = {}
+    for (i, k), pred in zip(keys, predict(items)):
+        out.setdefault(i, {})[k] = pred
+    return out
+
+
+def run_validate_task(task: Mapping[str, Any]) -> list[dict]:
+    """A validation lab task: boot every lab kernel of the run on the pair's topology with
+    the candidate's boot parameters and the spec's native workload; rows per kernel."""
+    from slabtune.validate.candidates import Candidate
+    from slabtune.validate.schema import row
+    from slabtune.validate.spec import parse_spec
+
+    spec = parse_spec(task["spec_text"], task["spec_name"])
+    cand = Candidate.from_json(task["candidate"])
+    doc = validate_doc(spec, cand, task["topology"])
+    cfg = config_from_doc(doc, f"{cand.id}@{task['topology']}")
+    rows: list[dict] = []
+    for k in task["lab_kernels"]:
+        rec = run_boot({"index": task["index"], "kernel": k, "doc": doc,
+                        "timeout_s": task.get("timeout_s") or spec.timeout_s,
+                        "accel": spec.accel})
+        full = combine(rec, cfg, task["lab_predicted"][str(k)])
+        base = {key: v for key, v in row(task).items() if v is not None}
+        base["cache"] = doc["cache"]["name"]
+        rows += rows_of(full, base)
+    return rows

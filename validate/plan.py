@@ -49,8 +49,11 @@ def guest_available() -> str | None:
 
 def available_targets() -> dict[str, str | None]:
     """target -> None (runs here) or the reason it cannot."""
+    from slabtune.validate.lab import lab_available
+
     host = None if Path("/sys/kernel/slab").is_dir() else "/sys/kernel/slab is missing"
-    return {"guest": guest_available(), "host": host, "native": native_available()}
+    return {"guest": guest_available(), "host": host, "native": native_available(),
+            "lab": lab_available()}
 
 
 def parse_targets(text: str | None) -> tuple[str, ...]:
@@ -84,8 +87,9 @@ class Task:
 
 def plan_tasks(cands: Sequence[Candidate], spec: ValidateSpec,
                targets: Sequence[str]) -> list[Task]:
-    """Every (candidate, topology) pair per target: guest and native over the spec's
-    topologies, host for the baseline only (the host cannot reboot with other parameters)."""
+    """Every (candidate, topology) pair per target: guest, native and lab over the spec's
+    topologies (a lab task boots every lab kernel of the run), host for the baseline only
+    (the host cannot reboot with other parameters)."""
     tasks: list[Task] = []
     for target in TARGETS:
         if target not in targets:
@@ -116,6 +120,30 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
                 bootparams.validate_params(dict(c.boot), prof)
             except SlabtuneError as err:
                 raise SlabtuneError(f"candidate {c.id}: {err}") from None
+    if "lab" in targets:
+        from slabtune.kernel import labmod
+        from slabtune.validate import lab
+
+        why = lab.lab_available()
+        if why is not None:
+            raise SlabtuneError(f"--target lab: {why}")
+        kernels = lab.resolve_kernels(None)
+        info["lab_kernels"] = kernels
+        for k in kernels:
+            prof = lab.kernel_profile(k)
+            for c in cands:
+                try:
+                    bootparams.validate_params(dict(c.boot), prof)
+                except SlabtuneError as err:
+                    raise SlabtuneError(f"candidate {c.id} (lab {k}): {err}") from None
+        for c in cands:
+            for t in spec.fleet.topologies:
+                try:
+                    doc = lab.validate_doc(spec, c, t.name)
+                    lab.spec_for(doc)
+                    labmod.config_params(doc)
+                except SlabtuneError as err:
+                    raise SlabtuneError(f"candidate {c.id} (lab, {t.name}): {err}") from None
     if "native" in targets:
         why = native_available()
         if why is not None:

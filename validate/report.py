@@ -18,6 +18,8 @@ from typing import Any
 import polars as pl
 
 from slabtune.errors import SlabtuneError
+from slabtune.validate.lab import format_summary as format_lab_summary
+from slabtune.validate.lab import summary as lab_summary
 from slabtune.validate.schema import (
     ROW_SCHEMA,
     STRUCTURAL_FIELDS,
@@ -444,6 +446,7 @@ def report(run) -> dict:
             "native_fastpath_max_abs_diff_pp": "native allocator counters (lockstep run) vs "
                                                "the model's dynamics counters",
         },
+        "lab": lab_summary(rows),
         "failed_tasks": [{k: t[k] for k in ("task", "candidate", "topology", "target", "error")}
                          for t in failed],
         "pairs": pairs(rows, tasks, wl),
@@ -550,7 +553,9 @@ def format_report(rep: dict) -> str:
                      f"{sp['guest_tcg_pairs']} pairs)")
     fastpath = rep["native_fastpath_max_abs_diff_pp"]
     lines.append(f"native fast path: max |model - native| "
-                 f"{'n/a' if fastpath is None else format(fastpath, '.2f') + ' pp'}")
+                 f"{'n/a' if fastpath is None else format(fastpath, '.2f') + ' pp'} (the "
+                 "native allocator checks the model's arithmetic, not the kernel)")
+    lines.extend(format_lab_summary(rep["lab"]))
     for m in g["mismatch_list"][:20]:
         lines.append(f"  mismatch {m['candidate']} {m['topology']} {m['cache']} {m['field']}: "
                      f"kernel {m['measured']} model {m['predicted']}")

@@ -213,7 +213,14 @@ def run_host_task(task: dict) -> list[dict]:
     return rows
 
 
-_RUNNERS = {"guest": run_guest_task, "host": run_host_task}
+def run_lab_task(task: dict) -> list[dict]:
+    """The lab target (validate/lab.py run_validate_task)."""
+    from slabtune.validate.lab import run_validate_task
+
+    return run_validate_task(task)
+
+
+_RUNNERS = {"guest": run_guest_task, "host": run_host_task, "lab": run_lab_task}
 
 
 def run_task(task: dict) -> dict:

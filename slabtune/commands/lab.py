@@ -24,9 +24,11 @@ def register(subparsers) -> None:
                     "results store.  Under TCG counters are functional, times are not "
                     "compared.  Exit 0 when every run completed, 1 when some failed, 2 on "
                     "bad input.")
-    p.add_argument("action", choices=("run",), help="'run': boot and compare")
+    p.add_argument("action", choices=("run", "show"),
+                   help="'run': boot and compare; 'show RUN': print a stored lab run again")
     p.add_argument("configs", nargs="*", metavar="CONFIG.toml",
-                   help="simulation configs (see examples/lab/)")
+                   help="simulation configs (see examples/lab/); for 'show', the run "
+                        "directory, id or unique prefix")
     p.add_argument("--kernel", action="append", metavar="6.1|6.12|7.2|PATH",
                    help="lab kernel (repeatable; default: every built one)")
     p.add_argument("--out", default="runs", metavar="DIR", help="where run directories go")
@@ -54,6 +56,8 @@ def _lab(args) -> int:
     from slabtune.errors import SlabtuneError
     from slabtune.validate import lab
 
+    if args.action == "show":
+        return _show(args)
     if args.resume is not None:
         if args.configs or args.kernel:
             raise SlabtuneError("--resume: takes the configs and kernels of the run; give "
@@ -69,6 +73,31 @@ def _lab(args) -> int:
     output_dir("--out", args.out)
     res = lab.run_lab(configs, kernels, out_dir=args.out, ray_address=args.ray_address,
                       timeout_s=args.timeout, accel=args.accel, resume=args.resume)
+    _print(args, res)
+    return 1 if res.failed else 0
+
+
+def _show(args) -> int:
+    from slabtune.commands.paths import input_dir
+    from slabtune.errors import SlabtuneError
+    from slabtune.results import store
+    from slabtune.validate import lab
+
+    if len(args.configs) != 1:
+        raise SlabtuneError("lab show: give exactly one RUN")
+    extra = [n for n, v in (("--kernel", args.kernel), ("--resume", args.resume),
+                            ("--ray-address", args.ray_address),
+                            ("--timeout", args.timeout)) if v]
+    if extra:
+        raise SlabtuneError(f"lab show: {extra[0]} does not apply to show")
+    input_dir("--out", args.out)
+    run = store.resolve_run(args.configs[0], args.out)
+    res = lab.stored_run(run)
+    _print(args, res)
+    return 0
+
+
+def _print(args, res) -> None:
     if args.json:
         recs = [{k: v for k, v in r.items() if k != "console_tail" or not r["ok"]}
                 for r in res.records]
@@ -78,9 +107,13 @@ def _lab(args) -> int:
     elif args.markdown:
         print(format_markdown(res.records))
     else:
+        from slabtune.results import store
+        from slabtune.validate import lab
+
         print(format_text(res.records))
+        print("\n".join(lab.format_summary(lab.summary(store.open_run(res.run_dir).collect()))),
+              flush=True)
         print(f"run {res.run_dir}", file=sys.stderr)
-    return 1 if res.failed else 0
 
 
 def _pct(v) -> str:

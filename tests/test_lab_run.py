@@ -1,0 +1,301 @@
+"""``slabtune lab run``: a simulation config on the real allocator beside the model.
+
+Fast tests check the arithmetic of both sides (measured figures from a lab boot's dumps,
+the model's counters per 1000 ops, the store rows, the report) and the bad-input paths;
+the slow ``guest`` tests boot the lab kernels under qemu.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slabtune.errors import SlabtuneError
+from slabtune.kernel import build, lab_boot
+from slabtune.validate import lab
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "lab"
+
+CONFIG = """
+[topology]
+cpus = 4
+nodes = 2
+memoryless_nodes = [1]
+
+[cache]
+name = "kmalloc-512"
+
+[policy]
+profile = "v6.1"
+
+[workload]
+kind = "producer_consumer"
+depth = 16
+
+[run]
+steps = 1500
+seed = 2
+"""
+
+
+def _result(**kw) -> lab_boot.LabBootResult:
+    base = dict(ok=True, error="", kernel="k", release="6.1.192", cache="kmalloc-512",
+                files=[], dumps={"base": {}, "before": {}, "after": {}}, missing=[],
+                samples=[], done=None, workers=[], module_errors=[], insmod_rc=0, params=[],
+                qemu_argv=[], accel="tcg", seconds=1.0, console_tail="")
+    base.update(kw)
+    return lab_boot.LabBootResult(**base)
+
+
+def test_measure_reads_the_kernel_counters_as_the_model_names_them():
+    """Fractions from alloc/free fast and slow paths, new slabs per 1000 of the module's
+    ops, and memory as the mean sampled slab count above the pre-run count times the slab
+    size (order 1: 8 KiB)."""
+    before = {"alloc_fastpath": "100 C0=100", "alloc_slowpath": "10 C0=10",
+              "free_fastpath": "5 C1=5", "free_slowpath": "0", "alloc_slab": "3 C0=3",
+              "slabs": "20 N0=20", "order": "1"}
+    after = {"alloc_fastpath": "1000 C0=600 C2=400", "alloc_slowpath": "110 C0=110",
+             "free_fastpath": "205 C1=205", "free_slowpath": "900 C1=900",
+             "alloc_slab": "23 C0=23", "slabs": "21 N0=21", "order": "1",
+             "object_size": "512"}
+    r = _result(dumps={"base": before, "before": before, "after": after},
+                samples=["30 N0=30", "40 N0=30 N1=10", "bad"],
+                done={"allocs": 1000, "frees": 1000, "status": 0})
+    m = lab_boot.measure(r)
+    assert m["alloc_fastpath_frac"] == pytest.approx(900 / 1000)
+    assert m["free_fastpath_frac"] == pytest.approx(200 / 1100)
+    assert m["ops"] == 2000
+    assert m["slab_allocs_per_kop"] == pytest.approx(1000 * 20 / 2000)
+    assert m["samples"] == 2
+    assert m["memory_bytes"] == pytest.approx((35 - 20) * 8192)
+    assert m["peak_slabs"] == 20
+    # only SLUB_STATS files are counters; structure files (slabs, order) are not
+    assert m["counters"] == {"alloc_fastpath": 900, "alloc_slowpath": 100, "free_fastpath": 200,
+                             "free_slowpath": 900, "alloc_slab": 20}
+    # an unsampled run has no memory figure rather than a wrong one
+    assert lab_boot.measure(_result(dumps=r.dumps, done=r.done))["memory_bytes"] is None
+
+
+def test_console_samples_are_parsed_in_order():
+    text = "\n".join(["@@LAB S tok", "@@LAB P 0 12 N0=12", "noise @@LAB P 1 99",
+                      "@@LAB P 1 14 N0=10 N1=4", "@@LAB E tok"])
+    parsed = lab_boot.parse_console(text, "tok")
+    assert parsed["samples"] == ["12 N0=12", "14 N0=10 N1=4"]
+
+
+def test_predicted_counters_agree_with_the_models_own_fractions():
+    """The per-1000-op counters are the metrics' weighted sums: alloc_fastpath over
+    alloc_fastpath + alloc_slowpath is the model's alloc_fastpath_frac, and alloc_slab per
+    1000 ops its slab_allocs_per_kop.  On a v7.x profile the sheaf refills and flushes are
+    counted in objects, sheaves times capacity, as the kernel's stat_add() does."""
+    cfg = lab.parse_config(CONFIG, "t")
+    from slabtune.model import profiles
+
+    p61, p71 = lab.predict([(cfg.doc, None), (cfg.doc, profiles.get_profile("v7.1"))])
+    for p in (p61, p71):
+        c = p["counters_per_kop"]
+        frac = c["alloc_fastpath"] / (c["alloc_fastpath"] + c["alloc_slowpath"])
+        assert frac == pytest.approx(p["alloc_fastpath_frac"], rel=1e-5)
+        assert c["alloc_slab"] == pytest.approx(p["slab_allocs_per_kop"], rel=1e-5)
+    assert p61["profile"] == "v6.1" and p71["profile"] == "v7.1"
+    assert p61["structure"]["sheaf_capacity"] == 0
+    assert p61["counters_per_kop"]["barn_get"] == 0
+    cap = p71["structure"]["sheaf_capacity"]
+    assert cap > 0
+    assert p71["counters_per_kop"]["sheaf_refill"] % cap == pytest.approx(0, abs=1e-3) or \
+        (p71["counters_per_kop"]["sheaf_refill"] / cap) > 0
+
+
+def test_combine_scales_the_model_to_the_measured_ops_and_rows_keep_both():
+    cfg = lab.parse_config(CONFIG, "t")
+    pred = lab.predict([(cfg.doc, None)])[0]
+    measured = {"alloc_fastpath_frac": 0.9, "free_fastpath_frac": 0.0,
+                "slab_allocs_per_kop": 12.0, "memory_bytes": 4096.0, "ops": 4000,
+                "order": 0, "samples": 3, "peak_slabs": 2,
+                "counters": {"alloc_fastpath": 1800, "alloc_slowpath": 200,
+                             "free_frozen": 7}}
+    rec = {"index": 0, "kernel": "6.1", "ok": True, "error": "", "release": "6.1.192",
+           "accelerator": "lab-tcg", "attempts": 1, "seconds": 2.0, "console_tail": "",
+           "measured": measured, "cmdline": "console=ttyS0", "module_params": ["kind=x"]}
+    full = lab.combine(rec, cfg, pred)
+    assert full["predicted"]["counters"]["alloc_fastpath"] == pytest.approx(
+        pred["counters_per_kop"]["alloc_fastpath"] * 4)
+    assert full["measured"]["counters_per_kop"]["alloc_fastpath"] == pytest.approx(450.0)
+    rows = lab.rows_of(full, {"task": 0, "candidate": "t", "topology": "x"})
+    df = pl.DataFrame(rows, schema=lab_schema(), orient="row")
+    assert set(df["target"]) == {"lab"} and set(df["kernel"]) == {"6.1"}
+    assert set(df["config_hash"]) == {cfg.config_hash}
+    fr = df.filter(pl.col("field") == "alloc_fastpath_frac").row(0, named=True)
+    assert fr["measured"] == 0.9 and fr["predicted"] == pytest.approx(
+        pred["alloc_fastpath_frac"])
+    # a counter the model has no counterpart for is kept, not compared
+    ff = df.filter(pl.col("field") == "counters.free_frozen").row(0, named=True)
+    assert ff["measured"] == 7 and ff["predicted"] is None and ff["comparable"] is False
+    # a failed run is one failed row with the reason
+    bad = lab.combine({**rec, "ok": False, "error": "timed out after 300 s",
+                       "measured": None, "console_tail": "Kernel panic"}, cfg, pred)
+    (only,) = lab.rows_of(bad, {"task": 0})
+    assert only["status"] == "failed" and only["error"] == "timed out after 300 s"
+    assert "Kernel panic" in only["console_tail"]
+
+
+def lab_schema():
+    from slabtune.validate.schema import ROW_SCHEMA
+
+    return ROW_SCHEMA
+
+
+def test_summary_gives_points_for_fractions_and_relative_errors_otherwise():
+    rows = []
+    for task, (mf, pf, ms, ps) in enumerate([(0.90, 0.95, 10.0, 5.0), (0.50, 0.48, 4.0, 6.0),
+                                             (0.70, 0.70, 0.0, 1.0)]):
+        for field, m, p in (("alloc_fastpath_frac", mf, pf), ("slab_allocs_per_kop", ms, ps)):
+            rows.append({"task": task, "kernel": "6.1", "profile": "v6.1", "target": "lab",
+                         "status": "ok", "accelerator": "lab-tcg", "field": field,
+                         "measured": m, "predicted": p, "comparable": True})
+    rows.append({"task": 9, "kernel": "6.1", "profile": "v6.1", "target": "lab",
+                 "status": "failed", "field": "task"})
+    df = pl.DataFrame(rows, schema={**lab_schema()}, orient="row") if False else \
+        pl.DataFrame([{**{k: None for k in lab_schema()}, **r} for r in rows],
+                     schema=lab_schema(), orient="row")
+    s = lab.summary(df)
+    assert s["sources"] == ["lab-tcg"] and s["failed"] == 1 and s["runs"] == 3
+    (k,) = s["by_kernel"]
+    a = k["figures"]["alloc_fastpath_frac"]
+    assert a["unit"] == "pp" and a["worst"] == pytest.approx(5.0)
+    assert a["median"] == pytest.approx(2.0)
+    sl = k["figures"]["slab_allocs_per_kop"]
+    assert sl["n"] == 2 and sl["median"] == pytest.approx(0.5) and sl["measured_zero"] == 1
+    assert any("6.1 (profile v6.1, 3 runs)" in line for line in lab.format_summary(s))
+
+
+@pytest.mark.parametrize("patch, field", [
+    ('memoryless_fallback = true', "policy.params.memoryless_fallback"),
+    ('slub_max_order = 99', "policy.params"),
+])
+def test_configs_the_lab_cannot_run_are_refused_naming_the_field(patch, field):
+    text = CONFIG.replace('profile = "v6.1"', f'profile = "v6.1"\n[policy.params]\n{patch}')
+    with pytest.raises(SlabtuneError, match=f"^t: {field}"):
+        lab.parse_config(text, "t")
+
+
+def test_other_lab_refusals():
+    with pytest.raises(SlabtuneError, match="^t: cache.name: 'dentry' is not a kmalloc cache"):
+        lab.parse_config(CONFIG.replace('"kmalloc-512"', '"dentry"'), "t")
+    own = CONFIG.replace('name = "kmalloc-512"', "size = 200").replace(
+        'profile = "v6.1"', 'profile = "v6.1"\n[policy.params]\nmin_partial = 3')
+    with pytest.raises(SlabtuneError, match="^t: policy.params.min_partial: the lab sets "
+                                            "sysfs values on kmalloc caches only"):
+        lab.parse_config(own, "t")
+    with pytest.raises(SlabtuneError, match="^t: not valid TOML"):
+        lab.parse_config("[topology", "t")
+    with pytest.raises(lab_boot.LabBootError, match="^--kernel 9.9: neither a lab kernel"):
+        lab_boot.resolve_kernel("9.9")
+    with pytest.raises(lab_boot.LabBootError, match="is not one of the built lab kernels"):
+        lab_boot.resolve_kernel(str(ROOT / "README.md"))
+
+
+def test_every_example_config_is_runnable_on_the_lab():
+    files = sorted(EXAMPLES.glob("*.toml"))
+    assert len(files) == 12
+    kinds, topos = set(), set()
+    for f in files:
+        cfg = lab.load_config(f)
+        kinds.add(cfg.doc["workload"]["kind"])
+        topos.add(lab.topology_label(cfg.doc))
+    assert kinds == {"local", "producer_consumer", "request_response", "block_io"}
+    assert topos == {"4cpu-2node-ml1", "8cpu-2node", "16cpu-4node"}
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "slabtune", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CONFIG.replace("depth = 16", "depth = -1"))
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    r = _cli("lab", "run", str(bad), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "workload.depth" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    r = _cli("lab", "run", str(EXAMPLES / "pc-4cpu-ml.toml"), "--kernel", "8.8",
+             "--out", str(out))
+    assert r.returncode == 2 and "--kernel 8.8" in r.stderr
+    r = _cli("lab", "run", "--out", str(out))
+    assert r.returncode == 2 and "CONFIG.toml: give at least one config" in r.stderr
+    r = _cli("lab", "show", "nothing-like-this", "--out", str(out))
+    assert r.returncode == 2
+
+
+# --------------------------------------------------------------------------- guests
+
+
+def _need(kernels):
+    for k in kernels:
+        if build.kernel_path(k) is None or build.build_tree(k) is None:
+            pytest.skip(f"kernel {k} is not built; run scripts/build-kernels.sh --only {k}")
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_lab_run_on_a_memoryless_node_matches_the_modules_own_ops(tmp_path):
+    """``lab run --json`` of a 4-CPU producer/consumer config with node 1 memoryless on the
+    6.1 and 7.2 lab kernels: the kernel counted the module's allocations and frees (fast
+    plus slow, within the allowance of test_lab_module), the memory was sampled, the model
+    was run under each kernel's own profile, and each pair left its rows in the store.
+    Then the run is cut short by hand (one pair's part removed) and resumed: only that
+    pair boots again."""
+    _need(("6.1", "7.2"))
+    cfg = tmp_path / "pc.toml"
+    cfg.write_text(CONFIG)
+    r = _cli("lab", "run", str(cfg), "--kernel", "6.1", "--kernel", "7.2", "--json",
+             "--accel", "tcg", "--out", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    recs = {x["kernel"]: x for x in doc["records"]}
+    assert set(recs) == {"6.1", "7.2"}
+    for k, rec in recs.items():
+        assert rec["ok"] and rec["accelerator"] == "lab-tcg"
+        m, p = rec["measured"], rec["predicted"]
+        # 2 senders x 1500 ops: 3000 allocations and 3000 frees
+        assert m["ops"] == 6000
+        allocs = m["counters"]["alloc_fastpath"] + m["counters"]["alloc_slowpath"]
+        frees = m["counters"]["free_fastpath"] + m["counters"]["free_slowpath"]
+        for moved in (allocs, frees):
+            assert 3000 - 3 <= moved <= 3000 + 128, (k, moved)
+        assert m["samples"] >= 1 and m["memory_bytes"] is not None
+        assert set(lab.COMPARED) <= set(p) and p["counters"]["alloc_fastpath"] > 0
+        assert rec["config"]["hash"] and rec["config"]["doc"]["workload"]["depth"] == 16
+    assert recs["6.1"]["profile"] == "v6.1"
+    assert recs["7.2"]["predicted"]["structure"]["sheaf_capacity"] > 0
+    # 7.2 counts sheaf and barn events, 6.1 per-CPU partial ones
+    assert "barn_get" in recs["7.2"]["measured"]["counters"]
+    assert "cpu_partial_alloc" in recs["6.1"]["measured"]["counters"]
+    from slabtune.results import store
+
+    run = store.open_run(doc["run_dir"])
+    rows = run.collect()
+    assert set(rows["kernel"]) == {"6.1", "7.2"} and set(rows["accelerator"]) == {"lab-tcg"}
+    assert rows.filter(pl.col("field") == "alloc_fastpath_frac").height == 2
+    # cut the second pair out, resume: one boot, the first pair's record unchanged
+    st = run.manifest["chunks"]["states"].pop("1")
+    (run.path / st["part"]).unlink()
+    run.save()
+    r2 = _cli("lab", "run", "--resume", str(run.path), "--json", "--out", str(tmp_path / "runs"))
+    assert r2.returncode == 0, r2.stderr
+    again = {x["kernel"]: x for x in json.loads(r2.stdout)["records"]}
+    assert again["6.1"]["measured"] == recs["6.1"]["measured"]
+    assert again["7.2"]["ok"]
+    assert store.open_run(run.path).collect().height == rows.height
+    shown = _cli("lab", "show", str(run.path), "--markdown")
+    assert shown.returncode == 0 and shown.stdout.count("| 6.1 |") == 1

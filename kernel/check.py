@@ -6,10 +6,15 @@ and the kernel profile (given, or detected from the release) go through
 :func:`slabtune.model.policy.structure` in one vectorised call; order, objs_per_slab,
 min_partial, cpu_partial and sheaf_capacity are compared with what the kernel reported.
 
+A cache's creator may ask for a sheaf capacity (``kmem_cache_args.sheaf_capacity``); the model
+knows the requests of the caches :mod:`slabtune.model.caches` lists with one (maple_node and
+vm_area_struct ask for 32 from v6.18 on) and passes them to the formulas, which take them as
+is under opt-in sheaves (v6.18) and as max(default, request) from v7.0.
+
 Caches whose values the formulas cannot know are set aside with a reason and never counted
 as matched: caches with SLAB_DEBUG flags set (debugging changes the layout and disables
-per-CPU partial lists), and under an opt-in sheaf profile (v6.18) any cache with a nonzero
-sheaf_capacity (its creator chose the capacity).
+per-CPU partial lists), and under an opt-in sheaf profile (v6.18) any other cache with a
+nonzero sheaf_capacity (its creator chose a capacity the model does not know).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import polars as pl
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import snapshot
 from slabtune.kernel.host import topology_from_lists
-from slabtune.model import bootparams, profiles
+from slabtune.model import bootparams, caches, profiles
 
 #: Fields compared between the kernel and the model, in report order.
 COMPARED_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "min_partial", "cpu_partial",
@@ -71,6 +76,16 @@ def is_bootstrap(name: str) -> bool:
 def is_early(name: str) -> bool:
     """Whether a cache is created before secondary CPUs come up (see EARLY_CACHES)."""
     return is_kmalloc(name) or name in EARLY_CACHES
+
+
+def explicit_sheaf(name: str) -> int:
+    """The sheaf capacity a cache's creator requests in ``kmem_cache_args.sheaf_capacity``,
+    where :data:`slabtune.model.caches.CACHES` records one (maple_node and vm_area_struct:
+    32), else 0.  Such a cache is never merged (``__kmem_cache_create_args()`` sets
+    SLAB_NO_MERGE for it, mm/slab_common.c of 7.2.13 line 347), so it keeps its own name in
+    /sys/kernel/slab."""
+    info = caches.CACHES.get(name)
+    return info.explicit_sheaf if info is not None else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +179,9 @@ def _structure_fn():
     from slabtune.model import policy
 
     def run(size, possible, present, online, prof, min_order, max_order, min_objects, early,
-            kmalloc, bootstrap):
+            kmalloc, bootstrap, explicit):
         return policy.structure(size, possible, present, online, prof, min_order, max_order,
-                                min_objects, early, kmalloc, bootstrap, 0)
+                                min_objects, early, kmalloc, bootstrap, explicit)
 
     return jax.jit(run)
 
@@ -184,8 +199,9 @@ def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: profile
     """Model every cache of one boot in one vectorised (jitted) ``structure`` call.
 
     ``sizes`` are the caches' slab_size values, ``names`` classify them (early, kmalloc,
-    bootstrap), ``topology`` supplies possible/present/online.  Returns field -> int array
-    for :data:`COMPARED_FIELDS`.  Explicit sheaf capacities are not known (0).
+    bootstrap) and give their creators' sheaf capacity requests (:func:`explicit_sheaf`),
+    ``topology`` supplies possible/present/online.  Returns field -> int array for
+    :data:`COMPARED_FIELDS`.
     """
     from slabtune.model import policy
 
@@ -195,10 +211,13 @@ def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: profile
     size = np.concatenate([np.asarray(sizes, np.int32), np.full(pad, 8, np.int32)])
     flags = [np.concatenate([np.asarray([f(x) for x in names], bool), np.zeros(pad, bool)])
              for f in (is_early, is_kmalloc, is_bootstrap)]
+    explicit = np.concatenate([np.asarray([explicit_sheaf(x) for x in names], np.int32),
+                               np.zeros(pad, np.int32)])
     t = topology
     out = _structure_fn()(size, np.int32(t.possible), np.int32(t.present), np.int32(t.online),
                           policy.profile_arrays(profile), np.int32(params.min_order),
-                          np.int32(params.max_order), np.int32(params.min_objects), *flags)
+                          np.int32(params.max_order), np.int32(params.min_objects), *flags,
+                          explicit)
     return {f: np.asarray(getattr(out, f))[:n] for f in COMPARED_FIELDS}
 
 
@@ -270,9 +289,10 @@ def check_snapshot(df: pl.DataFrame, profile: str | profiles.KernelProfile | Non
             present=topo.present, online=topo.online, nodes=topo.nodes, caches=len(rows)))
         for i, row in enumerate(rows):
             reason = _debug_reason(row)
-            if reason is None and prof.sheaves == "opt_in" and (row["sheaf_capacity"] or 0) > 0:
+            if (reason is None and prof.sheaves == "opt_in" and (row["sheaf_capacity"] or 0) > 0
+                    and explicit_sheaf(row["cache"]) == 0):
                 reason = (f"explicit sheaf capacity {row['sheaf_capacity']} set by the cache's "
-                          "creator (opt-in sheaves)")
+                          "creator, not known to the model (opt-in sheaves)")
             if reason is not None:
                 not_comp.append(NotComparable(bi, row["cache"], reason))
                 continue

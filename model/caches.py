@@ -12,7 +12,12 @@ object size rounded up to its alignment plus any metadata), which is what
   ``skbuff_head_cache`` (``sock_init``, a core initcall) and the bio caches (block layer
   initcalls) are created after SMP bring-up.
 * ``explicit_sheaf``: the sheaf capacity a cache's creator asks for in
-  ``kmem_cache_args.sheaf_capacity`` (v6.18: 32 for ``maple_node`` and ``vm_area_struct``).
+  ``kmem_cache_args.sheaf_capacity``: 32 for ``maple_node`` (``maple_tree_init``,
+  lib/maple_tree.c) and ``vm_area_struct`` (``vma_state_init``, mm/vma_init.c of 7.2.13),
+  from v6.18 on.  Opt-in sheaves (v6.18) take it as is; from v7.0 the capacity is
+  max(default, request), so maple_node (stride 256, default 28) has 32 and
+  vm_area_struct (stride 192, default 60) keeps 60.  ``kernel check`` predicts these
+  caches with their requests.
 
 Strides below were read from ``/sys/kernel/slab/*/slab_size`` of an x86-64 v6.18 host
 without debugging options; they differ by configuration (e.g. with ``slub_debug``).

@@ -468,8 +468,11 @@ def sheaf_capacity(size, p: ProfileArrays, is_kmalloc=False, is_bootstrap=False,
 
     * no sheaves (before v6.18): 0;
     * opt-in (v6.18): the capacity the cache's creator asked for, 0 if none;
-    * all caches (v7.0 on): max(default, explicit) except for kmalloc caches (not yet) and
-      the bootstrap caches kmem_cache and kmem_cache_node (0).
+    * all caches (v7.0 on): calculate_sheaf_capacity()'s max(default, explicit), so
+      maple_node (256 bytes, default 28) asking for 32 gets 32; 0 for the bootstrap caches
+      kmem_cache and kmem_cache_node (SLAB_NO_SHEAVES).  kmalloc caches get the default
+      (bootstrap_kmalloc_sheaves(), v7.0) where the profile's ``sheaves_on_kmalloc`` says so,
+      which every shipped profile with sheaves for all caches does.
     """
     explicit = jnp.asarray(explicit, _I32)
     is_kmalloc = jnp.asarray(is_kmalloc, bool)

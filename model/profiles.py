@@ -20,9 +20,19 @@ Sources, all restated from mm/slub.c of the version named:
   clamped to [5, 10] in current kernels.
 * per-CPU partial lists: v3.2 to v6.18.  Before v5.16 the limit was counted in objects with
   the table 2/6/13/30; v5.16 moved to a slab count derived from 6/24/52/120 objects.
-* sheaves: opt-in per cache (explicit capacity) in v6.18, every non-kmalloc cache in v7.0;
-  barns on nodes with memory in v7.0, on every online node from v7.1 (seed
-  sheaves-cross-cpu-regression-2026).
+* sheaves: opt-in per cache (explicit capacity) in v6.18; every cache but the two bootstrap
+  caches from v7.0, the kmalloc caches included.  calculate_sizes() skips the kmalloc caches
+  (their sheaves and barns are themselves kmalloc'ed) and kmem_cache_init() gives them
+  sheaves afterwards with bootstrap_kmalloc_sheaves(), at the default capacity (patch
+  "slab: handle kmalloc sheaves bootstrap" of the series merged for v7.0 as
+  slab/for-7.0/sheaves; mm/slub.c of 7.2.13: calculate_sizes() 7990,
+  bootstrap_cache_sheaves() 8498, bootstrap_kmalloc_sheaves() 8552, called at 8615).  A
+  cache whose creator asks for a capacity (kmem_cache_args.sheaf_capacity) gets
+  max(default, request) from v7.0 (calculate_sheaf_capacity(), 7.2.13 mm/slub.c:7839).
+  Barns on nodes with memory in v7.0, on every online node from v7.1 (seed
+  sheaves-cross-cpu-regression-2026).  7.2 keeps v7.1's rules (its kmem_cache_init() puts
+  a barn on every online node; its structure is checked against snapshots of a 7.2.13
+  guest, tests/data/guest-v7.2-*.csv), so a 7.2 release maps to v7.1.
 * the memoryless-node fix (``numa_mem_id()``) arrived in v2.6.35.
 """
 
@@ -87,7 +97,9 @@ class KernelProfile:
     sheaves: SheafMode
     #: Default sheaf capacity by size class before the kmalloc-bucket round-up.
     sheaf_base_capacity: tuple[int, int, int, int]
-    #: Whether kmalloc caches get sheaves when ``sheaves == "all"``.
+    #: Whether kmalloc caches get sheaves when ``sheaves == "all"``: they do from v7.0 on
+    #: (bootstrap_kmalloc_sheaves(), default capacity), the release that made sheaves
+    #: universal; False only matters to a profile built by hand.
     sheaves_on_kmalloc: bool
     #: Where barns live.
     barns: BarnNodes
@@ -169,14 +181,15 @@ PROFILES: dict[str, KernelProfile] = {
         _profile(
             "v7.0", (7, 0),
             order_loop="single_pass", fractions=(16, 8, 4, 2), cap_at_least_one=True,
-            cpu_partial_objects=None, sheaves="all", barns="memory_nodes",
-            remote_free_bypasses_sheaf=True, boot_param_prefixes=("slub", "slab"),
+            cpu_partial_objects=None, sheaves="all", sheaves_on_kmalloc=True,
+            barns="memory_nodes", remote_free_bypasses_sheaf=True,
+            boot_param_prefixes=("slub", "slab"),
         ),
         _profile(
             "v7.1", (7, 1),
             order_loop="single_pass", fractions=(16, 8, 4, 2), cap_at_least_one=True,
-            cpu_partial_objects=None, sheaves="all", barns="all_nodes",
-            remote_free_bypasses_sheaf=True, memoryless_cpus_use_sheaves=True,
+            cpu_partial_objects=None, sheaves="all", sheaves_on_kmalloc=True,
+            barns="all_nodes", remote_free_bypasses_sheaf=True, memoryless_cpus_use_sheaves=True,
             boot_param_prefixes=("slub", "slab"),
         ),
     )

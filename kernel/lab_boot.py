@@ -328,22 +328,29 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     Setup errors raise (LabError, GuestError, LabBootError); a guest that fails returns
     ``ok=False`` with the reason in ``error``."""
     cache_doc = dict(cache_doc or {"name": "kmalloc-512"})
-    params = (labmod.cache_params(cache_doc)
+    kernel, tree_name = resolve_kernel(kernel_name)
+    # SLAB_NO_MERGE exists from v6.5; before it, an own cache of a kmalloc size would be
+    # merged into kmalloc-N (find_mergeable()) and its counters mixed with the kernel's,
+    # so those kernels boot with slab_nomerge instead.
+    old_kernel = _release_before(guest.bzimage_release(kernel), (6, 5))
+    own = "name" not in cache_doc
+    params = (labmod.cache_params(cache_doc, no_merge=not old_kernel)
               + labmod.module_params(workload_doc, topology, ops=ops, seed=seed, ring=ring)
               + list(extra_params))
-    cache = cache_doc["name"] if "name" in cache_doc else labmod.MODULE_NAME
-    if sysfs and "name" not in cache_doc:
+    cache = cache_doc["name"] if not own else labmod.MODULE_NAME
+    if sysfs and own:
         raise LabBootError(f"policy.params.{next(iter(sysfs))}: a cache of the module's own "
                            "exists only during the run; the lab sets sysfs values on kmalloc "
                            "caches only")
     init_script("x", cache, params, sysfs=sysfs)      # every value checked before a boot
-    kernel, tree_name = resolve_kernel(kernel_name)
     ko = labmod.build_module(tree_name)
     # find_assets checks qemu, the kernel and busybox; the module stands in for the
     # workload binary, which this guest does not use.
     assets = guest.find_assets(kernel=kernel, workload=ko, build=False)
     profile = guest.kernel_profile(kernel)
     cmdline = guest.guest_cmdline(dict(boot_params or {}), topology, profile)
+    if own and old_kernel:
+        cmdline += " slab_nomerge"
     if accel == "auto":
         accel = "kvm" if guest.probe_kvm(assets).usable else "tcg"
     if not 1 <= attempts <= 5:
@@ -384,6 +391,12 @@ def resolve_kernel(name: str) -> tuple[Path, str]:
     raise LabBootError(f"--kernel {name}: release {release or 'unknown'} is not one of the "
                        "built lab kernels, so there is no tree to build the lab module "
                        "against (scripts/build-kernels.sh)")
+
+
+def _release_before(release: str | None, version: tuple[int, int]) -> bool:
+    """Whether a release string (``6.1.192-slabtune``) is older than ``version``."""
+    m = re.match(r"(\d+)\.(\d+)", release or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) < version
 
 
 #: Errors of a boot that never reached the run's report: worth one more boot.

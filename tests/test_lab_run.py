@@ -240,6 +240,15 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
 # --------------------------------------------------------------------------- guests
 
 
+def _lab_run(tmp_path, kernels, *extra):
+    """``lab run --json`` of CONFIG on ``kernels`` under TCG into tmp_path/runs."""
+    _need(kernels)
+    cfg = tmp_path / "pc.toml"
+    cfg.write_text(CONFIG)
+    return _cli("lab", "run", str(cfg), *[a for k in kernels for a in ("--kernel", k)],
+                "--json", "--accel", "tcg", "--out", str(tmp_path / "runs"), *extra)
+
+
 def _need(kernels):
     for k in kernels:
         if build.kernel_path(k) is None or build.build_tree(k) is None:
@@ -255,11 +264,7 @@ def test_lab_run_on_a_memoryless_node_matches_the_modules_own_ops(tmp_path):
     was run under each kernel's own profile, and each pair left its rows in the store.
     Then the run is cut short by hand (one pair's part removed) and resumed: only that
     pair boots again."""
-    _need(("6.1", "7.2"))
-    cfg = tmp_path / "pc.toml"
-    cfg.write_text(CONFIG)
-    r = _cli("lab", "run", str(cfg), "--kernel", "6.1", "--kernel", "7.2", "--json",
-             "--accel", "tcg", "--out", str(tmp_path / "runs"))
+    r = _lab_run(tmp_path, ("6.1", "7.2"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     recs = {x["kernel"]: x for x in doc["records"]}
@@ -299,3 +304,91 @@ def test_lab_run_on_a_memoryless_node_matches_the_modules_own_ops(tmp_path):
     assert store.open_run(run.path).collect().height == rows.height
     shown = _cli("lab", "show", str(run.path), "--markdown")
     assert shown.returncode == 0 and shown.stdout.count("| 6.1 |") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_a_boot_that_times_out_is_a_failed_row_after_one_retry(tmp_path):
+    """A 1 s limit cannot fit a boot: the pair is retried once (a boot flake), then stored
+    as one failed row with the error and the console tail; exit 1."""
+    r = _lab_run(tmp_path, ("7.2",), "--timeout", "1")
+    assert r.returncode == 1, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["ok"] is False and rec["error"].startswith("timed out after")
+    assert rec["attempts"] == lab_boot.BOOT_ATTEMPTS == 2
+    from slabtune.results import store
+
+    run = store.open_run(rec["run_dir"])
+    assert run.complete
+    (row,) = run.collect().iter_rows(named=True)
+    assert row["status"] == "failed" and row["error"] == rec["error"]
+    assert isinstance(row["console_tail"], str) and row["kernel"] == "7.2"
+
+
+VALIDATE_SPEC = """
+[validate]
+timeout_s = 300
+
+[validate.native]
+cache = "kmalloc-512"
+steps = 1500
+seed = 2
+workload = { kind = "producer_consumer", depth = 16 }
+
+[fleet]
+profile = "v6.1"
+
+[[fleet.topology]]
+name = "memoryless-4"
+cpus = 4
+nodes = 2
+memoryless_nodes = [1]
+
+[[fleet.workload]]
+name = "pc"
+[fleet.workload.caches]
+"kmalloc-512" = { live_per_cpu = 16, ops = 1.0 }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_validate_target_lab_compares_every_built_kernel(tmp_path):
+    """``validate --target lab``: the baseline and one candidate (slub_max_order=0 on the
+    command line) on a memoryless topology, every built lab kernel booted per pair; the
+    report gives per kernel the fast-path differences in points and names the source."""
+    kernels = [k for k in lab.LAB_KERNELS if build.kernel_path(k) is not None
+               and build.build_tree(k) is not None]
+    if not kernels:
+        pytest.skip("no lab kernel is built; run scripts/build-kernels.sh")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(VALIDATE_SPEC)
+    cand = tmp_path / "c.json"
+    cand.write_text(json.dumps({"candidate": [{"id": "order0",
+                                                "boot": {"slub_max_order": 0}}]}))
+    r = _cli("validate", "--candidate", str(cand), "--topologies", str(spec), "--target",
+             "lab", "--out", str(tmp_path / "runs"), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["tasks"] == 2 and res["failed"] == 0
+    from slabtune.results import store
+
+    rows = store.open_run(res["run_dir"]).collect()
+    assert set(rows["target"]) == {"lab"} and set(rows["kernel"]) == set(kernels)
+    order0 = rows.filter((pl.col("candidate") == "order0")
+                         & (pl.col("field") == "alloc_fastpath_frac"))
+    assert order0.height == len(kernels)
+    for a in order0["applied"]:
+        assert "slub_max_order=0" in json.loads(a)["cmdline"]
+    rep = _cli("validate", "report", res["run_dir"], "--json")
+    assert rep.returncode == 0, rep.stderr
+    labrep = json.loads(rep.stdout)["lab"]
+    assert labrep["runs"] == 2 * len(kernels) and labrep["failed"] == 0
+    assert set(labrep["sources"]) <= {"lab-tcg", "lab-kvm"} and labrep["sources"]
+    assert {k["kernel"] for k in labrep["by_kernel"]} == set(kernels)
+    for k in labrep["by_kernel"]:
+        assert k["figures"]["alloc_fastpath_frac"]["unit"] == "pp"
+        assert 0 <= k["figures"]["alloc_fastpath_frac"]["worst"] <= 100
+    text = _cli("validate", "report", res["run_dir"])
+    assert "lab (the real allocator, source lab-" in text.stdout
+    assert "not the kernel" in text.stdout

@@ -211,6 +211,16 @@ def boot_args(doc: Mapping[str, Any]) -> dict:
             "sysfs": dict(spec.knobs)}
 
 
+def blank_record(index: int, kernel: str, **kw) -> dict:
+    """A boot record before (or instead of) a boot: not ok, nothing measured."""
+    rec: dict[str, Any] = {"index": index, "kernel": kernel, "ok": False, "error": "",
+                           "release": "", "accelerator": "", "attempts": 0, "seconds": 0.0,
+                           "console_tail": "", "measured": None, "cmdline": "",
+                           "module_params": [], "host": os.uname().nodename}
+    rec.update(kw)
+    return rec
+
+
 def run_boot(task: Mapping[str, Any]) -> dict:
     """Body of one Ray task: boot ``task["kernel"]`` with ``task["doc"]`` and measure.
     A setup error or a failed guest is a record with ``ok`` false and the reason; OSError
@@ -218,10 +228,7 @@ def run_boot(task: Mapping[str, Any]) -> dict:
     from slabtune.kernel import lab_boot
 
     t0 = time.monotonic()
-    rec: dict[str, Any] = {"index": task["index"], "kernel": task["kernel"], "ok": False,
-                           "error": "", "release": "", "accelerator": "", "attempts": 0,
-                           "seconds": 0.0, "console_tail": "", "measured": None,
-                           "cmdline": "", "module_params": [], "host": os.uname().nodename}
+    rec = blank_record(task["index"], task["kernel"])
     try:
         r = lab_boot.boot_lab(task["kernel"], accel=task.get("accel", "auto"),
                               timeout_s=float(task.get("timeout_s") or
@@ -422,12 +429,10 @@ def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
                 rec = ray.get(ref)
             except ray.exceptions.RayError as err:
                 lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                rec = {"index": i, "kernel": kernel, "ok": False, "release": "",
-                       "accelerator": "", "attempts": MAX_RETRIES + 1, "seconds": 0.0,
-                       "cmdline": "", "module_params": [], "measured": None,
-                       "error": f"failed after {MAX_RETRIES + 1} attempts: "
-                                + (lines[-1] if lines else err.__class__.__name__),
-                       "console_tail": "\n".join(lines[-20:])}
+                rec = blank_record(i, kernel, attempts=MAX_RETRIES + 1,
+                                   error=f"failed after {MAX_RETRIES + 1} attempts: "
+                                   + (lines[-1] if lines else err.__class__.__name__),
+                                   console_tail="\n".join(lines[-20:]))
             full = combine(rec, cfg, preds[i])
             rows = rows_of(full, {"task": i, "candidate": cfg.name,
                                   "params": json.dumps(cfg.doc["policy"].get("params", {}),

@@ -392,3 +392,16 @@ def test_validate_target_lab_compares_every_built_kernel(tmp_path):
     text = _cli("validate", "report", res["run_dir"])
     assert "lab (the real allocator, source lab-" in text.stdout
     assert "not the kernel" in text.stdout
+
+
+def test_guest_boot_takes_a_lab_kernel_by_name():
+    from slabtune.commands.guest import _kernel_arg
+
+    assert _kernel_arg(None) is None
+    assert _kernel_arg("/some/bzImage") == "/some/bzImage"
+    for name in ("6.1", "7.2"):
+        if build.kernel_path(name) is None:
+            with pytest.raises(lab_boot.LabBootError, match=f"--kernel {name}: not built yet"):
+                _kernel_arg(name)
+        else:
+            assert _kernel_arg(name) == str(build.kernel_path(name))

@@ -40,7 +40,9 @@ def register(subparsers) -> None:
     b.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="slab boot parameter (slub_min_order, slub_max_order, "
                         "slub_min_objects; slab_* from 6.8); repeatable")
-    b.add_argument("--kernel", metavar="BZIMAGE", help="boot this bzImage instead")
+    b.add_argument("--kernel", metavar="BZIMAGE|NAME",
+                   help="boot this bzImage instead, or a lab kernel by name (6.1, 6.1-slab, "
+                        "6.12, 7.2: scripts/build-kernels.sh)")
     b.add_argument("--memory", type=int, default=512, metavar="MIB", help="guest memory")
     b.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="wall-clock limit per boot attempt (default 120)")
@@ -138,7 +140,7 @@ def _boot(args) -> int:
     spec = qemu_guest.GuestSpec(topology=topo, boot_params=params, workloads=workloads,
                                 memory_mib=args.memory, timeout_s=args.timeout,
                                 retries=args.retries, accel=args.accel)
-    assets = qemu_guest.find_assets(kernel=args.kernel)
+    assets = qemu_guest.find_assets(kernel=_kernel_arg(args.kernel))
     r = qemu_guest.boot_guest(spec, assets)
     if r.ok:
         if args.out:
@@ -181,3 +183,12 @@ def _probe(args) -> int:
     probe = qemu_guest.probe_kvm(qemu_guest.find_assets(kernel=args.kernel), refresh=args.refresh)
     print(f"kvm usable: {'yes' if probe.usable else 'no'} ({probe.reason})")
     return 0
+
+
+def _kernel_arg(value: str | None) -> str | None:
+    """``--kernel``: a lab kernel's name (its built bzImage) or a path, as given."""
+    from slabtune.kernel import build, lab_boot
+
+    if value is not None and value in build.read_table():
+        return str(lab_boot.resolve_kernel(value)[0])
+    return value

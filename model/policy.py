@@ -16,6 +16,7 @@ reference in :mod:`slabtune.model.reference` checks every formula here in the te
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -101,6 +102,13 @@ def profile_arrays(p: kernel_profiles.KernelProfile) -> ProfileArrays:
         memoryless_fallback=int(p.memoryless_fallback),
     )
     return ProfileArrays(**{k: jnp.asarray(v, _I32) for k, v in vals.items()})
+
+
+def has_cpu_slab(p: ProfileArrays):
+    """Whether the profile's caches have a per-CPU slab (array form of
+    :attr:`~slabtune.model.profiles.KernelProfile.has_cpu_slab`: none from v7.0)."""
+    modes = [kernel_profiles.SHEAF_MODES.index(m) for m in kernel_profiles.CPU_SLAB_SHEAF_MODES]
+    return functools.reduce(jnp.logical_or, [p.sheaf_mode == m for m in modes])
 
 
 def stack_profiles(profiles) -> ProfileArrays:

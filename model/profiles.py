@@ -50,6 +50,9 @@ BarnNodes = Literal["none", "memory_nodes", "all_nodes"]
 NR_CPUS_RULES: tuple[str, ...] = ("possible", "online_at_boot", "present_else_possible")
 ORDER_LOOPS: tuple[str, ...] = ("halve", "decrement", "single_pass")
 SHEAF_MODES: tuple[str, ...] = ("none", "opt_in", "all")
+#: Sheaf modes under which caches keep their per-CPU slab: all before v7.0, whose sheaves
+#: for every cache replaced it (see KernelProfile.has_cpu_slab).
+CPU_SLAB_SHEAF_MODES = ("none", "opt_in")
 BARN_NODES: tuple[str, ...] = ("none", "memory_nodes", "all_nodes")
 
 PAGE_SHIFT = 12
@@ -116,6 +119,14 @@ class KernelProfile:
     @property
     def has_cpu_partial(self) -> bool:
         return self.cpu_partial_objects is not None
+
+    @property
+    def has_cpu_slab(self) -> bool:
+        """Whether a cache has a per-CPU slab (struct kmem_cache_cpu's lockless freelist).
+        Every SLUB until v7.0, whose sheaves series (slab/for-7.0/sheaves) gave every cache
+        sheaves and removed the per-CPU slab and per-CPU partial list: mm/slub.c of 7.2.13
+        has no struct kmem_cache_cpu.  v6.18's opt-in caches keep theirs beside the sheaves."""
+        return self.sheaves in CPU_SLAB_SHEAF_MODES
 
     @property
     def label(self) -> str:

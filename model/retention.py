@@ -71,10 +71,11 @@ def check_memory_state(state: str) -> str:
     return state
 
 
-def per_cpu_retained_slabs(cpu_partial_slabs):
-    """Slabs one CPU that uses a cache retains: its CPU slab plus its per-CPU partial list
-    (:func:`per_cpu_partial_list_slabs`)."""
-    return 1.0 + per_cpu_partial_list_slabs(cpu_partial_slabs)
+def per_cpu_retained_slabs(cpu_partial_slabs, cpu_slab=True):
+    """Slabs one CPU that uses a cache retains: its CPU slab (``cpu_slab``: none from v7.0,
+    :attr:`~slabtune.model.profiles.KernelProfile.has_cpu_slab`) plus its per-CPU partial
+    list (:func:`per_cpu_partial_list_slabs`)."""
+    return jnp.asarray(cpu_slab, _F32) + per_cpu_partial_list_slabs(cpu_partial_slabs)
 
 
 def node_retained_slabs(min_partial, state: str = "steady"):
@@ -95,7 +96,7 @@ def bound_by_traffic(per_cpu, node, objs_per_slab, traffic):
 
 
 def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_where,
-                      state: str = "steady", traffic=None):
+                      state: str = "steady", traffic=None, cpu_slab=True):
     """Overhead bytes and live bytes per (B, T, W, K) point (see the module docstring).
 
     Retention, in slabs of ``slab_bytes(order)``: every CPU holds
@@ -104,7 +105,9 @@ def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_whe
     ``state``).  ``traffic``
     ((K,) objects allocated during the workload per cache, inf for a cache the workload
     churns; None: every cache churned) bounds both (:func:`bound_by_traffic`); the tuner's
-    steady fleet passes none.  Live objects pay their slabs' ``leftover`` share.
+    steady fleet passes none.  ``cpu_slab``: whether the profile's caches have a CPU slab
+    (:attr:`~slabtune.model.profiles.KernelProfile.has_cpu_slab`; v7.x: none, the sheaves
+    hold what it held).  Live objects pay their slabs' ``leftover`` share.
     """
     f = lambda x: jnp.asarray(x, _F32)  # noqa: E731
     t = lambda x: x[None, :, None, None]  # noqa: E731
@@ -115,7 +118,7 @@ def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_whe
     n = jnp.maximum(f(s(st.objs_per_slab)), 1.0)
     slab = f(policy.slab_bytes(s(st.order)))
     leftover = live_objs / n * f(s(st.leftover))
-    per_cpu = cpus * per_cpu_retained_slabs(s(st.cpu_partial_slabs))
+    per_cpu = cpus * per_cpu_retained_slabs(s(st.cpu_partial_slabs), cpu_slab)
     node = t(fa.mem_nodes) * node_retained_slabs(s(st.min_partial), state)
     if traffic is not None:
         per_cpu, node = bound_by_traffic(per_cpu, node, n,

@@ -578,6 +578,36 @@ def test_structural_memory_steady_retention_worked_by_hand():
         retention.node_retained_slabs(5, "idle")
 
 
+def test_structural_memory_on_v7_has_no_cpu_slab_worked_by_hand():
+    """From v7.0 every cache has sheaves and no CPU slab or per-CPU partial list (7.2.13 has
+    no struct kmem_cache_cpu).  skbuff_head_cache (256 bytes) on v7.1 with 4 CPUs on one
+    node: order 0, 16 objects, default sheaf capacity 26 rounded up to 28 (a 32 + 8 * 26 =
+    240-byte sheaf is a 256-byte kmalloc object); min_partial 5.  Steady overhead: per CPU
+    a main and a spare sheaf (2 * 256 bytes) and 28 objects (7168 bytes), the node's
+    barn at half of its 10 full and 10 empty sheaves (5 * (256 + 7168) + 5 * 256), half of
+    min_partial empty slabs (2.5 * 4096); and no CPU slab or per-CPU partial list, which
+    v6.18 (opt-in sheaves, none for this cache) still charges as v6.1 does (the test above:
+    4 CPUs * (1 + 2.4) slabs, half free)."""
+    from slabtune.model.caches import CacheInfo
+    from slabtune.model.topology import Topology
+
+    def overhead(name):
+        fleet = fleets.Fleet(profiles.get_profile(name),
+                        (fleets.FleetTopology("smp-4", Topology(4, 4, 4, (4,), (True,)), 1.0),),
+                        (CacheInfo("skbuff_head_cache", 232, 256, early=False),),
+                        (fleets.FleetWorkload("w", 1.0, (64.0,), (1.0,), 0.5, 0.3),))
+        return float(objectives.FleetEvaluator(fleet).baseline.memory_topo[0, 0])
+
+    live = 4 * 64 * 256
+    v71 = 4 * (2 * 256 + 28 * 256) + 5 * (256 + 28 * 256) + 5 * 256 + 2.5 * 4096
+    assert overhead("v7.1") == pytest.approx(v71 / live, rel=1e-6)
+    assert not profiles.get_profile("v7.0").has_cpu_slab
+    assert profiles.get_profile("v6.18").has_cpu_slab and profiles.get_profile("v6.1").has_cpu_slab
+    v618 = 4 * (1 + 2.4) * 4096 * 0.5 + 2.5 * 4096
+    assert overhead("v6.18") == pytest.approx(v618 / live, rel=1e-6)
+    assert float(retention.per_cpu_retained_slabs(7, cpu_slab=False)) == pytest.approx(2.4)
+
+
 #: Every allocator op pays 10 ns whichever path it takes (fast or slow); nothing else costs
 #: anything (no page allocator, no lock holds, no line transfers, so no queueing).
 _PATH_NS = ("alloc_fast_ns", "free_fast_ns", "alloc_slow_ns", "free_slow_ns")

@@ -148,7 +148,8 @@ def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
     st, prof_b = policy_structure(values, prof, fa)
     bfull = jnp.asarray(values["barn_max_full"], _F32)
     bempty = jnp.asarray(values["barn_max_empty"], _F32)
-    overhead, live = structural_memory(st, fa, bfull, bempty, prof.barns)
+    overhead, live = structural_memory(st, fa, bfull, bempty, prof.barns,
+                                       cpu_slab=policy.has_cpu_slab(prof))
     # memory: per workload, all caches together; then workloads weighted.
     mem_w = overhead.sum(-1) / jnp.maximum(live.sum(-1), 1.0)          # (B, T, W)
     memory = (mem_w * fa.w_weight[None, None, :]).sum(-1)

@@ -68,7 +68,8 @@ def predicted_slab_bytes(profile: profiles.KernelProfile, topology: Topology,
     overhead, live = retention.structural_memory(st, fa,
                                          np.array([vals["barn_max_full"]], np.float32),
                                          np.array([vals["barn_max_empty"]], np.float32),
-                                         prof.barns, state="drained", traffic=tr)
+                                         prof.barns, state="drained", traffic=tr,
+                                         cpu_slab=profile.has_cpu_slab)
     return np.asarray(overhead + live, np.float64)[0, 0, 0, :]
 
 

@@ -53,6 +53,7 @@ class ProfileArrays(NamedTuple):
     min_partial_lo: jnp.ndarray
     min_partial_hi: jnp.ndarray
     has_cpu_partial: jnp.ndarray
+    cpu_partial_counts_objects: jnp.ndarray
     cpu_partial_page: jnp.ndarray
     cpu_partial_1k: jnp.ndarray
     cpu_partial_256: jnp.ndarray
@@ -86,6 +87,7 @@ def profile_arrays(p: kernel_profiles.KernelProfile) -> ProfileArrays:
         min_partial_lo=p.min_partial_lo,
         min_partial_hi=p.min_partial_hi,
         has_cpu_partial=int(p.has_cpu_partial),
+        cpu_partial_counts_objects=int(p.cpu_partial_counts_objects),
         cpu_partial_page=cpp[0],
         cpu_partial_1k=cpp[1],
         cpu_partial_256=cpp[2],
@@ -428,12 +430,25 @@ def cpu_partial_objects(size, p: ProfileArrays):
 
 
 def cpu_partial_slabs(size, objs_per_slab, p: ProfileArrays):
-    """slub_set_cpu_partial(): the limit in slabs, DIV_ROUND_UP(2 * objects, objs_per_slab),
-    assuming per-CPU partial slabs are half full (v5.16 on; earlier eras counted objects)."""
+    """The per-CPU partial list's length limit in slabs: the list is drained
+    (unfreeze_partials()) when a slab arrives and it already holds this many.
+
+    * v5.16 on, slub_set_cpu_partial(): DIV_ROUND_UP(2 * objects, objs_per_slab), assuming
+      the slabs on the list are half free.
+    * v3.2 to v5.15, put_cpu_partial() drains when the free objects already on the list
+      (``pobjects``) exceed ``cpu_partial``.  A slab joins the list on the first free into
+      it while it was full (__slab_free() with ``!prior``), so with one free object each
+      the list drains at ``cpu_partial + 1`` slabs: 14 slabs of kmalloc-512 (cpu_partial
+      13) where v5.16's rule gives 4 at order 0 and 1 at order 3.  Frees into slabs
+      already on the list make the kernel drain earlier; the model's packed lists keep
+      one free object per listed slab, so this is the limit they reach.
+    """
     objs = cpu_partial_objects(size, p)
     per = jnp.maximum(jnp.asarray(objs_per_slab, _I32), 1)
     # 2 * 120 + 65535 < 2^24: the float quotient is exact here.
-    return floor_div(2 * objs + per - 1, per).astype(_I32)
+    by_slabs = floor_div(2 * objs + per - 1, per)
+    by_objects = jnp.where(objs > 0, objs + 1, 0)
+    return jnp.where(p.cpu_partial_counts_objects == 1, by_objects, by_slabs).astype(_I32)
 
 
 # --------------------------------------------------------------------------- sheaves

@@ -121,6 +121,14 @@ class KernelProfile:
         return self.cpu_partial_objects is not None
 
     @property
+    def cpu_partial_counts_objects(self) -> bool:
+        """Whether the per-CPU partial limit counts free objects (put_cpu_partial()'s
+        ``pobjects > s->cpu_partial`` test, v3.2 to v5.15) rather than slabs (v5.16,
+        "mm, slub: change percpu partial accounting from objects to pages":
+        ``slabs >= s->cpu_partial_slabs``)."""
+        return self.has_cpu_partial and self.version < (5, 16)
+
+    @property
     def has_cpu_slab(self) -> bool:
         """Whether a cache has a per-CPU slab (struct kmem_cache_cpu's lockless freelist).
         Every SLUB until v7.0, whose sheaves series (slab/for-7.0/sheaves) gave every cache

@@ -301,9 +301,14 @@ def cpu_partial_objects(size: int, profile: KernelProfile) -> int:
 
 
 def cpu_partial_slabs(size: int, objs_per_slab: int, profile: KernelProfile) -> int:
-    """slub_set_cpu_partial(): DIV_ROUND_UP(nr_objects * 2, oo_objects(s->oo)), the slab
-    limit assuming per-CPU partial slabs are half full."""
+    """The per-CPU partial list's slab limit.  v5.16 on, slub_set_cpu_partial():
+    DIV_ROUND_UP(nr_objects * 2, oo_objects(s->oo)), assuming the listed slabs are half
+    free.  Before v5.16 put_cpu_partial() drained once ``pobjects > cpu_partial``; with one
+    free object per listed slab (a slab joins on its first free while full) that is
+    ``cpu_partial + 1`` slabs."""
     nr_objects = cpu_partial_objects(size, profile)
+    if profile.cpu_partial_counts_objects:
+        return nr_objects + 1 if nr_objects > 0 else 0
     return (nr_objects * 2 + objs_per_slab - 1) // objs_per_slab
 
 

@@ -135,9 +135,14 @@ def test_cpu_partial_tables_and_slab_limit():
     # The ladder 6 / 24 / 52 / 120 (>= PAGE_SIZE, >= 1024, >= 256, smaller).
     assert [structure(sz, 64, 64, 64, "v6.18")["cpu_partial"]
             for sz in (4096, 1024, 256, 192)] == [6, 24, 52, 120]
-    # Before v5.16 the object table was 2 / 6 / 13 / 30.
+    # Before v5.16 the object table was 2 / 6 / 13 / 30, and the limit counted free
+    # objects (put_cpu_partial(): drain once pobjects > cpu_partial): kmalloc-512 at order
+    # 3 (64 objects) holds 13 + 1 slabs of one free object each, where v5.16's rule would
+    # give DIV_ROUND_UP(26, 64) = 1.
     assert [structure(sz, 64, 64, 64, "v5.10")["cpu_partial"]
             for sz in (4096, 1024, 256, 192)] == [2, 6, 13, 30]
+    s = structure(512, 224, 224, 224, "v5.10")
+    assert (s["order"], s["objs_per_slab"], s["cpu_partial_slabs"]) == (3, 64, 14)
     # v7.0 removed per-CPU partial lists.
     assert structure(512, 64, 64, 64, "v7.0")["cpu_partial"] == 0
 

@@ -103,6 +103,7 @@ COUNTER_FIELDS = (
     "remote_free", "list_lock", "list_lock_remote", "slab_alloc", "slab_free",
     "sheaf_alloc_hit", "sheaf_free_hit", "sheaf_refill", "sheaf_flush", "barn_get",
     "barn_put", "barn_get_fail", "barn_put_fail", "cpu_partial_drain",
+    "sheaf_alloc_replace", "sheaf_free_replace",
 )
 #: Gauges averaged over the steps: (name, axis) with axis "rep" (R,) or "node" (N,).
 GAUGE_FIELDS = (
@@ -139,6 +140,8 @@ class Counters(NamedTuple):
     barn_get_fail: Any
     barn_put_fail: Any
     cpu_partial_drain: Any
+    sheaf_alloc_replace: Any
+    sheaf_free_replace: Any
     list_lock_node: Any
     slabs_total: Any
     objects_inuse: Any
@@ -816,14 +819,18 @@ def _install_cpu_slab(cx: _Ctx, k: _Rep, a_cs, nc, fl: _Freelist, ns: _NewSlabs,
 
 
 def _count_allocs(cx: _Ctx, na, cnt, sh_slow, rfe, E, nd, t_pg):
-    """The allocation run's bookkeeping: fast and slow paths (a sheaf slow path, taking
-    the remotely freed objects, a new CPU slab, a direct node-list allocation: each one
-    slow path), new slabs from the page allocator, and the objects now in flight
-    (``pend`` by freeing rep, ``out``, the freeing reps' ``pend_tot``)."""
+    """The allocation run's bookkeeping: fast and slow paths as SLUB_STATS counts them
+    (ALLOC_SLOWPATH is ___slab_alloc(): taking the remotely freed objects, a new CPU slab,
+    a direct node-list allocation; every object alloc_from_pcs() hands out is
+    ALLOC_FASTPATH, v6.18/v7.x, also right after __pcs_replace_empty_main() swapped in the
+    spare or a barn sheaf or refilled one: those replacements are ``sheaf_alloc_replace``),
+    new slabs from the page allocator, and the objects now in flight (``pend`` by freeing
+    rep, ``out``, the freeing reps' ``pend_tot``)."""
     st, r = cx.st, cx.r
-    slow = sh_slow + _i(rfe) + E + nd
+    slow = _i(rfe) + E + nd
     cx.bump("alloc_fast", na - slow)
     cx.bump("alloc_slow", slow)
+    cx.bump("sheaf_alloc_replace", sh_slow)
     cx.bump("slab_alloc", t_pg)
     st["pend"] = st["pend"].at[r].add(cnt)
     cx.radd("out", na)
@@ -867,9 +874,12 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     _part_frees(cx, xU, lay.on_cls, lay.from_cls)
     _full_slab_frees(cx, k, cfg, lay, xF)
 
-    ffast = (nsh - full_main) + own_fast
+    # FREE_FASTPATH counts every free_to_pcs(), also one that first replaced a full main
+    # sheaf (__pcs_replace_full_main(): ``sheaf_free_replace``)
+    ffast = nsh + own_fast
     cx.bump("free_fast", ffast)
     cx.bump("free_slow", nf - ffast)
+    cx.bump("sheaf_free_replace", full_main)
 
 
 def _pick_pending(cx: _Ctx, k: _Rep, nf):

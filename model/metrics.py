@@ -87,11 +87,13 @@ def per_op(counters, name):
 def op_rates(counters, sheaf_capacity) -> cost.OpRates:
     """Per-op event rates of each rep, in the terms the cost model charges."""
     g = lambda n: per_op(counters, n)  # noqa: E731
+    # a sheaf replacement (__pcs_replace_empty_main/full_main) is a fast path to
+    # SLUB_STATS but costs what a slow path costs: it is priced as one
     return cost.OpRates(
-        alloc_fast=g("alloc_fast"),
-        free_fast=g("free_fast"),
-        alloc_slow=g("alloc_slow"),
-        free_slow=g("free_slow"),
+        alloc_fast=g("alloc_fast") - g("sheaf_alloc_replace"),
+        free_fast=g("free_fast") - g("sheaf_free_replace"),
+        alloc_slow=g("alloc_slow") + g("sheaf_alloc_replace"),
+        free_slow=g("free_slow") + g("sheaf_free_replace"),
         remote_free=g("remote_free"),
         sheaf_swap=g("barn_get") + g("barn_put"),
         sheaf_objects_moved=(g("sheaf_refill") + g("sheaf_flush")) * _f(sheaf_capacity),

@@ -290,7 +290,9 @@ class RefSim:
                 self._bump("sheaf_alloc_hit", r)
                 self._bump("alloc_fast", r)
             else:
-                self._bump("alloc_slow", r)
+                # __pcs_replace_empty_main(), then the object: still ALLOC_FASTPATH
+                self._bump("sheaf_alloc_replace", r)
+                self._bump("alloc_fast", r)
                 own = self.node[r]
                 if self.spare[r] > 0:
                     self.main[r], self.spare[r] = self.spare[r] - 1, 0
@@ -364,7 +366,9 @@ class RefSim:
             self._bump("sheaf_free_hit", r)
             self._bump("free_fast", r)
             return
-        self._bump("free_slow", r)
+        # __pcs_replace_full_main(), then the push: still FREE_FASTPATH
+        self._bump("sheaf_free_replace", r)
+        self._bump("free_fast", r)
         if self.spare[r] == 0:
             self.spare[r] = self.cap
         elif self.has_barn[r] and self.barn_full[own] < self.max_full:

@@ -356,7 +356,8 @@ struct node {
 	X(cpu_partial_alloc) X(cpu_partial_free) X(cpu_partial_node) X(cpu_partial_drain)  \
 	X(deactivate_full) X(sheaf_swap) X(sheaf_refill) X(sheaf_flush) X(barn_get)        \
 	X(barn_get_fail) X(barn_put) X(barn_put_fail) X(remote_free) X(list_lock)          \
-	X(list_lock_remote) X(zone_lock) X(direct_alloc)
+	X(list_lock_remote) X(zone_lock) X(direct_alloc) X(sheaf_alloc_replace)            \
+	X(sheaf_free_replace)
 
 struct counters {
 #define X(n) long n;
@@ -952,15 +953,15 @@ static struct sheaf *barn_put_full(int b, struct sheaf *full)
 }
 
 /* alloc_from_pcs(): pop the main sheaf; when empty, swap in the spare, a full sheaf from
- * the barn, or refill from slabs under the node's list_lock. */
+ * the barn, or refill from slabs under the node's list_lock.  Every object it hands out
+ * is ALLOC_FASTPATH to SLUB_STATS, also after such a replacement (sheaf_alloc_replace). */
 static void *sheaf_alloc(struct cpu *cpu)
 {
 	struct sheaf *m = cpu->main;
-	if (m->size > 0) {
-		cpu->c.alloc_fastpath++;
+	cpu->c.alloc_fastpath++;
+	if (m->size > 0)
 		return m->objs[--m->size];
-	}
-	cpu->c.alloc_slowpath++;
+	cpu->c.sheaf_alloc_replace++;
 	if (cpu->spare->size > 0) {
 		cpu->main = cpu->spare;
 		cpu->spare = m;
@@ -987,12 +988,12 @@ static void *sheaf_alloc(struct cpu *cpu)
 static void sheaf_free(struct cpu *cpu, void *obj)
 {
 	struct sheaf *m = cpu->main;
+	cpu->c.free_fastpath++;
 	if (m->size < C.sheaf_capacity) {
 		m->objs[m->size++] = obj;
-		cpu->c.free_fastpath++;
 		return;
 	}
-	cpu->c.free_slowpath++;
+	cpu->c.sheaf_free_replace++;     /* still FREE_FASTPATH, as free_to_pcs() counts it */
 	if (cpu->spare->size == 0) {
 		cpu->main = cpu->spare;
 		cpu->spare = m;

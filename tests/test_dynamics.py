@@ -106,7 +106,10 @@ def test_sheaves_absorb_local_frees():
     new, _ = _run("v7.0", ONE_NODE, wl)
     assert _frac(old, "free_fast", "frees") < 0.8
     assert _frac(new, "sheaf_free_hit", "frees") > 0.95
-    assert new["sheaf_free_hit"].sum() == new["free_fast"].sum()
+    # FREE_FASTPATH counts every free into the sheaves, the ones that first replaced a
+    # full main sheaf (spare swap, barn put, flush) too; all of these frees go there
+    assert (new["sheaf_free_hit"] + new["sheaf_free_replace"]).sum() == new["free_fast"].sum()
+    assert new["free_fast"].sum() == new["frees"].sum()
     assert new["free_slow"].sum() * 5 < old["free_slow"].sum()
 
 

@@ -405,3 +405,40 @@ def test_guest_boot_takes_a_lab_kernel_by_name():
                 _kernel_arg(name)
         else:
             assert _kernel_arg(name) == str(build.kernel_path(name))
+
+
+def test_show_repredict_sets_todays_model_beside_stored_measurements(tmp_path):
+    """A stored lab run's measurements stay as booted; ``--repredict`` runs today's model
+    under the profile of each record's kernel release (7.2.13 -> v7.1)."""
+    from slabtune.model import profiles
+    from slabtune.results import store
+    from slabtune.validate.schema import frame
+
+    cfg = lab.parse_config(CONFIG, "t")
+    measured = {"alloc_fastpath_frac": 1.0, "free_fastpath_frac": 1.0,
+                "slab_allocs_per_kop": 0.5, "memory_bytes": 8192.0, "ops": 6000, "order": 1,
+                "samples": 4, "peak_slabs": 3, "counters": {"alloc_fastpath": 3000}}
+    old_pred = {k: 0.0 for k in lab.COMPARED}
+    old_pred.update(profile="v6.1", structure={}, counters_per_kop={})
+    rec = lab.combine({"index": 0, "kernel": "7.2", "ok": True, "error": "",
+                       "release": "7.2.13-slabtune", "accelerator": "lab-tcg", "attempts": 1,
+                       "seconds": 3.0, "console_tail": "", "measured": measured,
+                       "cmdline": "", "module_params": []}, cfg, old_pred)
+    run = store.create_run(tmp_path, spec={"name": "lab", "chunk_size": 1}, spec_hash="0" * 64,
+                           spec_text="{}", n_chunks=1, columns=[], versions={},
+                           git_revision=None, extra={"kind": "lab"})
+    run.write_part(0, frame(lab.rows_of(rec, {"task": 0})), status="ok",
+                   record={k: v for k, v in rec.items() if k != "console_tail"})
+    shown = lab.stored_run(store.open_run(run.path))
+    assert shown.records[0]["predicted"]["alloc_fastpath_frac"] == 0.0
+    again = lab.stored_run(store.open_run(run.path), repredict=True).records[0]
+    want = lab.predict([(cfg.doc, profiles.get_profile("v7.1"))])[0]
+    assert again["profile"] == "v7.1"
+    assert again["predicted"]["alloc_fastpath_frac"] == pytest.approx(want["alloc_fastpath_frac"])
+    assert again["measured"]["counters"] == measured["counters"]
+    assert again["measured"]["counters_per_kop"]["alloc_fastpath"] == pytest.approx(500.0)
+    r = _cli("lab", "show", str(run.path), "--repredict", "--markdown")
+    assert r.returncode == 0, r.stderr
+    assert "| 7.2 | t |" in r.stdout and "100.0% / " in r.stdout
+    bad = _cli("lab", "run", str(EXAMPLES / "pc-4cpu-ml.toml"), "--repredict")
+    assert bad.returncode == 2 and "--repredict: only with" in bad.stderr

@@ -338,8 +338,13 @@ class LabRun:
         return sum(not r["ok"] for r in self.records)
 
 
-def stored_run(run) -> LabRun:
-    """The records of a stored lab run (its finished pairs, in plan order)."""
+def stored_run(run, repredict: bool = False) -> LabRun:
+    """The records of a stored lab run (its finished pairs, in plan order).  With
+    ``repredict`` the model side is computed again by today's model (under the profile of
+    each record's kernel release), beside the stored measurements: how a model change
+    moves the report card without booting anything."""
+    from slabtune.model import profiles
+
     if run.manifest.get("kind") != "lab":
         raise SlabtuneError(f"lab show: {run.path} is not a lab run")
     states = run.manifest["chunks"]["states"]
@@ -347,6 +352,17 @@ def stored_run(run) -> LabRun:
             if states.get(str(i), {}).get("record") is not None]
     for r in recs:
         r.setdefault("console_tail", "")
+    if repredict and recs:
+        preds = predict([(r["config"]["doc"], profiles.detect_profile(r["release"]))
+                         for r in recs])
+        out = []
+        for r, pred in zip(recs, preds):
+            cfg = config_from_doc(r["config"]["doc"], r["config"]["name"])
+            cfg = dataclasses.replace(cfg, path=r["config"].get("path", ""))
+            base = {**r, "measured": {k: v for k, v in (r["measured"] or {}).items()
+                                      if k != "counters_per_kop"} or None}
+            out.append(combine(base, cfg, pred))
+        recs = out
     return LabRun(run.path, recs)
 
 

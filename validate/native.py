@@ -44,7 +44,8 @@ COUNTERS = (
     "cpu_partial_alloc", "cpu_partial_free", "cpu_partial_node", "cpu_partial_drain",
     "deactivate_full", "sheaf_swap", "sheaf_refill", "sheaf_flush", "barn_get",
     "barn_get_fail", "barn_put", "barn_put_fail", "remote_free", "list_lock",
-    "list_lock_remote", "zone_lock", "direct_alloc",
+    "list_lock_remote", "zone_lock", "direct_alloc", "sheaf_alloc_replace",
+    "sheaf_free_replace",
 )
 _TAIL = 600
 

@@ -40,6 +40,9 @@ def register(subparsers) -> None:
                    help="wall-clock limit per boot attempt (default 300)")
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                    help="qemu accelerator (auto: KVM where a probe boot works)")
+    p.add_argument("--repredict", action="store_true",
+                   help="(show) the stored measurements beside today's model, predicted "
+                        "again under each record's kernel profile")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="print JSON: the record of the one (config, kernel) pair, or "
@@ -58,6 +61,8 @@ def _lab(args) -> int:
 
     if args.action == "show":
         return _show(args)
+    if args.repredict:
+        raise SlabtuneError("--repredict: only with 'lab show RUN'")
     if args.resume is not None:
         if args.configs or args.kernel:
             raise SlabtuneError("--resume: takes the configs and kernels of the run; give "
@@ -92,12 +97,12 @@ def _show(args) -> int:
         raise SlabtuneError(f"lab show: {extra[0]} does not apply to show")
     input_dir("--out", args.out)
     run = store.resolve_run(args.configs[0], args.out)
-    res = lab.stored_run(run)
-    _print(args, res)
+    res = lab.stored_run(run, repredict=args.repredict)
+    _print(args, res, rows=None if args.repredict else True)
     return 0
 
 
-def _print(args, res) -> None:
+def _print(args, res, rows=True) -> None:
     if args.json:
         recs = [{k: v for k, v in r.items() if k != "console_tail" or not r["ok"]}
                 for r in res.records]
@@ -111,8 +116,9 @@ def _print(args, res) -> None:
         from slabtune.validate import lab
 
         print(format_text(res.records))
-        print("\n".join(lab.format_summary(lab.summary(store.open_run(res.run_dir).collect()))),
-              flush=True)
+        frame = (store.open_run(res.run_dir).collect() if rows else
+                 _frame_of(res.records))
+        print("\n".join(lab.format_summary(lab.summary(frame))), flush=True)
         print(f"run {res.run_dir}", file=sys.stderr)
 
 
@@ -183,3 +189,14 @@ def format_markdown(records) -> str:
             cells += [f"{fmt(m[k])} / {fmt(p[k])}" for _, k, fmt in _FIGURES]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _frame_of(records):
+    """Store rows of records that were not stored as such (``show --repredict``)."""
+    from slabtune.validate import lab
+    from slabtune.validate.schema import frame
+
+    rows = []
+    for i, r in enumerate(records):
+        rows += lab.rows_of(r, {"task": i, "candidate": r["config"]["name"]})
+    return frame(rows)

@@ -95,6 +95,9 @@ class SimConfig(NamedTuple):
     node_weight: Any
     workload: workloads.Workload
     ops_per_step: Any = np.int32(1)
+    #: 1 where the profile has no CPU slab (v7.0 on): an allocation the sheaves cannot
+    #: serve without a barn goes to ___slab_alloc(), one object per call.
+    slab_alloc_single: Any = np.int32(0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -248,6 +251,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         node_weight=np.asarray(lay.node_weight, np.float32),
         workload=workloads.Workload(*(np.asarray(f, np.int32) for f in wl)),
         ops_per_step=_scalar(b),
+        slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
     )
 
 
@@ -574,12 +578,13 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     allocations from node ``m`` (:func:`_bulk_take`) and the bookkeeping
     (:func:`_count_allocs`)."""
     Cj, cnt = _alloc_freers(cx, cfg.workload, na, k.w1)
-    sh_slow, rfl = _sheaf_alloc(cx, k, cfg, na)
+    sh_slow, rfl, ndir = _sheaf_alloc(cx, k, cfg, na)
 
     # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
-    #    "local": every object comes from the node's partial list under its lock
+    #    "local": every object comes from the node's partial list under its lock; so does
+    #    a v7.x allocation the sheaves could not serve (``ndir``)
     direct = do_a & ~k.sheaves & (cx.d["alloc_local"][cx.r] == 0)
-    nd = jnp.where(direct, na, 0)
+    nd = jnp.where(direct, na, 0) + ndir
 
     a_cs = do_a & ~k.sheaves & ~direct
     rfe, E, t_pg = _cpu_slab_alloc(cx, k, a_cs, na, Cj, cnt)
@@ -610,8 +615,13 @@ def _sheaf_alloc(cx: _Ctx, k: _Rep, cfg: SimConfig, na):
     __pcs_replace_empty_main() swaps in a non-empty spare, else takes a full sheaf from
     the barn (barn_replace_empty_sheaf(): the empty main goes into the barn while it has
     room), else refills the main sheaf from the slabs (refill_sheaf(), ``cap`` objects;
-    the caller does the bulk take and its lock).  Returns the slow paths ``sh_slow`` and
-    the refills ``rfl``."""
+    the caller does the bulk take and its lock).  Without a barn on the CPU's node (v7.0:
+    barns only on nodes with memory) __pcs_replace_empty_main() gives up after the spare
+    (``if (!barn) return NULL``, 7.2.13 mm/slub.c) and, where the profile has no CPU slab
+    (v7.0 on, ``slab_alloc_single``), every further allocation is one ___slab_alloc():
+    one object from a node's partial list under its list_lock, or from a new slab.
+    Returns the replacements ``sh_slow``, the refills ``rfl`` and those single
+    allocations ``ndir`` (the caller takes them, a lock each)."""
     st, cap, capm, sheaves = cx.st, k.cap, k.capm, k.sheaves
     own, has_barn = k.own, k.has_barn
     # -- sheaves (alloc_from_pcs, __pcs_replace_empty_main): main, then the spare, then
@@ -621,20 +631,23 @@ def _sheaf_alloc(cx: _Ctx, k: _Rep, cfg: SimConfig, na):
     n1 = ns - jnp.minimum(ns, main_r)
     swap = (n1 > 0) & (spare_r > 0)
     n2 = n1 - jnp.where(swap, jnp.minimum(n1, spare_r), 0)
+    single = ~has_barn & (cfg.slab_alloc_single > 0)
+    ndir = jnp.where(single, n2, 0)
+    n2 = n2 - ndir
     bf = _get(st["barn_full"], own)
     gb = jnp.where(has_barn, jnp.minimum(ceil_div(n2, capm), bf), 0)
     rfl = ceil_div(jnp.maximum(n2 - gb * cap, 0), capm)
     sh_slow = _i(swap) + gb + rfl
-    cx.bump("sheaf_alloc_hit", ns - sh_slow)
+    cx.bump("sheaf_alloc_hit", ns - ndir - sh_slow)
     cx.bump("barn_get", gb)
     cx.bump("barn_get_fail", jnp.where(has_barn, rfl, 0))
     cx.bump("sheaf_refill", rfl)
-    cx.rset("main", main_r + jnp.where(swap, spare_r, 0) + (gb + rfl) * cap - ns)
+    cx.rset("main", main_r + jnp.where(swap, spare_r, 0) + (gb + rfl) * cap - (ns - ndir))
     cx.rset("spare", 0, swap)
     cx.nadd("barn_full", own, -gb)
     cx.nadd("barn_empty", own,
             jnp.clip(cfg.barn_max_empty - _get(st["barn_empty"], own), 0, gb))
-    return sh_slow, rfl
+    return sh_slow, rfl, ndir
 
 
 def _cpu_slab_alloc(cx: _Ctx, k: _Rep, a_cs, na, Cj, cnt):

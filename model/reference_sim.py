@@ -43,6 +43,7 @@ class RefSim:
         self.min_partial = int(c["min_partial"])
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
         self.bypass = int(c["remote_free_bypasses_sheaf"]) > 0
+        self.single = int(c["slab_alloc_single"]) > 0
         self.max_full = int(c["barn_max_full"])
         self.max_empty = int(c["barn_max_empty"])
         self.node = [int(x) for x in c["rep_node"]]
@@ -289,6 +290,12 @@ class RefSim:
                 self.main[r] -= 1
                 self._bump("sheaf_alloc_hit", r)
                 self._bump("alloc_fast", r)
+            elif self.spare[r] == 0 and not self.has_barn[r] and self.single:
+                # v7.x, no barn: __pcs_replace_empty_main() gives up, ___slab_alloc()
+                # takes one object under the node's list_lock
+                self._bump("alloc_slow", r)
+                self._bulk_take(r, m, 1)
+                self._lock(r, m)
             else:
                 # __pcs_replace_empty_main(), then the object: still ALLOC_FASTPATH
                 self._bump("sheaf_alloc_replace", r)

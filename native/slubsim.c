@@ -61,6 +61,7 @@
 struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
 	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
+	long slab_alloc_single;
 	long steps, seed, sync_every, serial, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
 	long time_ops, pin_cpu;
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
@@ -92,6 +93,7 @@ static const struct key KEYS[] = {
 	{"barn_max_full", K_INT, OFF(barn_max_full), 0, 1 << 16, 10, 0},
 	{"barn_max_empty", K_INT, OFF(barn_max_empty), 0, 1 << 16, 10, 0},
 	{"remote_free_bypasses_sheaf", K_INT, OFF(remote_free_bypasses_sheaf), 0, 1, 0, 0},
+	{"slab_alloc_single", K_INT, OFF(slab_alloc_single), 0, 1, 0, 0},
 	{"partial_fill", K_INT, OFF(partial_fill), 0, 1, 1, 0},
 	{"partial_pick", K_INT, OFF(partial_pick), 0, 1, 0, 0},
 	{"steps", K_INT, OFF(steps), 1, 100000000, 1000, 0},
@@ -958,6 +960,15 @@ static struct sheaf *barn_put_full(int b, struct sheaf *full)
 static void *sheaf_alloc(struct cpu *cpu)
 {
 	struct sheaf *m = cpu->main;
+	if (m->size == 0 && cpu->spare->size == 0 && cpu->barn < 0 && C.slab_alloc_single) {
+		/* v7.x without a barn on this node: __pcs_replace_empty_main() gives up and
+		 * ___slab_alloc() takes one object under a node's list_lock */
+		void *obj;
+		cpu->c.alloc_slowpath++;
+		cpu->c.direct_alloc++;
+		take_objects(cpu, cpu->mem_node, &obj, 1);
+		return obj;
+	}
 	cpu->c.alloc_fastpath++;
 	if (m->size > 0)
 		return m->objs[--m->size];

@@ -68,6 +68,13 @@ OPEN_HEADLINES = {
         "fitted constants had made up for the drains, and the page-allocator and list_lock "
         "contention of order-0 slabs on 224 CPUs that v5.11 suffers is not yet priced by a "
         "physical (closed-queue) cost model",
+    "IOPS, barns on memoryless nodes vs v7.0":
+        "v7.0's memoryless CPUs have no barn, so __pcs_replace_empty_main() gives up and "
+        "each allocation is one ___slab_alloc() under a memory node's list_lock (396 "
+        "acquisitions per 1000 ops, where the model had refilled a sheaf per lock: 17.8); "
+        "the open M/M/1 lock model, capped near saturation, then prices v7.0 at 3765 ns "
+        "per pair and the barns at 36x, not 1.92x: a closed queue over the contending CPUs "
+        "bounds what a saturated lock costs (issue 13's cost model)",
 }
 
 

@@ -122,6 +122,7 @@ class NativeConfig:
     barn_max_full: int
     barn_max_empty: int
     remote_free_bypasses_sheaf: int
+    slab_alloc_single: int
     nodes: int
     rep_node: tuple[int, ...]
     rep_mem_node: tuple[int, ...]
@@ -192,6 +193,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         barn_max_full=int(np.asarray(sim.barn_max_full)),
         barn_max_empty=int(np.asarray(sim.barn_max_empty)),
         remote_free_bypasses_sheaf=int(np.asarray(sim.remote_free_bypasses_sheaf)),
+        slab_alloc_single=int(np.asarray(sim.slab_alloc_single)),
         nodes=len(np.asarray(sim.node_has_memory)),
         rep_node=node,
         rep_mem_node=_ints(sim.rep_mem_node),

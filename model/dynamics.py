@@ -98,6 +98,9 @@ class SimConfig(NamedTuple):
     #: 1 where the profile has no CPU slab (v7.0 on): an allocation the sheaves cannot
     #: serve without a barn goes to ___slab_alloc(), one object per call.
     slab_alloc_single: Any = np.int32(0)
+    #: 1 where per-CPU partial slabs are not frozen (v6.8 on): a free that empties one
+    #: takes its node's list_lock.
+    pc_empty_locks: Any = np.int32(0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -252,6 +255,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         workload=workloads.Workload(*(np.asarray(f, np.int32) for f in wl)),
         ops_per_step=_scalar(b),
         slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
+        pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
     )
 
 
@@ -883,7 +887,7 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     _unpend(cx, k_cs, k_all, nf)
     sh, nsh, full_main = _sheaf_free(cx, k, cfg, rem, k_all)
     c_cs, c_pc, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot)
-    own_fast = _frozen_frees(cx, c_cs, c_pc)
+    own_fast = _frozen_frees(cx, c_cs, c_pc, cfg)
     _part_frees(cx, xU, lay.on_cls, lay.from_cls)
     _full_slab_frees(cx, k, cfg, lay, xF)
 
@@ -1042,17 +1046,25 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     return c_cs, c_pc, xU, xF
 
 
-def _frozen_frees(cx: _Ctx, c_cs, c_pc):
-    """Frees into CPU slabs and per-CPU partial slabs (frozen, so no lock): into this
-    CPU's own CPU slab, slab_free()'s fast path onto its freelist; into another CPU's,
-    __slab_free() onto the frozen slab's freelist (``cs_rfree``, which its owner takes on
-    its next slow path); into per-CPU partial slabs, __slab_free() without the lock.
+def _frozen_frees(cx: _Ctx, c_cs, c_pc, cfg: SimConfig):
+    """Frees into CPU slabs and per-CPU partial slabs: into this CPU's own CPU slab,
+    slab_free()'s fast path onto its freelist; into another CPU's, __slab_free() onto the
+    frozen slab's freelist (``cs_rfree``, which its owner takes on its next slow path);
+    into per-CPU partial slabs, __slab_free() without the lock while they are frozen (v3.2
+    to v6.7); from v6.8 (``pc_empty_locks``) a free that empties one takes the list_lock of
+    its node (under the packing rule a listed slab empties every ``objs - 1`` frees).
     Returns the fast frees."""
     st, r = cx.st, cx.r
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
-    st["pc_inuse"] = cx.whole("pc_inuse") - c_pc
+    pu, ps = cx.whole("pc_inuse"), cx.whole("pc_slabs")
+    cap1 = cx.d["cap1"]
+    emptied = _nonempty(ps, pu, cap1) - _nonempty(ps, pu - c_pc, cap1)        # (R, B)
+    emptied = jnp.where(cfg.pc_empty_locks > 0, emptied, 0)
+    on = cx.d["mem_node"][None] == _NODES[:, None]                              # (N, R, B)
+    cx.lock_nodes(jnp.sum(jnp.where(on, emptied[None], 0), axis=1))
+    st["pc_inuse"] = pu - c_pc
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
     return own_fast

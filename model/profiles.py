@@ -129,6 +129,14 @@ class KernelProfile:
         return self.has_cpu_partial and self.version < (5, 16)
 
     @property
+    def unfrozen_cpu_partial(self) -> bool:
+        """Whether per-CPU partial slabs are no longer frozen (v6.8, "SLUB: delay freezing
+        of partial slabs"): a free that empties one then takes its node's list_lock in
+        __slab_free() (``!new.inuse`` with ``prior`` and not ``was_frozen``; 6.12.117
+        mm/slub.c), where a frozen one (v3.2 to v6.7) took no lock."""
+        return self.has_cpu_partial and self.version >= (6, 8)
+
+    @property
     def has_cpu_slab(self) -> bool:
         """Whether a cache has a per-CPU slab (struct kmem_cache_cpu's lockless freelist).
         Every SLUB until v7.0, whose sheaves series (slab/for-7.0/sheaves) gave every cache

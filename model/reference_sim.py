@@ -44,6 +44,7 @@ class RefSim:
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
         self.bypass = int(c["remote_free_bypasses_sheaf"]) > 0
         self.single = int(c["slab_alloc_single"]) > 0
+        self.pc_empty_locks = int(c["pc_empty_locks"]) > 0
         self.max_full = int(c["barn_max_full"])
         self.max_empty = int(c["barn_max_empty"])
         self.node = [int(x) for x in c["rep_node"]]
@@ -406,7 +407,12 @@ class RefSim:
             return
         self._bump("free_slow", r)
         if kind == "pc":
+            before = self._nonempty(self.pc_slabs[k], self.pc_inuse[k])
             self.pc_inuse[k] -= 1
+            if self.pc_empty_locks and \
+                    self._nonempty(self.pc_slabs[k], self.pc_inuse[k]) < before:
+                # v6.8: the listed slab is not frozen; emptying it takes the list_lock
+                self._lock(r, self.mem[k])
             return
         if kind == "full" and self.F[n] <= 0:
             # the run's earlier frees have made every full slab partial: the object is in

@@ -61,7 +61,7 @@
 struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
 	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
-	long slab_alloc_single;
+	long slab_alloc_single, pc_empty_locks;
 	long steps, seed, sync_every, serial, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
 	long time_ops, pin_cpu;
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
@@ -94,6 +94,7 @@ static const struct key KEYS[] = {
 	{"barn_max_empty", K_INT, OFF(barn_max_empty), 0, 1 << 16, 10, 0},
 	{"remote_free_bypasses_sheaf", K_INT, OFF(remote_free_bypasses_sheaf), 0, 1, 0, 0},
 	{"slab_alloc_single", K_INT, OFF(slab_alloc_single), 0, 1, 0, 0},
+	{"pc_empty_locks", K_INT, OFF(pc_empty_locks), 0, 1, 1, 0},
 	{"partial_fill", K_INT, OFF(partial_fill), 0, 1, 1, 0},
 	{"partial_pick", K_INT, OFF(partial_pick), 0, 1, 0, 0},
 	{"steps", K_INT, OFF(steps), 1, 100000000, 1000, 0},
@@ -713,8 +714,10 @@ static void slab_free_slow(struct cpu *cpu, struct slab *s, void *obj)
 		slab_lock(s);
 		prior = s->freelist;
 		newinuse = s->inuse - 1;
-		frozen = s->frozen;
 		where = s->where;
+		/* per-CPU partial slabs were frozen until v6.8 ("SLUB: delay freezing of partial
+		 * slabs"): then no free into one takes the list_lock */
+		frozen = s->frozen || (!C.pc_empty_locks && where == W_CPU_PARTIAL);
 		to_cpu_partial = 0;
 		need_lock = 0;
 		if (!frozen && (newinuse == 0 || !prior)) {

@@ -255,3 +255,29 @@ def test_workload_layouts_cover_the_machine(kind):
     assert (np.diff(wl.free_cum, axis=1) >= 0).all()
     # memoryless CPUs get slabs from a node with memory
     assert all(lay.node_has_memory[m] for m in lay.mem_node)
+
+
+def test_v68_emptying_a_per_cpu_partial_slab_takes_the_list_lock():
+    """v6.8 stopped freezing per-CPU partial slabs, so a free that empties one takes its
+    node's list_lock in __slab_free(); before, a frozen slab took none.  The same v6.1
+    configuration with only that switch: every other counter is equal, and the extra
+    acquisitions are the per-CPU partial slabs emptied by frees, which producer/consumer
+    frees of objects from slabs already on the consumer's list make."""
+    wl = {"kind": "producer_consumer", "depth": 64}
+    prof = profiles.get_profile("v6.1")
+    assert not prof.unfrozen_cpu_partial
+    assert profiles.detect_profile("6.12.0").unfrozen_cpu_partial
+    assert not profiles.get_profile("v7.0").unfrozen_cpu_partial      # no such lists
+    st = _struct("v6.1", 512, ONE_NODE)
+    cfg = dynamics.config_from(st, prof, ONE_NODE, wl)
+    assert int(cfg.pc_empty_locks) == 0
+    w = dynamics.draws(jax.random.key(5), STEPS)
+    old = dynamics.counters_numpy(dynamics.simulate_draws(w, cfg))
+    new = dynamics.counters_numpy(dynamics.simulate_draws(w, cfg._replace(
+        pc_empty_locks=np.int32(1))))
+    for k in old:
+        if k not in ("list_lock", "list_lock_node"):
+            np.testing.assert_array_equal(old[k], new[k], err_msg=k)
+    extra = new["list_lock"].sum() - old["list_lock"].sum()
+    assert extra > 0
+    assert new["list_lock_node"].sum() - old["list_lock_node"].sum() == extra

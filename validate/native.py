@@ -123,6 +123,7 @@ class NativeConfig:
     barn_max_empty: int
     remote_free_bypasses_sheaf: int
     slab_alloc_single: int
+    pc_empty_locks: int
     nodes: int
     rep_node: tuple[int, ...]
     rep_mem_node: tuple[int, ...]
@@ -194,6 +195,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         barn_max_empty=int(np.asarray(sim.barn_max_empty)),
         remote_free_bypasses_sheaf=int(np.asarray(sim.remote_free_bypasses_sheaf)),
         slab_alloc_single=int(np.asarray(sim.slab_alloc_single)),
+        pc_empty_locks=int(np.asarray(sim.pc_empty_locks)),
         nodes=len(np.asarray(sim.node_has_memory)),
         rep_node=node,
         rep_mem_node=_ints(sim.rep_mem_node),

@@ -5,7 +5,9 @@
 cache for unstable), configures ``make tinyconfig`` plus the fragments of
 ``kernel/configs/`` (checking that every option stuck), builds out of tree, and writes
 ``<cache>/kernels/<name>/bzImage`` and ``build.json`` beside it.  The build tree stays, so
-modules can be built against it.
+modules can be built against it.  A kernel of arch ``um`` (the table's last column) is built
+with ``make ARCH=um`` instead: its image is ``<cache>/kernels/<name>/linux``, a User Mode
+Linux executable that kernel/uml.py runs as a host process.
 
 This module is the Python side: the table of kernels (``kernel/configs/kernels.tsv``, which
 the script reads too), where a built kernel is, whether it is current, and
@@ -61,11 +63,23 @@ class KernelSpec:
     allocator: str
     #: files of kernel/configs/, applied in order on top of tinyconfig
     fragments: tuple[str, ...]
+    #: "x86" (a bzImage for qemu) or "um" (a User Mode Linux executable)
+    arch: str = "x86"
+
+    @property
+    def image(self) -> str:
+        """The file name of the built kernel under :func:`kernel_dir`."""
+        return IMAGES[self.arch]
+
+
+#: arch -> the file name a built kernel of that arch has under kernel_dir().
+IMAGES = {"x86": "bzImage", "um": "linux"}
 
 
 def read_table(path: Path | None = None) -> dict[str, KernelSpec]:
     """Parse kernels.tsv (``#`` comments; name, package, suite, allocator, comma-separated
-    fragments); an absent file gives an empty table."""
+    fragments, and optionally arch, x86 when left out); an absent file gives an empty
+    table."""
     path = path or CONFIG_DIR / "kernels.tsv"
     try:
         text = path.read_text()
@@ -77,15 +91,18 @@ def read_table(path: Path | None = None) -> dict[str, KernelSpec]:
         if not line or line.startswith("#"):
             continue
         fields = line.split()
-        if len(fields) != 5 or fields[3] not in ("slub", "slab"):
+        if len(fields) == 5:
+            fields.append("x86")
+        if len(fields) != 6 or fields[3] not in ("slub", "slab") or fields[5] not in IMAGES:
             raise KernelBuildError(f"{path}:{lineno}: expected name package suite "
-                                   f"slub|slab fragments, got {line!r}")
-        name, package, suite, allocator, frags = fields
-        table[name] = KernelSpec(name, package, suite, allocator, tuple(frags.split(",")))
+                                   f"slub|slab fragments [x86|um], got {line!r}")
+        name, package, suite, allocator, frags, arch = fields
+        table[name] = KernelSpec(name, package, suite, allocator, tuple(frags.split(",")),
+                                 arch)
     return table
 
 
-#: name -> KernelSpec: 6.1, 6.1-slab, 6.12, 7.2.
+#: name -> KernelSpec: 6.1, 6.1-slab, 6.12, 7.2 (x86), 7.2-uml (um).
 KERNELS: dict[str, KernelSpec] = read_table()
 
 
@@ -98,7 +115,8 @@ def _spec(name: str) -> KernelSpec:
 
 
 def kernel_dir(name: str) -> Path:
-    """``<cache>/kernels/<name>``: bzImage, build.json, build.log, config, build/."""
+    """``<cache>/kernels/<name>``: bzImage (or linux, arch um), build.json, build.log,
+    config, build/."""
     return cache_dir() / "kernels" / name
 
 
@@ -114,11 +132,18 @@ def build_info(name: str) -> dict | None:
 
 
 def kernel_path(name: str) -> Path | None:
-    """The cached bzImage of ``name`` if it was built (current or not), else None."""
-    bz = kernel_dir(name) / "bzImage"
-    if bz.is_file() and build_info(name) is not None:
-        return bz
+    """The cached image of ``name`` if it was built (current or not), else None: the
+    bzImage of an x86 kernel, the ``linux`` executable of a User Mode Linux one."""
+    spec = KERNELS.get(name)
+    image = kernel_dir(name) / (spec.image if spec is not None else IMAGES["x86"])
+    if image.is_file() and build_info(name) is not None:
+        return image
     return None
+
+
+def kernel_arch(name: str) -> str:
+    """``x86`` or ``um`` for a kernel of the table (KernelBuildError for another name)."""
+    return _spec(name).arch
 
 
 def build_tree(name: str) -> Path | None:
@@ -151,8 +176,10 @@ def inputs_manifest(name: str, version: str) -> str:
     top of each build log)."""
     spec = _spec(name)
     lines = [_MANIFEST_HEADER, f"name {name}", f"package {spec.package}",
-             f"version {version}", f"allocator {spec.allocator}",
-             f"file scripts/build-kernels.sh {_sha256_file(BUILD_SCRIPT)}"]
+             f"version {version}", f"allocator {spec.allocator}"]
+    # an arch line only where it is not x86, so x86 manifests read as before
+    lines += [f"arch {spec.arch}"] if spec.arch != "x86" else []
+    lines += [f"file scripts/build-kernels.sh {_sha256_file(BUILD_SCRIPT)}"]
     lines += [f"file kernel/configs/{f} {_sha256_file(CONFIG_DIR / f)}" for f in spec.fragments]
     return "\n".join(lines) + "\n"
 
@@ -199,9 +226,9 @@ def _script(args: list[str], capture: bool, timeout: float | None = None
 
 
 def ensure_kernel(name: str, jobs: int = 2, progress: TextIO | None = None) -> Path:
-    """The bzImage of ``name``, built first when missing or stale (its inputs hash differs
-    from build.json's).  The script's progress lines (step, seconds) go to ``progress``
-    (stderr by default); the full build output goes to the build log.  Raises
+    """The image of ``name`` (:func:`kernel_path`), built first when missing or stale (its
+    inputs hash differs from build.json's).  The script's progress lines (step, seconds) go
+    to ``progress`` (stderr by default); the full build output goes to the build log.  Raises
     KernelBuildError with one line naming the log when the build fails."""
     progress = progress or sys.stderr
     spec = _spec(name)
@@ -209,8 +236,9 @@ def ensure_kernel(name: str, jobs: int = 2, progress: TextIO | None = None) -> P
         raise KernelBuildError(f"jobs: {jobs!r} is not a positive integer")
     version = source_version(name)
     want = inputs_hash(name, version)
+    image = kernel_dir(name) / spec.image
     if _built_from(name, want):
-        return kernel_dir(name) / "bzImage"
+        return image
     info = build_info(name)
     if info is None:
         why = "not built yet"
@@ -234,9 +262,9 @@ def ensure_kernel(name: str, jobs: int = 2, progress: TextIO | None = None) -> P
     if not _built_from(name, want):
         raise KernelBuildError(f"kernel {name}: the build script finished but build.json does "
                                f"not record inputs {want[:12]}; log: {log}")
-    print(f"slabtune: kernel {name}: ready in {elapsed:.0f} s: {kernel_dir(name) / 'bzImage'}",
+    print(f"slabtune: kernel {name}: ready in {elapsed:.0f} s: {image}",
           file=progress, flush=True)
-    return kernel_dir(name) / "bzImage"
+    return image
 
 
 def _run_build(name: str, jobs: int, progress: TextIO) -> tuple[int, str]:

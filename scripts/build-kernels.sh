@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build slabtune's guest kernels from Debian's linux-source-X packages with a small config of
-# the project's own (kernel/configs/), into $cache/kernels/<name>/bzImage with a build.json.
+# the project's own (kernel/configs/), into $cache/kernels/<name>/bzImage with a build.json
+# (arch x86), or $cache/kernels/<name>/linux, a User Mode Linux executable (arch um).
 #
 #   * The kernels, their source packages, suites and config fragments are listed in
 #     kernel/configs/kernels.tsv (slabtune.kernel.build reads the same table).
@@ -10,6 +11,8 @@
 #     sources point at.  The machine's /etc/apt is read, never written.
 #   * Each kernel is configured with `make tinyconfig`, then merge_config.sh with its
 #     fragments, then olddefconfig; every line of every fragment must survive in .config.
+#     The table's arch column picks make's ARCH: x86 (the default) builds ARCH=x86_64 and
+#     keeps arch/x86/boot/bzImage; um builds ARCH=um (on an x86_64 host) and keeps `linux`.
 #   * A kernel is rebuilt only when its inputs change: the fragments, this script, the source
 #     package and its version (the hash in build.json).  The build tree (out of tree, O=) and
 #     the unpacked source are kept, so modules can be built against them later.
@@ -56,7 +59,7 @@ while [ $# -gt 0 ]; do
         --apt-config) shift; mode=apt-config; mode_arg="${1:?--apt-config needs a suite}" ;;
         --verify) shift; mode=verify; mode_arg="${1:?--verify needs a kernel name}"
                   shift; verify_file="${1:?--verify needs a .config file}" ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "build-kernels: unknown argument: $1" >&2; exit 2 ;;
     esac
     shift
@@ -70,15 +73,21 @@ die() { echo "build-kernels: error: $*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ the kernel table
 
-declare -A K_PACKAGE K_SUITE K_ALLOC K_FRAGS
+declare -A K_PACKAGE K_SUITE K_ALLOC K_FRAGS K_ARCH
 K_NAMES=()
-while read -r name package suite alloc frags rest; do
+while read -r name package suite alloc frags arch rest; do
     case "$name" in ''|'#'*) continue ;; esac
     [ -n "$frags" ] && [ -z "$rest" ] || die "$table: malformed line for '$name'"
+    case "${arch:-x86}" in x86|um) ;; *) die "$table: arch '$arch' of '$name' is not x86 or um" ;; esac
     K_NAMES+=("$name")
     K_PACKAGE[$name]="$package"; K_SUITE[$name]="$suite"; K_ALLOC[$name]="$alloc"
-    K_FRAGS[$name]="${frags//,/ }"
+    K_FRAGS[$name]="${frags//,/ }"; K_ARCH[$name]="${arch:-x86}"
 done < "$table"
+
+# make's ARCH and the image a build keeps (relative to the build tree) for a kernel's arch.
+make_arch() { case "${K_ARCH[$1]}" in um) echo um ;; *) echo x86_64 ;; esac; }
+image_name() { case "${K_ARCH[$1]}" in um) echo linux ;; *) echo bzImage ;; esac; }
+image_in_tree() { case "${K_ARCH[$1]}" in um) echo linux ;; *) echo arch/x86/boot/bzImage ;; esac; }
 
 known() {
     local n
@@ -197,6 +206,7 @@ inputs_manifest() {
     echo "package ${K_PACKAGE[$name]}"
     echo "version $version"
     echo "allocator ${K_ALLOC[$name]}"
+    [ "${K_ARCH[$name]}" = x86 ] || echo "arch ${K_ARCH[$name]}"
     echo "file scripts/build-kernels.sh $(sha256sum < "$script_path" | cut -c1-64)"
     for f in ${K_FRAGS[$name]}; do
         [ -r "$configs/$f" ] || die "$name: no config fragment kernel/configs/$f"
@@ -258,8 +268,8 @@ verify_config() {
 case "$mode" in
     list)
         for n in "${K_NAMES[@]}"; do
-            printf '%s\t%s\t%s\t%s\t%s\n' "$n" "${K_PACKAGE[$n]}" "${K_SUITE[$n]}" \
-                "${K_ALLOC[$n]}" "${K_FRAGS[$n]}"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "${K_PACKAGE[$n]}" "${K_SUITE[$n]}" \
+                "${K_ALLOC[$n]}" "${K_FRAGS[$n]}" "${K_ARCH[$n]}"
         done
         exit 0 ;;
     source-version)
@@ -381,6 +391,8 @@ build_one() {
     local name="$1"
     local package="${K_PACKAGE[$name]}" suite="${K_SUITE[$name]}" alloc="${K_ALLOC[$name]}"
     local out="$cache/kernels/$name" version hash srcdir src bdir frags=() f epoch
+    local image
+    image="$(image_name "$name")"
     cur="$name"
     t_start=$SECONDS
     mkdir -p "$out"
@@ -388,10 +400,10 @@ build_one() {
 
     version="$(source_version "$name")" || return 1
     hash="$(inputs_hash "$name" "$version")"
-    if [ "$force" = 0 ] && [ -s "$out/bzImage" ] && [ -s "$out/build.json" ] \
+    if [ "$force" = 0 ] && [ -s "$out/$image" ] && [ -s "$out/build.json" ] \
             && [ -e "$out/build/Module.symvers" ] \
             && [ "$(json_field "$out/build.json" inputs_hash)" = "$hash" ]; then
-        log "$name: up to date ($package $version, inputs ${hash:0:12}): $out/bzImage"
+        log "$name: up to date ($package $version, inputs ${hash:0:12}): $out/$image"
         return 0
     fi
     [ -e "$step_log" ] && mv -f "$step_log" "$step_log.old"
@@ -413,9 +425,9 @@ build_one() {
 
     for f in ${K_FRAGS[$name]}; do frags+=("$configs/$f"); done
     bdir="$out/build"
-    rm -rf "$bdir" "$out/bzImage" "$out/build.json"
+    rm -rf "$bdir" "$out/$image" "$out/build.json"
     mkdir -p "$bdir"
-    local mk=(make -C "$src" O="$bdir" ARCH=x86_64 LOCALVERSION=
+    local mk=(make -C "$src" O="$bdir" ARCH="$(make_arch "$name")" LOCALVERSION=
               KBUILD_BUILD_TIMESTAMP="$(date -u -d "@$epoch" '+%a %b %e %T UTC %Y')"
               KBUILD_BUILD_USER=slabtune KBUILD_BUILD_HOST=slabtune KBUILD_BUILD_VERSION=1)
     run_step "configure: tinyconfig + ${K_FRAGS[$name]}" \
@@ -430,17 +442,17 @@ build_one() {
     echo "$verify" >> "$step_log"
     log "$name: config verified: $(echo "$verify" | tail -n1), every one in .config"
 
-    run_step "compile: nice -n 19 make -j$jobs all (bzImage, modules, Module.symvers)" \
+    run_step "compile: nice -n 19 make -j$jobs all ($image, modules, Module.symvers)" \
         nice -n 19 "${mk[@]}" -j"$jobs" all || return 1
     [ -s "$bdir/Module.symvers" ] || : > "$bdir/Module.symvers"
 
     local release bz_size config_hash built_at
     release="$("${mk[@]}" -s --no-print-directory kernelrelease 2>/dev/null)"
     config_hash="$(sha256sum < "$bdir/.config" | cut -c1-64)"
-    cp "$bdir/arch/x86/boot/bzImage" "$out/bzImage.tmp"
-    mv "$out/bzImage.tmp" "$out/bzImage"
+    cp "$bdir/$(image_in_tree "$name")" "$out/$image.tmp"
+    mv "$out/$image.tmp" "$out/$image"
     cp "$bdir/.config" "$out/config"
-    bz_size="$(stat -c %s "$out/bzImage")"
+    bz_size="$(stat -c %s "$out/$image")"
     built_at="$(date -u +%FT%TZ)"
     {
         echo "{"
@@ -459,15 +471,21 @@ build_one() {
         echo "  \"built_at\": $(json_str "$built_at"),"
         echo "  \"build_seconds\": $((SECONDS - t_start)),"
         echo "  \"jobs\": $jobs,"
-        echo "  \"bzimage\": $(json_str "$out/bzImage"),"
-        echo "  \"bzimage_bytes\": $bz_size,"
+        if [ "${K_ARCH[$name]}" = x86 ]; then
+            echo "  \"bzimage\": $(json_str "$out/bzImage"),"
+            echo "  \"bzimage_bytes\": $bz_size,"
+        else
+            echo "  \"arch\": $(json_str "${K_ARCH[$name]}"),"
+            echo "  \"image\": $(json_str "$out/$image"),"
+            echo "  \"image_bytes\": $bz_size,"
+        fi
         echo "  \"build_dir\": $(json_str "$bdir"),"
         echo "  \"source_dir\": $(json_str "$src"),"
         echo "  \"log\": $(json_str "$step_log")"
         echo "}"
     } > "$out/build.json.tmp"
     mv "$out/build.json.tmp" "$out/build.json"
-    log "$name: built $release: $out/bzImage ($((bz_size / 1024)) KiB) in $((SECONDS - t_start)) s"
+    log "$name: built $release: $out/$image ($((bz_size / 1024)) KiB) in $((SECONDS - t_start)) s"
 }
 
 # Unpacked sources no kernel's build.json names any more (an older version).

@@ -68,9 +68,13 @@ def run_script(*args: str, cache: Path, **kw) -> subprocess.CompletedProcess:
 # --------------------------------------------------------------------------- the table
 
 
-def test_table_lists_the_four_kernels():
-    assert list(build.KERNELS) == ["6.1", "6.1-slab", "6.12", "7.2"]
+def test_table_lists_the_kernels():
+    assert list(build.KERNELS) == ["6.1", "6.1-slab", "6.12", "7.2", "7.2-uml"]
     k = build.KERNELS
+    assert [s.arch for s in k.values()] == ["x86"] * 4 + ["um"]
+    assert (k["7.2-uml"].package, k["7.2-uml"].suite, k["7.2-uml"].fragments) == (
+        "linux-source-7.2", "unstable", ("uml.config", "slub.config"))
+    assert (k["7.2"].image, k["7.2-uml"].image) == ("bzImage", "linux")
     assert (k["6.1"].package, k["6.1"].suite, k["6.1"].allocator) == (
         "linux-source-6.1", "bookworm", "slub")
     assert (k["6.1-slab"].package, k["6.1-slab"].allocator) == ("linux-source-6.1", "slab")
@@ -86,10 +90,42 @@ def test_table_rejects_a_malformed_line(tmp_path):
     bad.write_text("6.1 linux-source-6.1 bookworm slob base.config\n")
     with pytest.raises(build.KernelBuildError, match="kernels.tsv:1"):
         build.read_table(bad)
+    bad.write_text("7.2-uml linux-source-7.2 unstable slub uml.config arm64\n")
+    with pytest.raises(build.KernelBuildError, match=r"kernels.tsv:1: .*\[x86\|um\]"):
+        build.read_table(bad)
     assert build.read_table(tmp_path / "absent.tsv") == {}
 
 
+def test_table_arch_defaults_to_x86(tmp_path):
+    tsv = tmp_path / "kernels.tsv"
+    tsv.write_text("6.1 linux-source-6.1 bookworm slub base.config\n"
+                   "u linux-source-7.2 unstable slub uml.config um\n")
+    table = build.read_table(tsv)
+    assert (table["6.1"].arch, table["u"].arch) == ("x86", "um")
+
+
 # --------------------------------------------------------------------------- config fragments
+
+
+#: What the User Mode Linux kernel needs instead of base.config's x86 guest options.
+REQUIRED_UML = {
+    "CONFIG_64BIT": "y", "CONFIG_SMP": "y", "CONFIG_SYSFS": "y", "CONFIG_PROC_FS": "y",
+    "CONFIG_PROC_SYSCTL": "y", "CONFIG_DEVTMPFS": "y", "CONFIG_TMPFS": "y",
+    "CONFIG_PRINTK": "y", "CONFIG_TTY": "y", "CONFIG_STDERR_CONSOLE": "y",
+    "CONFIG_BLK_DEV_INITRD": "y", "CONFIG_BINFMT_ELF": "y", "CONFIG_BINFMT_SCRIPT": "y",
+    "CONFIG_MODULES": "y", "CONFIG_MODULE_UNLOAD": "y", "CONFIG_KALLSYMS": "y",
+    "CONFIG_CC_OPTIMIZE_FOR_PERFORMANCE": "y", "CONFIG_LOCALVERSION": '"-slabtune-uml"',
+}
+
+
+def test_uml_fragments_hold_the_required_options():
+    opts = merged_fragments("7.2-uml")
+    for key, value in {**REQUIRED_UML, **REQUIRED_SLUB}.items():
+        assert key in opts, f"7.2-uml: {key} missing"
+        assert opts[key] == value, f"7.2-uml: {key}={opts[key]} (want {value})"
+    assert 8 <= int(opts["CONFIG_NR_CPUS"]) <= 64       # arch/um/Kconfig: NR_CPUS_RANGE_END
+    # nothing of base.config's x86 guest (qemu's ACPI, serial port, KVM)
+    assert not {"CONFIG_ACPI", "CONFIG_SERIAL_8250", "CONFIG_KVM_GUEST"} & set(opts)
 
 
 @pytest.mark.parametrize("name", ["6.1", "6.1-slab", "6.12", "7.2"])
@@ -156,7 +192,7 @@ def test_hash_ignores_unrelated_fragment(config_copy):
 
 
 @needs_bash
-@pytest.mark.parametrize("name", ["6.1", "6.1-slab", "7.2"])
+@pytest.mark.parametrize("name", ["6.1", "6.1-slab", "7.2", "7.2-uml"])
 def test_python_and_script_hash_agree(name, tmp_path):
     proc = run_script("--inputs-hash", name, "--version", "9.9.9-1", cache=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -169,6 +205,9 @@ def test_manifest_names_every_input():
     for f in ("scripts/build-kernels.sh", "kernel/configs/base.config",
               "kernel/configs/slub.config", "kernel/configs/slub-cpu-partial.config"):
         assert f"file {f} " in text
+    assert "arch" not in text                       # x86 manifests read as before
+    uml = build.inputs_manifest("7.2-uml", "7.2.13-1")
+    assert "\narch um\n" in uml and "file kernel/configs/uml.config " in uml
 
 
 # --------------------------------------------------------------------------- .config check
@@ -270,6 +309,15 @@ def _fake_build(cache: Path, name: str, inputs_hash: str) -> Path:
         "name": name, "version": "6.1.192-2", "inputs_hash": inputs_hash,
         "log": str(d / "build.log")}))
     return d / "bzImage"
+
+
+def test_kernel_path_of_a_uml_kernel_is_its_executable(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLABTUNE_CACHE", str(tmp_path))
+    d = _fake_build(tmp_path, "7.2-uml", "0" * 64).parent
+    assert build.kernel_path("7.2-uml") is None          # a bzImage is not its image
+    (d / "linux").write_bytes(b"\x7fELF not really")
+    assert build.kernel_path("7.2-uml") == d / "linux"
+    assert build.kernel_arch("7.2-uml") == "um" and build.kernel_arch("7.2") == "x86"
 
 
 def test_nothing_built_reads_as_none(tmp_path, monkeypatch):

@@ -374,6 +374,9 @@ def resolve_kernel(name: str) -> tuple[Path, str]:
     against).  One error line when neither holds."""
     table = build.read_table()
     if name in table:
+        if table[name].arch != "x86":
+            raise LabBootError(f"--kernel {name}: a User Mode Linux kernel, not a bzImage for "
+                               "qemu (kernel/uml.py runs it: slabtune calibrate uml)")
         kernel = build.kernel_path(name)
         if kernel is None:
             raise LabBootError(f"--kernel {name}: not built yet (scripts/build-kernels.sh "
@@ -423,6 +426,20 @@ def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cm
         text = console.read_text(errors="replace") if console.exists() else ""
         qerr = console.with_suffix(".err")
         stderr = qerr.read_text(errors="replace") if qerr.exists() else ""
+    return console_result(text, stderr, token, rc, timed_out, seconds, kernel=kernel,
+                          cache=cache, params=params, argv=argv, accel=accel,
+                          cmdline=cmdline, sysfs=sysfs)
+
+
+def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out: bool,
+                   seconds: float, *, kernel: Path, cache: str, params: list[str],
+                   argv: list[str], accel: str, cmdline: str, sysfs: Mapping[str, int],
+                   runner: str = "qemu") -> LabBootResult:
+    """The result of one boot of :func:`init_script`'s /init from what it printed: the
+    console ``text`` (its ``@@LAB`` records), the ``runner``'s stderr and exit status
+    ``rc``, whether it was killed at its deadline; ``ok=False`` with one line in ``error``
+    when the run did not report.  qemu boots (:func:`boot_lab`) and User Mode Linux boots
+    (kernel/uml.py, ``runner="uml"``) share it."""
     parsed = parse_console(text, token)
     try:
         records = labmod.parse_printk(parsed["log"])
@@ -434,9 +451,9 @@ def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cm
         error = f"timed out after {seconds:.0f} s"
     elif not parsed["started"]:
         last = (stderr.strip().splitlines() or ["no output"])[-1]
-        error = f"qemu exited with {rc} before init started: {last}"
+        error = f"{runner} exited with {rc} before init started: {last}"
     elif not parsed["ended"]:
-        error = f"no end marker (qemu exited with {rc})"
+        error = f"no end marker ({runner} exited with {rc})"
     elif any(parsed["rc"].get(f"set_{k}") != 0 for k in sysfs):
         k = next(k for k in sysfs if parsed["rc"].get(f"set_{k}") != 0)
         error = f"policy.params.{k}: writing {sysfs[k]} to /sys/kernel/slab/{cache}/{k} failed"
@@ -458,7 +475,8 @@ def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cm
         done=records["done"], workers=records["workers"], module_errors=records["errors"],
         insmod_rc=parsed["rc"].get("insmod"), params=params, qemu_argv=argv, accel=accel,
         seconds=seconds, cmdline=cmdline,
-        console_tail=(text + ("\n[qemu stderr]\n" + stderr if stderr.strip() else ""))[-4000:],
+        console_tail=(text + (f"\n[{runner} stderr]\n" + stderr if stderr.strip() else "")
+                      )[-4000:],
     )
 
 

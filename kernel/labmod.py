@@ -93,9 +93,11 @@ def _tree_identity(tree: Path) -> str:
     return h.hexdigest()
 
 
-def _stamp(tree: Path) -> str:
+def _stamp(tree: Path, arch_args: list[str]) -> str:
     h = hashlib.sha256()
     h.update(f"{tree}\0{_tree_identity(tree)}\0".encode())
+    if arch_args:       # nothing for x86, so x86 stamps read as before
+        h.update(("\0".join(arch_args) + "\0").encode())
     for name in SOURCES:
         h.update(name.encode() + b"\0" + native.source(name).read_bytes() + b"\0")
     return h.hexdigest()
@@ -104,8 +106,9 @@ def _stamp(tree: Path) -> str:
 def build_module(kernel_name: str, jobs: int = 1) -> Path:
     """The ``slabtune_lab.ko`` for the built kernel ``kernel_name``, compiled against its
     kept build tree when missing or when the source or the tree changed (a stamp file holds
-    their hash).  The full make output goes to ``build.log`` beside it; a failed build is
-    one LabError line naming that log."""
+    their hash).  A kernel of arch ``um`` (User Mode Linux) gets ``ARCH=um`` on make's
+    command line, as its tree was configured with.  The full make output goes to
+    ``build.log`` beside it; a failed build is one LabError line naming that log."""
     if kernel_name not in build.KERNELS:
         known = ", ".join(build.KERNELS) or "none"
         raise LabError(f"kernel: unknown kernel {kernel_name!r} (known: {known})")
@@ -114,6 +117,7 @@ def build_module(kernel_name: str, jobs: int = 1) -> Path:
         raise LabError(f"kernel {kernel_name}: no kept build tree under "
                        f"{build.kernel_dir(kernel_name)}; build the kernel first "
                        "(scripts/build-kernels.sh)")
+    arch_args = ["ARCH=um"] if build.kernel_arch(kernel_name) == "um" else []
     out = module_dir(kernel_name)
     out.mkdir(parents=True, exist_ok=True)
     ko = out / f"{MODULE_NAME}.ko"
@@ -121,7 +125,7 @@ def build_module(kernel_name: str, jobs: int = 1) -> Path:
     log = out / "build.log"
     with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        want = _stamp(tree)
+        want = _stamp(tree, arch_args)
         try:
             if ko.is_file() and stamp_file.read_text().strip() == want:
                 return ko
@@ -134,7 +138,7 @@ def build_module(kernel_name: str, jobs: int = 1) -> Path:
         ko.unlink(missing_ok=True)
         for name in SOURCES:
             shutil.copyfile(native.source(name), out / Path(name).name)
-        argv = [make, "-C", str(tree), f"M={out}", f"-j{int(jobs)}", "modules"]
+        argv = [make, "-C", str(tree), *arch_args, f"M={out}", f"-j{int(jobs)}", "modules"]
         with open(log, "w") as fh:
             fh.write(" ".join(argv) + "\n")
             fh.flush()

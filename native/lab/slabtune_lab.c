@@ -44,9 +44,23 @@
  * with a fixed prefix, each one JSON object:
  *
  *   slabtune_lab: worker {"run":R,"w":i,"cpu":c,"node":n,"role":"...","allocs":...,
- *                          "frees":...,"drain_frees":...,"idle":...,"ops_ns":...,"ns":...}
+ *                          "frees":...,"drain_frees":...,"idle":...,"ops_ns":...,"ns":...,
+ *                          "alloc_ns":...,"free_ns":...,"clock_ps":...,"alloc_long":...,
+ *                          "alloc_long_ns":...,"free_long":...,"free_long_ns":...}
  *   slabtune_lab: done {"run":R,"status":0,"kind":"...","allocs":...,"frees":...,...}
  *   slabtune_lab: error {"run":R,"field":"...","msg":"..."}
+ *
+ * ops_ns is a worker's time from the start to its last op (an allocating worker: its `ops`
+ * ops; a freeing-only worker: its last free), ns to the end of its drain, both with the
+ * rings, the generator and the idle waits in them.  With time_calls=1 every allocation
+ * and free call (kmem_cache_alloc/kmalloc, kmem_cache_free/kfree and nothing else) is
+ * bracketed by two ktime_get_ns() reads: alloc_ns and free_ns add up the brackets the
+ * worker's own calls took, and clock_ps is the mean of 1024 empty brackets taken before the
+ * start (picoseconds), what each bracket adds to a call.  A bracket longer than long_ns
+ * (0: none is) goes to alloc_long/free_long (count) and alloc_long_ns/free_long_ns (sum)
+ * instead: on a shared host such a bracket is mostly the virtual CPU's host thread being
+ * preempted, not the allocator.  With time_calls=0 (the default) all of these are 0 and no
+ * clock is read.
  *
  * A bad parameter fails the load (or the write to `run`) with -EINVAL after an error line
  * naming it.  The module allocates its own bookkeeping with vzalloc, so none of it comes
@@ -139,6 +153,12 @@ MODULE_PARM_DESC(ring, "lockless (a ring per pair) | spinlock (a shared ring per
 static unsigned int work_ns;
 module_param(work_ns, uint, 0644);
 MODULE_PARM_DESC(work_ns, "busy-wait after each op (the workload's own work), ns");
+static bool time_calls;
+module_param(time_calls, bool, 0644);
+MODULE_PARM_DESC(time_calls, "1: time every allocation and free call (alloc_ns, free_ns)");
+static unsigned int long_ns;
+module_param(long_ns, uint, 0644);
+MODULE_PARM_DESC(long_ns, "time_calls: brackets above this many ns are counted apart (0: none)");
 static bool autorun = true;
 module_param(autorun, bool, 0444);
 MODULE_PARM_DESC(autorun, "run once at load");
@@ -182,6 +202,8 @@ struct lab_worker {
 	/* results */
 	u64 allocs, frees, drain_frees, idle;
 	u64 ops_ns, ns;
+	u64 alloc_ns, free_ns, clock_ps;	/* time_calls=1 */
+	u64 alloc_long, alloc_long_ns, free_long, free_long_ns;
 	struct task_struct *task;
 	struct completion done;
 };
@@ -198,6 +220,8 @@ struct lab_run {
 	unsigned int size;
 	unsigned long ops;
 	unsigned int work_ns;
+	bool timed;			/* time_calls */
+	u64 long_ns;
 	atomic_t allocating;		/* allocating workers still in their ops */
 	int abort;			/* an allocation failed: stop allocating */
 	struct completion go;
@@ -347,18 +371,36 @@ static unsigned int lab_count(struct lab_ring *q)
 
 /* ------------------------------------------------------------------ ops */
 
-static void lab_free_obj(struct lab_run *r, void *obj)
+/* add one timed bracket of d ns to *sum, or with long_ns set and d above it, apart */
+static void lab_account(struct lab_run *r, u64 d, u64 *sum, u64 *nlong, u64 *long_sum)
+{
+	if (r->long_ns && d > r->long_ns) {
+		(*nlong)++;
+		*long_sum += d;
+	} else {
+		*sum += d;
+	}
+}
+
+/* free obj (worker `by` calls the allocator: its free_ns with time_calls) */
+static void lab_free_obj(struct lab_run *r, struct lab_worker *by, void *obj)
 {
 	struct lab_obj *o = obj;
 	struct lab_worker *src;
+	u64 t = 0;
 
 	WARN_ON_ONCE(o->magic != LAB_MAGIC || o->src >= r->nw);
 	src = &r->w[o->src < r->nw ? o->src : 0];
 	o->magic = 0;
+	if (r->timed)
+		t = ktime_get_ns();
 	if (r->cache)
 		kmem_cache_free(r->cache, obj);
 	else
 		kfree(obj);
+	if (r->timed)
+		lab_account(r, ktime_get_ns() - t, &by->free_ns, &by->free_long,
+			    &by->free_long_ns);
 	smp_mb__before_atomic();
 	atomic_dec(&src->out);
 }
@@ -388,7 +430,7 @@ static bool lab_free_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
 	obj = lab_pop(r, w->in_ring[k]);
 	if (!obj)
 		return false;	/* ring=spinlock: never, only this worker pops */
-	lab_free_obj(r, obj);
+	lab_free_obj(r, w, obj);
 	w->frees++;
 	return true;
 }
@@ -399,13 +441,19 @@ static int lab_alloc_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
 	struct lab_obj *o;
 	u32 u = rnd & 0xffff;
 	int j = 0;
+	u64 t = 0;
 
 	while (j < w->ndest - 1 && w->dest_cum[j] <= u)
 		j++;
+	if (r->timed)
+		t = ktime_get_ns();
 	if (r->cache)
 		o = kmem_cache_alloc(r->cache, GFP_KERNEL);
 	else
 		o = kmalloc(r->size, GFP_KERNEL);
+	if (r->timed)
+		lab_account(r, ktime_get_ns() - t, &w->alloc_ns, &w->alloc_long,
+			    &w->alloc_long_ns);
 	if (!o)
 		return -ENOMEM;
 	o->magic = LAB_MAGIC;
@@ -413,7 +461,7 @@ static int lab_alloc_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
 	atomic_inc(&w->out);
 	if (!lab_push(r, w->out_ring[j], o)) {
 		/* cannot happen: a ring holds at most the live targets of its senders */
-		lab_free_obj(r, o);
+		lab_free_obj(r, w, o);
 		return -EOVERFLOW;
 	}
 	w->allocs++;
@@ -467,6 +515,17 @@ static int lab_worker_fn(void *arg)
 	unsigned int idle = 0;
 	u64 t0;
 
+	if (r->timed) {
+		/* what one bracket of two clock reads adds to a timed call */
+		u64 sum = 0, a;
+		int k;
+
+		for (k = 0; k < 1024; k++) {
+			a = ktime_get_ns();
+			sum += ktime_get_ns() - a;
+		}
+		w->clock_ps = sum * 1000 / 1024;
+	}
 	wait_for_completion(&r->go);
 	t0 = ktime_get_ns();
 	for (;;) {
@@ -744,10 +803,17 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 		frees += w->frees;
 		pr_info(LAB_PREFIX "worker {\"run\":%u,\"w\":%d,\"cpu\":%d,\"node\":%d,"
 			"\"role\":\"%s\",\"allocs\":%llu,\"frees\":%llu,\"drain_frees\":%llu,"
-			"\"idle\":%llu,\"ops_ns\":%llu,\"ns\":%llu}\n", r->id, i, w->cpu, w->node,
+			"\"idle\":%llu,\"ops_ns\":%llu,\"ns\":%llu,\"alloc_ns\":%llu,"
+			"\"free_ns\":%llu,\"clock_ps\":%llu,\"alloc_long\":%llu,"
+			"\"alloc_long_ns\":%llu,\"free_long\":%llu,\"free_long_ns\":%llu}\n",
+			r->id, i, w->cpu, w->node,
 			w->role, (unsigned long long)w->allocs, (unsigned long long)w->frees,
 			(unsigned long long)w->drain_frees, (unsigned long long)w->idle,
-			(unsigned long long)w->ops_ns, (unsigned long long)w->ns);
+			(unsigned long long)w->ops_ns, (unsigned long long)w->ns,
+			(unsigned long long)w->alloc_ns, (unsigned long long)w->free_ns,
+			(unsigned long long)w->clock_ps, (unsigned long long)w->alloc_long,
+			(unsigned long long)w->alloc_long_ns, (unsigned long long)w->free_long,
+			(unsigned long long)w->free_long_ns);
 	}
 	pr_info(LAB_PREFIX "done {\"run\":%u,\"status\":%d,\"kind\":\"%s\",\"cache\":\"%s\","
 		"\"own_cache\":%d,\"size\":%u,\"ksize\":%u,\"ring\":\"%s\",\"workers\":%d,"
@@ -786,6 +852,8 @@ static int lab_run_once(void)
 	r->size = size;
 	r->ops = ops;
 	r->work_ns = work_ns;
+	r->timed = time_calls;
+	r->long_ns = long_ns;
 	init_completion(&r->go);
 
 	na = lab_parse_cpus(cpus, list_a, LAB_MAX_WORKERS);

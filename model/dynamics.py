@@ -1058,7 +1058,12 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc, cfg: SimConfig):
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
-    pu, ps = cx.whole("pc_inuse"), cx.whole("pc_slabs")
+    pu = cx.whole("pc_inuse")
+    # every rep's listed slabs without writing this rep's pending entry back (the full
+    # slab frees below update it again)
+    ps = cx.st["pc_slabs"]
+    if "pc_slabs" in cx.rows:
+        ps = jnp.where(mine, cx.rows["pc_slabs"][None], ps)
     cap1 = cx.d["cap1"]
     emptied = _nonempty(ps, pu, cap1) - _nonempty(ps, pu - c_pc, cap1)        # (R, B)
     emptied = jnp.where(cfg.pc_empty_locks > 0, emptied, 0)

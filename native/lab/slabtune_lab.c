@@ -55,8 +55,8 @@
  * rings, the generator and the idle waits in them.  With time_calls=1 every allocation
  * and free call (kmem_cache_alloc/kmalloc, kmem_cache_free/kfree and nothing else) is
  * bracketed by two ktime_get_ns() reads: alloc_ns and free_ns add up the brackets the
- * worker's own calls took, and clock_ps is the mean of 1024 empty brackets taken before the
- * start (picoseconds), what each bracket adds to a call.  A bracket longer than long_ns
+ * worker's own calls took, and clock_ps is the mean of 65536 empty brackets taken before
+ * the start (picoseconds, long ones left out), what each bracket adds to a call.  A bracket longer than long_ns
  * (0: none is) goes to alloc_long/free_long (count) and alloc_long_ns/free_long_ns (sum)
  * instead: on a shared host such a bracket is mostly the virtual CPU's host thread being
  * preempted, not the allocator.  With time_calls=0 (the default) all of these are 0 and no
@@ -76,6 +76,7 @@
 #include <linux/kthread.h>
 #include <linux/ktime.h>
 #include <linux/log2.h>
+#include <linux/math64.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/sched.h>
@@ -90,6 +91,7 @@
 #define LAB_PROB_ONE 65536u
 #define LAB_MAX_LIVE (1u << 20)
 #define LAB_MAGIC 0x5ab7u
+#define LAB_CLOCK_BRACKETS 65536
 
 /* ------------------------------------------------------------------ parameters */
 
@@ -159,6 +161,9 @@ MODULE_PARM_DESC(time_calls, "1: time every allocation and free call (alloc_ns, 
 static unsigned int long_ns;
 module_param(long_ns, uint, 0644);
 MODULE_PARM_DESC(long_ns, "time_calls: brackets above this many ns are counted apart (0: none)");
+static bool idle_spin;
+module_param(idle_spin, bool, 0644);
+MODULE_PARM_DESC(idle_spin, "1: a worker with nothing to do spins, never sleeps");
 static bool autorun = true;
 module_param(autorun, bool, 0444);
 MODULE_PARM_DESC(autorun, "run once at load");
@@ -221,6 +226,7 @@ struct lab_run {
 	unsigned long ops;
 	unsigned int work_ns;
 	bool timed;			/* time_calls */
+	bool spin;			/* idle_spin */
 	u64 long_ns;
 	atomic_t allocating;		/* allocating workers still in their ops */
 	int abort;			/* an allocation failed: stop allocating */
@@ -495,10 +501,15 @@ static int lab_step(struct lab_run *r, struct lab_worker *w)
 	return ret;
 }
 
+/*
+ * nothing to do: spin 64 times, then sleep 20-50 us at a time (without high-resolution
+ * timers that is up to a tick), unless idle_spin=1, which keeps spinning, so that the two
+ * sides of a hand-off run at once instead of a tick apart
+ */
 static void lab_idle(struct lab_worker *w, unsigned int *idle)
 {
 	w->idle++;
-	if (++*idle < 64) {
+	if (++*idle < 64 || w->run->spin) {
 		cpu_relax();
 		cond_resched();
 	} else {
@@ -516,15 +527,19 @@ static int lab_worker_fn(void *arg)
 	u64 t0;
 
 	if (r->timed) {
-		/* what one bracket of two clock reads adds to a timed call */
-		u64 sum = 0, a;
+		/* what one bracket of two clock reads adds to a timed call (long ones apart) */
+		u64 sum = 0, n = 0, a, d;
 		int k;
 
-		for (k = 0; k < 1024; k++) {
+		for (k = 0; k < LAB_CLOCK_BRACKETS; k++) {
 			a = ktime_get_ns();
-			sum += ktime_get_ns() - a;
+			d = ktime_get_ns() - a;
+			if (r->long_ns && d > r->long_ns)
+				continue;
+			sum += d;
+			n++;
 		}
-		w->clock_ps = sum * 1000 / 1024;
+		w->clock_ps = n ? div64_u64(sum * 1000, n) : 0;
 	}
 	wait_for_completion(&r->go);
 	t0 = ktime_get_ns();
@@ -853,6 +868,7 @@ static int lab_run_once(void)
 	r->ops = ops;
 	r->work_ns = work_ns;
 	r->timed = time_calls;
+	r->spin = idle_spin;
 	r->long_ns = long_ns;
 	init_completion(&r->go);
 

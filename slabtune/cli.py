@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "export",
     "validate",
     "lab",
+    "calibrate",
     "simulate",
     "reproduce",
 )

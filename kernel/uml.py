@@ -40,6 +40,7 @@ import dataclasses
 import os
 import re
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -154,8 +155,6 @@ def find_busybox(busybox: Path | str | None = None) -> Path:
     """A static busybox: the given one, else the cache's (scripts/install-guest-deps.sh),
     else the one on PATH.  UML runs it as a host process with nothing but the initramfs
     around it, so a dynamically linked one cannot start."""
-    import shutil
-
     cand = busybox if busybox is not None else (
         cache_dir() / "busybox" if (cache_dir() / "busybox").exists()
         else shutil.which("busybox"))
@@ -355,8 +354,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              "1024 allocations then 1024 frees per CPU: sheaf refill and flush, barn, "
              "new and freed slabs"),
     Scenario("producer_consumer", {"kind": "producer_consumer", "depth": 64}, 2,
-             "half the CPUs allocate, the other half free: remote frees, sheaf "
-             "refill/flush, list_lock hand-offs"),
+             "half the CPUs allocate, the other half free: remote frees, full sheaves "
+             "handed over through the barn"),
 )
 SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 

@@ -273,37 +273,45 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
     return out
 
 
+def watch(proc: subprocess.Popen, console: Path, end: str, timeout_s: float,
+          grace_s: float = 10.0, poll_s: float = 0.1) -> tuple[bool, float]:
+    """Poll ``proc`` (started in its own session) until it exits, ``grace_s`` after the
+    line ``end`` appeared in ``console``, or ``timeout_s`` (``t0``: now); a process still
+    running then has its whole group killed.  Returns (timed out, seconds)."""
+    t0 = time.monotonic()
+    timed_out = False
+    ended_at = None
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if ended_at is None and console.exists() \
+                    and end in console.read_text(errors="replace"):
+                ended_at = now
+            if ended_at is not None and now - ended_at > grace_s:
+                break
+            if now - t0 > timeout_s:
+                timed_out = True
+                break
+            time.sleep(poll_s)
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+    return timed_out, time.monotonic() - t0
+
+
 def _run_qemu(argv: list[str], console: Path, token: str, timeout_s: float
               ) -> tuple[int | None, bool, float]:
     """Run qemu in its own process group until it exits, a few seconds after the end
     marker, or the deadline (then the group is killed).  Returns (rc, timed_out, s)."""
-    end = f"{MARK} E {token}"
-    t0 = time.monotonic()
-    timed_out = False
-    ended_at = None
     with open(console.with_suffix(".err"), "wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                 start_new_session=True)
-        try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                if ended_at is None and console.exists() \
-                        and end in console.read_text(errors="replace"):
-                    ended_at = now
-                if ended_at is not None and now - ended_at > 10:
-                    break
-                if now - t0 > timeout_s:
-                    timed_out = True
-                    break
-                time.sleep(0.1)
-        finally:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
-    return proc.returncode, timed_out, time.monotonic() - t0
+        timed_out, seconds = watch(proc, console, f"{MARK} E {token}", timeout_s)
+    return proc.returncode, timed_out, seconds
 
 
 def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topology,

@@ -37,15 +37,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import os
 import re
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -246,34 +243,16 @@ def _run(argv: list[str], console: Path, err: Path, token: str, timeout_s: float
     stdout (its console) goes to ``console``, stderr (UML's own messages and the stderr
     console's printk) to ``err``; stdin is a pipe nobody writes (an EOF on /dev/console's
     input would hang it up).  Returns (exit status, timed out, seconds)."""
-    end = f"{lab_boot.MARK} E {token}"
-    t0 = time.monotonic()
-    timed_out = False
-    ended_at = None
     with open(console, "wb") as out, open(err, "wb") as errf:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=errf,
                                 start_new_session=True, cwd=console.parent)
         try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                if ended_at is None and end in console.read_text(errors="replace"):
-                    ended_at = now
-                if ended_at is not None and now - ended_at > 5:
-                    break
-                if now - t0 > timeout_s:
-                    timed_out = True
-                    break
-                time.sleep(0.05)
+            timed_out, seconds = lab_boot.watch(proc, console, f"{lab_boot.MARK} E {token}",
+                                                timeout_s, grace_s=5.0, poll_s=0.05)
         finally:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
             if proc.stdin is not None:
                 proc.stdin.close()
-    return proc.returncode, timed_out, time.monotonic() - t0
+    return proc.returncode, timed_out, seconds
 
 
 # --------------------------------------------------------------------------- timing

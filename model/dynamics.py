@@ -1059,16 +1059,12 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc, cfg: SimConfig):
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
     pu = cx.whole("pc_inuse")
-    # every rep's listed slabs without writing this rep's pending entry back (the full
-    # slab frees below update it again)
-    ps = cx.st["pc_slabs"]
-    if "pc_slabs" in cx.rows:
-        ps = jnp.where(mine, cx.rows["pc_slabs"][None], ps)
+    # listed slabs hold at most objs - 1 objects each (a slab joins on its first free), so
+    # the non-empty ones are ceil(inuse / (objs - 1)) without the slab count's bound
     cap1 = cx.d["cap1"]
-    emptied = _nonempty(ps, pu, cap1) - _nonempty(ps, pu - c_pc, cap1)        # (R, B)
-    emptied = jnp.where(cfg.pc_empty_locks > 0, emptied, 0)
-    on = cx.d["mem_node"][None] == _NODES[:, None]                              # (N, R, B)
-    cx.lock_nodes(jnp.sum(jnp.where(on, emptied[None], 0), axis=1))
+    emptied = ceil_div(pu, cap1) - ceil_div(pu - c_pc, cap1)                   # (R, B)
+    # per node class: the reps' memory nodes as a one-hot matrix (N, R) times the counts
+    cx.lock_nodes(jnp.einsum("nr...,r...->n...", cx.d["pc_lock_onehot"], emptied))
     st["pc_inuse"] = pu - c_pc
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
@@ -1237,6 +1233,9 @@ def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
         alloc_local=_i(~memless | (cfg.memoryless_fallback > 0)),
         has_barn=jnp.any((node[None] == _NODES[:, :, None]) & barn_at[:, None], axis=0)
         & (cfg.sheaf_capacity > 0),
+        # (N, R) one-hot of each rep's memory node class, zero where frees that empty a
+        # per-CPU partial slab take no lock (before v6.8): see _frozen_frees
+        pc_lock_onehot=_i((mem[None] == _NODES[:, :, None]) & (cfg.pc_empty_locks > 0)),
     )
 
 

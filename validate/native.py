@@ -179,7 +179,10 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
 
     from slabtune.model import dynamics
 
-    d = dynamics._derived(jax.tree_util.tree_map(jnp.asarray, sim))
+    # _derived works on batch-minor configs ((R, B) per-rep fields): a batch of one.  On an
+    # unbatched config its node-class masks broadcast wrongly (every rep then "had" a barn)
+    d = dynamics._derived(dynamics._batch_minor(dynamics._one(
+        jax.tree_util.tree_map(jnp.asarray, sim))))
     node = _ints(sim.rep_node)
     has_barn = tuple(bool(x) for x in _ints(d["has_barn"]))
     wl = sim.workload

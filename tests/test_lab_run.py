@@ -355,8 +355,9 @@ name = "pc"
 @pytest.mark.guest
 def test_validate_target_lab_compares_every_built_kernel(tmp_path):
     """``validate --target lab``: the baseline and one candidate (slub_max_order=0 on the
-    command line) on a memoryless topology, every built lab kernel booted per pair; the
-    report gives per kernel the fast-path differences in points and names the source."""
+    command line, min_partial 2 written to sysfs) on a memoryless topology, every built lab
+    kernel booted per pair; the report gives per kernel the fast-path differences in
+    points and names the source."""
     kernels = [k for k in lab.LAB_KERNELS if build.kernel_path(k) is not None
                and build.build_tree(k) is not None]
     if not kernels:
@@ -365,7 +366,9 @@ def test_validate_target_lab_compares_every_built_kernel(tmp_path):
     spec.write_text(VALIDATE_SPEC)
     cand = tmp_path / "c.json"
     cand.write_text(json.dumps({"candidate": [{"id": "order0",
-                                                "boot": {"slub_max_order": 0}}]}))
+                                                "boot": {"slub_max_order": 0},
+                                                "knobs": {"min_partial_lo": 2,
+                                                          "min_partial_hi": 2}}]}))
     r = _cli("validate", "--candidate", str(cand), "--topologies", str(spec), "--target",
              "lab", "--out", str(tmp_path / "runs"), "--json")
     assert r.returncode == 0, r.stderr
@@ -378,8 +381,15 @@ def test_validate_target_lab_compares_every_built_kernel(tmp_path):
     order0 = rows.filter((pl.col("candidate") == "order0")
                          & (pl.col("field") == "alloc_fastpath_frac"))
     assert order0.height == len(kernels)
+    # the boot parameter on the command line; the searched min_partial knobs give
+    # kmalloc-512 min_partial 2, written to its sysfs file on every kernel
     for a in order0["applied"]:
-        assert "slub_max_order=0" in json.loads(a)["cmdline"]
+        applied = json.loads(a)
+        assert "slub_max_order=0" in applied["cmdline"]
+        assert applied["sysfs"] == {"min_partial": 2}
+    base = rows.filter((pl.col("candidate") == "baseline")
+                       & (pl.col("field") == "alloc_fastpath_frac"))
+    assert all(json.loads(a)["sysfs"] == {} for a in base["applied"])
     rep = _cli("validate", "report", res["run_dir"], "--json")
     assert rep.returncode == 0, rep.stderr
     labrep = json.loads(rep.stdout)["lab"]

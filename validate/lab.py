@@ -239,6 +239,7 @@ def run_boot(task: Mapping[str, Any]) -> dict:
         return rec
     rec.update(ok=r.ok, error=r.error, release=r.release, accelerator=f"lab-{r.accel}",
                attempts=r.attempts, seconds=r.seconds, cmdline=r.cmdline,
+               sysfs=dict(boot_args(task["doc"])["sysfs"]),
                module_params=r.params, console_tail="" if r.ok else r.console_tail,
                measured=lab_boot.measure(r) if r.ok else None)
     return rec
@@ -270,6 +271,7 @@ def combine(rec: Mapping[str, Any], cfg: LabConfig, predicted: Mapping[str, Any]
                    "doc": cfg.doc},
         "profile": predicted["profile"], "attempts": rec.get("attempts", 0),
         "seconds": rec.get("seconds", 0.0), "cmdline": rec.get("cmdline", ""),
+        "sysfs": dict(rec.get("sysfs") or {}),
         "module_params": list(rec.get("module_params", [])),
         "measured": measured, "predicted": pred,
         "console_tail": rec.get("console_tail", ""),
@@ -299,7 +301,8 @@ def rows_of(record: Mapping[str, Any], base: Mapping[str, Any]) -> list[dict]:
                   accelerator=record["accelerator"] or None, profile=record["profile"],
                   config_hash=record["config"]["hash"], attempts=record["attempts"],
                   seconds=record["seconds"], applied=json.dumps(
-                      {"cmdline": record["cmdline"], "module": record["module_params"]}),
+                      {"cmdline": record["cmdline"], "module": record["module_params"],
+                       "sysfs": record.get("sysfs", {})}),
                   target="lab")
     if not record["ok"]:
         return [{**common, "status": "failed", "field": TASK_FIELD,
@@ -561,15 +564,27 @@ def lab_available() -> str | None:
     return None
 
 
-def validate_doc(spec, cand, topology_name: str) -> dict:
-    """The config of a validation pair on the lab: the spec's ``[validate.native]`` cache,
-    workload, steps and seed on the topology, with the candidate's boot parameters (its
-    sysfs knobs are left out: the per-cache values need the model's cache table)."""
+def validate_doc(spec, cand, topology_name: str, profile=None) -> dict:
+    """The config of a validation pair on the lab kernel of ``profile``: the spec's
+    ``[validate.native]`` cache, workload, steps and seed on the topology, with what the
+    native target applies of the candidate (:func:`~slabtune.validate.candidates.
+    applied_values`): its boot parameters, and the cache's ``min_partial`` and
+    ``cpu_partial`` where it searches the knobs behind them, written to sysfs by the lab.
+    Those two only for a kmalloc cache (an own cache exists only during the run), and
+    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x)."""
+    from slabtune.kernel import labmod
+    from slabtune.tuner import objectives
     from slabtune.validate.native_tasks import native_doc
 
-    doc, _ = native_doc(spec, cand, topology_name)
-    doc["policy"]["params"] = {k: v for k, v in doc["policy"]["params"].items()
-                               if k in dict(cand.boot)}
+    cache = spec.native["cache"]
+    per_cache = objectives.cache_values(spec.fleet, cand.params())[cache]
+    doc, _ = native_doc(spec, cand, topology_name, per_cache)
+    keep = set(dict(cand.boot))
+    if cache in labmod.KMALLOC_NAMES:
+        keep.add("min_partial")
+        if profile is None or profile.has_cpu_partial:
+            keep.add("cpu_partial")
+    doc["policy"]["params"] = {k: v for k, v in doc["policy"]["params"].items() if k in keep}
     return doc
 
 
@@ -583,10 +598,10 @@ def validate_predictions(tds: Sequence[Mapping[str, Any]], kernels: Sequence[str
     profiles = {k: kernel_profile(k) for k in kernels}
     keys, items = [], []
     for td in tds:
-        doc = validate_doc(spec, Candidate.from_json(td["candidate"]), td["topology"])
+        cand = Candidate.from_json(td["candidate"])
         for k in kernels:
             keys.append((td["index"], k))
-            items.append((doc, profiles[k]))
+            items.append((validate_doc(spec, cand, td["topology"], profiles[k]), profiles[k]))
     out: dict[int, dict[str, dict]] = {}
     for (i, k), pred in zip(keys, predict(items)):
         out.setdefault(i, {})[k] = pred
@@ -602,10 +617,10 @@ def run_validate_task(task: Mapping[str, Any]) -> list[dict]:
 
     spec = parse_spec(task["spec_text"], task["spec_name"])
     cand = Candidate.from_json(task["candidate"])
-    doc = validate_doc(spec, cand, task["topology"])
-    cfg = config_from_doc(doc, f"{cand.id}@{task['topology']}")
     rows: list[dict] = []
     for k in task["lab_kernels"]:
+        doc = validate_doc(spec, cand, task["topology"], kernel_profile(k))
+        cfg = config_from_doc(doc, f"{cand.id}@{task['topology']}")
         rec = run_boot({"index": task["index"], "kernel": k, "doc": doc,
                         "timeout_s": task.get("timeout_s") or spec.timeout_s,
                         "accel": spec.accel})

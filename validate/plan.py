@@ -139,9 +139,11 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
         for c in cands:
             for t in spec.fleet.topologies:
                 try:
-                    doc = lab.validate_doc(spec, c, t.name)
-                    lab.spec_for(doc)
-                    labmod.config_params(doc)
+                    for k in kernels:
+                        prof = lab.kernel_profile(k)
+                        doc = lab.validate_doc(spec, c, t.name, prof)
+                        lab.spec_for(doc, prof)
+                        labmod.config_params(doc)
                 except SlabtuneError as err:
                     raise SlabtuneError(f"candidate {c.id} (lab, {t.name}): {err}") from None
     if "native" in targets:

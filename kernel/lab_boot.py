@@ -37,6 +37,7 @@ from typing import Any
 
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import build, guest, labmod
+from slabtune.model import profiles
 from slabtune.model.topology import Topology
 
 MARK = "@@LAB"
@@ -340,7 +341,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     # SLAB_NO_MERGE exists from v6.5; before it, an own cache of a kmalloc size would be
     # merged into kmalloc-N (find_mergeable()) and its counters mixed with the kernel's,
     # so those kernels boot with slab_nomerge instead.
-    old_kernel = _release_before(guest.bzimage_release(kernel), (6, 5))
+    ver = profiles.release_version(guest.bzimage_release(kernel))
+    old_kernel = ver is not None and ver < (6, 5)
     own = "name" not in cache_doc
     params = (labmod.cache_params(cache_doc, no_merge=not old_kernel)
               + labmod.module_params(workload_doc, topology, ops=ops, seed=seed, ring=ring)
@@ -402,12 +404,6 @@ def resolve_kernel(name: str) -> tuple[Path, str]:
     raise LabBootError(f"--kernel {name}: release {release or 'unknown'} is not one of the "
                        "built lab kernels, so there is no tree to build the lab module "
                        "against (scripts/build-kernels.sh)")
-
-
-def _release_before(release: str | None, version: tuple[int, int]) -> bool:
-    """Whether a release string (``6.1.192-slabtune``) is older than ``version``."""
-    m = re.match(r"(\d+)\.(\d+)", release or "")
-    return bool(m) and (int(m.group(1)), int(m.group(2))) < version
 
 
 #: Errors of a boot that never reached the run's report: worth one more boot.
@@ -484,7 +480,7 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
         insmod_rc=parsed["rc"].get("insmod"), params=params, qemu_argv=argv, accel=accel,
         seconds=seconds, cmdline=cmdline,
         console_tail=(text + (f"\n[{runner} stderr]\n" + stderr if stderr.strip() else "")
-                      )[-4000:],
+                      )[-guest.CONSOLE_TAIL_CHARS:],
     )
 
 

@@ -887,7 +887,7 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     _unpend(cx, k_cs, k_all, nf)
     sh, nsh, full_main = _sheaf_free(cx, k, cfg, rem, k_all)
     c_cs, c_pc, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot)
-    own_fast = _frozen_frees(cx, c_cs, c_pc, cfg)
+    own_fast = _frozen_frees(cx, c_cs, c_pc)
     _part_frees(cx, xU, lay.on_cls, lay.from_cls)
     _full_slab_frees(cx, k, cfg, lay, xF)
 
@@ -1046,13 +1046,14 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     return c_cs, c_pc, xU, xF
 
 
-def _frozen_frees(cx: _Ctx, c_cs, c_pc, cfg: SimConfig):
+def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     """Frees into CPU slabs and per-CPU partial slabs: into this CPU's own CPU slab,
     slab_free()'s fast path onto its freelist; into another CPU's, __slab_free() onto the
     frozen slab's freelist (``cs_rfree``, which its owner takes on its next slow path);
     into per-CPU partial slabs, __slab_free() without the lock while they are frozen (v3.2
-    to v6.7); from v6.8 (``pc_empty_locks``) a free that empties one takes the list_lock of
-    its node (under the packing rule a listed slab empties every ``objs - 1`` frees).
+    to v6.7); from v6.8 (``pc_empty_locks``, folded into ``d["pc_lock_onehot"]``) a free
+    that empties one takes the list_lock of its node (under the packing rule a listed slab
+    empties every ``objs - 1`` frees).
     Returns the fast frees."""
     st, r = cx.st, cx.r
     mine = _REPS == r

@@ -16,7 +16,6 @@ reference in :mod:`slabtune.model.reference` checks every formula here in the te
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -110,7 +109,7 @@ def has_cpu_slab(p: ProfileArrays):
     """Whether the profile's caches have a per-CPU slab (array form of
     :attr:`~slabtune.model.profiles.KernelProfile.has_cpu_slab`: none from v7.0)."""
     modes = [kernel_profiles.SHEAF_MODES.index(m) for m in kernel_profiles.CPU_SLAB_SHEAF_MODES]
-    return functools.reduce(jnp.logical_or, [p.sheaf_mode == m for m in modes])
+    return jnp.isin(p.sheaf_mode, jnp.asarray(modes, _I32))
 
 
 def stack_profiles(profiles) -> ProfileArrays:

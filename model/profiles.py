@@ -240,6 +240,13 @@ def get_profile(name: str) -> KernelProfile:
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
 
 
+def release_version(release: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a kernel release string (``6.1.0-27-amd64`` -> (6, 1)); None when
+    it does not start with a version."""
+    m = _RELEASE.match(release or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def detect_profile(release: str) -> KernelProfile:
     """Pick the profile whose era covers a kernel release string such as ``6.1.0-27-amd64``.
 
@@ -247,10 +254,9 @@ def detect_profile(release: str) -> KernelProfile:
     (the order loop changed in v6.8, which the nearest profile below 6.12, v6.1, does not
     have: see :func:`era_overrides`).
     """
-    m = _RELEASE.match(release)
-    if not m:
+    ver = release_version(release)
+    if ver is None:
         raise UnknownProfileError(f"cannot read a kernel version from release {release!r}")
-    ver = (int(m.group(1)), int(m.group(2)))
     best: KernelProfile | None = None
     for p in sorted(PROFILES.values(), key=lambda p: p.version):
         if p.version <= ver:

@@ -407,11 +407,11 @@ class RefSim:
             return
         self._bump("free_slow", r)
         if kind == "pc":
-            before = self._nonempty(self.pc_slabs[k], self.pc_inuse[k])
             self.pc_inuse[k] -= 1
-            if self.pc_empty_locks and \
-                    self._nonempty(self.pc_slabs[k], self.pc_inuse[k]) < before:
-                # v6.8: the listed slab is not frozen; emptying it takes the list_lock
+            # listed slabs hold objs - 1 objects at most: this free empties one when the
+            # objects left are a multiple of objs - 1 (v6.8: the listed slab is not
+            # frozen, so emptying it takes the list_lock)
+            if self.pc_empty_locks and self.pc_inuse[k] % self.cap1 == 0:
                 self._lock(r, self.mem[k])
             return
         if kind == "full" and self.F[n] <= 0:

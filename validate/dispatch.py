@@ -85,6 +85,47 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
     return ValidateResult(run.path, len(tasks), failed)
 
 
+def ray_error_lines(err) -> tuple[str, list[str]]:
+    """The last non-empty line of a Ray error (its class name when it has none), and all
+    its non-empty lines (for a console tail)."""
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else err.__class__.__name__), lines
+
+
+def ray_failure(err) -> tuple[str, list[str]]:
+    """The one-line error of a task Ray gave up on after its retries, and the lines."""
+    last, lines = ray_error_lines(err)
+    return f"failed after {MAX_RETRIES + 1} attempts: {last}", lines
+
+
+def model_task(what: str, fn, *args):
+    """Run ``fn(*args)`` (a batch of the model's predictions) as one Ray task on one CPU;
+    its failure is one SlabtuneError line naming ``what``."""
+    import ray
+
+    task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(fn)
+    try:
+        return ray.get(task.options(num_cpus=1).remote(*args))
+    except ray.exceptions.RayError as err:
+        raise SlabtuneError(f"{what}: the model's predictions failed: "
+                            f"{ray_error_lines(err)[0]}") from None
+
+
+def qemu_placement(flag: str, needed: bool) -> tuple[bool, int]:
+    """Whether the Ray cluster offers the ``qemu`` resource, and the most CPUs of one live
+    node.  A cluster of several nodes without it cannot place boots (``needed``): one error
+    line naming ``flag``."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
+    use_qemu = QEMU_RESOURCE in ray.cluster_resources()
+    if needed and not use_qemu and len(nodes) > 1:
+        raise SlabtuneError(f"{flag}: no Ray node offers the {QEMU_RESOURCE!r} resource "
+                            "(start workers with --resources='{\"qemu\": 1}')")
+    return use_qemu, node_cpus
+
+
 def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[str],
               timeout_s: float | None) -> int:
     """Submit every task to the current Ray session, store each as it finishes; returns the
@@ -92,26 +133,14 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
     import ray
 
     failed = 0
-    res = ray.cluster_resources()
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    node_cpus = int(max((n["Resources"].get("CPU", 1) for n in nodes), default=1))
-    use_qemu = QEMU_RESOURCE in res
-    if ("guest" in targets or "lab" in targets) and not use_qemu and len(nodes) > 1:
-        raise SlabtuneError(f"--target guest/lab: no Ray node offers the {QEMU_RESOURCE!r} "
-                            "resource (start workers with --resources='{\"qemu\": 1}')")
+    use_qemu, node_cpus = qemu_placement("--target guest/lab",
+                                         "guest" in targets or "lab" in targets)
     remote = ray.remote(max_retries=MAX_RETRIES,
                         retry_exceptions=[OSError, subprocess.SubprocessError])(run_task)
     tds = [_task_dict(t, spec, timeout_s) for t in tasks]
     nat = [td for td in tds if td["target"] == "native"]
     if nat:
-        model = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
-            native_model_task).options(num_cpus=1)
-        try:
-            filled = ray.get(model.remote(nat, spec.text, spec.name))
-        except ray.exceptions.RayError as err:
-            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-            raise SlabtuneError("native: the model's predictions failed: "
-                                + (lines[-1] if lines else err.__class__.__name__)) from None
+        filled = model_task("native", native_model_task, nat, spec.text, spec.name)
         for td in nat:
             td.update(filled["pairs"][td["index"]])
     labs = [td for td in tds if td["target"] == "lab"]
@@ -119,14 +148,7 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
         from slabtune.validate.lab import validate_predictions
 
         kernels = list(run.manifest["spec"].get("lab_kernels") or [])
-        model = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[OSError])(
-            validate_predictions).options(num_cpus=1)
-        try:
-            preds = ray.get(model.remote(labs, kernels, spec.text, spec.name))
-        except ray.exceptions.RayError as err:
-            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-            raise SlabtuneError("lab: the model's predictions failed: "
-                                + (lines[-1] if lines else err.__class__.__name__)) from None
+        preds = model_task("lab", validate_predictions, labs, kernels, spec.text, spec.name)
         for td in labs:
             td["lab_kernels"] = kernels
             td["lab_predicted"] = {str(k): v for k, v in preds[td["index"]].items()}
@@ -138,11 +160,6 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
                        candidate=td["candidate"]["id"], topology=td["topology"],
                        target=td["target"], error=st["error"] if st else None)
         return int(bad)
-
-    def ray_failure(err) -> tuple[str, list[str]]:
-        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-        return (f"failed after {MAX_RETRIES + 1} attempts: "
-                + (lines[-1] if lines else err.__class__.__name__)), lines
 
     refs = {}
     for td in tds:

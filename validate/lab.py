@@ -62,8 +62,6 @@ MODEL_COUNTERS: dict[str, tuple[str, bool]] = {
     "sheaf_refill": ("sheaf_refill", True),
     "sheaf_flush": ("sheaf_flush", True),
 }
-#: Ray task retries for a worker that died or raised OSError.
-MAX_RETRIES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +108,12 @@ def parse_config(text: str, name: str, path: str = "") -> LabConfig:
     return LabConfig(name, path, text, doc, digest)
 
 
-def config_from_doc(doc: Mapping[str, Any], name: str) -> LabConfig:
-    """A :class:`LabConfig` of a document built in code (validate's pairs)."""
+def config_from_doc(doc: Mapping[str, Any], name: str, path: str = "") -> LabConfig:
+    """A :class:`LabConfig` of a document built in code (validate's pairs, a stored run's
+    records)."""
     d = copy.deepcopy(dict(doc))
     digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-    return LabConfig(name, "", "", d, digest)
+    return LabConfig(name, path, "", d, digest)
 
 
 def load_config(path: str | os.PathLike) -> LabConfig:
@@ -230,16 +229,16 @@ def run_boot(task: Mapping[str, Any]) -> dict:
     t0 = time.monotonic()
     rec = blank_record(task["index"], task["kernel"])
     try:
+        args = boot_args(task["doc"])
         r = lab_boot.boot_lab(task["kernel"], accel=task.get("accel", "auto"),
                               timeout_s=float(task.get("timeout_s") or
-                                              lab_boot.DEFAULT_TIMEOUT_S),
-                              **boot_args(task["doc"]))
+                                              lab_boot.DEFAULT_TIMEOUT_S), **args)
     except SlabtuneError as err:
         rec.update(error=str(err), seconds=time.monotonic() - t0)
         return rec
     rec.update(ok=r.ok, error=r.error, release=r.release, accelerator=f"lab-{r.accel}",
                attempts=r.attempts, seconds=r.seconds, cmdline=r.cmdline,
-               sysfs=dict(boot_args(task["doc"])["sysfs"]),
+               sysfs=dict(args["sysfs"]),
                module_params=r.params, console_tail="" if r.ok else r.console_tail,
                measured=lab_boot.measure(r) if r.ok else None)
     return rec
@@ -293,6 +292,7 @@ def rows_of(record: Mapping[str, Any], base: Mapping[str, Any]) -> list[dict]:
     """Store rows (validate/schema.py ROW_SCHEMA) of one combined record: one per compared
     figure and one per counter either side has (``counters.<name>``, predicted None where
     the model has no counterpart); a failed run is one failed row with its console tail."""
+    from slabtune.kernel.guest import CONSOLE_TAIL_CHARS
     from slabtune.validate.schema import ROW_SCHEMA, TASK_FIELD
 
     common = {k: None for k in ROW_SCHEMA}
@@ -307,7 +307,7 @@ def rows_of(record: Mapping[str, Any], base: Mapping[str, Any]) -> list[dict]:
     if not record["ok"]:
         return [{**common, "status": "failed", "field": TASK_FIELD,
                  "error": record["error"] or "failed", "comparable": False,
-                 "console_tail": record["console_tail"][-4000:]}]
+                 "console_tail": record.get("console_tail", "")[-CONSOLE_TAIL_CHARS:]}]
     m, p = record["measured"], record["predicted"]
     out = []
     for k, unit in COMPARED.items():
@@ -358,14 +358,9 @@ def stored_run(run, repredict: bool = False) -> LabRun:
     if repredict and recs:
         preds = predict([(r["config"]["doc"], profiles.detect_profile(r["release"]))
                          for r in recs])
-        out = []
-        for r, pred in zip(recs, preds):
-            cfg = config_from_doc(r["config"]["doc"], r["config"]["name"])
-            cfg = dataclasses.replace(cfg, path=r["config"].get("path", ""))
-            base = {**r, "measured": {k: v for k, v in (r["measured"] or {}).items()
-                                      if k != "counters_per_kop"} or None}
-            out.append(combine(base, cfg, pred))
-        recs = out
+        recs = [combine(r, config_from_doc(r["config"]["doc"], r["config"]["name"],
+                                           r["config"].get("path", "")), pred)
+                for r, pred in zip(recs, preds)]
     return LabRun(run.path, recs)
 
 
@@ -413,15 +408,10 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
 def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
     import ray
 
-    from slabtune.validate.schema import QEMU_RESOURCE, frame
+    from slabtune.validate.dispatch import qemu_placement, ray_failure
+    from slabtune.validate.schema import MAX_RETRIES, QEMU_RESOURCE, frame
 
-    res = ray.cluster_resources()
-    use_qemu = QEMU_RESOURCE in res
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    if not use_qemu and len(alive) > 1:
-        raise SlabtuneError(f"lab: no Ray node offers the {QEMU_RESOURCE!r} resource (start "
-                            "workers with --resources='{\"qemu\": 1}')")
-    node_cpus = int(max((n["Resources"].get("CPU", 1) for n in alive), default=1))
+    use_qemu, node_cpus = qemu_placement("lab", True)
     remote = ray.remote(max_retries=MAX_RETRIES,
                         retry_exceptions=[OSError, subprocess.SubprocessError])(run_boot)
     records: dict[int, dict] = {}
@@ -447,10 +437,8 @@ def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
             try:
                 rec = ray.get(ref)
             except ray.exceptions.RayError as err:
-                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                rec = blank_record(i, kernel, attempts=MAX_RETRIES + 1,
-                                   error=f"failed after {MAX_RETRIES + 1} attempts: "
-                                   + (lines[-1] if lines else err.__class__.__name__),
+                msg, lines = ray_failure(err)
+                rec = blank_record(i, kernel, attempts=MAX_RETRIES + 1, error=msg,
                                    console_tail="\n".join(lines[-20:]))
             full = combine(rec, cfg, preds[i])
             rows = rows_of(full, {"task": i, "candidate": cfg.name,
@@ -564,20 +552,31 @@ def lab_available() -> str | None:
     return None
 
 
-def validate_doc(spec, cand, topology_name: str, profile=None) -> dict:
+def lab_cache_values(spec, cand) -> dict[str, int]:
+    """The candidate's per-cache values of the spec's native cache (min_partial,
+    cpu_partial, ...; :func:`slabtune.tuner.objectives.cache_values`), the same for every
+    topology and kernel: compute once per candidate."""
+    from slabtune.tuner import objectives
+
+    return objectives.cache_values(spec.fleet, cand.params())[spec.native["cache"]]
+
+
+def validate_doc(spec, cand, topology_name: str, profile=None,
+                 per_cache: Mapping[str, int] | None = None) -> dict:
     """The config of a validation pair on the lab kernel of ``profile``: the spec's
     ``[validate.native]`` cache, workload, steps and seed on the topology, with what the
     native target applies of the candidate (:func:`~slabtune.validate.candidates.
     applied_values`): its boot parameters, and the cache's ``min_partial`` and
     ``cpu_partial`` where it searches the knobs behind them, written to sysfs by the lab.
     Those two only for a kmalloc cache (an own cache exists only during the run), and
-    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x)."""
+    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x).
+    ``per_cache``: :func:`lab_cache_values` when the caller has it already."""
     from slabtune.kernel import labmod
-    from slabtune.tuner import objectives
     from slabtune.validate.native_tasks import native_doc
 
     cache = spec.native["cache"]
-    per_cache = objectives.cache_values(spec.fleet, cand.params())[cache]
+    if per_cache is None:
+        per_cache = lab_cache_values(spec, cand)
     doc, _ = native_doc(spec, cand, topology_name, per_cache)
     keep = set(dict(cand.boot))
     if cache in labmod.KMALLOC_NAMES:
@@ -599,9 +598,11 @@ def validate_predictions(tds: Sequence[Mapping[str, Any]], kernels: Sequence[str
     keys, items = [], []
     for td in tds:
         cand = Candidate.from_json(td["candidate"])
+        per_cache = lab_cache_values(spec, cand)
         for k in kernels:
             keys.append((td["index"], k))
-            items.append((validate_doc(spec, cand, td["topology"], profiles[k]), profiles[k]))
+            items.append((validate_doc(spec, cand, td["topology"], profiles[k], per_cache),
+                          profiles[k]))
     out: dict[int, dict[str, dict]] = {}
     for (i, k), pred in zip(keys, predict(items)):
         out.setdefault(i, {})[k] = pred
@@ -617,9 +618,10 @@ def run_validate_task(task: Mapping[str, Any]) -> list[dict]:
 
     spec = parse_spec(task["spec_text"], task["spec_name"])
     cand = Candidate.from_json(task["candidate"])
+    per_cache = lab_cache_values(spec, cand)
     rows: list[dict] = []
     for k in task["lab_kernels"]:
-        doc = validate_doc(spec, cand, task["topology"], kernel_profile(k))
+        doc = validate_doc(spec, cand, task["topology"], kernel_profile(k), per_cache)
         cfg = config_from_doc(doc, f"{cand.id}@{task['topology']}")
         rec = run_boot({"index": task["index"], "kernel": k, "doc": doc,
                         "timeout_s": task.get("timeout_s") or spec.timeout_s,

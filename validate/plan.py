@@ -129,19 +129,18 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
             raise SlabtuneError(f"--target lab: {why}")
         kernels = lab.resolve_kernels(None)
         info["lab_kernels"] = kernels
-        for k in kernels:
-            prof = lab.kernel_profile(k)
-            for c in cands:
+        profs = {k: lab.kernel_profile(k) for k in kernels}
+        for c in cands:
+            for k, prof in profs.items():
                 try:
                     bootparams.validate_params(dict(c.boot), prof)
                 except SlabtuneError as err:
                     raise SlabtuneError(f"candidate {c.id} (lab {k}): {err}") from None
-        for c in cands:
+            per_cache = lab.lab_cache_values(spec, c)
             for t in spec.fleet.topologies:
                 try:
-                    for k in kernels:
-                        prof = lab.kernel_profile(k)
-                        doc = lab.validate_doc(spec, c, t.name, prof)
+                    for prof in profs.values():
+                        doc = lab.validate_doc(spec, c, t.name, prof, per_cache)
                         lab.spec_for(doc, prof)
                         labmod.config_params(doc)
                 except SlabtuneError as err:

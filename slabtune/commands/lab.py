@@ -97,12 +97,11 @@ def _show(args) -> int:
         raise SlabtuneError(f"lab show: {extra[0]} does not apply to show")
     input_dir("--out", args.out)
     run = store.resolve_run(args.configs[0], args.out)
-    res = lab.stored_run(run, repredict=args.repredict)
-    _print(args, res, rows=None if args.repredict else True)
+    _print(args, lab.stored_run(run, repredict=args.repredict))
     return 0
 
 
-def _print(args, res, rows=True) -> None:
+def _print(args, res) -> None:
     if args.json:
         recs = [{k: v for k, v in r.items() if k != "console_tail" or not r["ok"]}
                 for r in res.records]
@@ -112,13 +111,10 @@ def _print(args, res, rows=True) -> None:
     elif args.markdown:
         print(format_markdown(res.records))
     else:
-        from slabtune.results import store
         from slabtune.validate import lab
 
         print(format_text(res.records))
-        frame = (store.open_run(res.run_dir).collect() if rows else
-                 _frame_of(res.records))
-        print("\n".join(lab.format_summary(lab.summary(frame))), flush=True)
+        print("\n".join(lab.format_summary(lab.summary(_frame_of(res.records)))), flush=True)
         print(f"run {res.run_dir}", file=sys.stderr)
 
 
@@ -192,7 +188,8 @@ def format_markdown(records) -> str:
 
 
 def _frame_of(records):
-    """Store rows of records that were not stored as such (``show --repredict``)."""
+    """The rows of the records (the summary's input: the same as a stored run's rows for
+    it, and the only rows ``show --repredict`` has)."""
     from slabtune.validate import lab
     from slabtune.validate.schema import frame
 

@@ -84,6 +84,13 @@ def per_op(counters, name):
     return _safe_div(getattr(counters, name), counters.ops)
 
 
+def per_kop(counters, weight, x):
+    """Events ``x`` (R,) per 1000 operations of the machine: each rep's counts weighted by
+    the CPUs it stands for (``weight``), over the weighted operations."""
+    w = _f(weight)
+    return 1000.0 * _safe_div(jnp.sum(w * _f(x)), jnp.sum(w * _f(counters.ops)))
+
+
 def op_rates(counters, sheaf_capacity) -> cost.OpRates:
     """Per-op event rates of each rep, in the terms the cost model charges."""
     g = lambda n: per_op(counters, n)  # noqa: E731
@@ -201,7 +208,7 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     ops = _f(counters.ops)
     wops = jnp.sum(w * ops)
     wsum = lambda x: jnp.sum(w * _f(x))  # noqa: E731
-    per_kop = lambda x: 1000.0 * _safe_div(wsum(x), wops)  # noqa: E731
+    kop = lambda x: per_kop(counters, w, x)  # noqa: E731
 
     rates = op_rates(counters, cfg.sheaf_capacity)
     alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
@@ -215,7 +222,7 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     ll_weight = w[:, None] * ops[:, None] * ll_acq
     ll_wait = _safe_div(jnp.sum(ll_weight * sol.wait[:, :n_nodes]), jnp.sum(ll_weight))
 
-    page_allocs = per_kop(counters.slab_alloc)
+    page_allocs = kop(counters.slab_alloc)
     by_order = jnp.where(jnp.arange(N_ORDERS) == cfg.order, page_allocs, 0.0)
     total_b, live_b, inuse_b, empty_b, cpp_b, sheaf_b, barn_b = memory(
         counters, cfg, object_size)
@@ -223,15 +230,15 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     return Metrics(
         alloc_fastpath_frac=_safe_div(wsum(counters.alloc_fast), wsum(counters.allocs)),
         free_fastpath_frac=_safe_div(wsum(counters.free_fast), wsum(counters.frees)),
-        alloc_slowpath_per_kop=per_kop(counters.alloc_slow),
-        free_slowpath_per_kop=per_kop(counters.free_slow),
-        remote_frees_per_kop=per_kop(counters.remote_free),
+        alloc_slowpath_per_kop=kop(counters.alloc_slow),
+        free_slowpath_per_kop=kop(counters.free_slow),
+        remote_frees_per_kop=kop(counters.remote_free),
         slab_allocs_per_kop=page_allocs,
-        slab_frees_per_kop=per_kop(counters.slab_free),
+        slab_frees_per_kop=kop(counters.slab_free),
         page_allocs_per_kop_by_order=by_order,
-        list_lock_per_kop=per_kop(counters.list_lock),
-        list_lock_remote_per_kop=per_kop(counters.list_lock_remote),
-        barn_lock_per_kop=per_kop(counters.barn_get + counters.barn_put
+        list_lock_per_kop=kop(counters.list_lock),
+        list_lock_remote_per_kop=kop(counters.list_lock_remote),
+        barn_lock_per_kop=kop(counters.barn_get + counters.barn_put
                                   + counters.barn_get_fail + counters.barn_put_fail),
         zone_lock_per_kop=1000.0 * _safe_div(
             jnp.sum(w * ops * zone_calls * cost.zone_lock_per_call(cfg.order, pcp_max, c)), wops),

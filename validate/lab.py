@@ -168,6 +168,7 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[d
     """The model's side of each (config document, KernelProfile or None) pair: the compared
     figures, every counter of :data:`MODEL_COUNTERS` per 1000 ops (weighted over the
     representative CPUs as the metrics are), the structure, and the profile."""
+    from slabtune.model import metrics
     from slabtune.sweeps import simconfig, simulate
 
     if cost is None:
@@ -177,13 +178,10 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[d
     rows = simulate.metrics_of(specs, structs, cfgs, counters, cost)
     out = []
     for spec, cfg, cnt, row in zip(specs, cfgs, counters, rows):
-        w = np.asarray(cfg.rep_weight, np.float64)
-        wops = float(np.sum(w * np.asarray(cnt.ops, np.float64)))
         cap = int(row["sheaf_capacity"])
-        per_kop = {}
-        for name, (field, per_sheaf) in MODEL_COUNTERS.items():
-            v = float(np.sum(w * np.asarray(getattr(cnt, field), np.float64)))
-            per_kop[name] = 1000.0 * v * (cap if per_sheaf else 1) / wops if wops else 0.0
+        per_kop = {name: float(metrics.per_kop(cnt, cfg.rep_weight, getattr(cnt, field)))
+                   * (cap if per_sheaf else 1)
+                   for name, (field, per_sheaf) in MODEL_COUNTERS.items()}
         out.append({
             **{k: row[k] for k in COMPARED},
             "profile": spec.profile.name,

@@ -18,17 +18,14 @@ node's barn lock, a zone lock), ``line_{r,l}`` the transfer of one cache line to
 acquiring CPU (local or cross-node), ``k_l`` the lines a critical section of that lock
 moves from the previous holder (``list_lock_lines``, ``barn_lock_lines``,
 ``zone_lock_lines``: the lock word and the list heads, counters and links the section
-writes, see :data:`DOCS`), ``W_l`` the queueing wait.  Contention is M/M/1 on each
-lock, whose service time is ``hold_l + k_l * line_{r,l}``: with ``lambda_l`` acquisitions
-per ns on each of the ``m_l`` real locks of the class (rep ``r``'s CPUs contribute
-``weight_r * A[r, l]`` per op), ``rho_l = sum_r lambda_{r,l} * (hold_l + k_l * line_{r,l})``
-and ``W_l = s_l * rho_l / (1 - rho_l)`` with ``s_l`` the mean service time, less the CPU's own
-share of ``rho_l`` in the numerator (a CPU never queues behind itself).  ``t_r`` depends
-on ``W`` and ``W`` on ``t_r``; the fixed point is found by bisection on each lock's
-utilisation in turn (the map from ``rho`` to ``rho'`` is decreasing, so plain iteration
-would oscillate), static rounds for ``jit``.  Near saturation the fixed point gives each
-lock a throughput just under one per mean service time: the machine slows to what its
-busiest lock can serve, which is how one node's list_lock caps a whole machine.
+writes, see :data:`DOCS`), ``W_l`` the queueing wait.  Each lock is a queue of a closed
+network (the machine-repairman model): a CPU spinning on a lock does nothing else, so a lock
+never has more waiters than the CPUs that take it, and the service of an acquisition is
+``hold_l + k_l * line_{r,l}`` (a CPU across the interconnect holds the lock longer for
+everyone).  The waits are mean-value analysis (:func:`mva_waits`); the machine's pace is
+the one root of a decreasing function (:func:`solve`).  Near saturation the busiest lock
+serves one acquisition per mean service time and the machine slows to what it serves:
+which is how one node's list_lock caps a whole machine.
 """
 
 from __future__ import annotations
@@ -63,7 +60,7 @@ class CostParams(NamedTuple):
     pcp_batch: jnp.ndarray
     page_setup_ns: jnp.ndarray
     object_setup_ns: jnp.ndarray
-    rho_max: jnp.ndarray
+    queueing: jnp.ndarray
     list_lock_lines: jnp.ndarray
     barn_lock_lines: jnp.ndarray
     zone_lock_lines: jnp.ndarray
@@ -97,7 +94,8 @@ DOCS: dict[str, str] = {
     "page_setup_ns": "per 4 KiB page of a new or freed slab (struct page/folio setup, "
                      "memcg accounting)",
     "object_setup_ns": "per object of a new slab (freelist construction in allocate_slab)",
-    "rho_max": "cap on lock utilisation in the M/M/1 wait (keeps the fixed point finite)",
+    "queueing": "1: CPUs queue for contended locks (the closed-queue waits of solve); 0: "
+                "no waits, for the one-core rig of rig_cost only (a flag, not a time)",
     "list_lock_lines": "cache lines one list_lock critical section moves from the previous "
                        "holder (a count): the lock word of struct kmem_cache_node, its "
                        "partial list head and nr_partial, the slab's slab->slab_list links "
@@ -112,8 +110,14 @@ DOCS: dict[str, str] = {
 
 #: Constants a cost file may leave out, with the value they take then (the physical priors
 #: of :data:`slabtune.model.priors.PRIOR`): the per-acquisition line counts came after
-#: the first cost files, which charged one line per acquisition.
+#: the first cost files, which charged one line per acquisition; ``queueing`` came with the
+#: closed-queue waits.
+#: Names older cost files may carry that no longer exist: ``rho_max`` capped the utilisation
+#: of the open M/M/1 queue the closed queue replaced (a closed queue needs no cap).  A file
+#: that sets one still loads; the value is not used.
+RETIRED: tuple[str, ...] = ("rho_max",)
 OPTIONAL_DEFAULTS: dict[str, float] = {
+    "queueing": 1.0,
     "list_lock_lines": 4.0,
     "barn_lock_lines": 3.0,
     "zone_lock_lines": 4.0,
@@ -145,6 +149,8 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
     out = dict(OPTIONAL_DEFAULTS) if base is None else {
         k: float(v) for k, v in base._asdict().items()}
     for key, val in values.items():
+        if key in RETIRED:
+            continue
         if key not in FIELDS:
             raise CostError(f"cost.{key}: unknown cost constant (known: {', '.join(FIELDS)})")
         if isinstance(val, bool) or not isinstance(val, (int, float)):
@@ -159,8 +165,9 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
         raise CostError(f"cost.{missing[0]}: missing (every constant needs a value)")
     if out["pcp_batch"] < 1:
         raise CostError(f"cost.pcp_batch: {out['pcp_batch']} must be at least 1")
-    if not 0 < out["rho_max"] < 1:
-        raise CostError(f"cost.rho_max: {out['rho_max']} must be in (0, 1)")
+    if out["queueing"] != 1.0:
+        raise CostError(f"cost.queueing: {out['queueing']} must be 1 (0, no queueing, is "
+                        "for the one-core rig table built in code)")
     for key in OPTIONAL_DEFAULTS:
         if out[key] < 1:
             raise CostError(f"cost.{key}: {out[key]} must be at least 1 (the lock's own line)")
@@ -168,7 +175,7 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
 
 
 #: Constants a one-core rig's cost is linear in (:func:`rig_cost`): everything but the line
-#: transfers (none move between CPUs), the queueing cap (no lock is contended), the lock line
+#: transfers (none move between CPUs), ``queueing`` (no lock is contended), the lock line
 #: counts (they multiply a zero line cost) and ``pcp_batch`` (a count, held fixed).
 RIG_FREE: tuple[str, ...] = (
     "alloc_fast_ns", "free_fast_ns", "alloc_slow_ns", "free_slow_ns", "sheaf_swap_ns",
@@ -182,11 +189,10 @@ def rig_cost(values: dict, pcp_batch: float) -> CostParams:
     native timing runs): no cache line ever moves between CPUs, so ``line_local_ns =
     line_remote_ns = 0`` (a lock's critical section and a remote free cost only their own
     work), and no lock is ever contended (the threads time-slice on one core, and a call
-    that spans a time slice is dropped), so ``rho_max = 0``: :func:`wait_excluding_own`
-    clips every utilisation to 0 and the M/M/1 wait is exactly 0.  ns per op is then linear
-    in the :data:`RIG_FREE` constants taken from ``values`` (missing ones are 0), with
-    ``pcp_batch`` fixed.  Built in code only: :func:`parse_cost_toml` keeps ``rho_max`` in
-    (0, 1) for the tables the tuner uses."""
+    that spans a time slice is dropped), so ``queueing = 0``: :func:`solve` charges no wait.
+    ns per op is then linear in the :data:`RIG_FREE` constants taken from ``values``
+    (missing ones are 0), with ``pcp_batch`` fixed.  Built in code only:
+    :func:`parse_cost_toml` keeps ``queueing`` at 1 for the tables the tuner uses."""
     bad = [k for k in values if k not in RIG_FREE]
     if bad:
         raise CostError(f"cost.{bad[0]}: not a rig constant (rig constants: {', '.join(RIG_FREE)})")
@@ -196,7 +202,7 @@ def rig_cost(values: dict, pcp_batch: float) -> CostParams:
     if not float(pcp_batch) >= 1:
         raise CostError(f"cost.pcp_batch: {pcp_batch} must be at least 1")
     out = {k: float(values.get(k, 0.0)) for k in RIG_FREE}
-    out.update(line_local_ns=0.0, line_remote_ns=0.0, rho_max=0.0, pcp_batch=float(pcp_batch),
+    out.update(line_local_ns=0.0, line_remote_ns=0.0, queueing=0.0, pcp_batch=float(pcp_batch),
                list_lock_lines=1.0, barn_lock_lines=1.0, zone_lock_lines=1.0)
     return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
 
@@ -305,21 +311,26 @@ def lock_line_counts(c: CostParams):
 
 
 # --------------------------------------------------------------------------- contention
-
-
-def mm1_wait(hold, rho, rho_max):
-    """M/M/1 mean wait in queue: hold * rho / (1 - rho), with rho capped at rho_max."""
-    rho = jnp.clip(rho, 0.0, rho_max)
-    return hold * rho / (1.0 - rho)
-
-
-def wait_excluding_own(service, rho, own, rho_max):
-    """M/M/1 mean wait of one CPU: service * rho_others / (1 - rho), where rho_others =
-    rho - own leaves out the CPU's own share ``own`` (shape (R, L)) and ``service`` (L,) is
-    the lock's mean service time; a lone CPU never waits."""
-    rho = jnp.clip(rho, 0.0, rho_max)[None, :]
-    others = jnp.clip(rho - own, 0.0, rho)
-    return service[None, :] * others / (1.0 - rho)
+#
+# Every lock is a queue in a CLOSED network: a CPU waiting for a spinlock does nothing else,
+# so no lock can ever see more waiters than there are CPUs that take it, and a machine whose
+# busiest lock saturates slows down to what that lock serves (the machine-repairman model).
+# An open M/M/1 queue would let the queue grow without bound as the utilisation nears 1 and
+# needed a cap; a closed one needs none.  The waits are Bard-Schweitzer mean-value analysis:
+#
+#   a CPU of rep r arriving at lock l finds, on average, the lock's mean population less
+#   its own share (the arrival theorem: it does not queue behind itself), and waits the
+#   service of each CPU ahead of it:   W_rl = sum_j Q_jl S_jl - Q_rl S_rl / max(n_rl, 1)
+#   Little's law for the CPUs of rep j at one lock of class l:  Q_jl = a_jl (S_jl + W_jl)
+#
+# with ``S`` the service (hold + the cache lines the section moves), ``n_rl`` the CPUs of
+# rep r on one lock of class l, and ``a_jl = n_jl x_j A_jl`` their arrivals per ns, where
+# ``x_j = duty_j / tau`` is one CPU's ops per ns at the machine's pace ``tau``.  For a given
+# ``tau`` the two equations are linear in the waits and have the closed form of
+# :func:`mva_waits`; ``tau`` itself is the one root of ``tau = max_r duty_r t_r(tau)``,
+# found by bisection (:func:`solve`).  Service is taken as exponential (a CPU finishing
+# its section is as far from done as one starting it); spinlock sections are closer to
+# constant, which would halve the wait for the holder in service: the model errs long.
 
 
 class Solution(NamedTuple):
@@ -327,153 +338,128 @@ class Solution(NamedTuple):
 
     t: jnp.ndarray           # (R,) ns per op of each rep CPU, everything included
     wait: jnp.ndarray        # (R, L) mean wait of rep r per acquisition of lock class l
-    rho: jnp.ndarray         # (L,) utilisation of each lock class
+    rho: jnp.ndarray         # (L,) utilisation of each lock of class l (busy fraction)
     tau: jnp.ndarray         # () ns per simulated step: the pace of the busiest rep
     throughput: jnp.ndarray  # () machine-wide ops per ns
-    residual: jnp.ndarray    # () max |U(rho) - rho| at the solution
-
-
-def solve(base, acq, hold, line, weight, multiplicity, rho_max, duty=None, sweeps: int = 6,
-          steps: int = 32) -> Solution:
-    """Solve t = base + acq @ (hold + line + W(t)) for the per-op times ``t``.
-
-    ``base`` (R,): ns per op outside locks.  ``acq`` (R, L): acquisitions per op of each
-    lock class.  ``hold`` (L,): hold time.  ``line`` (R, L): what rep r adds to each
-    acquisition of lock l beyond ``hold``: the transfer of the cache lines its critical
-    section moves (the lock's and the lists it guards, ``k_l * line_{r,l}``) and any
-    work it does under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real
-    CPUs per rep.  ``multiplicity`` (L,): real locks per class (arrivals spread evenly over
-    them).  ``duty`` (R,): ops per simulated step of each rep (default 1).
-
-    Service: a CPU holds the lock for ``hold`` plus the transfer of the lock's line (and the
-    list it guards) to it, ``hold + line``; CPUs across the interconnect therefore lower
-    the lock's capacity for everyone, which is how a memory node's lock becomes the
-    bottleneck of CPUs on memoryless nodes.
-
-    Pacing: the reps of a workload are coupled (a receiver frees what a sender allocated),
-    so the machine advances one simulated step in ``tau = max_r duty_r * t_r`` ns and rep
-    ``r`` does ``duty_r / tau`` ops per ns; with one rep, or equal reps, that is ``1 / t``.
-
-    In terms of the utilisations, the fixed point is ``rho = U(rho)`` with ``U`` decreasing
-    in every argument (more waiting slows every CPU, which lowers every arrival rate), so
-    ``U(rho)_l - rho_l`` has exactly one root in ``rho_l`` when the others are held: each
-    lock class is solved by bisection in turn, and the round over classes is repeated
-    (``sweeps`` and ``steps`` are static).
-
-    The parts: :func:`_lock_system` (the fixed arrays), :func:`_pace`, :func:`_waits`,
-    :func:`_times`, :func:`_utilisation` (of each lock class), :func:`_bisect_class` (the
-    bisection of one class), :func:`_fixed_point` (the rounds) and :func:`_solution` (the
-    final times).
-    """
-    s = _lock_system(base, acq, hold, line, weight, multiplicity, rho_max, duty)
-    rho = _fixed_point(s, sweeps, steps)
-    return _solution(s, rho)
+    residual: jnp.ndarray    # () |max_r duty_r t_r - tau| / tau at the solution: 0 to float32
+    #                          below saturation; about 1e-2 at a saturated lock, where the
+    #                          wait goes as 1 / (1 - U) with U within 1e-5 of 1
 
 
 class _Locks(NamedTuple):
-    """What :func:`solve` holds fixed while it looks for the utilisations (float32; R reps,
-    L lock classes)."""
+    """What :func:`solve` holds fixed while it looks for the pace (float32; R reps, L lock
+    classes)."""
 
-    fixed: jnp.ndarray         # (R,) ns per op without waiting: base + acq x service
-    acq: jnp.ndarray           # (R, L) acquisitions per op
-    service: jnp.ndarray       # (R, L) hold + line of rep r's acquisitions
-    mean_service: jnp.ndarray  # (L,) mean service over each lock's arrivals
-    own: jnp.ndarray           # (R, L) rep r's own share of a lock's utilisation
-    weight: jnp.ndarray        # (R,) real CPUs per rep
-    duty: jnp.ndarray          # (R,) ops per simulated step
-    active: jnp.ndarray        # (R,) weight > 0
-    mult: jnp.ndarray          # (L,) real locks per class, at least 1
-    rho_max: jnp.ndarray       # () utilisation cap
-    hold: jnp.ndarray          # (L,) hold time (its shape fixes L)
+    fixed: jnp.ndarray     # (R,) ns per op without waiting: base + acq x service
+    acq: jnp.ndarray       # (R, L) acquisitions per op
+    service: jnp.ndarray   # (R, L) hold + line of rep r's acquisitions
+    pop: jnp.ndarray       # (R, L) CPUs of rep r on one lock of class l (0: it never takes it)
+    duty: jnp.ndarray      # (R,) ops per simulated step (0 for an inactive rep)
+    wait_max: jnp.ndarray  # (L,) longest possible wait: every other CPU of the lock ahead
+    queueing: jnp.ndarray  # () 1: CPUs queue; 0: no waits (the one-core rig)
 
 
-def _lock_system(base, acq, hold, line, weight, multiplicity, rho_max, duty) -> _Locks:
-    """The :class:`_Locks` of :func:`solve`'s arguments: the service of each acquisition
-    (hold plus lines), the time per op without waiting, each lock's mean service over its
-    arrivals, and each rep's own share of a lock (taken out of the queue it sees)."""
+def _lock_system(base, acq, hold, line, weight, multiplicity, queueing, duty) -> _Locks:
+    """The :class:`_Locks` of :func:`solve`'s arguments."""
     base = jnp.asarray(base, _F32)
     acq = jnp.asarray(acq, _F32)
-    hold = jnp.asarray(hold, _F32)
-    line = jnp.asarray(line, _F32)
+    service = jnp.asarray(hold, _F32)[None, :] + jnp.asarray(line, _F32)
     weight = jnp.asarray(weight, _F32)
-    rho_max = jnp.asarray(rho_max, _F32)
-    duty = jnp.ones_like(base) if duty is None else jnp.asarray(duty, _F32)
     active = weight > 0
+    duty = jnp.ones_like(base) if duty is None else jnp.asarray(duty, _F32)
+    duty = jnp.where(active, duty, 0.0)
     mult = jnp.maximum(jnp.asarray(multiplicity, _F32), 1.0)
-    service = hold[None, :] + line
-    fixed = base + jnp.sum(acq * service, axis=1)
-    # Mean service time of each lock over its arrivals (rates all scale with 1 / tau).
-    flow = jnp.where(active, weight * duty, 0.0)[:, None] * acq
-    mean_service = jnp.where(jnp.sum(flow, axis=0) > 0,
-                             jnp.sum(flow * service, axis=0)
-                             / jnp.maximum(jnp.sum(flow, axis=0), 1e-30), hold)
-
-    # A CPU does not queue behind itself: its own share of a lock's utilisation (bounded
-    # above by its share when nobody waits) is taken out of the queue it sees.
-    own = acq * service * (duty / _pace(active, duty, fixed))[:, None]
-    return _Locks(fixed=fixed, acq=acq, service=service, mean_service=mean_service, own=own,
-                  weight=weight, duty=duty, active=active, mult=mult, rho_max=rho_max,
-                  hold=hold)
+    takes = active[:, None] & (acq > 0)
+    pop = jnp.where(takes, weight[:, None] / mult[None, :], 0.0)
+    # At most every other CPU that takes the lock is ahead, each for its longest service.
+    ahead = jnp.maximum(jnp.sum(pop, axis=0) - 1.0, 0.0)
+    wait_max = ahead * jnp.max(jnp.where(takes, service, 0.0), axis=0)
+    return _Locks(fixed=base + jnp.sum(acq * service, axis=1), acq=acq, service=service,
+                  pop=pop, duty=duty, wait_max=wait_max,
+                  queueing=jnp.asarray(queueing, _F32))
 
 
-def _pace(active, duty, t):
-    """ns per simulated step at per-op times ``t``: ``tau = max_r duty_r * t_r`` over the
-    active reps (at least 1e-3)."""
-    return jnp.maximum(jnp.max(jnp.where(active, duty * t, 0.0)), 1e-3)
+def mva_waits(arrivals, service, pop, wait_max):
+    """Mean wait per acquisition of each rep at each lock (R, L), for given arrivals.
+
+    ``arrivals`` (R, L): acquisitions per ns that the CPUs of rep r bring to ONE lock of
+    class l; ``service`` (R, L); ``pop`` (R, L): those CPUs' number.  Bard-Schweitzer MVA
+    (see the comment above :class:`Solution`): with ``u = a S`` and ``c = u / max(n, 1)``,
+    ``W_r = (B - c_r S_r) / (1 + c_r)`` where ``B = sum_j Q_j S_j`` solves
+    ``B = sum_j u_j (S_j + B) / (1 + c_j)``, i.e. ``B = P / (1 - U)`` with
+    ``U = sum_j u_j / (1 + c_j)`` and ``P = sum_j u_j S_j / (1 + c_j)``.  Where ``U >= 1``
+    (more work than one lock can serve at these arrivals) or a wait would exceed
+    ``wait_max`` (every other CPU ahead), the wait is ``wait_max``: a closed queue never
+    holds more than its CPUs.  A lone CPU (``n <= 1`` and no other rep) waits 0.
+    """
+    u = arrivals * service
+    c = u / jnp.maximum(pop, 1.0)
+    big_u = jnp.sum(u / (1.0 + c), axis=0)
+    p = jnp.sum(u * service / (1.0 + c), axis=0)
+    ok = big_u < 1.0
+    b = jnp.where(ok, p / jnp.where(ok, 1.0 - big_u, 1.0), jnp.inf)
+    w = (b[None, :] - c * service) / (1.0 + c)
+    return jnp.clip(w, 0.0, wait_max[None, :])
 
 
-def _waits(s: _Locks, rho):
-    """(R, L) mean wait of each rep per acquisition at utilisations ``rho``
-    (:func:`wait_excluding_own`)."""
-    return wait_excluding_own(s.mean_service, rho, s.own, s.rho_max)
+def _waits_at(s: _Locks, tau):
+    """(R, L) waits when the machine goes at ``tau`` ns per step."""
+    rate = s.duty / tau                                   # (R,) ops per ns of one CPU
+    w = mva_waits(s.pop * (rate[:, None] * s.acq), s.service, s.pop, s.wait_max)
+    return w * s.queueing
 
 
-def _times(s: _Locks, rho):
-    """(R,) ns per op at utilisations ``rho``: the fixed time plus the waits."""
-    return s.fixed + jnp.sum(s.acq * _waits(s, rho), axis=1)
+def _times_at(s: _Locks, tau):
+    """(R,) ns per op at pace ``tau``: the fixed time plus the waits."""
+    return s.fixed + jnp.sum(s.acq * _waits_at(s, tau), axis=1)
 
 
-def _utilisation(s: _Locks, t):
-    """(L,) utilisation of each lock class when the reps take ``t`` ns per op: the busy
-    time its arrivals bring per ns, spread over the class's locks, capped at rho_max."""
-    rate = s.duty / _pace(s.active, s.duty, t)
-    busy = jnp.sum(s.weight[:, None] * s.acq * s.service * rate[:, None], axis=0) / s.mult
-    return jnp.minimum(busy, s.rho_max)
+def _pace_of(s: _Locks, t):
+    """ns per step the reps need at per-op times ``t``: ``max_r duty_r t_r`` (at least
+    1e-3)."""
+    return jnp.maximum(jnp.max(s.duty * t), 1e-3)
 
 
-def _bisect_class(s: _Locks, rho, lc: int, steps: int):
-    """``rho`` with lock class ``lc``'s utilisation solved, the others held: ``steps``
-    bisections of ``U(rho)_lc - rho_lc`` (decreasing, one root) on [0, rho_max]."""
+def solve(base, acq, hold, line, weight, multiplicity, queueing=1.0, duty=None,
+          steps: int = 40) -> Solution:
+    """Per-op times ``t = base + acq @ (hold + line + W)`` with ``W`` the closed-queue waits.
+
+    ``base`` (R,): ns per op outside locks (the workload's own work included).  ``acq``
+    (R, L): acquisitions per op of each lock class.  ``hold`` (L,): hold time.  ``line``
+    (R, L): what rep r adds to each acquisition beyond ``hold``: the cache lines its
+    critical section moves (``k_l * line_{r,l}``, local or cross-node) and any work it does
+    under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real CPUs per rep.
+    ``multiplicity`` (L,): real locks per class (a rep's CPUs spread evenly over them).
+    ``queueing``: 1, or 0 for no waits (the one-core rig, :func:`rig_cost`).  ``duty`` (R,):
+    ops per simulated step of each rep (default 1).
+
+    Pacing: the reps of a workload are coupled (a receiver frees what a sender allocated),
+    so the machine advances one step in ``tau = max_r duty_r t_r`` ns and rep ``r`` does
+    ``duty_r / tau`` ops per ns: a rep that is not the slowest idles.  Every wait falls as
+    ``tau`` grows, so ``max_r duty_r t_r(tau) - tau`` is decreasing and has one root, found
+    by ``steps`` bisections of ``log tau`` between the pace with no waiting and the pace
+    with every CPU queued behind every other at each of its locks.
+    """
+    s = _lock_system(base, acq, hold, line, weight, multiplicity, queueing, duty)
+    lo = _pace_of(s, s.fixed)
+    hi = _pace_of(s, s.fixed + jnp.sum(s.acq * s.wait_max[None, :], axis=1))
+    hi = jnp.maximum(hi, lo * (1.0 + 1e-6))
+
     def bisect(_, bracket):
-        lo, hi = bracket
-        mid = 0.5 * (lo + hi)
-        trial = rho.at[lc].set(mid)
-        above = _utilisation(s, _times(s, trial))[lc] > mid
-        return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+        a, b = bracket
+        mid = jnp.sqrt(a * b)
+        slow = _pace_of(s, _times_at(s, mid)) > mid      # the root lies above mid
+        return jnp.where(slow, mid, a), jnp.where(slow, b, mid)
 
-    lo, hi = lax.fori_loop(0, steps, bisect, (jnp.asarray(0.0, _F32), s.rho_max))
-    return rho.at[lc].set(0.5 * (lo + hi))
-
-
-def _fixed_point(s: _Locks, sweeps: int, steps: int):
-    """The utilisations at the fixed point ``rho = U(rho)``: from 0, ``sweeps`` rounds,
-    each solving every lock class in turn (:func:`_bisect_class`)."""
-    n_locks = s.hold.shape[-1]
-
-    def sweep(_, rho):
-        for lc in range(n_locks):
-            rho = _bisect_class(s, rho, lc, steps)
-        return rho
-
-    return lax.fori_loop(0, sweeps, sweep, jnp.zeros_like(s.hold))
-
-
-def _solution(s: _Locks, rho) -> Solution:
-    """The :class:`Solution` at utilisations ``rho``: per-op times, the pace, the waits,
-    the machine's throughput and the residual ``max |U(rho) - rho|``."""
-    t = _times(s, rho)
-    tau = _pace(s.active, s.duty, t)
-    resid = jnp.max(jnp.abs(_utilisation(s, t) - rho))
-    return Solution(t=t, wait=_waits(s, rho), rho=rho, tau=tau,
-                    throughput=jnp.sum(jnp.where(s.active, s.weight * s.duty, 0.0)) / tau,
-                    residual=resid)
+    a, b = lax.fori_loop(0, steps, bisect, (lo, hi))
+    tau = b          # the upper end: waits there are finite and never above wait_max
+    t = _times_at(s, tau)
+    tau = _pace_of(s, t)
+    rate = s.duty / tau
+    arrivals = s.pop * rate[:, None] * s.acq
+    rho = jnp.sum(arrivals * s.service, axis=0)
+    wait = _waits_at(s, tau)
+    weight = jnp.asarray(weight, _F32)
+    return Solution(t=t, wait=wait, rho=rho, tau=tau,
+                    throughput=jnp.sum(jnp.where(weight > 0, weight * s.duty, 0.0)) / tau,
+                    residual=jnp.abs(_pace_of(s, _times_at(s, tau)) - tau) / tau)

@@ -215,7 +215,7 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
     acq, line, hold, mult = lock_classes(counters, cfg, pcp_max, c)
     duty = ops / jnp.maximum(_f(steps), 1.0)
-    sol = cost.solve(alloc_ns + other, acq, hold, line, w, mult, c.rho_max, duty=duty)
+    sol = cost.solve(alloc_ns + other, acq, hold, line, w, mult, c.queueing, duty=duty)
     alloc_t = sol.t - other
     n_nodes = cfg.node_weight.shape[-1]
     ll_acq = acq[:, :n_nodes]

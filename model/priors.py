@@ -43,7 +43,7 @@ PRIOR: dict[str, Prior] = {
     "pcp_batch": Prior(31.0, 31.0, 31.0, "pages per pcp refill (count, not ns)"),
     "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
     "object_setup_ns": Prior(3.0, 1.0, 10.0, "freelist construction per object"),
-    "rho_max": Prior(0.999999, 0.999999, 0.999999, "M/M/1 utilisation cap (dimensionless)"),
+    "queueing": Prior(1.0, 1.0, 1.0, "closed-queue waits on (a flag, not a time)"),
     "list_lock_lines": Prior(cost.OPTIONAL_DEFAULTS["list_lock_lines"], 2.0, 8.0,
                              "lines per list_lock section: lock, partial head, nr_partial, "
                              "slab_list links, counters (count)"),

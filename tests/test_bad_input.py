@@ -797,7 +797,7 @@ def test_random_bad_sim_configs(stubbed_model, text):
 
 
 @_FAST
-@given(text=_mutated_toml(["[cost]\nalloc_fast_ns = 2.5\nrho_max = 0.9\n[fitted]\n"
+@given(text=_mutated_toml(["[cost]\nalloc_fast_ns = 2.5\nqueueing = 1.0\n[fitted]\n"
                            'alloc_fast_ns = "x"\n']))
 def test_random_bad_cost_files(stubbed_model, text):
     _in_tmp(text, "cost.toml", lambda p: _one_line_or_valid(["simulate", EXAMPLE, "--cost", p]))

@@ -92,7 +92,7 @@ def test_file_overrides_only_what_it_names(tmp_path, default):
     ("[cost]\nlist_lock_hodl_ns = 1.0\n", "cost.list_lock_hodl_ns"),
     ("[cost]\nbarn_lock_hold_ns = -1.0\n", "cost.barn_lock_hold_ns"),
     ("[cost]\npcp_batch = 0.5\n", "cost.pcp_batch"),
-    ("[cost]\nrho_max = 1.0\n", "cost.rho_max"),
+    ("[cost]\nqueueing = 0.0\n", "cost.queueing"),
     ("[cost]\nlist_lock_lines = 0.5\n", "cost.list_lock_lines"),
     ("[cost]\nzone_lock_lines = -2.0\n", "cost.zone_lock_lines"),
     ("[cost]\nalloc_fast_ns = \"fast\"\n", "cost.alloc_fast_ns"),
@@ -129,7 +129,17 @@ def test_page_call_cost_by_order(default):
 
 def _one_lock(n_cpus, base=100.0, hold=80.0, acq=1.0):
     return cost.solve(jnp.array([base]), jnp.array([[acq]]), jnp.array([hold]), jnp.zeros((1, 1)),
-                   jnp.array([float(n_cpus)]), jnp.array([1.0]), 0.999999)
+                   jnp.array([float(n_cpus)]), jnp.array([1.0]))
+
+
+def _exact_mva(n, think, service):
+    """Exact single-class MVA of the machine-repairman model, by the textbook recursion
+    (R(k) = S (1 + Q(k-1)), X(k) = k / (Z + R(k)), Q(k) = X(k) R(k)): cycle time Z + R."""
+    q = 0.0
+    for k in range(1, n + 1):
+        r = service * (1.0 + q)
+        q = k / (think + r) * r
+    return think + r
 
 
 def test_a_lone_cpu_never_waits():
@@ -138,16 +148,24 @@ def test_a_lone_cpu_never_waits():
     assert float(s.wait[0, 0]) == 0.0
 
 
-def test_fixed_point_satisfies_the_mm1_equations():
+def test_fixed_point_satisfies_the_mean_value_equations():
+    """Bard-Schweitzer: W = (n - 1) / n * Q * S with Q = n * S_tot / t (Little), and it
+    stays within 8% of the exact MVA recursion of the same closed queue."""
     base, hold = 100.0, 80.0
-    for n in (2, 4, 10, 30):
+    for n in (2, 4, 10, 30, 300):
         s = _one_lock(n, base, hold)
         t = float(s.t[0])
-        rho = n * hold / t
-        own = hold / (base + hold)
-        wait = hold * max(rho - own, 0.0) / (1.0 - rho)
-        assert t == pytest.approx(base + hold + wait, rel=1e-3), n
-        assert float(s.residual) < 1e-4
+        q = n * (hold + float(s.wait[0, 0])) / t
+        assert float(s.wait[0, 0]) == pytest.approx((n - 1) / n * q * hold, rel=2e-3), n
+        assert t == pytest.approx(_exact_mva(n, base, hold), rel=0.08), n
+        assert float(s.residual) < 2e-3
+
+
+def test_a_closed_queue_never_holds_more_than_its_cpus():
+    """However many CPUs, no CPU waits behind more than all the others."""
+    for n in (2, 16, 4096):
+        s = _one_lock(n, base=1.0, hold=500.0)
+        assert float(s.wait[0, 0]) <= (n - 1) * 500.0 * (1 + 1e-5)
 
 
 def test_contention_grows_with_cpus_and_saturates_at_the_lock():
@@ -163,7 +181,7 @@ def test_contention_grows_with_cpus_and_saturates_at_the_lock():
 def test_more_locks_spread_the_arrivals():
     # 64 CPUs over 4 real locks of one class behave like 16 CPUs on one lock.
     a = cost.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]), jnp.zeros((1, 1)),
-                jnp.array([64.0]), jnp.array([4.0]), 0.999999)
+                jnp.array([64.0]), jnp.array([4.0]))
     b = _one_lock(16)
     assert float(a.t[0]) == pytest.approx(float(b.t[0]), rel=1e-4)
 
@@ -174,7 +192,7 @@ def test_two_coupled_locks_converge():
     acq = jnp.array([[1.0, 0.1], [0.2, 0.8]])
     hold = jnp.array([80.0, 40.0])
     line = jnp.array([[40.0, 150.0], [150.0, 40.0]])
-    s = cost.solve(base, acq, hold, line, jnp.array([20.0, 30.0]), jnp.array([1.0, 1.0]), 0.999999)
+    s = cost.solve(base, acq, hold, line, jnp.array([20.0, 30.0]), jnp.array([1.0, 1.0]))
     assert float(s.residual) < 1e-3
     t = np.asarray(s.t)
     tau = t.max()  # both reps do one op per step: the slower sets the pace
@@ -189,7 +207,7 @@ def test_idle_steps_lower_a_reps_arrivals():
     # Rep 0 (slow, lock-free work) sets the pace; rep 1 does an op every other step: half
     # the arrivals of the same CPUs at full duty.
     args = (jnp.array([2000.0, 100.0]), jnp.array([[0.0], [1.0]]), jnp.array([80.0]),
-            jnp.zeros((2, 1)), jnp.array([1.0, 8.0]), jnp.array([1.0]), 0.999999)
+            jnp.zeros((2, 1)), jnp.array([1.0, 8.0]), jnp.array([1.0]), 1.0)
     full = cost.solve(*args, duty=jnp.array([1.0, 1.0]))
     half = cost.solve(*args, duty=jnp.array([1.0, 0.5]))
     assert float(full.rho[0]) == pytest.approx(8 * 80.0 / 2000.0, rel=1e-3)
@@ -202,7 +220,7 @@ def test_remote_holders_lower_a_locks_capacity():
     # lock serves 1 / (hold + line) acquisitions per ns instead of 1 / (hold + local line).
     def run(line):
         return cost.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
-                       jnp.full((1, 1), line), jnp.array([64.0]), jnp.array([1.0]), 0.999999)
+                       jnp.full((1, 1), line), jnp.array([64.0]), jnp.array([1.0]))
     near, far = run(40.0), run(150.0)
     assert float(near.throughput) * 120.0 == pytest.approx(1.0, rel=0.02)
     assert float(far.throughput) * 230.0 == pytest.approx(1.0, rel=0.02)
@@ -211,7 +229,17 @@ def test_remote_holders_lower_a_locks_capacity():
 def test_solve_vmaps_over_configurations():
     weights = jnp.array([[1.0], [4.0], [64.0]])
     f = jax.vmap(lambda w: cost.solve(jnp.array([100.0]), jnp.array([[1.0]]), jnp.array([80.0]),
-                                   jnp.zeros((1, 1)), w, jnp.array([1.0]), 0.999999).t)
+                                   jnp.zeros((1, 1)), w, jnp.array([1.0])).t)
     batched = np.asarray(f(weights))[:, 0]
     single = [float(_one_lock(n).t[0]) for n in (1, 4, 64)]
     np.testing.assert_allclose(batched, single, rtol=1e-5)
+
+
+def test_a_cost_file_of_the_open_queue_model_still_loads():
+    """``rho_max`` capped the open M/M/1 queue the closed one replaced: a file that sets
+    it loads, and the value changes nothing."""
+    base = cost.rig_cost({}, 31.0)._replace(queueing=jnp.float32(1.0))
+    old, _ = cost.parse_cost_toml("[cost]\nalloc_fast_ns = 7.0\nrho_max = 0.9\n", base=base)
+    new, _ = cost.parse_cost_toml("[cost]\nalloc_fast_ns = 7.0\n", base=base)
+    assert all(float(a) == float(b) for a, b in zip(old, new))
+    assert float(old.queueing) == 1.0

@@ -139,8 +139,11 @@ def test_contention_grows_with_the_cpus_behind_the_same_counts():
     assert ns == sorted(ns) and ns[-1] > 10 * ns[0]
     assert rho == sorted(rho) and rho[-1] > 0.99
     assert float(ms[0].list_lock_wait_ns) == 0.0          # one CPU never waits
-    for m in ms:
+    # the pace is exact to float32 below saturation; at a saturated lock the wait is
+    # 1 / (1 - U) with U within 1e-5 of 1, which float32 resolves to about 1%
+    for m in ms[:3]:
         assert float(m.fixed_point_residual) < 1e-3
+    assert float(ms[3].fixed_point_residual) < 2e-2
 
 
 def test_memoryless_cpus_pay_remote_lines_on_the_memory_nodes_lock():
@@ -199,10 +202,10 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     # zone lock of node 0: 2 lines; 31 order-3 calls per 1000 ops = 1/1000 per op (pcp batch)
     assert line[0, 2 * n] == pytest.approx(80.0) and line[1, 2 * n] == pytest.approx(300.0)
     assert acq[1, 2 * n] == pytest.approx(0.031 / 31.0)
-    # The M/M/1 fixed point serves each acquisition for hold + k * line.
+    # The closed-queue solution serves each acquisition for hold + k * line.
     base = np.array([100.0, 100.0] + [0.0] * (R - 2), np.float32)
     w = np.asarray(cfg.rep_weight)
-    sol = cost_model.solve(base, acq, hold, line, w, mult, cost.rho_max)
+    sol = cost_model.solve(base, acq, hold, line, w, mult, cost.queueing)
     t = np.asarray(sol.t)
     service = np.array([80.0 + 200.0, 80.0 + 750.0])
     rho0 = float(np.sum(0.1 * service / float(sol.tau)))

@@ -93,13 +93,11 @@ def policy_structure(values: Mapping[str, jnp.ndarray], prof: policy.ProfileArra
     return st, prof
 
 
-#: Rounds of the cost model's contention fixed point (model/cost.py defaults: 6 rounds of 32
-#: bisection steps).  On the quick fleet (128 random policies) two rounds stay within 0.11%
-#: of the 6 x 32 per-topology times with 16 bisection steps (0.10% with 24: the rounds, not
-#: the steps, bound the error; 16 steps resolve a utilisation to 2^-16) at a sixth of the
-#: 6 x 32 cost on CPU.
-SOLVE_SWEEPS = 2
-SOLVE_STEPS = 16
+#: Bisection steps of the cost model's pace (model/cost.py ``solve``, default 40): each
+#: halves the bracket of ``log tau``, whose width is at most the log of the ratio of a pace
+#: with every CPU queued at every lock to one with none (below 2**6 on the quick fleet), so
+#: 24 steps resolve the pace to better than 1e-5 relative.
+SOLVE_STEPS = 24
 #: Configurations solved together (vmap) per step of a sequential map over the batch.
 SOLVE_BLOCK = 256
 
@@ -107,7 +105,7 @@ SOLVE_BLOCK = 256
 def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams,
                has_ml: np.ndarray):
     """Per-op ns of both representative CPUs of every (B, T, W, K) point: the cost model's
-    contention fixed point (:func:`slabtune.model.cost.solve`), ``(..., R=2)``.
+    closed-queue contention (:func:`slabtune.model.cost.solve`), ``(..., R=2)``.
 
     A topology without CPUs on memoryless nodes (``has_ml[t]`` false, a static mask) has no
     second representative: its weight is 0, so it neither loads any lock nor counts in the
@@ -118,8 +116,7 @@ def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams,
     """
     def solve(args):
         b_, a_, l_, w_, m_ = args
-        return cost_model.solve(b_, a_, hold, l_, w_, m_, cost.rho_max, sweeps=SOLVE_SWEEPS,
-                       steps=SOLVE_STEPS).t
+        return cost_model.solve(b_, a_, hold, l_, w_, m_, cost.queueing, steps=SOLVE_STEPS).t
 
     def group(sel, reps):
         pick = lambda x: jnp.take(x, sel, axis=1)  # noqa: E731

@@ -401,7 +401,7 @@ def rig_fit(cal: Sequence[dict], pcp_batch: float | None, steps: int, cpu: int) 
     rig: dict[str, Any] = {
         "names": list(cost_model.RIG_FREE), "unit": "ns in the allocator per alloc+free pair",
         "pcp_batch": pcp_batch, "timing_steps": steps, "cpu": cpu,
-        "table": "rig: line_local_ns = line_remote_ns = 0, rho_max = 0 (no queueing)",
+        "table": "rig: line_local_ns = line_remote_ns = 0, queueing = 0 (no waits)",
         "calibration": entries, "constants": None, "error": None}
     if len(ok) < 2:
         rig["error"] = f"{len(ok)} of {len(cal)} calibration runs succeeded (2 needed)"

@@ -65,6 +65,8 @@ DEFAULT_NICE = 10
 UML_MAX_CPUS = 64
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./+-]+$")
 _UMID_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+#: Slab boot parameter names (model/bootparams.py: ``slub_min_order``, ``slab_max_order``..).
+_PARAM_NAME_RE = re.compile(r"^sl[au]b_[a-z_]{1,32}$")
 
 
 class UmlError(SlabtuneError):
@@ -103,11 +105,20 @@ def nr_cpus(kernel_name: str = UML_KERNEL) -> int:
 
 def uml_argv(kernel: Path | str, initrd: Path | str, uml_dir: Path | str, *, cpus: int,
              memory_mib: int = DEFAULT_MEMORY_MIB, umid: str = "slabtune",
-             max_cpus: int = UML_MAX_CPUS, nice: int | None = DEFAULT_NICE) -> list[str]:
+             max_cpus: int = UML_MAX_CPUS, nice: int | None = DEFAULT_NICE,
+             boot_params: Mapping[str, int] | None = None) -> list[str]:
     """The argument list that boots a UML kernel with ``cpus`` virtual CPUs, ``memory_mib``
     of memory and the initramfs ``initrd``; ``nice`` (0..19, None: none) prefixes
-    ``nice -n``.  Every value is checked; one UmlError line for a bad one."""
+    ``nice -n``.  ``boot_params``: slab boot parameters already checked against the
+    kernel's profile (:func:`checked_boot_params`), each one more ``name=value`` word (UML
+    hands the words it does not know to the kernel's command line).  Every value is
+    checked; one UmlError line for a bad one."""
     _int("cpus", cpus, 1, min(max_cpus, UML_MAX_CPUS))
+    words = []
+    for k, v in (boot_params or {}).items():
+        if not isinstance(k, str) or not _PARAM_NAME_RE.match(k):
+            raise UmlError(f"boot parameter {k!r}: not a slab boot parameter name")
+        words.append(f"{k}={_int(k, v, 0, (1 << 31) - 1)}")
     _int("memory_mib", memory_mib, 32, 1 << 16)
     if not isinstance(umid, str) or not _UMID_RE.match(umid):
         raise UmlError(f"umid: {umid!r} is not 1-32 letters, digits, _ or -")
@@ -121,7 +132,7 @@ def uml_argv(kernel: Path | str, initrd: Path | str, uml_dir: Path | str, *, cpu
         f"uml_dir={_path('uml_dir', uml_dir)}",
         f"umid={umid}",
         "con0=fd:0,fd:1",
-    ]
+    ] + words
 
 
 # --------------------------------------------------------------------------- busybox
@@ -184,14 +195,45 @@ def kernel_image(kernel_name: str = UML_KERNEL) -> Path:
     return image
 
 
+def kernel_release(kernel_name: str = UML_KERNEL) -> str:
+    """The release string of a built UML kernel (its build record), for its profile."""
+    info = build.build_info(kernel_name) or {}
+    rel = info.get("kernel_release")
+    if not rel:
+        raise UmlError(f"kernel {kernel_name}: not built yet (scripts/build-kernels.sh "
+                       f"--only {kernel_name})")
+    return str(rel)
+
+
+def kernel_profile(kernel_name: str = UML_KERNEL):
+    """The model's profile of a built UML kernel: the era of its release
+    (:func:`slabtune.model.profiles.detect_profile`; 7.2 runs under v7.1's rules)."""
+    from slabtune.model import profiles
+
+    return profiles.detect_profile(kernel_release(kernel_name))
+
+
+def checked_boot_params(params: Mapping[str, Any] | None, kernel_name: str = UML_KERNEL
+                        ) -> dict[str, int]:
+    """Slab boot parameters checked against the UML kernel's profile (the allow-list and
+    ranges of model/bootparams.py); the canonical ``slub_*`` names, which 7.2 still takes.
+    One SlabtuneError line naming the parameter for a bad one."""
+    from slabtune.model import bootparams
+
+    if not params:
+        return {}
+    return bootparams.validate_params(dict(params), kernel_profile(kernel_name))
+
+
 def run_lab(workload_doc: Mapping[str, Any], *, cpus: int,
             cache_doc: Mapping[str, Any] | None = None, ops: int = DEFAULT_OPS,
             seed: int = 1, ring: str = "lockless", time_calls: bool = True,
             long_ns: int = DEFAULT_LONG_NS, idle_spin: bool = True,
             memory_mib: int = DEFAULT_MEMORY_MIB,
             timeout_s: float = DEFAULT_TIMEOUT_S, nice: int | None = DEFAULT_NICE,
-            kernel_name: str = UML_KERNEL, busybox: Path | str | None = None
-            ) -> lab_boot.LabBootResult:
+            kernel_name: str = UML_KERNEL, busybox: Path | str | None = None,
+            boot_params: Mapping[str, Any] | None = None,
+            sysfs: Mapping[str, int] | None = None) -> lab_boot.LabBootResult:
     """Boot the UML kernel with ``cpus`` virtual CPUs and run the ``[workload]`` table
     ``workload_doc`` once on the ``[cache]`` table ``cache_doc`` (default: a 512-byte cache
     of the module's own), ``ops`` ops per allocating worker, roles placed as
@@ -201,9 +243,20 @@ def run_lab(workload_doc: Mapping[str, Any], *, cpus: int,
     has no high-resolution timers), so both sides of a hand-off run at once.  Setup errors
     raise (UmlError, LabError, LabBootError); a run that fails (timeout, UML exited before
     /init or before the end marker, insmod failed) returns ``ok=False`` with one line in
-    ``error`` and the console tail."""
+    ``error`` and the console tail.
+
+    ``boot_params`` (slab boot parameters, :func:`checked_boot_params`) go on the command
+    line; ``sysfs`` values (:data:`lab_boot.SYSFS_KNOBS`) are written to the cache's sysfs
+    files by the /init before the run, as the qemu lab writes them (a kmalloc cache only:
+    a cache of the module's own exists only during the run)."""
     kernel = kernel_image(kernel_name)
     cache_doc = dict(cache_doc or {"size": 512})
+    boot = checked_boot_params(boot_params, kernel_name)
+    sysfs = dict(sysfs or {})
+    if sysfs and "name" not in cache_doc:
+        raise UmlError(f"policy.params.{next(iter(sysfs))}: a cache of the module's own "
+                       "exists only during the run; sysfs values are set on kmalloc caches "
+                       "only")
     _int("cpus", cpus, 1, nr_cpus(kernel_name))
     _int("long_ns", long_ns, 0, (1 << 32) - 1)
     if not 1 <= timeout_s <= 3600:
@@ -214,17 +267,18 @@ def run_lab(workload_doc: Mapping[str, Any], *, cpus: int,
               + (["time_calls=1", f"long_ns={long_ns}"] if time_calls else [])
               + (["idle_spin=1"] if idle_spin else []))
     cache = cache_doc["name"] if "name" in cache_doc else labmod.MODULE_NAME
-    lab_boot.init_script("x", cache, params)        # every value checked before a boot
+    lab_boot.init_script("x", cache, params, sysfs=sysfs)   # every value checked first
     bb = find_busybox(busybox)
     ko = labmod.build_module(kernel_name)
     token = secrets.token_hex(6)
-    script = lab_boot.init_script(token, cache, params)
+    script = lab_boot.init_script(token, cache, params, sysfs=sysfs)
     with tempfile.TemporaryDirectory(prefix="slabtune-uml-") as tmp:
         tmpd = Path(tmp).resolve()
         initrd = tmpd / "initrd.cpio"
         initrd.write_bytes(lab_boot.build_initramfs(bb, ko, script))
         argv = uml_argv(kernel, initrd, tmpd, cpus=cpus, memory_mib=memory_mib,
-                        umid=f"slabtune-{token}", max_cpus=nr_cpus(kernel_name), nice=nice)
+                        umid=f"slabtune-{token}", max_cpus=nr_cpus(kernel_name), nice=nice,
+                        boot_params=boot)
         console, err = tmpd / "console.log", tmpd / "stderr.log"
         rc, timed_out, seconds = _run(argv, console, err, token, timeout_s)
         text = console.read_text(errors="replace") if console.exists() else ""
@@ -233,7 +287,7 @@ def run_lab(workload_doc: Mapping[str, Any], *, cpus: int,
         text, stderr, token, rc, timed_out, seconds, kernel=kernel, cache=cache,
         params=params, argv=argv, accel="uml", cmdline=" ".join(argv[argv.index(str(kernel))
                                                                      + 1:]),
-        sysfs={}, runner="uml")
+        sysfs=sysfs, runner="uml")
 
 
 def _run(argv: list[str], console: Path, err: Path, token: str, timeout_s: float

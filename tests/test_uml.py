@@ -328,3 +328,59 @@ def test_uml_smp_run_moves_the_counters_by_its_own_ops():
     assert 0 < t["clock_ns"] < 10_000
     assert 1 < t["alloc_ns_per_call"] < 100_000 and 1 < t["free_ns_per_call"] < 100_000
     assert res.seconds < 60
+
+
+# --------------------------------------------------------------------------- a candidate's knobs
+
+
+def test_argv_carries_checked_boot_parameters():
+    argv = uml.uml_argv("/k/linux", "/t/i", "/t", cpus=1, nice=None,
+                        boot_params={"slub_max_order": 1, "slub_min_objects": 16})
+    assert argv[-2:] == ["slub_max_order=1", "slub_min_objects=16"]
+    for bad, match in (({"init": 1}, "boot parameter 'init'"),
+                       ({"slub_max_order mem": 1}, "boot parameter 'slub_max_order mem'"),
+                       ({"slub_max_order": "1 init=/x"}, "slub_max_order: '1 init=/x'"),
+                       ({"slub_max_order": -1}, "slub_max_order: -1")):
+        with pytest.raises(uml.UmlError, match=match) as info:
+            uml.uml_argv("/k/linux", "/t/i", "/t", cpus=1, boot_params=bad)
+        assert "\n" not in str(info.value)
+
+
+def _need_uml_kernel():
+    if build.kernel_path(uml.UML_KERNEL) is None or build.build_tree(uml.UML_KERNEL) is None:
+        pytest.skip(f"kernel {uml.UML_KERNEL} is not built; run scripts/build-kernels.sh "
+                    f"--only {uml.UML_KERNEL}")
+    try:
+        uml.find_busybox()
+    except SlabtuneError as exc:
+        pytest.skip(f"no static busybox ({exc})")
+
+
+def test_boot_parameters_are_checked_against_the_kernel_profile():
+    _need_uml_kernel()
+    assert uml.kernel_profile().name == "v7.1"
+    assert uml.checked_boot_params({"slab_max_order": 2}) == {"slub_max_order": 2}
+    with pytest.raises(SlabtuneError, match="boot parameter slub_max_order: 11 is outside"):
+        uml.checked_boot_params({"slub_max_order": 11})
+    with pytest.raises(SlabtuneError, match="'slub_debug' is not allowed"):
+        uml.checked_boot_params({"slub_debug": 1})
+    with pytest.raises(uml.UmlError, match="policy.params.min_partial: a cache of the "
+                                           "module's own"):
+        uml.run_lab({"kind": "local", "live": 8}, cpus=1, sysfs={"min_partial": 2})
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_uml_run_applies_boot_parameters_and_sysfs_values():
+    """Boot 7.2-uml with slub_min_order=2 and min_partial 9 written to kmalloc-512: the
+    cache's sysfs files after the run show both, and the command line carries the
+    parameter."""
+    _need_uml_kernel()
+    res = uml.run_lab({"kind": "local", "live": 64, "burst": 64}, cpus=1,
+                      cache_doc={"name": "kmalloc-512"}, ops=5000,
+                      boot_params={"slub_min_order": 2}, sysfs={"min_partial": 9})
+    assert res.ok, res.error + "\n" + res.console_tail
+    assert "slub_min_order=2" in res.cmdline.split()
+    assert res.value("after", "order") == 2
+    assert res.value("after", "min_partial") == 9
+    assert uml.timing(res)["ns_per_pair"] > 0

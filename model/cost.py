@@ -76,7 +76,8 @@ DOCS: dict[str, str] = {
     "free_slow_ns": "__slab_free outside any lock: cmpxchg on a foreign slab's freelist",
     "sheaf_swap_ns": "exchanging a sheaf with the spare or the barn (pointer swaps)",
     "sheaf_object_ns": "moving one object between a sheaf and its slab in a refill or flush, "
-                       "done under the node's list_lock (lengthens that lock's hold)",
+                       "outside the list_lock (7.x refill_objects pops the slabs it took "
+                       "off the list after dropping the lock; __kmem_cache_free_bulk)",
     "cpu_partial_drain_ns": "__put_partials outside the lock: unfreezing a CPU's partial slabs",
     "list_lock_hold_ns": "time a node's list_lock is held per acquisition (irqsave spinlock "
                          "around partial-list manipulation)",
@@ -88,7 +89,8 @@ DOCS: dict[str, str] = {
                    "caches per CPU: 0 before v5.13, up to PAGE_ALLOC_COSTLY_ORDER from v5.13)",
     "buddy_call_ns": "page allocator call that goes to the buddy lists (work outside the "
                      "zone lock)",
-    "zone_lock_hold_ns": "zone->lock hold time per buddy call or per pcp batch refill/drain",
+    "zone_lock_hold_ns": "zone->lock hold time per block taken or returned (a buddy call "
+                         "moves one, a pcp batch refill or drain pcp_batch in one hold)",
     "pcp_batch": "pcp calls per zone->lock acquisition (pcp->batch: refills and drains move "
                  "batches of pages)",
     "page_setup_ns": "per 4 KiB page of a new or freed slab (struct page/folio setup, "
@@ -118,7 +120,7 @@ DOCS: dict[str, str] = {
 RETIRED: tuple[str, ...] = ("rho_max",)
 OPTIONAL_DEFAULTS: dict[str, float] = {
     "queueing": 1.0,
-    "list_lock_lines": 4.0,
+    "list_lock_lines": 3.0,
     "barn_lock_lines": 3.0,
     "zone_lock_lines": 4.0,
 }
@@ -279,6 +281,17 @@ def zone_lock_per_call(order, pcp_max, c: CostParams):
     return jnp.where(order <= pcp_max, 1.0 / c.pcp_batch, 1.0)
 
 
+def zone_hold_ns(order, pcp_max, c: CostParams):
+    """zone->lock hold per acquisition for slabs of ``order``: ``zone_lock_hold_ns`` per
+    block moved under the lock, and a pcp refill (rmqueue_bulk) or drain
+    (free_pcppages_bulk) moves ``pcp_batch`` blocks in one hold, where a buddy call
+    (rmqueue_buddy, free_one_page) moves one.  The zone lock's busy time per page
+    allocator call is the same either way; what the per-CPU lists save is the line
+    transfers and the waits of ``pcp_batch - 1`` acquisitions."""
+    order = jnp.asarray(order, _F32)
+    return c.zone_lock_hold_ns * jnp.where(order <= pcp_max, c.pcp_batch, 1.0)
+
+
 def slab_setup_ns(order, objs_per_slab, c: CostParams):
     """Per-slab setup or teardown work: struct page work for 2**order pages plus freelist
     construction for each object (allocate_slab / __free_slab)."""
@@ -289,14 +302,17 @@ def slab_setup_ns(order, objs_per_slab, c: CostParams):
 def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
     """ns per op of each rep CPU outside lock holds, line transfers and waits (shape (R,)).
 
-    Objects moved in sheaf refills and flushes are not here: that work is done under the
-    node's list_lock and is part of the lock's service time (see
-    :func:`slabtune.model.metrics.lock_classes`)."""
+    Objects moved in sheaf refills and flushes are here, outside any lock: 7.x
+    refill_objects() takes whole slabs off the partial list under the list_lock
+    (get_partial_node_bulk, per slab) and pops their objects after dropping it, and a
+    flush frees its objects through __kmem_cache_free_bulk() outside the lock (it takes
+    the list_lock only for a slab that changes list)."""
     page = page_call_ns(order, pcp_max, c) + slab_setup_ns(order, objs_per_slab, c)
     return (r.alloc_fast * c.alloc_fast_ns + r.free_fast * c.free_fast_ns
             + r.alloc_slow * c.alloc_slow_ns + r.free_slow * c.free_slow_ns
             + r.remote_free * c.line_remote_ns
             + r.sheaf_swap * c.sheaf_swap_ns
+            + r.sheaf_objects_moved * c.sheaf_object_ns
             + r.cpu_partial_drain * c.cpu_partial_drain_ns
             + (r.slab_alloc + r.slab_free) * page)
 

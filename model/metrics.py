@@ -126,8 +126,8 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     ``barn_lock_lines``, ``zone_lock_lines``), each ``line_remote_ns`` for a lock on another
     node and ``line_local_ns`` on the rep's own: the critical section touches the lock word
     and the list heads, counters and links the previous holder wrote.
-    A list_lock acquisition that refills or flushes a sheaf holds the lock while it moves
-    ``sheaf_capacity`` objects (``sheaf_object_ns`` each), which is added to its service.
+    The objects a sheaf refill or flush moves are priced outside the lock
+    (:func:`slabtune.model.cost.base_ns_per_op`).
 
     Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``.
     """
@@ -154,16 +154,9 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     # counters, links): k transfers, each local or cross-node like the lock's own line.
     lines = jnp.repeat(cost.lock_line_counts(c), n_nodes)
     line = lines[None, :] * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
-    # Sheaf refills and flushes move a sheaf's worth of objects under the list_lock: the
-    # mean objects moved per list_lock acquisition of the rep lengthen its hold.
-    moved = (per_op(counters, "sheaf_refill") + per_op(counters, "sheaf_flush")) \
-        * _f(cfg.sheaf_capacity)
-    under_lock = _safe_div(moved, per_op(counters, "list_lock")) * c.sheaf_object_ns
-    kind = jnp.repeat(jnp.arange(len(LOCK_KINDS)), n_nodes)
-    line = line + jnp.where(kind == 0, under_lock[:, None], 0.0)
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
                             jnp.full((n_nodes,), c.barn_lock_hold_ns),
-                            jnp.full((n_nodes,), c.zone_lock_hold_ns)])
+                            jnp.full((n_nodes,), cost.zone_hold_ns(cfg.order, pcp_max, c))])
     mult = jnp.tile(jnp.maximum(_f(cfg.node_weight), 1.0), len(LOCK_KINDS))
     return acq, line, hold, mult
 

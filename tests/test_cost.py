@@ -30,23 +30,22 @@ def test_every_constant_is_documented_and_has_a_default():
 
 
 def test_unfitted_defaults_are_the_documented_priors():
-    # One place for the order-of-magnitude values: the packaged constants not marked as
-    # fitted are slabtune.model.priors.PRIOR.
+    # One place for the physical values: the packaged constants not marked as fitted are
+    # slabtune.model.priors.PRIOR, and every constant, fitted or not, lies in its range.
     from slabtune.model import priors
 
     doc = tomllib.loads(simconfig.default_cost_text())
     fitted = set(doc.get("fitted", {}))
+    assert fitted, "the packaged table records what was fitted, and to what"
     for name, value in doc["cost"].items():
-        if name not in fitted and name not in cost.OPTIONAL_DEFAULTS:
-            assert value == priors.PRIOR[name].value, name
-    # The packaged ten-constant fit was made with one line per lock acquisition and is
-    # kept with it (its header says so); anything fitted since uses the line counts.
-    if fitted and "list_lock_lines" not in fitted:
-        for name in cost.OPTIONAL_DEFAULTS:
-            assert doc["cost"][name] == 1.0, name
-    else:
-        for name in cost.OPTIONAL_DEFAULTS:
-            assert priors.PRIOR[name].lo <= doc["cost"][name] <= priors.PRIOR[name].hi
+        p = priors.PRIOR[name]
+        if name not in fitted:
+            assert value == p.value, name
+        assert p.lo <= value <= p.hi, (name, value, p.lo, p.hi)
+    assert priors.implausible(doc["cost"]) == []
+    # Nothing is fitted to a published figure: the fitted ones name the UML timings.
+    for name, what in doc["fitted"].items():
+        assert "User Mode Linux" in what and "calibrate/data/uml-" in what, name
 
 
 def test_cost_files_without_line_counts_load_with_the_priors(tmp_path):
@@ -58,7 +57,7 @@ def test_cost_files_without_line_counts_load_with_the_priors(tmp_path):
     assert set(old) | set(cost.OPTIONAL_DEFAULTS) == set(cost.FIELDS)
     text = "[cost]\n" + "".join(f"{k} = {v!r}\n" for k, v in old.items())
     params, _ = cost.parse_cost_toml(text, "old.toml")
-    assert float(params.list_lock_lines) == priors.PRIOR["list_lock_lines"].value == 4.0
+    assert float(params.list_lock_lines) == priors.PRIOR["list_lock_lines"].value == 3.0
     assert float(params.barn_lock_lines) == priors.PRIOR["barn_lock_lines"].value == 3.0
     assert float(params.zone_lock_lines) == priors.PRIOR["zone_lock_lines"].value == 4.0
     # Over a base (a --cost file over the packaged table) the base's counts are kept.

@@ -101,7 +101,7 @@ def test_written_file_loads_and_names_the_fitted_constants(fitted, tmp_path):
     ({"alloc_fast_ns": 90.0, "alloc_slow_ns": 60.0}, "alloc_fast_ns 90 > alloc_slow_ns 60"),
     ({"line_local_ns": 32.4, "line_remote_ns": 38.8}, "line_remote_ns 38.8 < 2 x line_local_ns"),
     ({"barn_lock_hold_ns": 400.0}, "barn_lock_hold_ns 400 outside 20-150"),
-    ({"list_lock_lines": 12.0}, "list_lock_lines 12 outside 2-8"),
+    ({"list_lock_lines": 12.0}, "list_lock_lines 12 outside 2-4"),
 ])
 def test_violations_name_the_constant(change, what):
     values = {**priors.prior_values(), **change}

@@ -214,7 +214,9 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     barn = n + node[1]
     want_t1 = (100.0 + 0.1 * (service[1] + wait[1, 0])
                + 0.01 * (40.0 + 120.0 + wait[1, barn])          # barn hold 40, 3 lines
-               + acq[1, 2 * n] * (300.0 + 300.0 + wait[1, 2 * n]))  # zone hold 300, 2 lines
+               + acq[1, 2 * n] * (50.0 * 31 + 300.0 + wait[1, 2 * n]))  # zone: 2 lines
+    # the zone lock's hold: 50 ns per block, a pcp batch of 31 blocks per acquisition
+    assert float(np.asarray(hold)[2 * n]) == pytest.approx(50.0 * 31)
     assert t[1] == pytest.approx(want_t1, rel=1e-4)
 
 

@@ -59,22 +59,23 @@ def test_every_direction_agrees(rows):
 HEADLINES = ("hackbench time, 224 CPUs, v5.11 vs v5.10",
              "IOPS, barns on memoryless nodes vs v7.0",
              "IOPS, doubled sheaf capacity vs barns on memoryless nodes")
-#: Headlines the packaged cost table no longer meets, and why (issue 13).
+#: Headlines the packaged (physical, UML-calibrated) cost table does not meet, and the
+#: mechanism missing (issue 13).
 OPEN_HEADLINES = {
-    "hackbench time, 224 CPUs, v5.11 vs v5.10":
-        "the packaged table was fitted to 2.88x while the v5.10/v5.11 per-CPU partial "
-        "lists drained at a slab limit 14x too small; with put_cpu_partial()'s objects "
-        "limit (cpu_partial + 1 slabs before v5.16) the same table gives about 1.2x: the "
-        "fitted constants had made up for the drains, and the page-allocator and list_lock "
-        "contention of order-0 slabs on 224 CPUs that v5.11 suffers is not yet priced by a "
-        "physical (closed-queue) cost model",
     "IOPS, barns on memoryless nodes vs v7.0":
-        "v7.0's memoryless CPUs have no barn, so __pcs_replace_empty_main() gives up and "
-        "each allocation is one ___slab_alloc() under a memory node's list_lock (396 "
-        "acquisitions per 1000 ops, where the model had refilled a sheaf per lock: 17.8); "
-        "the open M/M/1 lock model, capped near saturation, then prices v7.0 at 3765 ns "
-        "per pair and the barns at 36x, not 1.92x: a closed queue over the contending CPUs "
-        "bounds what a saturated lock costs (issue 13's cost model)",
+        "v7.0 comes out far too slow (0.3 M IOPS against the published 13 M with no work "
+        "outside the allocator; 2.7 M with the derived work): each allocation on a "
+        "memoryless CPU is one ___slab_alloc() under a memory node's list_lock (396 per "
+        "1000 ops), and every memoryless CPU is sent to ONE memory node's lock where Linux "
+        "splits them between the two by distance (issue 13 item 2), and each acquisition "
+        "is priced at 3 cross-node lines of 150 ns, where the seed machine's memoryless "
+        "nodes sit on the socket of their memory node (intra-socket transfers)",
+    "IOPS, doubled sheaf capacity vs barns on memoryless nodes":
+        "with no work outside the allocator the barns arm spends 181 ns per pair, mostly "
+        "the 435 ns barn exchange (UML-measured) every 28 objects and the barn and list "
+        "locks it loads, so doubling the capacity gives 2.05x, not 1.21x; with the "
+        "derived work (1782 ns per op) the gain is 1.01x: the seed's 24 -> 29 M needs "
+        "the allocator to be about a sixth of the CPU time, which neither mode models",
 }
 
 
@@ -160,7 +161,7 @@ def test_report_names_the_implausible_constants_of_the_table_in_use(tmp_path):
     arms = reproduce.simulate_arms((scenarios.SLUB_MIN_PARTIAL_2008,))
     out = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
     assert out["cost"]["implausible"] == ["free_fast_ns 120 > free_slow_ns 80",
-                                          "free_fast_ns 120 outside 5-10"]
+                                          "free_fast_ns 120 outside 5-30"]
 
 
 # --------------------------------------------------------------------------- work per op

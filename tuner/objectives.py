@@ -183,7 +183,11 @@ def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
                       jnp.full(shape + (3,), cost.line_remote_ns)], -2)
     # a critical section moves several lines, as in the dynamics set's lock classes
     line = line * cost_model.lock_line_counts(cost)
-    hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, cost.zone_lock_hold_ns])
+    # the zone lock's hold depends on the order (a pcp batch or one block): it goes with
+    # the per-point service in ``line``, and the class's shared hold is 0
+    zone_hold = cost_model.zone_hold_ns(order, pcp_max, cost)[..., None]     # (..., 1)
+    line = line.at[..., 2].add(zone_hold)
+    hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, jnp.float32(0.0)])
     t_rep = solve_reps(base, acq, line, weight, mult, hold, cost,
                        np.asarray(fa.cpus_ml) > 0)
     wsum = jnp.maximum(weight.sum(-1), 1.0)

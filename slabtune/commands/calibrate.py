@@ -1,8 +1,10 @@
 """``slabtune calibrate uml``: time the real allocator's paths natively in the User Mode
 Linux kernel (``7.2-uml`` of scripts/build-kernels.sh) with the lab module, and write the
-per-run rows (ns per allocation+free pair and SLUB_STATS counters per pair) as a CSV from
-which per-event costs can be fitted.  The work lives in :mod:`slabtune.kernel.uml`; this
-module parses and prints.  It fits nothing.
+per-run rows (ns per allocation+free pair and SLUB_STATS counters per pair) as a CSV.
+``slabtune calibrate fit``: fit the per-event cost constants to such a CSV
+(:mod:`slabtune.calibrate.umlfit`) and write a cost file that ``simulate --cost`` and
+``tune --cost`` read.  The work lives in :mod:`slabtune.kernel.uml` and
+:mod:`slabtune.calibrate.umlfit`; this module parses and prints.
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ def register(subparsers) -> None:
                     "(fast paths), local_burst_256 (sheaves swapped with the barn), "
                     "local_burst_1024 (sheaf refill/flush, slabs), producer_consumer (2+ "
                     "CPUs: remote frees).  Exit 0 when every run "
-                    "completed, 1 when some failed, 2 on bad input.")
-    p.add_argument("target", choices=("uml",), help="'uml': the User Mode Linux kernel")
+                    "completed, 1 when some failed, 2 on bad input.  'slabtune calibrate fit': "
+                    "fit alloc_fast_ns, free_fast_ns, sheaf_swap_ns and sheaf_object_ns to the "
+                    "one-CPU rows of such a CSV (--data; default: the newest "
+                    "calibrate/data/uml-*.csv of the package), every other constant at its "
+                    "physical prior, print measured against modelled ns per call (the "
+                    "multi-CPU rows predicted, not fitted) and write the cost file to --out.")
+    p.add_argument("target", choices=("uml", "fit"),
+                   help="'uml': time the User Mode Linux kernel; 'fit': fit a cost file")
+    p.add_argument("--data", metavar="CSV",
+                   help="fit: the calibration CSV (default: the newest calibrate/data/uml-*.csv)")
     p.add_argument("--cpus", action="append", metavar="N",
                    help="virtual CPUs of a boot (repeatable; default: 1 and 2)")
     p.add_argument("--runs", default="5", metavar="K",
@@ -38,8 +48,9 @@ def register(subparsers) -> None:
                    help="local, local_burst_256, local_burst_1024 or producer_consumer "
                         "(repeatable; default: all)")
     p.add_argument("--out", metavar="FILE",
-                   help="the CSV (default: calibrate/data/uml-7.2-<date>.csv, in a "
-                        "calibrate/data directory that exists here)")
+                   help="uml: the CSV (default: calibrate/data/uml-7.2-<date>.csv, in a "
+                        "calibrate/data directory that exists here); fit: the cost TOML "
+                        "(default: print it)")
     p.add_argument("--nice", default=None, metavar="N",
                    help="niceness of the UML process, 0-19 (default 10)")
     p.add_argument("--timeout", default=None, metavar="S",
@@ -59,7 +70,33 @@ def _int_arg(flag: str, text: str, lo: int, hi: int) -> int:
     return v
 
 
+def _fit(args) -> int:
+    from pathlib import Path
+
+    from slabtune.calibrate import umlfit
+    from slabtune.commands.paths import output_file
+
+    data = args.data or str(umlfit.default_data())
+    res = umlfit.fit(umlfit.read_rows(data), source=umlfit.source_name(data))
+    command = "slabtune calibrate fit" + (f" --data {umlfit.source_name(data)}"
+                                          if args.data else "")
+    text = umlfit.to_toml(res, command)
+    for line in umlfit.report(res):
+        print(line, file=sys.stderr if args.out is None else sys.stdout)
+    if args.out is None:
+        print(text, end="")
+        return 0
+    out = output_file("--out", args.out)
+    tmp = Path(str(out) + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def _calibrate(args) -> int:
+    if args.target == "fit":
+        return _fit(args)
     from slabtune.commands.paths import output_file
     from slabtune.errors import SlabtuneError
     from slabtune.kernel import build, uml

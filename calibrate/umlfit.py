@@ -1,0 +1,252 @@
+"""Per-event cost constants from the real allocator timed natively (``slabtune calibrate fit``).
+
+``slabtune calibrate uml`` times the real 7.2 SLUB (User Mode Linux, kernel/uml.py) and
+writes one CSV row per run: ns per allocation call and per free call, and every SLUB_STATS
+counter per alloc+free pair.  This module turns the one-CPU rows into a cost table:
+
+1. The figures: for each scenario run on ONE virtual CPU, the median over its runs of the
+   ns per allocation call and per free call (two figures per scenario; three scenarios
+   give six).  One CPU, because there no cache line moves between CPUs and no lock is
+   contended: what a call costs is the sum of the events it went through, each at its
+   own price, which is how the cost model charges a rig (:func:`slabtune.model.cost.
+   rig_cost`: no line transfers, no waits).
+2. The events of a call, from the counters (7.2, mm/slub.c): every call is a sheaf fast
+   path (ALLOC_FASTPATH / FREE_FASTPATH count them all); a sheaf exchange with the barn
+   (BARN_GET / BARN_PUT and their failures, each an attempt under the barn lock) replaces
+   the main sheaf, which the model prices as the slow path plus ``sheaf_swap_ns`` plus
+   the barn lock's hold; a failed exchange refills or flushes the sheaf under the node's
+   list_lock (SHEAF_REFILL / SHEAF_FLUSH count the objects moved, ``sheaf_object_ns``
+   each, one list_lock hold per failure); new and freed slabs go to the page allocator
+   (ALLOC_SLAB / FREE_SLAB, a pcp call plus setup).  :func:`events` spells it out.
+3. The fit: the constants of :data:`FIT` (four, fewer than the six figures) by
+   non-negative least squares on the six figures' RELATIVE errors (a figure of 15 ns
+   weighs as much as one of 130 ns), every other constant at its prior
+   (:data:`slabtune.model.priors.PRIOR`).  Deterministic: the same CSV gives the same
+   table.
+4. The check: the two-CPU rows are predicted with the fitted table, not fitted; their
+   errors are printed beside the one-CPU residuals.
+
+What UML adds: the kernel runs as host threads, so interrupt masking (local_irq_save in
+spin_lock_irqsave) is a host-side flag change rather than a cli instruction, and a host
+thread may be preempted (brackets above ``long_ns`` are dropped by kernel/uml.py).  Paths
+that take an irqsave lock (barn, list_lock) may cost more than on bare metal; the fast paths
+take no such lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from slabtune.errors import SlabtuneError
+from slabtune.model import cost, priors
+
+#: The constants the fit moves, one per kind of event the one-CPU scenarios separate: the
+#: sheaf fast paths (local churn), the exchange of a sheaf with the barn (bursts of 256),
+#: the objects a refill or flush moves between a sheaf and its slabs (bursts of 1024).
+FIT: tuple[str, ...] = ("alloc_fast_ns", "free_fast_ns", "sheaf_swap_ns", "sheaf_object_ns")
+#: Pages and objects of the calibration cache's slab (the module's own 512-byte cache,
+#: taken as order 0 with 8 objects), for the page allocator's price: new slabs are under
+#: 0.1 per call in every scenario, so the order moves no fitted constant by more than a
+#: few percent.
+SLAB_ORDER = 0
+SLAB_OBJECTS = 8
+
+
+class Figure(NamedTuple):
+    """One measured figure: a scenario's median ns per call of one side, and the events
+    per call that the cost model charges."""
+
+    scenario: str
+    cpus: int
+    side: str                     # "alloc" or "free"
+    runs: int
+    ns: float                     # measured median ns per call
+    events: dict[str, float]      # constant name -> its count per call
+
+
+class FitResult(NamedTuple):
+    values: dict[str, float]      # the whole table, fitted constants included
+    figures: list[Figure]         # the one-CPU figures fitted to
+    checks: list[Figure]          # the multi-CPU figures predicted, not fitted
+    source: str
+
+
+def _num(row: Mapping[str, str], key: str) -> float:
+    v = row.get(key)
+    if v in (None, ""):
+        raise SlabtuneError(f"{key}: missing in a calibration row of scenario "
+                            f"{row.get('scenario')!r}")
+    try:
+        return float(v)
+    except ValueError:
+        raise SlabtuneError(f"{key}: {v!r} is not a number") from None
+
+
+def events(row: Mapping[str, float], side: str) -> dict[str, float]:
+    """Events per call of one side, as the cost model charges them on one CPU.
+
+    ``row`` holds counters per alloc+free pair (each side makes one call per pair).  A
+    barn exchange attempt (BARN_GET/BARN_PUT and _FAIL) is a sheaf replacement, which
+    :func:`slabtune.model.metrics.op_rates` prices as a slow path instead of a fast one,
+    plus ``sheaf_swap_ns`` and the barn lock's hold; a failed attempt then refills
+    (flushes) the sheaf under one list_lock hold, ``sheaf_object_ns`` per object moved
+    (SHEAF_REFILL / SHEAF_FLUSH count objects in 7.2); each new (freed) slab is one page
+    allocator call at the pcp price plus the slab's setup."""
+    a = side == "alloc"
+    barn = row["barn_get" if a else "barn_put"]
+    fail = row["barn_get_fail" if a else "barn_put_fail"]
+    moved = row["sheaf_refill" if a else "sheaf_flush"]
+    slabs = row["alloc_slab" if a else "free_slab"]
+    fast, slow = ("alloc_fast_ns", "alloc_slow_ns") if a else ("free_fast_ns", "free_slow_ns")
+    replace = barn + fail
+    return {
+        fast: 1.0 - replace,
+        slow: replace,
+        "sheaf_swap_ns": replace,
+        "barn_lock_hold_ns": replace,
+        "list_lock_hold_ns": fail,
+        "sheaf_object_ns": moved,
+        "pcp_call_ns": slabs,
+        # pcp refills and drains: pcp_batch blocks per hold, 1 / pcp_batch holds per call
+        "zone_lock_hold_ns": slabs,
+        "page_setup_ns": slabs * (1 << SLAB_ORDER),
+        "object_setup_ns": slabs * SLAB_OBJECTS,
+    }
+
+
+def charge(ev: Mapping[str, float], values: Mapping[str, float]) -> float:
+    """ns per call: each event's count times its constant."""
+    return sum(n * values[k] for k, n in ev.items())
+
+
+def figures(rows: Sequence[Mapping[str, str]]) -> list[Figure]:
+    """Median figures per (scenario, CPUs, side) over the successful runs of a calibration
+    CSV (:func:`slabtune.kernel.uml.read_csv` rows)."""
+    groups: dict[tuple[str, int], list[Mapping[str, str]]] = {}
+    for r in rows:
+        if r.get("ok") == "1" and r.get("ns_per_pair") not in (None, ""):
+            groups.setdefault((r["scenario"], int(r["cpus"])), []).append(r)
+    counters = ("barn_get", "barn_get_fail", "barn_put", "barn_put_fail", "sheaf_refill",
+                "sheaf_flush", "alloc_slab", "free_slab")
+    out = []
+    for (scen, cpus), rs in sorted(groups.items()):
+        med = {c: statistics.median(_num(r, f"{c}_per_pair") for r in rs) for c in counters}
+        for side in ("alloc", "free"):
+            ns = statistics.median(_num(r, f"{side}_ns_per_call") for r in rs)
+            out.append(Figure(scen, cpus, side, len(rs), ns, events(med, side)))
+    return out
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares by enumerating the supports (fine for a handful of
+    unknowns): the best least-squares solution among those with no negative entry."""
+    n = a.shape[1]
+    best, best_err = np.zeros(n), float(np.sum(b * b))
+    for k in range(1, n + 1):
+        for sup in itertools.combinations(range(n), k):
+            x_s, *_ = np.linalg.lstsq(a[:, sup], b, rcond=None)
+            if np.any(x_s < 0):
+                continue
+            x = np.zeros(n)
+            x[list(sup)] = x_s
+            err = float(np.sum((a @ x - b) ** 2))
+            if err < best_err - 1e-9:
+                best, best_err = x, err
+    return best
+
+
+def fit(rows: Sequence[Mapping[str, str]], source: str = "<rows>",
+        free: Sequence[str] = FIT) -> FitResult:
+    """Fit :data:`FIT` to the one-CPU figures; every other constant at its prior."""
+    figs = figures(rows)
+    one = [f for f in figs if f.cpus == 1]
+    if len(one) <= len(free):
+        raise SlabtuneError(f"data: {len(one)} one-CPU figures in {source}; the fit of "
+                            f"{len(free)} constants needs more (run 'slabtune calibrate "
+                            "uml --cpus 1')")
+    values = priors.prior_values()
+    fixed = {k: v for k, v in values.items() if k not in free}
+    # each row divided by its measured ns: the least squares of relative errors
+    a = np.array([[f.events.get(k, 0.0) / f.ns for k in free] for f in one])
+    b = np.array([(f.ns - charge({k: n for k, n in f.events.items() if k not in free}, fixed))
+                  / f.ns for f in one])
+    x = nnls(a, b)
+    values.update({k: float(f"{v:.4g}") for k, v in zip(free, x)})
+    return FitResult(values, one, [f for f in figs if f.cpus != 1], source)
+
+
+def report(res: FitResult) -> list[str]:
+    """Lines: the fitted constants, then measured against charged ns per call for every
+    figure (one-CPU fitted, multi-CPU predicted)."""
+    out = [f"fitted to {len(res.figures)} one-CPU figures of {res.source}: "
+           + ", ".join(f"{k} = {res.values[k]:g}" for k in FIT)]
+    for what, figs in (("fitted", res.figures), ("predicted", res.checks)):
+        for f in figs:
+            got = charge(f.events, res.values)
+            out.append(f"  {what:9s} {f.scenario:18s} cpus={f.cpus} {f.side:5s} "
+                       f"measured {f.ns:7.1f} ns  model {got:7.1f} ns  "
+                       f"({(got - f.ns) / f.ns:+.0%}, {f.runs} runs)")
+    return out
+
+
+def to_toml(res: FitResult, command: str) -> str:
+    """The cost file: every constant (with its prior range), ``[fitted]`` naming the
+    fitted ones and the data."""
+    lines = [
+        "# Cost constants of the slabtune cost model (ns unless stated); every name is",
+        "# documented in slabtune.model.cost.DOCS, its physical range in slabtune.model.priors.",
+        f"# Made by: {command}",
+        f"# Fitted: {', '.join(FIT)}, by non-negative least squares on {len(res.figures)}",
+        "# one-CPU figures (ns per allocation and per free call) of the real 7.2 allocator",
+        f"# timed in User Mode Linux ({res.source}); every other constant is its prior.",
+        "# No constant is fitted to a published figure.",
+        "",
+        "[cost]",
+    ]
+    for k in cost.FIELDS:
+        p = priors.PRIOR[k]
+        rng = f"range {p.lo:g}-{p.hi:g}" if p.lo < p.hi else "fixed"
+        lines.append(f"{k} = {res.values[k]:.6g}  # {rng}: {p.why}")
+    lines += ["", "[fitted]"]
+    for k in FIT:
+        lines.append(f'{k} = "one-CPU timings of the real 7.2 allocator in User Mode Linux '
+                     f'({res.source})"')
+    return "\n".join(lines) + "\n"
+
+
+#: The calibration CSVs shipped with the package.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def default_data() -> Path:
+    """The newest calibration CSV shipped with the package (names sort by date)."""
+    found = sorted(DATA_DIR.glob("uml-*.csv"))
+    if not found:
+        raise SlabtuneError(f"--data: no calibration CSV in {DATA_DIR}; run 'slabtune "
+                            "calibrate uml' first")
+    return found[-1]
+
+
+def source_name(path: str | Path) -> str:
+    """How a CSV is named in a cost file: relative to the repository for the shipped ones."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(DATA_DIR.parent.parent))
+    except ValueError:
+        return str(path)
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a calibration CSV (comment lines skipped)."""
+    from slabtune.kernel import uml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SlabtuneError(f"--data: {path} is not a file")
+    return uml.read_csv(p)

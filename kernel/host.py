@@ -29,7 +29,8 @@ class HostTopology:
     """A machine's topology as the model sees it plus the raw kernel list strings.
 
     ``node_ids`` maps the model's dense node index to the kernel's node id (the kernel's
-    online nodes need not be contiguous); ``node_cpulists`` holds each node's ``cpulist``.
+    online nodes need not be contiguous); ``node_cpulists`` holds each node's ``cpulist``
+    and ``node_distances`` its ``distance`` line ("" where the file is missing).
     """
 
     topology: Topology
@@ -41,6 +42,7 @@ class HostTopology:
     nodes_with_cpu: str
     node_ids: tuple[int, ...]
     node_cpulists: tuple[str, ...]
+    node_distances: tuple[str, ...] = ()
 
 
 def _read_text(path: Path) -> str:
@@ -60,7 +62,9 @@ def _read_list(path: Path) -> tuple[int, ...]:
 
 def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
                         nodes_with_memory: str, nodes_with_cpu: str,
-                        node_cpulists: dict[int, str] | None = None
+                        node_cpulists: dict[int, str] | None = None,
+                        nodes_online: str | None = None,
+                        node_distances: dict[int, str] | None = None,
                         ) -> tuple[Topology, tuple[int, ...]]:
     """Build a :class:`Topology` from kernel list strings; return it with the node ids.
 
@@ -73,6 +77,10 @@ def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
       snapshot stores no per-node lists) the present CPUs are spread evenly over the CPU
       nodes: an approximation that only matters to the dynamics model, not to the
       structural fields ``kernel check`` compares.
+    * with ``nodes_online`` and ``node_distances`` (each node's ``distance`` line: one
+      node_distance() per online node in id order, drivers/base/node.c
+      node_read_distance()) the topology carries the SLIT of its nodes; without them, or
+      when a node's line is missing, the kernel's default (10 local, 20 remote).
 
     Raises SlabtuneError naming the field for an impossible combination.
     """
@@ -109,6 +117,7 @@ def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
         counts = [0] * len(node_ids)
         for k, i in enumerate(holders):
             counts[i] = base + (1 if k < extra else 0)
+    distances = _distance_rows(node_ids, nodes_online, node_distances)
     try:
         topo = Topology(
             possible=max(possible) + 1,
@@ -116,15 +125,45 @@ def topology_from_lists(cpus_possible: str, cpus_present: str, cpus_online: str,
             online=len(online),
             node_cpus=tuple(counts),
             node_has_memory=tuple(n in mem_nodes for n in node_ids),
+            distances=distances,
         )
     except TopologyError as err:
         raise SlabtuneError(f"topology: {err}") from None
     return topo, tuple(node_ids)
 
 
+def _distance_rows(node_ids, nodes_online: str | None,
+                   node_distances: dict[int, str] | None):
+    """The SLIT rows of ``node_ids`` from the nodes' ``distance`` lines, whose columns are
+    the online nodes in id order; None when a line is missing (the default distances)."""
+    if not nodes_online or not node_distances:
+        return None
+    try:
+        online = snapshot.parse_cpulist(nodes_online)
+    except ValueError as err:
+        raise SlabtuneError(f"nodes_online: {err}") from None
+    col = {n: i for i, n in enumerate(online)}
+    if any(n not in col or not node_distances.get(n) for n in node_ids):
+        return None
+    rows = []
+    for n in node_ids:
+        text = node_distances[n]
+        try:
+            vals = [int(v) for v in text.split()]
+        except ValueError:
+            raise SlabtuneError(f"node{n}/distance: {text[:60]!r} is not a list of "
+                                "numbers") from None
+        if len(vals) != len(online):
+            raise SlabtuneError(f"node{n}/distance: {len(vals)} entries but "
+                                f"{len(online)} online nodes ({nodes_online})")
+        rows.append(tuple(vals[col[m]] for m in node_ids))
+    return tuple(rows)
+
+
 def read_host_topology(root: str | os.PathLike = "/") -> HostTopology:
     """Read ``/sys/devices/system/cpu/{possible,present,online}`` and the node states
-    (``node/online``, ``has_memory``, ``has_cpu``, ``nodeN/cpulist``) under ``root``.
+    (``node/online``, ``has_memory``, ``has_cpu``, ``nodeN/cpulist``, ``nodeN/distance``)
+    under ``root``.
 
     A kernel without CONFIG_NUMA has no ``node`` directory: it is one node 0 with memory
     holding every present CPU.
@@ -140,14 +179,18 @@ def read_host_topology(root: str | os.PathLike = "/") -> HostTopology:
         with_memory = _read_text(node / "has_memory")
         with_cpu = _read_text(node / "has_cpu")
         cpulists: dict[int, str] = {}
+        distances: dict[int, str] = {}
         for entry in sorted(node.iterdir()):
             name = entry.name
             if name.startswith("node") and name[4:].isdigit():
                 cpulists[int(name[4:])] = _read_text(entry / "cpulist")
+                if (entry / "distance").is_file():
+                    distances[int(name[4:])] = _read_text(entry / "distance")
     else:
         nodes_online = with_memory = "0"
         with_cpu = "0" if present else ""
         cpulists = {0: present}
+        distances = {}
     for field, text in (("cpus_possible", possible), ("cpus_present", present),
                         ("cpus_online", online), ("nodes_online", nodes_online),
                         ("nodes_with_memory", with_memory), ("nodes_with_cpu", with_cpu)):
@@ -156,7 +199,7 @@ def read_host_topology(root: str | os.PathLike = "/") -> HostTopology:
         except ValueError as err:
             raise SlabtuneError(f"{field}: {err}") from None
     topo, node_ids = topology_from_lists(possible, present, online, with_memory, with_cpu,
-                                         cpulists)
+                                         cpulists, nodes_online, distances)
     return HostTopology(
         topology=topo,
         cpus_possible=possible,
@@ -167,6 +210,7 @@ def read_host_topology(root: str | os.PathLike = "/") -> HostTopology:
         nodes_with_cpu=with_cpu,
         node_ids=node_ids,
         node_cpulists=tuple(cpulists.get(n, "") for n in node_ids),
+        node_distances=tuple(distances.get(n, "") for n in node_ids),
     )
 
 

@@ -3,7 +3,8 @@
 The file has five tables::
 
     [topology]  cpus, nodes, memoryless_nodes = [node ids], node_cpus = [per node] (optional),
-                possible, online (optional; default: every present CPU)
+                possible, online (optional; default: every present CPU), distances = the
+                SLIT, one row per node (optional; default 10 local, 20 remote)
     [cache]     name = "kmalloc-512" | "maple_node" | ...   or   size = <stride in bytes>
     [policy]    profile = "v7.0"
     [policy.params]  boot parameters (slub_min_order, slub_max_order, slub_min_objects and
@@ -48,7 +49,8 @@ SIM_KNOBS: dict[str, tuple[type, str]] = {
 }
 
 _TOP_TABLES = ("topology", "cache", "policy", "workload", "run")
-_TOPOLOGY_KEYS = ("cpus", "nodes", "memoryless_nodes", "node_cpus", "possible", "online")
+_TOPOLOGY_KEYS = ("cpus", "nodes", "memoryless_nodes", "node_cpus", "possible", "online",
+                  "distances")
 _MAX_STEPS = 10_000_000
 
 
@@ -93,6 +95,8 @@ class SimSpec:
             topo["possible"] = t.possible
         if t.online != t.present:
             topo["online"] = t.online
+        if t.distances is not None:
+            topo["distances"] = [list(row) for row in t.distances]
         if self.cache.name in caches.CACHES:
             cache: dict[str, Any] = {"name": self.cache.name}
         else:
@@ -110,10 +114,13 @@ class SimSpec:
     def describe(self) -> dict[str, Any]:
         """The configuration spelled out, JSON-ready."""
         t = self.topology
+        topo: dict[str, Any] = {"cpus": t.present, "possible": t.possible, "online": t.online,
+                                "node_cpus": list(t.node_cpus),
+                                "memoryless_nodes": list(t.memoryless_nodes)}
+        if t.distances is not None:
+            topo["distances"] = [list(row) for row in t.distances]
         return {
-            "topology": {"cpus": t.present, "possible": t.possible, "online": t.online,
-                         "node_cpus": list(t.node_cpus),
-                         "memoryless_nodes": list(t.memoryless_nodes)},
+            "topology": topo,
             "cache": {"name": self.cache.name, "size": self.cache.size},
             "profile": self.profile.name,
             "boot": dict(self.boot_given),
@@ -205,9 +212,15 @@ def parse_topology(tab: dict) -> topologies.Topology:
         possible = _int("topology.possible", possible, cpus, topologies.MAX_CPUS)
     if online is not None:
         online = _int("topology.online", online, 1, cpus)
+    distances = tab.get("distances")
+    if distances is not None and (not isinstance(distances, list)
+                                  or not all(isinstance(r, list) for r in distances)):
+        raise ConfigError("topology.distances: must be a list of rows (lists of node "
+                          "distances), one per node")
     try:
         topo = topologies.Topology.uniform(cpus, nodes, memoryless_nodes=ml, possible=possible,
-                                           online=online, node_cpus=node_cpus)
+                                           online=online, node_cpus=node_cpus,
+                                           distances=distances)
         topologies.check_no_empty_nodes(topo)
     except topologies.TopologyError as err:
         raise ConfigError(f"topology.{err}") from None

@@ -848,3 +848,29 @@ def _mutated_csv(draw) -> bytes:
 @given(data=_mutated_csv())
 def test_random_bad_snapshots(stubbed_model, data):
     _in_tmp(data, "s.csv", lambda p: _one_line_or_valid(["kernel", "check", "--snapshot", p]))
+
+
+@pytest.mark.parametrize("distances, needle", [
+    ([[10, 20]], "topology.distances: has 1 rows but there are 2 nodes"),
+    ([[10, 20], [20, 12]], "topology.distances: [1][1] = 12"),
+    ([[10, 300], [20, 10]], "topology.distances: [0][1] = 300 is outside 11..254"),
+    ([[10, 20.5], [20, 10]], "topology.distances: [0][1] = 20.5 is not an integer"),
+    ([10, 20], "topology.distances: must be a list of rows"),
+    ("near", "topology.distances: must be a list of rows"),
+])
+def test_sim_config_bad_distances_are_one_line(tmp_path, distances, needle):
+    cfg = write_toml(tmp_path / "c.toml", sim_doc(topology={
+        "cpus": 8, "nodes": 2, "memoryless_nodes": [1], "distances": distances}))
+    rc, out, err = run("simulate", cfg)
+    error_line(rc, err, "c.toml", needle)
+    assert out == ""
+
+
+def test_fleet_bad_distances_name_the_topology(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "t.toml"
+    spec.write_text(TUNE_QUICK.read_text().replace(
+        "cpus = 96\nnodes = 2\nmemoryless_nodes = [1]",
+        "cpus = 96\nnodes = 2\nmemoryless_nodes = [1]\ndistances = [[10, 20], [20, 9]]"))
+    rc, _, err = run("tune", spec, "--trials", "0", "--storage", "memory:")
+    error_line(rc, err, "fleet.topology[3]", "distances: [1][1] = 9")

@@ -92,7 +92,7 @@ def _parse_topology(i: int, t) -> FleetTopology:
     if not isinstance(t, Mapping):
         raise SlabtuneError(f"{where}: expected a table")
     unknown = set(t) - {"name", "cpus", "nodes", "memoryless_nodes", "possible", "online",
-                        "node_cpus", "weight"}
+                        "node_cpus", "distances", "weight"}
     if unknown:
         raise SlabtuneError(f"{where}.{sorted(unknown)[0]}: unknown field")
     cpus = check_int(f"{where}.cpus", t.get("cpus"), 1, 8192)
@@ -104,7 +104,7 @@ def _parse_topology(i: int, t) -> FleetTopology:
     try:
         topo = Topology.uniform(cpus, nodes, memoryless_nodes=_id_list(where, t),
                                 possible=t.get("possible"), online=t.get("online"),
-                                node_cpus=t.get("node_cpus"))
+                                node_cpus=t.get("node_cpus"), distances=t.get("distances"))
         check_no_empty_nodes(topo)
     except (TopologyError, TypeError) as err:
         raise SlabtuneError(f"{where}: {err}") from None

@@ -23,8 +23,19 @@ Node classes
 The model keeps ``N`` node classes, each standing for one typical node of a kind:
 class 0 is the first node with memory that has CPUs, class 1 any other node with memory
 (a representative of ``node_weight[1]`` such nodes), class 2 a memoryless node with CPUs
-(representing ``node_weight[2]`` such nodes), class 3 is unused padding.  A CPU on a
-memoryless node gets its slabs from its nearest node with memory, taken here as class 0.
+(representing ``node_weight[2]`` such nodes), class 3 is unused padding.
+
+A CPU on a memoryless node gets its slabs from the head of its node's fallback list, the
+node :func:`~slabtune.model.topology.numa_mem_ids` gives by the kernel's
+build_zonelists() rule (nearest by the SLIT, then a node above it, then the less loaded,
+so memoryless nodes at equal distance are dealt out over the memory nodes).  Its reps
+keep node class 2 (their own node: barn, remote-free test) and take ``mem_node`` 0 when
+that node is class 0's, else 1.  The CPUs a workload spreads its reps over thus fall in
+the four :data:`GROUPS`.  Class 1 stands for ``node_weight[1]`` memory nodes: the ones
+with CPUs and the CPU-less ones some memoryless node allocates from; its locks and slabs
+are shared evenly among them, which is exact when they are alike (as many CPUs of their
+own and of memoryless nodes each, as on the seed's 8-node machine, or the round-robin
+of equidistant nodes gives) and an average otherwise.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slabtune.model.topology import Topology
+from slabtune.model.topology import Topology, numa_mem_ids
 
 #: Representative CPUs per configuration.
 R = 8
@@ -45,6 +56,12 @@ N = 4
 PROB_ONE = 1 << 16
 
 NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS, NODE_PAD = 0, 1, 2, 3
+#: The CPU groups a workload spreads its reps over, in order: (node class of the CPUs,
+#: node class their slabs come from).  Memoryless CPUs split by their memory node.
+GROUPS = ((NODE_MEM0, NODE_MEM0), (NODE_MEM_OTHER, NODE_MEM_OTHER),
+          (NODE_MEMLESS, NODE_MEM0), (NODE_MEMLESS, NODE_MEM_OTHER))
+#: Class 0's own CPUs: the interrupt CPU of request_response, and unused (padding) reps.
+_GROUP0 = GROUPS[0]
 
 
 class WorkloadError(ValueError):
@@ -108,32 +125,42 @@ def _count(name: str, v, lo: int = 0, hi: int = 1 << 24) -> int:
 def node_groups(topology: Topology) -> dict:
     """CPU counts and node counts per node class of ``topology``.
 
-    Returns ``cpus[N]``, ``nodes[N]`` and ``has_memory[N]`` (lists).
+    Returns ``cpus[N]``, ``nodes[N]`` and ``has_memory[N]`` (lists), ``group_cpus`` (CPUs
+    per group of :data:`GROUPS`, a dict) and ``mem_class`` (per node, the class its CPUs'
+    slabs come from).
     """
     mem_with_cpu = [i for i in topology.memory_nodes if topology.node_cpus[i] > 0]
     first = mem_with_cpu[0] if mem_with_cpu else topology.memory_nodes[0]
+    mem_id = numa_mem_ids(topology)
+    serves = {mem_id[i] for i in topology.memoryless_nodes if topology.node_cpus[i] > 0}
     cpus = [0] * N
     nodes = [0] * N
+    group_cpus = {g: 0 for g in GROUPS}
+    mem_class = []
     for i, c in enumerate(topology.node_cpus):
-        if topology.node_has_memory[i]:
-            k = NODE_MEM0 if i == first else NODE_MEM_OTHER
-        else:
-            k = NODE_MEMLESS
-        if k != NODE_MEM0 and c == 0:
-            continue  # nodes without CPUs take no part in a CPU-driven workload
+        m = NODE_MEM0 if mem_id[i] == first else NODE_MEM_OTHER
+        mem_class.append(m)
+        k = m if topology.node_has_memory[i] else NODE_MEMLESS
+        if k == NODE_MEM_OTHER and c == 0 and i not in serves:
+            continue  # takes no part in a CPU-driven workload: no CPUs, no memoryless users
+        if k == NODE_MEMLESS and c == 0:
+            continue
         cpus[k] += c
         nodes[k] += 1
-    return dict(cpus=cpus, nodes=nodes, has_memory=[True, True, False, True])
+        group_cpus[(k, m)] += c
+    return dict(cpus=cpus, nodes=nodes, has_memory=[True, True, False, True],
+                group_cpus=group_cpus, mem_class=mem_class)
 
 
-def _layout(topology: Topology, slots: list[tuple[int, float]]) -> RepLayout:
-    """Build a layout from ``slots``: one (node class, weight) per rep (padded to R)."""
+def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]]) -> RepLayout:
+    """Build a layout from ``slots``: one (group, weight) per rep (padded to R), the group
+    a (node class, memory node class) pair of :data:`GROUPS`."""
     g = node_groups(topology)
-    slots = list(slots) + [(NODE_MEM0, 0.0)] * (R - len(slots))
-    node = np.array([s[0] for s in slots], np.int32)
+    slots = list(slots) + [(_GROUP0, 0.0)] * (R - len(slots))
+    node = np.array([s[0][0] for s in slots], np.int32)
     weight = np.array([s[1] for s in slots], np.float32)
     memless = (node == NODE_MEMLESS).astype(np.int32)
-    mem_node = np.where(memless == 1, NODE_MEM0, node).astype(np.int32)
+    mem_node = np.array([s[0][1] for s in slots], np.int32)
     return RepLayout(
         weight=weight,
         node=node,
@@ -144,8 +171,8 @@ def _layout(topology: Topology, slots: list[tuple[int, float]]) -> RepLayout:
     )
 
 
-def _spread(total_reps: int, groups: list[tuple[int, int]]) -> list[tuple[int, float]]:
-    """Share ``total_reps`` reps among CPU groups ``(node class, cpus)`` in proportion to
+def _spread(total_reps: int, groups: list[tuple]) -> list[tuple]:
+    """Share ``total_reps`` reps among CPU groups ``(group, cpus)`` in proportion to
     their CPUs (each non-empty group gets at least one rep, never more reps than CPUs);
     each rep's weight is its group's CPUs over the group's reps."""
     groups = [(k, c) for k, c in groups if c > 0]
@@ -213,7 +240,7 @@ def local(topology: Topology, live: int = 32, burst: int = 0, alloc_prob: float 
     burst = _count("burst", burst, 0)
     ap = _prob("alloc_prob", alloc_prob)
     g = node_groups(topology)
-    slots = _spread(R, [(k, g["cpus"][k]) for k in (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)])
+    slots = _spread(R, list(g["group_cpus"].items()))
     lay = _layout(topology, slots)
     n = len(slots)
     rows = [[1.0 if j == r else 0.0 for j in range(R)] for r in range(n)]
@@ -230,7 +257,7 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
     depth = _count("depth", depth, 1)
     cross = _prob("cross_node", cross_node) / PROB_ONE
     g = node_groups(topology)
-    groups = [(k, g["cpus"][k]) for k in (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)]
+    groups = list(g["group_cpus"].items())
     if sum(c for _, c in groups) < 2:
         raise WorkloadError("producer_consumer: needs at least 2 CPUs")
     half = [(k, c / 2.0) for k, c in groups]
@@ -241,9 +268,9 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
         cnt = {}
         for k, _ in side:
             cnt[k] = cnt.get(k, 0) + 1
-        return [(k, g["cpus"][k] / 2.0 / cnt[k]) for k, _ in side]
+        return [(k, g["group_cpus"][k] / 2.0 / cnt[k]) for k, _ in side]
     send, recv = reweight(send), reweight(recv)
-    send += [(NODE_MEM0, 0.0)] * (R // 2 - len(send))
+    send += [(_GROUP0, 0.0)] * (R // 2 - len(send))
     slots = send + recv
     lay = _layout(topology, slots)
     rows = []
@@ -285,14 +312,14 @@ def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.
     app = min(threads, max(total - 1, 1))
     groups = []
     left = app
-    for k in (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS):
-        c = g["cpus"][k] - (1 if k == NODE_MEM0 and total > 1 else 0)
-        share = min(c, left) if k != NODE_MEMLESS else min(c, left)
+    for k in GROUPS:
+        c = g["group_cpus"][k] - (1 if k == _GROUP0 and total > 1 else 0)
+        share = min(c, left)
         groups.append((k, share))
         left -= share
     if total == 1:
-        groups = [(NODE_MEM0, 1)]
-    slots = [(NODE_MEM0, 1.0)] + _spread(R - 1, groups)
+        groups = [(_GROUP0, 1)]
+    slots = [(_GROUP0, 1.0)] + _spread(R - 1, groups)
     lay = _layout(topology, slots)
     n = len(slots)
     rows = [[own] + [(1.0 - own) / (n - 1)] * (n - 1)] if n > 1 else [[1.0]]
@@ -313,7 +340,9 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
     more: up to R/2 reps stand for them, each submitter spreading its requests evenly over
     them).  With ``completion_remote`` the completion CPUs sit on another node class than
     the first memory node (a memoryless node if the machine has one, else another memory
-    node).  ``depth``: requests in flight per submitting CPU.
+    node): the first CPUs of that class in node order, as the lab module places them, which
+    on memoryless nodes may take their slabs from either memory class.  ``depth``: requests
+    in flight per submitting CPU.
     """
     depth = _count("depth", depth, 1)
     completions = _count("completions", completions, 1)
@@ -324,21 +353,33 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
             comp = NODE_MEMLESS
         elif g["cpus"][NODE_MEM_OTHER] > 0:
             comp = NODE_MEM_OTHER
-    cpus = list(g["cpus"])
-    if sum(cpus) < 2:
+    if sum(g["cpus"]) < 2:
         raise WorkloadError("block_io: needs at least 2 CPUs")
-    if completions > cpus[comp] or sum(cpus) - completions < 1:
+    if completions > g["cpus"][comp] or sum(g["cpus"]) - completions < 1:
         raise WorkloadError(f"completions: {completions} leaves no submitting CPU or exceeds "
-                            f"the {cpus[comp]} CPUs of the completion node class")
-    cpus[comp] -= completions
-    comp_slots = _spread(R // 2 if completions > 1 else 1, [(comp, completions)])
+                            f"the {g['cpus'][comp]} CPUs of the completion node class")
+    # the completion CPUs are the first ones of their class in node order (as the lab's
+    # module places them), which on memoryless nodes may span both memory node classes
+    taken = dict.fromkeys(GROUPS, 0)
+    left = completions
+    for i, c in enumerate(topology.node_cpus):
+        m = g["mem_class"][i]
+        k = m if topology.node_has_memory[i] else NODE_MEMLESS
+        take = min(c, left) if k == comp else 0
+        taken[(k, m)] += take
+        left -= take
+    cpus = {k: c - taken[k] for k, c in g["group_cpus"].items()}
+    comp_slots = _spread(R // 2 if completions > 1 else 1,
+                         [(k, c) for k, c in taken.items() if c > 0])
     nc = len(comp_slots)
-    slots = comp_slots + _spread(R - nc, [(k, cpus[k]) for k in
-                                          (NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS)])
+    slots = comp_slots + _spread(R - nc, list(cpus.items()))
     lay = _layout(topology, slots)
     n = len(slots)
     rows = [[0.0] * R for _ in range(nc)]
-    rows += [[1.0 / nc] * nc + [0.0] * (R - nc) for _ in range(nc, n)]
+    # each submitter spreads its requests evenly over the completion CPUs
+    w = [s[1] for s in comp_slots]
+    share = [1.0 / nc] * nc if len(set(w)) == 1 else [x / sum(w) for x in w]
+    rows += [share + [0.0] * (R - nc) for _ in range(nc, n)]
     ap = [0] * nc + [PROB_ONE] * (n - nc)
     lv = [0] * nc + [depth] * (n - nc)
     return _workload(ap, rows, lv, [0] * n, lay), lay

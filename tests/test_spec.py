@@ -261,3 +261,41 @@ def test_chunk_index_out_of_range():
 
 def test_bucket_is_a_power_of_two_at_least_256():
     assert [grid.bucket(n) for n in (1, 256, 257, 65536, 100000)] == [256, 256, 512, 65536, 131072]
+
+
+def test_sim_config_distances_round_trip_and_decide_the_memory_node():
+    """[topology] distances (a SLIT) parse, print back in to_doc/describe, and decide which
+    memory node a memoryless node's reps take their slabs from."""
+    import tomllib
+
+    from slabtune.model import workloads
+    from slabtune.sweeps import simconfig
+
+    doc = tomllib.loads("""
+[topology]
+cpus = 32
+nodes = 4
+memoryless_nodes = [1, 2]
+distances = [[10, 30, 40, 20], [30, 10, 20, 20], [15, 20, 10, 25], [20, 20, 25, 10]]
+[cache]
+name = "kmalloc-256"
+[policy]
+profile = "v7.0"
+[workload]
+kind = "local"
+[run]
+steps = 10
+seed = 1
+""")
+    spec = simconfig.parse_doc(doc)
+    assert spec.topology.distances[2] == (15, 20, 10, 25)
+    assert simconfig.parse_doc(spec.to_doc()) == spec
+    assert spec.describe()["topology"]["distances"][0] == [10, 30, 40, 20]
+    g = workloads.node_groups(spec.topology)
+    # node 1 -> node 3 (class 1), node 2 -> node 0 (class 0) by its own SLIT row
+    assert g["mem_class"] == [0, 1, 0, 1]
+    without = dict(doc, topology={k: v for k, v in doc["topology"].items()
+                                  if k != "distances"})
+    plain = simconfig.parse_doc(without)
+    assert plain.topology.distances is None and "distances" not in plain.to_doc()["topology"]
+    assert workloads.node_groups(plain.topology)["mem_class"] == [0, 1, 1, 1]

@@ -1,0 +1,267 @@
+"""Memoryless nodes and their memory node: the kernel's fallback order (topology), the
+rep layouts that split memoryless CPUs by it (workloads), and the host's SLIT (kernel.host).
+
+The fallback orders below were printed by the kernels themselves ("Fallback order for
+Node N:" in build_zonelists()), booting the lab's bzImages with no initramfs under qemu
+TCG, q35, 128 MiB per memory node, one CPU per CPU node (``-numa node,nodeid=N[,memdev=]``,
+``-numa cpu,node-id=N,socket-id=N``, ``-numa dist,...`` for a SLIT).  CPU nodes come first
+and CPU-less memory nodes last, so Linux's node ids (SRAT order: CPUs, then memory) equal
+qemu's.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from slabtune.errors import SlabtuneError
+from slabtune.kernel import host
+from slabtune.model import dynamics, policy, profiles, reference_sim, workloads
+from slabtune.model.topology import (
+    Topology,
+    TopologyError,
+    fallback_orders,
+    numa_mem_ids,
+)
+
+#: The seed's machine (sheaves-cross-cpu-regression-2026): 128 CPUs on 8 nodes, memory
+#: on nodes 0 and 4 only.
+SEED = Topology.uniform(128, 8, memoryless_nodes=(1, 2, 3, 5, 6, 7))
+
+
+def _zonelist(order, memoryless_self=None):
+    """A kernel's printed fallback list less the memoryless node itself, which 6.1.192
+    lists first (its find_next_best_node() did not skip a memoryless local node; it has
+    no zones, so the zonelist is the same)."""
+    return tuple(n for n in order if n != memoryless_self)
+
+
+# --------------------------------------------------------------------------- kernel facts
+
+
+def test_seed_machine_splits_memoryless_nodes_three_and_three():
+    # by hand, default distances (no SLIT): node 1 scores node 0 at (20 + 1) * 64 (node 0
+    # is below it) and node 4 at 20 * 64 + node_load[4] = 1281 (node 0's list charged
+    # node 4): node 4; likewise nodes 2 and 3.  Nodes 5-7 see both below them (21 * 64)
+    # and pick the less loaded: node 4 carries 4 charges by then, node 0 at most 3.
+    assert numa_mem_ids(SEED) == (0, 4, 4, 4, 4, 0, 0, 0)
+    # the kernels' own lists, 8 nodes of one CPU, memory on 0 and 4
+    v61 = {0: (0, 4), 1: (1, 4, 0), 2: (2, 4, 0), 3: (3, 4, 0), 4: (4, 0),
+           5: (5, 0, 4), 6: (6, 0, 4), 7: (7, 0, 4)}
+    ml = set(SEED.memoryless_nodes)
+    assert fallback_orders(SEED) == tuple(
+        _zonelist(v61[n], n if n in ml else None) for n in range(8))
+    # the load rule of 2.6.23..5.15 (assign a count-down) deals them out the same way
+    assert numa_mem_ids(SEED, node_load="assign") == numa_mem_ids(SEED)
+
+
+def test_equidistant_memoryless_nodes_alternate_over_the_memory_nodes():
+    # a sweep's layout: the highest-numbered nodes memoryless; each memoryless node sees
+    # both memory nodes below it at 21, and node_load alternates the pick
+    t = Topology.uniform(64, 8, memoryless_nodes=(2, 3, 4, 5, 6, 7))
+    assert numa_mem_ids(t) == (0, 1, 0, 1, 0, 1, 0, 1)
+    # a single memory node serves every memoryless node
+    assert numa_mem_ids(Topology.uniform(16, 4, memoryless_nodes=(1, 2, 3))) == (0,) * 4
+
+
+def test_fallback_orders_match_kernel_7_2_without_the_cpu_penalty():
+    # nodes 0-2 one CPU each (node 1 memoryless), nodes 3 and 4 memory without CPUs.
+    # 7.2.13 printed: 0: 0 2 3 4 / 1: 3 4 2 0 / 2: 2 4 3 0 / 3: 3 4 0 2 / 4: 4 0 2 3
+    t = Topology.uniform(3, 5, memoryless_nodes=(1,), node_cpus=(1, 1, 1, 0, 0))
+    kernel = ((0, 2, 3, 4), (3, 4, 2, 0), (2, 4, 3, 0), (3, 4, 0, 2), (4, 0, 2, 3))
+    assert fallback_orders(t) == kernel
+    # with the CPUs in the node masks the penalty would send node 1 to node 4: x86 builds
+    # the zonelists before any CPU is in a node's mask
+    assert numa_mem_ids(t, cpus_in_node_masks=True)[1] == 4
+    assert numa_mem_ids(t)[1] == 3
+
+
+def test_slit_decides_and_is_read_from_the_memoryless_node_row():
+    # nodes 0 and 3 have memory; node 2 is near node 0 by its own row (15) though node 0's
+    # row puts it at 40.  7.2.13 printed: 0: 0 3 / 1: 3 0 / 2: 0 3 / 3: 3 0
+    d = [[10, 30, 40, 20], [30, 10, 20, 20], [15, 20, 10, 25], [20, 20, 25, 10]]
+    t = Topology.uniform(4, 4, memoryless_nodes=(1, 2), distances=d)
+    assert fallback_orders(t) == ((0, 3), (3, 0), (0, 3), (3, 0))
+    assert numa_mem_ids(t) == (0, 3, 0, 3)
+    # without the SLIT node 2 prefers the node above it
+    assert numa_mem_ids(Topology.uniform(4, 4, memoryless_nodes=(1, 2))) == (0, 3, 3, 3)
+
+
+def test_distance_defaults_and_slit():
+    t = Topology.uniform(4, 2)
+    assert (t.distance(0, 0), t.distance(0, 1)) == (10, 20)
+    t = Topology.uniform(4, 2, distances=[[10, 32], [32, 10]])
+    assert t.distances == ((10, 32), (32, 10)) and t.distance(1, 0) == 32
+
+
+@pytest.mark.parametrize("d, words", [
+    ([[10, 20]], "has 1 rows but there are 2 nodes"),
+    ([[10, 20], [20]], "row 1 has 1 entries"),
+    ([[10, 20], [20, 11]], "[1][1] = 11"),
+    ([[10, 10], [20, 10]], "[0][1] = 10 is outside 11..254"),
+    ([[10, 255], [20, 10]], "[0][1] = 255 is outside 11..254"),
+    ([[10, 20.0], [20, 10]], "[0][1] = 20.0 is not an integer"),
+    ([[10, True], [20, 10]], "is not an integer"),
+    ("10 20", "is not a list of rows"),
+    ([10, 20], "row 0 (10) is not a list"),
+])
+def test_bad_distances_name_the_field(d, words):
+    with pytest.raises(TopologyError, match="distances") as err:
+        Topology.uniform(4, 2, distances=d)
+    assert words in str(err.value)
+
+
+def test_asymmetric_slit_is_accepted_as_the_kernel_accepts_it():
+    t = Topology.uniform(4, 2, distances=[[10, 20], [30, 10]])
+    assert (t.distance(0, 1), t.distance(1, 0)) == (20, 30)
+
+
+def test_fallback_rule_names_its_options():
+    with pytest.raises(TopologyError, match="node_load"):
+        fallback_orders(SEED, node_load="sum")
+
+
+# --------------------------------------------------------------------------- rep layouts
+
+
+def _by_mem(lay, memless: bool) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for w, ml, m in zip(lay.weight, lay.memoryless, lay.mem_node):
+        if w > 0 and bool(ml) == memless:
+            out[int(m)] = out.get(int(m), 0.0) + float(w)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(workloads.BUILDERS))
+def test_seed_layouts_split_memoryless_cpus_by_their_memory_node(kind):
+    # request_response with a thread on every CPU (its default 16 stay on nodes 0 and 4)
+    params = {"threads": 200} if kind == "request_response" else {}
+    wl, lay = workloads.build(kind, SEED, **params)
+    assert float(np.sum(lay.weight)) == pytest.approx(128.0)
+    assert list(lay.node_weight) == [1.0, 1.0, 6.0, 0.0]
+    # memoryless reps keep their own node class (barn, remote-free test) ...
+    assert all(int(n) == workloads.NODE_MEMLESS
+               for n, ml in zip(lay.node, lay.memoryless) if ml)
+    # ... and take their slabs from node 0 (class 0) or node 4 (class 1), half each
+    assert _by_mem(lay, True) == {0: pytest.approx(48.0), 1: pytest.approx(48.0)}
+
+
+def test_producer_consumer_pairs_within_a_memory_group():
+    wl, lay = workloads.producer_consumer(SEED)
+    send = [(int(lay.node[r]), int(lay.mem_node[r])) for r in range(4)]
+    assert send == list(workloads.GROUPS)
+    # each sender's receivers are the receivers of its own group
+    for r in range(4):
+        cum = wl.free_cum[r]
+        j = int(np.argmax(cum > 0))
+        assert cum[j] == workloads.PROB_ONE
+        assert (int(lay.node[j]), int(lay.mem_node[j])) == send[r]
+
+
+def test_single_memory_node_layout_is_unchanged():
+    t = Topology.uniform(64, 2, memoryless_nodes=(1,))
+    _, lay = workloads.local(t)
+    assert set(int(m) for m in lay.mem_node) == {0}
+    assert list(lay.node_weight) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_cpu_less_memory_node_serving_memoryless_cpus_counts_in_class_one():
+    # node 2 has memory and no CPUs; memoryless node 1 allocates from it (node 0 is
+    # below node 1: 21 against 20)
+    t = Topology.uniform(8, 3, memoryless_nodes=(1,), node_cpus=(4, 4, 0))
+    assert numa_mem_ids(t) == (0, 2, 2)
+    g = workloads.node_groups(t)
+    assert g["nodes"] == [1, 1, 1, 0]
+    assert g["group_cpus"][(workloads.NODE_MEMLESS, workloads.NODE_MEM_OTHER)] == 4
+    _, lay = workloads.local(t)
+    assert _by_mem(lay, True) == {1: pytest.approx(4.0)}
+    # a CPU-less memory node no memoryless node uses takes no part, as before: node 1
+    # and node 0 are both below memoryless node 2 (21 each) and node_load picks node 0
+    t = Topology.uniform(8, 3, memoryless_nodes=(2,), node_cpus=(4, 0, 4))
+    assert numa_mem_ids(t) == (0, 1, 0)
+    assert workloads.node_groups(t)["nodes"] == [1, 0, 1, 0]
+
+
+def test_block_io_completions_take_the_first_memoryless_cpus():
+    # completion CPUs on memoryless nodes: the first ones in node order (node 1, whose
+    # memory node is 4), as the lab module places them; 20 of them spill onto node 2
+    wl, lay = workloads.block_io(SEED, completion_remote=True, completions=20)
+    comp = [r for r in range(workloads.R) if wl.alloc_p[r] == 0 and lay.weight[r] > 0]
+    assert sum(float(lay.weight[r]) for r in comp) == pytest.approx(20.0)
+    assert {int(lay.mem_node[r]) for r in comp} == {1}
+    assert float(np.sum(lay.weight)) == pytest.approx(128.0)
+
+
+@pytest.mark.parametrize("profile", ["v2.6.27", "v5.10", "v6.18", "v7.0", "v7.1"])
+@pytest.mark.parametrize("wl", [{"kind": "producer_consumer", "depth": 40, "cross_node": 0.3},
+                                {"kind": "block_io", "depth": 20, "completion_remote": True,
+                                 "completions": 3}])
+def test_dynamics_equal_reference_with_memoryless_reps_on_both_memory_classes(profile, wl):
+    # the seed's layout at 32 CPUs: memoryless reps with mem_node 0 and 1 side by side
+    topo = Topology.uniform(32, 8, memoryless_nodes=(1, 2, 3, 5, 6, 7))
+    prof = profiles.get_profile(profile)
+    st = policy.structure(256, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof))
+    cfg = dynamics.config_from(st, prof, topo, wl)
+    assert {int(m) for m, ml in zip(cfg.rep_mem_node, cfg.rep_memoryless) if ml} <= {0, 1}
+    steps = 200
+    w = dynamics.draws(jax.random.key(7), steps)
+    got = dynamics.counters_numpy(dynamics.simulate_draws(w, cfg))
+    want = reference_sim.run(w, cfg)
+    gauges = {name for name, _ in dynamics.GAUGE_FIELDS}
+    for k in want:
+        if k in gauges:
+            np.testing.assert_array_equal(np.rint(got[k] * steps), np.rint(want[k] * steps),
+                                          err_msg=k)
+        else:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert want["ops"].sum() > 0
+
+
+# --------------------------------------------------------------------------- host SLIT
+
+
+def test_topology_from_lists_reads_the_distance_lines():
+    # online nodes 0, 2 and 5 (ids need not be dense); node 5 has memory only
+    topo, ids = host.topology_from_lists(
+        "0-7", "0-7", "0-7", "0,5", "0,2", {0: "0-3", 2: "4-7", 5: ""},
+        "0,2,5", {0: "10 21 31", 2: "21 10 17", 5: "31 17 10"})
+    assert ids == (0, 2, 5)
+    assert topo.distances == ((10, 21, 31), (21, 10, 17), (31, 17, 10))
+    assert numa_mem_ids(topo) == (0, 2, 2)
+    # a missing line: no SLIT, the kernel's defaults
+    topo, _ = host.topology_from_lists("0-7", "0-7", "0-7", "0,5", "0,2",
+                                       {0: "0-3", 2: "4-7", 5: ""}, "0,2,5",
+                                       {0: "10 21 31", 2: "21 10 17"})
+    assert topo.distances is None
+
+
+@pytest.mark.parametrize("line, words", [("10 x 31", "not a list of numbers"),
+                                         ("10 21", "2 entries but 3 online nodes"),
+                                         ("10 21 9", "distances: [0][2] = 9")])
+def test_topology_from_lists_rejects_bad_distance_lines(line, words):
+    with pytest.raises(SlabtuneError, match="distance") as err:
+        host.topology_from_lists("0-7", "0-7", "0-7", "0,5", "0,2",
+                                 {0: "0-3", 2: "4-7", 5: ""}, "0,2,5",
+                                 {0: line, 2: "21 10 17", 5: "31 17 10"})
+    assert words in str(err.value)
+
+
+def test_read_host_topology_reads_node_distance_files(tmp_path):
+    cpu = tmp_path / "sys/devices/system/cpu"
+    node = tmp_path / "sys/devices/system/node"
+    cpu.mkdir(parents=True)
+    for f, v in (("possible", "0-3"), ("present", "0-3"), ("online", "0-3")):
+        (cpu / f).write_text(v + "\n")
+    node.mkdir(parents=True)
+    for f, v in (("online", "0-1"), ("has_memory", "0"), ("has_cpu", "0-1")):
+        (node / f).write_text(v + "\n")
+    for n, cl, dist in ((0, "0-1", "10 16"), (1, "2-3", "16 10")):
+        (node / f"node{n}").mkdir()
+        (node / f"node{n}" / "cpulist").write_text(cl + "\n")
+        (node / f"node{n}" / "distance").write_text(dist + "\n")
+    h = host.read_host_topology(tmp_path)
+    assert h.topology.distances == ((10, 16), (16, 10))
+    assert h.node_distances == ("10 16", "16 10")
+    assert h.topology.memoryless_nodes == (1,)

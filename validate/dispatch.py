@@ -48,27 +48,37 @@ def _guest_options(task: dict, spec: ValidateSpec, use_resource: bool, node_cpus
 
 def local_resources() -> dict[str, float]:
     """Custom resources to declare on a local Ray instance: ``qemu`` (one guest at a time
-    per two cores) when qemu and a kernel are installed."""
-    if guest_available() is not None:
-        return {}
-    return {QEMU_RESOURCE: float(max(1, (os.cpu_count() or 1) // 2))}
+    per two cores) when qemu and a kernel are installed, ``uml`` (one UML round at a time)
+    when the UML kernel is built."""
+    from slabtune.validate.uml import UML_RESOURCE, uml_available
+
+    out = {}
+    if guest_available() is None:
+        out[QEMU_RESOURCE] = float(max(1, (os.cpu_count() or 1) // 2))
+    if uml_available() is None:
+        out[UML_RESOURCE] = 1.0
+    return out
 
 
 def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str],
              out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
-             timeout_s: float | None = None, source: str = "") -> ValidateResult:
+             timeout_s: float | None = None, source: str = "",
+             uml_opts: dict | None = None) -> ValidateResult:
     """Run every task on Ray (a local instance unless an address is given, or the instance
-    already initialised in this process) and store the rows; see the module docstring."""
+    already initialised in this process) and store the rows; see the module docstring.
+    ``uml_opts``: the uml target's runs, ops and CPU limit
+    (:func:`slabtune.validate.uml.check_options`)."""
     from slabtune.results import store
     from slabtune.sweeps.dispatch import ray_session
     from slabtune.sweeps.runner import git_revision, package_versions
 
     cands = with_baseline(cands)
-    info = preflight(cands, spec, targets)
-    tasks = plan_tasks(cands, spec, targets)
+    info = preflight(cands, spec, targets, uml_opts)
+    tasks = plan_tasks(cands, spec, targets, info.get("uml_topologies"))
     if not tasks:
         raise SlabtuneError("--target: no task to run (host runs only the baseline)")
     meta = {"name": f"validate-{spec.name}", "evaluator": "validate", "chunk_size": 1,
+            "spec_name": spec.name,
             "targets": list(targets), "topologies": [t.name for t in spec.fleet.topologies],
             "candidates": [c.to_json() for c in cands], "source": source,
             "plan": [[t.candidate.id, t.topology, t.target] for t in tasks], **info}
@@ -82,6 +92,38 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
             run.start_attempt(ray=sess)
             failed = _dispatch(run, tasks, spec, targets, timeout_s)
             run.finish()
+    return ValidateResult(run.path, len(tasks), failed)
+
+
+def resume(ref: str, out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
+           timeout_s: float | None = None) -> ValidateResult:
+    """Finish an interrupted validation run: its spec, candidates, targets and plan are the
+    manifest's; only the tasks not done run (a uml pair also keeps the runs its finished
+    rounds stored), so no row is written twice.  ``failed`` counts every failed task of
+    the run, the earlier ones included."""
+    from slabtune.results import store
+    from slabtune.sweeps.dispatch import ray_session
+    from slabtune.validate.schema import is_validate_run, task_table
+    from slabtune.validate.spec import parse_spec
+
+    run = store.resolve_run(ref, out_dir)
+    if not is_validate_run(run):
+        raise SlabtuneError(f"--resume: {run.path} is not a validation run")
+    meta = run.manifest["spec"]
+    name = meta.get("spec_name") or str(meta["name"]).removeprefix("validate-")
+    spec = parse_spec(run.manifest["spec_text"], name)
+    cands = {c["id"]: Candidate.from_json(c) for c in meta["candidates"]}
+    tasks = [Task(i, cands[c], topo, target) for i, (c, topo, target)
+             in enumerate(meta["plan"])]
+    targets = list(meta["targets"])
+    with ray_session(ray_address, resources=local_resources()) as sess:
+        with run.lock():
+            run.clean_temporaries()
+            run.start_attempt(ray=sess, resumed=True)
+            _dispatch(run, [t for t in tasks if run.chunk_state(t.index) != "done"], spec,
+                      targets, timeout_s)
+            run.finish()
+    failed = sum(1 for t in task_table(run) if t["status"] == "failed")
     return ValidateResult(run.path, len(tasks), failed)
 
 
@@ -153,17 +195,25 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
             td["lab_kernels"] = kernels
             td["lab_predicted"] = {str(k): v for k, v in preds[td["index"]].items()}
 
-    def store(td: dict, rows: list[dict]) -> int:
+    umls = [td for td in tds if td["target"] == "uml"]
+    if umls:
+        from slabtune.validate import uml
+
+        filled_uml = model_task("uml", uml.model_task, umls, spec.text, spec.name)
+        for td in umls:
+            td["uml"] = filled_uml[td["index"]]
+
+    def store(td: dict, rows: list[dict], **info) -> int:
         bad = any(r["status"] == "failed" for r in rows)
         st = next((r for r in rows if r["status"] == "failed"), None)
         run.write_part(td["index"], frame(rows), status="failed" if bad else "ok",
                        candidate=td["candidate"]["id"], topology=td["topology"],
-                       target=td["target"], error=st["error"] if st else None)
+                       target=td["target"], error=st["error"] if st else None, **info)
         return int(bad)
 
     refs = {}
     for td in tds:
-        if td["target"] == "native":
+        if td["target"] in ("native", "uml"):
             continue
         opts = (_guest_options(td, spec, use_qemu, node_cpus)
                 if td["target"] in ("guest", "lab") else {"num_cpus": 1})
@@ -195,4 +245,10 @@ def _dispatch(run, tasks: Sequence[Task], spec: ValidateSpec, targets: Sequence[
                    for td in nat}
         for td in nat:
             failed += store(td, got[td["index"]])
+    if umls:
+        # after the guests and the native batch: the UML rounds time the allocator, so
+        # nothing else of the run may share the cores with them
+        failed += uml.dispatch(run, umls, spec, {"runs": run.manifest["spec"]["uml_runs"],
+                                                 "ops": run.manifest["spec"]["uml_ops"]},
+                               timeout_s, node_cpus, store)
     return failed

@@ -50,10 +50,11 @@ def guest_available() -> str | None:
 def available_targets() -> dict[str, str | None]:
     """target -> None (runs here) or the reason it cannot."""
     from slabtune.validate.lab import lab_available
+    from slabtune.validate.uml import uml_available
 
     host = None if Path("/sys/kernel/slab").is_dir() else "/sys/kernel/slab is missing"
     return {"guest": guest_available(), "host": host, "native": native_available(),
-            "lab": lab_available()}
+            "lab": lab_available(), "uml": uml_available()}
 
 
 def parse_targets(text: str | None) -> tuple[str, ...]:
@@ -86,28 +87,51 @@ class Task:
 
 
 def plan_tasks(cands: Sequence[Candidate], spec: ValidateSpec,
-               targets: Sequence[str]) -> list[Task]:
+               targets: Sequence[str], uml_topologies: Sequence[str] | None = None
+               ) -> list[Task]:
     """Every (candidate, topology) pair per target: guest, native and lab over the spec's
-    topologies (a lab task boots every lab kernel of the run), host for the baseline only
-    (the host cannot reboot with other parameters)."""
+    topologies (a lab task boots every lab kernel of the run), uml over the topologies UML
+    can express (``uml_topologies``; default :func:`slabtune.validate.uml.plan_topologies`
+    with the default CPU limit), host for the baseline only (the host cannot reboot with
+    other parameters)."""
     tasks: list[Task] = []
     for target in TARGETS:
         if target not in targets:
             continue
+        names = [t.name for t in spec.fleet.topologies]
+        if target == "uml":
+            if uml_topologies is None:
+                from slabtune.validate.uml import plan_topologies
+
+                uml_topologies = plan_topologies(spec, None)[0]
+            names = [n for n in names if n in set(uml_topologies)]
         for c in cands:
             if target == "host":
                 if c.id == BASELINE_ID:
                     tasks.append(Task(len(tasks), c, "host", target))
                 continue
-            for t in spec.fleet.topologies:
-                tasks.append(Task(len(tasks), c, t.name, target))
+            for name in names:
+                tasks.append(Task(len(tasks), c, name, target))
     return tasks
 
 
-def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str]) -> dict:
+def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str],
+              uml_opts: dict | None = None) -> dict:
     """Refuse bad input before any qemu starts: every candidate's boot parameters against
-    the guest kernel's profile, the guest assets present.  Returns facts for the manifest."""
+    the guest kernel's profile, the guest assets present.  Returns facts for the manifest.
+    ``uml_opts``: :func:`slabtune.validate.uml.check_options` (defaults when None)."""
     info: dict[str, Any] = {}
+    if "uml" in targets:
+        from slabtune.validate import uml
+
+        opts = uml_opts if uml_opts is not None else uml.check_options(None, None, None)
+        keep, skipped = uml.plan_topologies(spec, opts["max_cpus"])
+        if not keep and list(targets) == ["uml"]:
+            raise SlabtuneError(f"--target uml: no topology of spec {spec.name} can run under "
+                                f"UML ({skipped[0]['topology']}: {skipped[0]['reason']})")
+        info.update(uml.check_pairs(cands, spec, keep), uml_topologies=keep,
+                    uml_skipped=skipped, uml_runs=opts["runs"], uml_ops=opts["ops"],
+                    uml_max_cpus=uml.cpu_limit(opts["max_cpus"]))
     if "guest" in targets:
         from slabtune.kernel import guest
 

@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from slabtune.errors import SlabtuneError
+from slabtune.validate import uml
 from slabtune.validate.lab import format_summary as format_lab_summary
 from slabtune.validate.lab import summary as lab_summary
 from slabtune.validate.schema import (
@@ -252,18 +253,26 @@ def _rho(df: pl.DataFrame) -> float | None:
 
 def speed(rows: pl.DataFrame, memoryless: set[str] | None = None,
           resolution: float | None = None) -> dict:
-    """Spearman of predicted cost against measured time, from the preferred source; for
-    the native source also, labelled: without the topologies with a memoryless node
-    (``memoryless``: the native allocator has no remote memory, so the model's remote-node
-    costs have nothing to meet), and against the model with its prior cost constants."""
+    """Spearman of predicted cost against measured time, from the preferred source: the
+    real allocator under UML (``uml``), else the native allocator, else KVM guests.  The
+    native allocator's figures, when it ran, are labelled beside it
+    (``native_arithmetic_check`` when it is not the source): without the topologies with a
+    memoryless node (``memoryless``: the native allocator has no remote memory, so the
+    model's remote-node costs have nothing to meet), and against the model with its
+    packaged and prior cost constants."""
     ok = _ok(rows)
+    umlr = ok.filter((pl.col("target") == "uml") & (pl.col("field") == uml.UML_FIELD)
+                     & pl.col("comparable") & pl.col("predicted").is_not_null()
+                     & pl.col("measured").is_not_null())
     native = ok.filter((pl.col("target") == "native") & (pl.col("field") == NATIVE_COST_FIELD)
                        & pl.col("comparable") & pl.col("predicted").is_not_null())
     kvm = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
                     & (pl.col("accelerator") == "kvm"))
     tcg = ok.filter((pl.col("target") == "guest") & (pl.col("field") == COST_FIELD)
                     & (pl.col("accelerator") != "kvm"))
-    if native.height:
+    if umlr.height:
+        src, use = "uml", umlr
+    elif native.height:
         src, use = "native", native
     elif kvm.height:
         src, use = "guest-kvm", kvm
@@ -276,19 +285,26 @@ def speed(rows: pl.DataFrame, memoryless: set[str] | None = None,
            "spearman_ceiling": ceiling,
            "distinct_predictions": use["predicted"].n_unique() if src else 0,
            "guest_tcg_spearman_not_counted": tcg_rho, "guest_tcg_pairs": tcg.height}
-    if src == "native":
+    if native.height and src != "native":
+        # the native allocator beside the real one: a twin of the model, so its figure
+        # checks the model's arithmetic, not the kernel
+        out["native_arithmetic_check"] = {
+            "spearman": _rho(native), "pairs": native.height,
+            "label": "native allocator (a userspace twin written from the model's reading "
+                     "of mm/slub.c): checks the model's arithmetic, not the kernel"}
+    if native.height:
         ml = sorted(memoryless or ())
         keep = ~pl.col("topology").is_in(ml)
         out["native_labelled"] = {
             "memoryless_topologies": ml,
-            "without_memoryless": {"spearman": _rho(use.filter(keep)),
-                                   "pairs": use.filter(keep).height},
+            "without_memoryless": {"spearman": _rho(native.filter(keep)),
+                                   "pairs": native.filter(keep).height},
         }
         if resolution is not None:
-            tied = tie_within(use["predicted"].to_list(), resolution)
+            tied = tie_within(native["predicted"].to_list(), resolution)
             out["native_labelled"]["ties_within_noise"] = {
                 "resolution_ns": resolution, "groups": len(set(tied)),
-                "spearman": spearman(tied, use["measured"].to_list())}
+                "spearman": spearman(tied, native["measured"].to_list())}
         for field, key in ((NATIVE_COST_PACKAGED_FIELD, "packaged_constants"),
                            (NATIVE_COST_PRIOR_FIELD, "prior_constants")):
             d = ok.filter((pl.col("target") == "native") & (pl.col("field") == field))
@@ -362,7 +378,8 @@ def pairs(rows: pl.DataFrame, tasks: list[dict], workload: set[str]) -> list[dic
             a = alld[(t["candidate"], t["topology"])]
             e.update(mem_all_predicted=a["mem_predicted"], mem_all_measured=a["mem_measured"],
                      mem_all_caches=a["mem_caches"], mem_all_rel_err=a["mem_rel_err"])
-        for field, key in ((COST_FIELD, "cost"), (NATIVE_COST_FIELD, "cost")):
+        for field, key in ((COST_FIELD, "cost"), (NATIVE_COST_FIELD, "cost"),
+                           (uml.UML_FIELD, "cost")):
             c = r.filter(pl.col("field") == field)
             if c.height:
                 e[f"{key}_predicted"] = c["predicted"][0]
@@ -375,14 +392,18 @@ def pairs(rows: pl.DataFrame, tasks: list[dict], workload: set[str]) -> list[dic
     return out
 
 
-def report(run) -> dict:
-    """The report of a validation run (a :class:`slabtune.results.store.Run`)."""
-
+def report(run, repredict: bool = False, cost: str | None = None) -> dict:
+    """The report of a validation run (a :class:`slabtune.results.store.Run`).  With
+    ``repredict`` the uml rows' predictions are computed again by today's model (under the
+    cost table in force, or the cost file ``cost``) from the documents stored with the run
+    (:func:`slabtune.validate.uml.repredict`; imports JAX), beside the stored times."""
     if not is_validate_run(run):
         raise SlabtuneError(f"run: {run.path} is not a validation run")
     rows = run.collect()
     if rows.is_empty():
         rows = pl.DataFrame(schema=ROW_SCHEMA)
+    if repredict:
+        rows = uml.repredict(run, rows, cost)
     tasks = task_table(run)
     g = structural(rows, "guest")
     h = structural(rows, "host")
@@ -438,6 +459,7 @@ def report(run) -> dict:
                                                    "alloc+free pair vs the model's ns per "
                                                    "pair under the packaged cost table (a "
                                                    "run stored before the rig cost table)",
+                              "uml": uml.SOURCE_TEXT,
                               "guest-kvm": "guest workload wall time under KVM vs modelled ns/op",
                               None: "no comparable timings (guest timings under TCG do not "
                                     "count and no native run)"}[
@@ -447,6 +469,7 @@ def report(run) -> dict:
                                                "the model's dynamics counters",
         },
         "lab": lab_summary(rows),
+        "uml": {**uml.summary(rows, run.manifest), "repredicted": repredict},
         "failed_tasks": [{k: t[k] for k in ("task", "candidate", "topology", "target", "error")}
                          for t in failed],
         "pairs": pairs(rows, tasks, wl),
@@ -546,6 +569,10 @@ def format_report(rep: dict) -> str:
                          f"noise, {tw['resolution_ns']:.3f} ns (median standard error of the "
                          f"calibration runs), as ties: {tw['groups']} groups, Spearman "
                          f"{_fmt(tw['spearman'])})")
+    nac = sp.get("native_arithmetic_check")
+    if nac:
+        lines.append(f"  (beside it, labelled: {nac['label']}: Spearman {_fmt(nac['spearman'])} "
+                     f"over {nac['pairs']} pairs)")
     lines.extend(format_rig(rep.get("native_rig")))
     if sp["guest_tcg_pairs"]:
         lines.append(f"  (guest TCG timings, not counted: Spearman "
@@ -556,12 +583,13 @@ def format_report(rep: dict) -> str:
                  f"{'n/a' if fastpath is None else format(fastpath, '.2f') + ' pp'} (the "
                  "native allocator checks the model's arithmetic, not the kernel)")
     lines.extend(format_lab_summary(rep["lab"]))
+    lines.extend(uml.format_summary(rep["uml"]))
     for m in g["mismatch_list"][:20]:
         lines.append(f"  mismatch {m['candidate']} {m['topology']} {m['cache']} {m['field']}: "
                      f"kernel {m['measured']} model {m['predicted']}")
     lines.append("")
     lines.append(f"{'candidate':<14} {'topology':<16} {'target':<7} {'status':<7} "
-                 f"{'struct':>9} {'mem err':>8} {'mem all':>8} {'cost ns':>8} {'time s':>8}")
+                 f"{'struct':>9} {'mem err':>8} {'mem all':>8} {'cost ns':>8} {'measured':>8}")
     for p in rep["pairs"]:
         st = f"{p['structural_matched']}/{p['structural_total']}"
         lines.append(f"{p['candidate']!s:<14} {p['topology']!s:<16} {p['target']!s:<7} "

@@ -17,7 +17,7 @@ from slabtune.kernel.check import COMPARED_FIELDS
 from slabtune.kernel.guest import CONSOLE_TAIL_CHARS
 
 #: Every target, in the order tasks are planned.
-TARGETS: tuple[str, ...] = ("guest", "host", "native", "lab")
+TARGETS: tuple[str, ...] = ("guest", "host", "native", "lab", "uml")
 #: Attempts beyond the first Ray makes for a task whose worker died or raised OSError.
 MAX_RETRIES = 2
 #: The custom Ray resource guest tasks ask for (a node with qemu and a kernel to boot).

@@ -19,9 +19,14 @@ def register(subparsers) -> None:
                          "native allocator) and store measured beside predicted values",
         description="Validate candidates: every (candidate, topology) pair becomes a Ray task "
                     "per target (guest: qemu boots with the candidate's boot parameters; host: "
-                    "this machine's kernel, baseline only; native: the userspace allocator). "
+                    "this machine's kernel, baseline only; native: the userspace allocator; "
+                    "lab: the lab kernels under qemu with SLUB_STATS; uml: the real 7.2 "
+                    "allocator timed natively in User Mode Linux, on the topologies UML can "
+                    "express, the others skipped with their reason). "
                     "The baseline (kernel defaults) is always included. "
-                    "'slabtune validate report RUN [--json]' prints the error report of a run. "
+                    "'slabtune validate report RUN [--json] [--repredict]' prints the error "
+                    "report of a run; 'slabtune validate --resume RUN' finishes an "
+                    "interrupted one. "
                     "Exit 0 when every task completed, 1 when some failed, 2 on bad input.")
     p.add_argument("action", nargs="?", choices=("report",),
                    help="'report': print the error report of RUN")
@@ -50,8 +55,27 @@ def register(subparsers) -> None:
     p.add_argument("--storage", metavar="URL", help="Optuna storage URL of the study")
     p.add_argument("--topologies", metavar="SPEC",
                    help="validation spec file or built-in name (validate_quick)")
-    p.add_argument("--target", metavar="guest|native|host",
+    p.add_argument("--target", metavar="guest|host|native|lab|uml",
                    help="target(s), comma separated (default: every target this machine can run)")
+    p.add_argument("--uml-runs", type=int, metavar="K",
+                   help="(uml) timed UML runs per pair, in rounds interleaved over the pairs; "
+                        "the measured figure is their median (default 5)")
+    p.add_argument("--uml-ops", type=int, metavar="N",
+                   help="(uml) operations per allocating worker of a UML run (default 200000)")
+    p.add_argument("--uml-max-cpus", type=int, metavar="N",
+                   help="(uml) the most virtual CPUs a pair may have (default: the host cores "
+                        "this process may use; never more than the UML kernel's NR_CPUS); "
+                        "topologies above it are skipped with that reason")
+    p.add_argument("--resume", metavar="RUN",
+                   help="finish an interrupted validation run: only its tasks not done run "
+                        "(a uml pair keeps its finished rounds); takes the run's candidates, "
+                        "spec and targets")
+    p.add_argument("--repredict", action="store_true",
+                   help="(report) compute the uml rows' predictions again with today's model "
+                        "from the documents stored with the run, beside the stored times")
+    p.add_argument("--cost", metavar="FILE",
+                   help="(report --repredict) a cost file whose constants override the "
+                        "packaged ones for the new predictions")
     p.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address (default: a local "
                    "instance, or RAY_ADDRESS)")
     p.add_argument("--out", default="runs", metavar="DIR", help="where run directories go")
@@ -70,8 +94,28 @@ def _validate(args) -> int:
         raise SlabtuneError(f"validate: unexpected argument {args.run_ref!r} "
                             "(did you mean 'validate report RUN'?)")
     from slabtune.commands.paths import input_file, output_dir
-    from slabtune.validate import candidates, dispatch, plan
+    from slabtune.validate import candidates, dispatch, plan, uml
     from slabtune.validate import spec as validate_spec
+
+    for flag, v in (("--repredict", args.repredict), ("--cost", args.cost)):
+        if v:
+            raise SlabtuneError(f"{flag}: only with 'validate report RUN'")
+    uml_opts = uml.check_options(args.uml_runs, args.uml_ops, args.uml_max_cpus)
+    if args.resume is not None:
+        extra = [n for n, v in (("--study", args.study), ("--run", args.tune_run),
+                                ("--candidate", args.candidate), ("--top", args.top),
+                                ("--spread", args.spread), ("--topologies", args.topologies),
+                                ("--target", args.target), ("--uml-runs", args.uml_runs),
+                                ("--uml-ops", args.uml_ops),
+                                ("--uml-max-cpus", args.uml_max_cpus)) if v is not None]
+        if extra:
+            raise SlabtuneError(f"--resume: {extra[0]} does not apply (a resumed run keeps "
+                                "its own)")
+        if args.timeout is not None and not 0 < args.timeout <= 3600:
+            raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
+        res = dispatch.resume(args.resume, out_dir=args.out, ray_address=args.ray_address,
+                              timeout_s=args.timeout)
+        return _done(args, res, None)
 
     if bool(args.candidate) + bool(args.study or args.tune_run) != 1:
         raise SlabtuneError("candidates: give exactly one of --study NAME, --run RUN_DIR "
@@ -114,14 +158,17 @@ def _validate(args) -> int:
             cands = candidates.candidates_from_study(study, args.top)
             source = f"study {study.study_name} top {args.top}"
     res = dispatch.validate(cands, spec, targets, out_dir=args.out, ray_address=args.ray_address,
-                     timeout_s=args.timeout, source=source)
+                            timeout_s=args.timeout, source=source, uml_opts=uml_opts)
+    return _done(args, res, f"validated {len(candidates.with_baseline(cands))} candidates on "
+                            f"{len(spec.fleet.topologies)} topologies ({', '.join(targets)})")
+
+
+def _done(args, res, what: str | None) -> int:
     if args.json:
         print(jsonout.dumps({"run_dir": str(res.run_dir), "tasks": res.tasks,
-                          "failed": res.failed}))
+                             "failed": res.failed}))
     else:
-        print(f"validated {len(candidates.with_baseline(cands))} candidates on "
-              f"{len(spec.fleet.topologies)} topologies ({', '.join(targets)}): "
-              f"{res.tasks} tasks, {res.failed} failed")
+        print(f"{what or 'resumed'}: {res.tasks} tasks, {res.failed} failed")
         print(f"run {res.run_dir}")
         print("next: " + shlex.join(["slabtune", "validate", "report", str(res.run_dir)]),
               file=sys.stderr)
@@ -129,7 +176,7 @@ def _validate(args) -> int:
 
 
 def _report(args) -> int:
-    from slabtune.commands.paths import input_dir
+    from slabtune.commands.paths import input_dir, input_file
     from slabtune.errors import SlabtuneError
     from slabtune.results import store
     from slabtune.validate import report
@@ -139,12 +186,19 @@ def _report(args) -> int:
     extra = [n for n, v in (("--study", args.study), ("--run", args.tune_run),
                             ("--candidate", args.candidate), ("--top", args.top),
                             ("--spread", args.spread),
-                            ("--topologies", args.topologies), ("--target", args.target)) if v]
+                            ("--topologies", args.topologies), ("--target", args.target),
+                            ("--uml-runs", args.uml_runs), ("--uml-ops", args.uml_ops),
+                            ("--uml-max-cpus", args.uml_max_cpus),
+                            ("--resume", args.resume)) if v is not None]
     if extra:
         raise SlabtuneError(f"validate report: {extra[0]} does not apply to a report")
+    if args.cost is not None and not args.repredict:
+        raise SlabtuneError("--cost: only with --repredict")
     input_dir("--out", args.out)
+    if args.cost is not None:
+        input_file("--cost", args.cost)
     run = store.resolve_run(args.run_ref, args.out)
-    rep = report.report(run)
+    rep = report.report(run, repredict=args.repredict, cost=args.cost)
     if args.json:
         print(jsonout.dumps(rep, default=str))
     else:

@@ -290,11 +290,12 @@ def numa_mem_ids(t: Topology, **rule) -> tuple[int, ...]:
 
     That head is local_memory_node(node) (mm/page_alloc.c, 7.2.13): the node of the first
     zone of the node's zonelist, which the kernel stores as numa_mem_id() of the node's CPUs
-    where CONFIG_HAVE_MEMORYLESS_NODES is set (powerpc, ia64, arm64 with ACPI).  x86 has
-    no such option and numa_mem_id() is the CPU's own node there, but SLUB's allocations
-    for a memoryless node still land on the same node: new_slab() with NUMA_NO_NODE asks
-    the page allocator, which walks that zonelist from its head, and get_any_partial()
-    searches the nodes' partial lists in the same order.
+    where CONFIG_HAVE_MEMORYLESS_NODES is set (powerpc and ia64 in 6.1.192, powerpc alone
+    in 7.2.13).  x86 has no such option and numa_mem_id() is the CPU's own node there
+    (include/linux/topology.h), but SLUB's allocations for a memoryless node still land
+    on the same node: new_slab() with NUMA_NO_NODE asks the page allocator, which walks
+    that zonelist from its head, and get_any_partial() searches the nodes' partial lists
+    in the same order.
     """
     orders = fallback_orders(t, **rule)
     return tuple(i if t.node_has_memory[i] else orders[i][0] for i in range(t.nodes))

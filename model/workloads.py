@@ -23,19 +23,22 @@ Node classes
 The model keeps ``N`` node classes, each standing for one typical node of a kind:
 class 0 is the first node with memory that has CPUs, class 1 any other node with memory
 (a representative of ``node_weight[1]`` such nodes), class 2 a memoryless node with CPUs
-(representing ``node_weight[2]`` such nodes), class 3 is unused padding.
+whose memory node is class 0's, class 3 one whose memory node is in class 1 (each
+representing ``node_weight[k]`` such nodes); class 3 is padding where there is none.
 
 A CPU on a memoryless node gets its slabs from the head of its node's fallback list, the
 node :func:`~slabtune.model.topology.numa_mem_ids` gives by the kernel's
 build_zonelists() rule (nearest by the SLIT, then a node above it, then the less loaded,
 so memoryless nodes at equal distance are dealt out over the memory nodes).  Its reps
-keep node class 2 (their own node: barn, remote-free test) and take ``mem_node`` 0 when
-that node is class 0's, else 1.  The CPUs a workload spreads its reps over thus fall in
-the four :data:`GROUPS`.  Class 1 stands for ``node_weight[1]`` memory nodes: the ones
-with CPUs and the CPU-less ones some memoryless node allocates from; its locks and slabs
-are shared evenly among them, which is exact when they are alike (as many CPUs of their
-own and of memoryless nodes each, as on the seed's 8-node machine, or the round-robin
-of equidistant nodes gives) and an average otherwise.
+take ``mem_node`` 0 or 1 by that node's class and node class 2 or 3 accordingly: a
+memoryless node's barn (v7.1) then only ever holds objects of its own memory node, as in
+the kernel, where each memoryless node has a barn of its own.  The CPUs a workload
+spreads its reps over thus fall in the four :data:`GROUPS`.  Class 1 stands for
+``node_weight[1]`` memory nodes: the ones with CPUs and the CPU-less ones some memoryless
+node allocates from; its locks and slabs are shared evenly among them, which is exact
+when they are alike (as many CPUs of their own and of memoryless nodes each, as on the
+seed's 8-node machine, or the round-robin of equidistant nodes gives) and an average
+otherwise.
 """
 
 from __future__ import annotations
@@ -49,17 +52,21 @@ from slabtune.model.topology import Topology, numa_mem_ids
 
 #: Representative CPUs per configuration.
 R = 8
-#: Node classes per configuration (the last one is padding, kept so that shapes stay
-#: (4,) for code built on them).
+#: Node classes per configuration (the last one is padding unless a memoryless node
+#: allocates from a class-1 node, kept so that shapes stay (4,) for code built on them).
 N = 4
 #: Probabilities are integers out of this.
 PROB_ONE = 1 << 16
 
-NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS, NODE_PAD = 0, 1, 2, 3
+NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS, NODE_MEMLESS_OTHER = 0, 1, 2, 3
+#: Class 3 when no memoryless node allocates from a class-1 node.
+NODE_PAD = NODE_MEMLESS_OTHER
+#: The memoryless classes.
+MEMLESS_CLASSES = (NODE_MEMLESS, NODE_MEMLESS_OTHER)
 #: The CPU groups a workload spreads its reps over, in order: (node class of the CPUs,
 #: node class their slabs come from).  Memoryless CPUs split by their memory node.
 GROUPS = ((NODE_MEM0, NODE_MEM0), (NODE_MEM_OTHER, NODE_MEM_OTHER),
-          (NODE_MEMLESS, NODE_MEM0), (NODE_MEMLESS, NODE_MEM_OTHER))
+          (NODE_MEMLESS, NODE_MEM0), (NODE_MEMLESS_OTHER, NODE_MEM_OTHER))
 #: Class 0's own CPUs: the interrupt CPU of request_response, and unused (padding) reps.
 _GROUP0 = GROUPS[0]
 
@@ -126,8 +133,8 @@ def node_groups(topology: Topology) -> dict:
     """CPU counts and node counts per node class of ``topology``.
 
     Returns ``cpus[N]``, ``nodes[N]`` and ``has_memory[N]`` (lists), ``group_cpus`` (CPUs
-    per group of :data:`GROUPS`, a dict) and ``mem_class`` (per node, the class its CPUs'
-    slabs come from).
+    per group of :data:`GROUPS`, a dict), ``mem_class`` (per node, the class its CPUs'
+    slabs come from) and ``node_class`` (per node, its class).
     """
     mem_with_cpu = [i for i in topology.memory_nodes if topology.node_cpus[i] > 0]
     first = mem_with_cpu[0] if mem_with_cpu else topology.memory_nodes[0]
@@ -136,20 +143,22 @@ def node_groups(topology: Topology) -> dict:
     cpus = [0] * N
     nodes = [0] * N
     group_cpus = {g: 0 for g in GROUPS}
-    mem_class = []
+    mem_class, node_class = [], []
     for i, c in enumerate(topology.node_cpus):
         m = NODE_MEM0 if mem_id[i] == first else NODE_MEM_OTHER
+        k = m if topology.node_has_memory[i] else MEMLESS_CLASSES[m]
         mem_class.append(m)
-        k = m if topology.node_has_memory[i] else NODE_MEMLESS
+        node_class.append(k)
         if k == NODE_MEM_OTHER and c == 0 and i not in serves:
             continue  # takes no part in a CPU-driven workload: no CPUs, no memoryless users
-        if k == NODE_MEMLESS and c == 0:
+        if k in MEMLESS_CLASSES and c == 0:
             continue
         cpus[k] += c
         nodes[k] += 1
         group_cpus[(k, m)] += c
-    return dict(cpus=cpus, nodes=nodes, has_memory=[True, True, False, True],
-                group_cpus=group_cpus, mem_class=mem_class)
+    has_memory = [True, True, False, nodes[NODE_MEMLESS_OTHER] == 0]
+    return dict(cpus=cpus, nodes=nodes, has_memory=has_memory, group_cpus=group_cpus,
+                mem_class=mem_class, node_class=node_class)
 
 
 def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]]) -> RepLayout:
@@ -159,7 +168,7 @@ def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]]) -> R
     slots = list(slots) + [(_GROUP0, 0.0)] * (R - len(slots))
     node = np.array([s[0][0] for s in slots], np.int32)
     weight = np.array([s[1] for s in slots], np.float32)
-    memless = (node == NODE_MEMLESS).astype(np.int32)
+    memless = np.isin(node, MEMLESS_CLASSES).astype(np.int32)
     mem_node = np.array([s[0][1] for s in slots], np.int32)
     return RepLayout(
         weight=weight,
@@ -347,25 +356,26 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
     depth = _count("depth", depth, 1)
     completions = _count("completions", completions, 1)
     g = node_groups(topology)
-    comp = NODE_MEM0
+    comp: tuple[int, ...] = (NODE_MEM0,)
+    memless_cpus = sum(g["cpus"][k] for k in MEMLESS_CLASSES)
     if completion_remote:
-        if g["cpus"][NODE_MEMLESS] > 0:
-            comp = NODE_MEMLESS
+        if memless_cpus > 0:
+            comp = MEMLESS_CLASSES
         elif g["cpus"][NODE_MEM_OTHER] > 0:
-            comp = NODE_MEM_OTHER
+            comp = (NODE_MEM_OTHER,)
+    pool = sum(g["cpus"][k] for k in comp)
     if sum(g["cpus"]) < 2:
         raise WorkloadError("block_io: needs at least 2 CPUs")
-    if completions > g["cpus"][comp] or sum(g["cpus"]) - completions < 1:
+    if completions > pool or sum(g["cpus"]) - completions < 1:
         raise WorkloadError(f"completions: {completions} leaves no submitting CPU or exceeds "
-                            f"the {g['cpus'][comp]} CPUs of the completion node class")
-    # the completion CPUs are the first ones of their class in node order (as the lab's
-    # module places them), which on memoryless nodes may span both memory node classes
+                            f"the {pool} CPUs of the completion node class")
+    # the completion CPUs are the first ones of their kind in node order (as the lab's
+    # module places them), which on memoryless nodes may span both memoryless classes
     taken = dict.fromkeys(GROUPS, 0)
     left = completions
     for i, c in enumerate(topology.node_cpus):
-        m = g["mem_class"][i]
-        k = m if topology.node_has_memory[i] else NODE_MEMLESS
-        take = min(c, left) if k == comp else 0
+        k, m = g["node_class"][i], g["mem_class"][i]
+        take = min(c, left) if k in comp else 0
         taken[(k, m)] += take
         left -= take
     cpus = {k: c - taken[k] for k, c in g["group_cpus"].items()}

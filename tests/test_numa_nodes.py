@@ -139,10 +139,14 @@ def test_seed_layouts_split_memoryless_cpus_by_their_memory_node(kind):
     params = {"threads": 200} if kind == "request_response" else {}
     wl, lay = workloads.build(kind, SEED, **params)
     assert float(np.sum(lay.weight)) == pytest.approx(128.0)
-    assert list(lay.node_weight) == [1.0, 1.0, 6.0, 0.0]
-    # memoryless reps keep their own node class (barn, remote-free test) ...
-    assert all(int(n) == workloads.NODE_MEMLESS
-               for n, ml in zip(lay.node, lay.memoryless) if ml)
+    assert list(lay.node_weight) == [1.0, 1.0, 3.0, 3.0]
+    assert list(lay.node_has_memory) == [1, 1, 0, 0]
+    # memoryless reps sit in class 2 or 3 by their memory node's class (so a memoryless
+    # node's barn only holds its own memory node's objects) ...
+    for n, m, ml in zip(lay.node, lay.mem_node, lay.memoryless):
+        assert bool(ml) == (int(n) in workloads.MEMLESS_CLASSES)
+        if ml:
+            assert int(n) == workloads.MEMLESS_CLASSES[int(m)]
     # ... and take their slabs from node 0 (class 0) or node 4 (class 1), half each
     assert _by_mem(lay, True) == {0: pytest.approx(48.0), 1: pytest.approx(48.0)}
 
@@ -164,6 +168,7 @@ def test_single_memory_node_layout_is_unchanged():
     _, lay = workloads.local(t)
     assert set(int(m) for m in lay.mem_node) == {0}
     assert list(lay.node_weight) == [1.0, 0.0, 1.0, 0.0]
+    assert list(lay.node_has_memory) == [1, 1, 0, 1]  # class 3 stays padding
 
 
 def test_cpu_less_memory_node_serving_memoryless_cpus_counts_in_class_one():
@@ -172,8 +177,8 @@ def test_cpu_less_memory_node_serving_memoryless_cpus_counts_in_class_one():
     t = Topology.uniform(8, 3, memoryless_nodes=(1,), node_cpus=(4, 4, 0))
     assert numa_mem_ids(t) == (0, 2, 2)
     g = workloads.node_groups(t)
-    assert g["nodes"] == [1, 1, 1, 0]
-    assert g["group_cpus"][(workloads.NODE_MEMLESS, workloads.NODE_MEM_OTHER)] == 4
+    assert g["nodes"] == [1, 1, 0, 1]
+    assert g["group_cpus"][(workloads.NODE_MEMLESS_OTHER, workloads.NODE_MEM_OTHER)] == 4
     _, lay = workloads.local(t)
     assert _by_mem(lay, True) == {1: pytest.approx(4.0)}
     # a CPU-less memory node no memoryless node uses takes no part, as before: node 1
@@ -181,6 +186,7 @@ def test_cpu_less_memory_node_serving_memoryless_cpus_counts_in_class_one():
     t = Topology.uniform(8, 3, memoryless_nodes=(2,), node_cpus=(4, 0, 4))
     assert numa_mem_ids(t) == (0, 1, 0)
     assert workloads.node_groups(t)["nodes"] == [1, 0, 1, 0]
+    assert workloads.node_groups(t)["has_memory"] == [True, True, False, True]
 
 
 def test_block_io_completions_take_the_first_memoryless_cpus():

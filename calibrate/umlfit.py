@@ -35,6 +35,7 @@ take no such lock.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import statistics
 from collections.abc import Mapping, Sequence
@@ -243,10 +244,10 @@ def source_name(path: str | Path) -> str:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a calibration CSV (comment lines skipped)."""
-    from slabtune.kernel import uml
-
+    """The rows of a calibration CSV as ``slabtune calibrate uml`` writes it: ``#`` comment
+    lines (the header saying how it was made), then a CSV header and one row per run."""
     p = Path(path)
     if not p.is_file():
         raise SlabtuneError(f"--data: {path} is not a file")
-    return uml.read_csv(p)
+    with open(p, newline="") as fh:
+        return list(csv.DictReader(ln for ln in fh if not ln.startswith("#")))

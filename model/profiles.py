@@ -33,7 +33,10 @@ Sources, all restated from mm/slub.c of the version named:
   sheaves-cross-cpu-regression-2026).  7.2 keeps v7.1's rules (its kmem_cache_init() puts
   a barn on every online node; its structure is checked against snapshots of a 7.2.13
   guest, tests/data/guest-v7.2-*.csv), so a 7.2 release maps to v7.1.
-* the memoryless-node fix (``numa_mem_id()``) arrived in v2.6.35.
+* CPUs on memoryless nodes (``memoryless_fallback``, see the field): SLUB never had the
+  problem the 2010 numa_mem_id() fix solved, which was SLAB's ("numa: slab: use
+  numa_mem_id() for slab local memory node", v2.6.35).  Every SLUB profile here keeps the
+  per-CPU fast path for those CPUs.
 """
 
 from __future__ import annotations
@@ -111,7 +114,32 @@ class KernelProfile:
     remote_free_bypasses_sheaf: bool
     #: Whether CPUs on memoryless nodes may free into sheaves anyway (v7.1).
     memoryless_cpus_use_sheaves: bool
-    #: Default of the numa_mem_id()-style fix for CPUs on memoryless nodes.
+    #: Whether a CPU on a memoryless node allocates through its per-CPU cache (CPU slab or
+    #: sheaves) like any other CPU (True), or takes every object from its memory node's
+    #: partial list under the list_lock (False).  True in every SLUB profile: SLUB's fast
+    #: path asks node_match(c, node) with node = -1 (NUMA_NO_NODE) for kmalloc() and
+    #: kmem_cache_alloc(), which matches any slab, so the CPU slab serves a memoryless CPU
+    #: (slab_alloc() and __slab_alloc() of v2.6.24 and v3.1, slab_alloc_node() of 6.1.192,
+    #: read there).  False is SLAB's behaviour before v2.6.35, whose per-CPU arrays only
+    #: held objects of numa_node_id() (fixed by "numa: slab: use numa_mem_id() for slab
+    #: local memory node"): the 2010 seed's mechanism, kept as the
+    #: ``[policy.params] memoryless_fallback = false`` override until SLAB has profiles.
+    #:
+    #: What SLUB does on such a CPU that the model does not: when the per-CPU cache runs
+    #: dry, get_partial() searches numa_mem_id()'s node, which is the memoryless node itself
+    #: on x86 (no CONFIG_HAVE_MEMORYLESS_NODES: numa_mem_id() is numa_node_id()) and on every
+    #: architecture before Joonsoo Kim's 2014 patch "slub: search partial list on
+    #: numa_mem_id(), instead of numa_node_id()"; that node has no kmem_cache_node, so
+    #: get_any_partial() walks the zonelist and takes a partial slab only from a node with
+    #: more than min_partial of them (and only when get_cycles() % 1024 is at most
+    #: remote_node_defrag_ratio: 100 in the 2.6.25 era, 1000 from at least v3.2: about 10% and
+    #: 98% of slow paths), else new_slab() gets a fresh slab from the nearest node (6.1.192
+    #: get_partial()/get_any_partial(), 7.2.13 get_from_partial()/get_from_any_partial()
+    #: and refill_objects()).  The model refills such a CPU from its memory node's partial
+    #: list as it refills that node's own CPUs, so it takes fewer new slabs and keeps fewer
+    #: partial slabs on that node than SLUB does there.  Explicit-node allocations
+    #: (kmalloc_node() of a memoryless node, whose ALLOC_NODE_MISMATCH deactivations the
+    #: 2014 node_to_mem_node() patches stopped) are not modelled at all.
     memoryless_fallback: bool
     #: Boot parameter spellings the kernel accepts.
     boot_param_prefixes: tuple[str, ...]
@@ -188,7 +216,7 @@ PROFILES: dict[str, KernelProfile] = {
             "v2.6.27", (2, 6),
             nr_cpus_rule="possible", order_loop="halve", cap_min_objects=False,
             max_objs_per_slab=65535, min_partial_divisor=1, min_partial_lo=5,
-            min_partial_hi=5, cpu_partial_objects=None, memoryless_fallback=False,
+            min_partial_hi=5, cpu_partial_objects=None,
         ),
         _profile(
             "v3.1", (3, 1),

@@ -38,8 +38,9 @@ WORKLOAD_KINDS: tuple[str, ...] = ("local", "producer_consumer", "request_respon
 
 #: Knobs of [policy.params] beyond boot parameters: name -> (type, doc).
 SIM_KNOBS: dict[str, tuple[type, str]] = {
-    "memoryless_fallback": (bool, "numa_mem_id()-style fix: CPUs on memoryless nodes treat "
-                                  "their nearest memory node as local (default per profile)"),
+    "memoryless_fallback": (bool, "CPUs on memoryless nodes allocate through their per-CPU "
+                                  "cache (true: every SLUB profile); false is SLAB before "
+                                  "v2.6.35, every object from the memory node's list"),
     "min_partial": (int, "override of /sys/kernel/slab/<cache>/min_partial"),
     "cpu_partial": (int, "override of /sys/kernel/slab/<cache>/cpu_partial (objects); only "
                          "where the profile has per-CPU partial lists"),

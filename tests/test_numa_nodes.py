@@ -271,3 +271,27 @@ def test_read_host_topology_reads_node_distance_files(tmp_path):
     assert h.topology.distances == ((10, 16), (16, 10))
     assert h.node_distances == ("10 16", "16 10")
     assert h.topology.memoryless_nodes == (1,)
+
+
+# --------------------------------------------------------------------------- SLUB profiles
+
+
+def test_every_slub_profile_serves_memoryless_cpus_from_their_per_cpu_cache():
+    # node_match(c, NUMA_NO_NODE) matches any slab from v2.6.24 on: no SLUB era had SLAB's
+    # numa_node_id()-only per-CPU arrays, v2.6.27 included
+    assert all(p.memoryless_fallback for p in profiles.PROFILES.values())
+
+
+def test_memoryless_fallback_false_stays_an_override():
+    from slabtune.sweeps import simconfig
+
+    topo = Topology.uniform(8, 2, memoryless_nodes=(1,))
+    prof = profiles.get_profile("v2.6.27")
+    st = policy.structure(256, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof))
+    wl = {"kind": "local"}
+    on = dynamics.config_from(st, prof, topo, wl)
+    off = dynamics.config_from(st, simconfig.apply_knobs(prof, {"memoryless_fallback": False}),
+                               topo, wl)
+    assert int(np.asarray(on.memoryless_fallback)) == 1
+    assert int(np.asarray(off.memoryless_fallback)) == 0

@@ -5,8 +5,8 @@ writes one CSV row per run: ns per allocation call and per free call, and every 
 counter per alloc+free pair.  This module turns the one-CPU rows into a cost table:
 
 1. The figures: for each scenario run on ONE virtual CPU, the median over its runs of the
-   ns per allocation call and per free call (two figures per scenario; three scenarios
-   give six).  One CPU, because there no cache line moves between CPUs and no lock is
+   ns per allocation call and per free call (two figures per scenario; six scenarios
+   give twelve).  One CPU, because there no cache line moves between CPUs and no lock is
    contended: what a call costs is the sum of the events it went through, each at its
    own price, which is how the cost model charges a rig (:func:`slabtune.model.cost.
    rig_cost`: no line transfers, no waits).
@@ -17,10 +17,13 @@ counter per alloc+free pair.  This module turns the one-CPU rows into a cost tab
    the barn lock's hold; a failed exchange refills or flushes the sheaf under the node's
    list_lock (SHEAF_REFILL / SHEAF_FLUSH count the objects moved, ``sheaf_object_ns``
    each, one list_lock hold per failure); new and freed slabs go to the page allocator
-   (ALLOC_SLAB / FREE_SLAB, a pcp call plus setup).  :func:`events` spells it out.
-3. The fit: the constants of :data:`FIT` (four, fewer than the six figures) by
-   non-negative least squares on the six figures' RELATIVE errors (a figure of 15 ns
-   weighs as much as one of 130 ns), every other constant at its prior
+   (ALLOC_SLAB / FREE_SLAB, a pcp call, its share of a zone->lock batch, setup per page
+   and per object, the slab's order and objects read from sysfs after each run).
+   :func:`events` spells it out.
+3. The fit: the constants of :data:`FIT` (five, fewer than the twelve figures) by least
+   squares on the figures' RELATIVE errors (a figure of 15 ns weighs as much as one of
+   130 ns), each constant bounded below by its physical minimum (:data:`slabtune.model.
+   priors.PRIOR`), every other constant at its prior
    (:data:`slabtune.model.priors.PRIOR`).  Deterministic: the same CSV gives the same
    table.
 4. The check: the two-CPU rows are predicted with the fitted table, not fitted; their
@@ -49,12 +52,16 @@ from slabtune.model import cost, priors
 
 #: The constants the fit moves, one per kind of event the one-CPU scenarios separate: the
 #: sheaf fast paths (local churn), the exchange of a sheaf with the barn (bursts of 256),
-#: the objects a refill or flush moves between a sheaf and its slabs (bursts of 1024).
-FIT: tuple[str, ...] = ("alloc_fast_ns", "free_fast_ns", "sheaf_swap_ns", "sheaf_object_ns")
-#: Pages and objects of the calibration cache's slab (the module's own 512-byte cache,
-#: taken as order 0 with 8 objects), for the page allocator's price: new slabs are under
-#: 0.1 per call in every scenario, so the order moves no fitted constant by more than a
-#: few percent.
+#: the objects a refill or flush moves between a sheaf and its slabs (bursts of 1024), and
+#: a new slab's cost per object (bursts of 1024 on slabs of order 0 to 3: the same objects
+#: over fewer, larger slabs).  With one object size, objects per slab are pages x 8, so a
+#: per-page and a per-object cost cannot be told apart: ``page_setup_ns`` stays at its
+#: prior and the per-object cost takes what grows with the slab.
+FIT: tuple[str, ...] = ("alloc_fast_ns", "free_fast_ns", "sheaf_swap_ns", "sheaf_object_ns",
+                        "object_setup_ns")
+#: Pages and objects of the calibration cache's slab where a CSV row does not say (rows
+#: written before the ``order`` and ``objs_per_slab`` columns): the module's own 512-byte
+#: cache on one CPU, order 0 with 8 objects.
 SLAB_ORDER = 0
 SLAB_OBJECTS = 8
 
@@ -89,6 +96,12 @@ def _num(row: Mapping[str, str], key: str) -> float:
         raise SlabtuneError(f"{key}: {v!r} is not a number") from None
 
 
+def _opt(row: Mapping[str, str], key: str, default: float) -> float:
+    """A column that older CSVs lack (or a run did not dump): ``default`` then."""
+    v = row.get(key)
+    return default if v in (None, "") else _num(row, key)
+
+
 def events(row: Mapping[str, float], side: str) -> dict[str, float]:
     """Events per call of one side, as the cost model charges them on one CPU.
 
@@ -98,7 +111,9 @@ def events(row: Mapping[str, float], side: str) -> dict[str, float]:
     plus ``sheaf_swap_ns`` and the barn lock's hold; a failed attempt then refills
     (flushes) the sheaf under one list_lock hold, ``sheaf_object_ns`` per object moved
     (SHEAF_REFILL / SHEAF_FLUSH count objects in 7.2); each new (freed) slab is one page
-    allocator call at the pcp price plus the slab's setup."""
+    allocator call at the pcp price (7.2's per-CPU lists hold orders up to 3) plus the
+    slab's setup: ``page_setup_ns`` per 4 KiB page of ``row["order"]`` and
+    ``object_setup_ns`` per object of ``row["objs_per_slab"]``."""
     a = side == "alloc"
     barn = row["barn_get" if a else "barn_put"]
     fail = row["barn_get_fail" if a else "barn_put_fail"]
@@ -116,8 +131,8 @@ def events(row: Mapping[str, float], side: str) -> dict[str, float]:
         "pcp_call_ns": slabs,
         # pcp refills and drains: pcp_batch blocks per hold, 1 / pcp_batch holds per call
         "zone_lock_hold_ns": slabs,
-        "page_setup_ns": slabs * (1 << SLAB_ORDER),
-        "object_setup_ns": slabs * SLAB_OBJECTS,
+        "page_setup_ns": slabs * (1 << int(row["order"])),
+        "object_setup_ns": slabs * row["objs_per_slab"],
     }
 
 
@@ -138,6 +153,10 @@ def figures(rows: Sequence[Mapping[str, str]]) -> list[Figure]:
     out = []
     for (scen, cpus), rs in sorted(groups.items()):
         med = {c: statistics.median(_num(r, f"{c}_per_pair") for r in rs) for c in counters}
+        # runs written before the CSV had these columns: the 512-byte cache's default
+        med["order"] = statistics.median(_opt(r, "order", SLAB_ORDER) for r in rs)
+        med["objs_per_slab"] = statistics.median(_opt(r, "objs_per_slab", SLAB_OBJECTS)
+                                                 for r in rs)
         for side in ("alloc", "free"):
             ns = statistics.median(_num(r, f"{side}_ns_per_call") for r in rs)
             out.append(Figure(scen, cpus, side, len(rs), ns, events(med, side)))
@@ -177,7 +196,9 @@ def fit(rows: Sequence[Mapping[str, str]], source: str = "<rows>",
     a = np.array([[f.events.get(k, 0.0) / f.ns for k in free] for f in one])
     b = np.array([(f.ns - charge({k: n for k, n in f.events.items() if k not in free}, fixed))
                   / f.ns for f in one])
-    x = nnls(a, b)
+    # each constant at least its physical minimum: x = lo + y with y >= 0
+    lo = np.array([priors.PRIOR[k].lo for k in free])
+    x = lo + nnls(a, b - a @ lo)
     values.update({k: float(f"{v:.4g}") for k, v in zip(free, x)})
     return FitResult(values, one, [f for f in figs if f.cpus != 1], source)
 
@@ -225,13 +246,14 @@ def to_toml(res: FitResult, command: str) -> str:
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
-def default_data() -> Path:
-    """The newest calibration CSV shipped with the package (names sort by date)."""
+def default_data() -> list[Path]:
+    """Every calibration CSV shipped with the package, by name (their runs together: a
+    later file adds scenarios, such as the slab orders, to an earlier one)."""
     found = sorted(DATA_DIR.glob("uml-*.csv"))
     if not found:
         raise SlabtuneError(f"--data: no calibration CSV in {DATA_DIR}; run 'slabtune "
                             "calibrate uml' first")
-    return found[-1]
+    return found
 
 
 def source_name(path: str | Path) -> str:
@@ -243,11 +265,20 @@ def source_name(path: str | Path) -> str:
         return str(path)
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a calibration CSV as ``slabtune calibrate uml`` writes it: ``#`` comment
-    lines (the header saying how it was made), then a CSV header and one row per run."""
-    p = Path(path)
-    if not p.is_file():
-        raise SlabtuneError(f"--data: {path} is not a file")
-    with open(p, newline="") as fh:
-        return list(csv.DictReader(ln for ln in fh if not ln.startswith("#")))
+def read_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The rows of calibration CSVs as ``slabtune calibrate uml`` writes them: ``#``
+    comment lines (the header saying how it was made), then a CSV header and one row per
+    run."""
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise SlabtuneError(f"--data: {path} is not a file")
+        with open(p, newline="") as fh:
+            out += list(csv.DictReader(ln for ln in fh if not ln.startswith("#")))
+    return out
+
+
+def sources(paths: Sequence[str | Path]) -> str:
+    """The CSVs of a fit, as a cost file names them."""
+    return ", ".join(source_name(p) for p in paths)

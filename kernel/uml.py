@@ -368,12 +368,15 @@ def timing(result: lab_boot.LabBootResult) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """One kind of calibration run: a ``[workload]`` table and the fewest CPUs it needs."""
+    """One kind of calibration run: a ``[workload]`` table, the fewest CPUs it needs, and
+    slab boot parameters (``boot``: e.g. ``slub_min_order`` to time the same workload on
+    larger slabs)."""
 
     name: str
     workload: Mapping[str, Any]
     min_cpus: int = 1
     what: str = ""
+    boot: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 #: The calibration runs.  Each exercises a different mix of paths, so the per-event costs
@@ -389,7 +392,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("producer_consumer", {"kind": "producer_consumer", "depth": 64}, 2,
              "half the CPUs allocate, the other half free: remote frees, full sheaves "
              "handed over through the barn"),
-)
+) + tuple(
+    Scenario(f"local_burst_1024_order{k}", {"kind": "local", "live": 1024, "burst": 1024}, 1,
+             f"bursts of 1024 on slabs of order {k} (slub_min_order={k}): the same sheaf "
+             "traffic over fewer, larger new slabs, which separates a slab's per-page cost "
+             "from its per-object cost", boot={"slub_min_order": k})
+    for k in (1, 2, 3))
 SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 
 #: SLUB_STATS counters of 7.2 written to the CSV (per pair), in this order.
@@ -404,9 +412,12 @@ CSV_COUNTERS = (
 
 def calibration_row(scenario: str, cpus: int, run: int, result: lab_boot.LabBootResult
                     ) -> dict[str, Any]:
-    """One CSV row: the run's identity, its timing (:func:`timing`) and every
-    :data:`CSV_COUNTERS` delta per pair (one allocation plus one free)."""
+    """One CSV row: the run's identity, its timing (:func:`timing`), the cache's slab
+    ``order`` and ``objs_per_slab`` as its sysfs files gave them after the run (empty when
+    not dumped), and every :data:`CSV_COUNTERS` delta per pair (one allocation plus one
+    free)."""
     t = timing(result)
+    after = result.dumps.get("after", {})
     counters = lab_boot.counter_deltas(result)
     pairs = t["pairs"] or 0
     row: dict[str, Any] = {
@@ -416,6 +427,8 @@ def calibration_row(scenario: str, cpus: int, run: int, result: lab_boot.LabBoot
         "ns_per_pair_all": t["ns_per_pair_all"], "loop_ns_per_alloc": t["loop_ns_per_alloc"],
         "clock_ns": t["clock_ns"], "alloc_long": t["alloc_long"], "free_long": t["free_long"],
         "boot_s": result.seconds,
+        "order": lab_boot.counter_total(after.get("order")),
+        "objs_per_slab": lab_boot.counter_total(after.get("objs_per_slab")),
     }
     for name in CSV_COUNTERS:
         row[f"{name}_per_pair"] = (counters.get(name, 0) / pairs) if pairs else None
@@ -446,6 +459,7 @@ def calibrate(cpus_list: Sequence[int], runs: int, *, scenarios: Iterable[str] =
     for run in range(1, runs + 1):
         for s, c in plan:
             res = run_lab(s.workload, cpus=c, ops=ops, seed=run, long_ns=long_ns, nice=nice,
+                          boot_params=s.boot or None,
                           timeout_s=timeout_s)
             rows.append(calibration_row(s.name, c, run, res))
             results.append(res)

@@ -239,7 +239,8 @@ def test_calibrate_refuses_bad_plans():
     (["--cpus", "0"], "--cpus: 0 is outside 1..16"),
     (["--cpus", "2", "--cpus", "99"], "--cpus: 99 is outside 1..16"),
     (["--scenario", "rr"], "--scenario: 'rr' is not one of local, local_burst_256, "
-                           "local_burst_1024, producer_consumer"),
+                           "local_burst_1024, producer_consumer, local_burst_1024_order1, "
+                           "local_burst_1024_order2, local_burst_1024_order3"),
     (["--nice", "-1"], "--nice: -1 is outside 0..19"),
     (["--out", "/nonexistent-dir/x.csv"], "--out: directory /nonexistent-dir does not exist"),
 ])

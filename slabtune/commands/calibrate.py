@@ -26,18 +26,21 @@ def register(subparsers) -> None:
                     "the medians: ns per allocation+free pair and per call, and the SLUB_STATS "
                     "counters per pair.  Every run is one CSV row (--out).  Scenarios: local "
                     "(fast paths), local_burst_256 (sheaves swapped with the barn), "
-                    "local_burst_1024 (sheaf refill/flush, slabs), producer_consumer (2+ "
+                    "local_burst_1024 (sheaf refill/flush, slabs; _order1.._order3 on "
+                    "larger slabs), producer_consumer (2+ "
                     "CPUs: remote frees).  Exit 0 when every run "
                     "completed, 1 when some failed, 2 on bad input.  'slabtune calibrate fit': "
-                    "fit alloc_fast_ns, free_fast_ns, sheaf_swap_ns and sheaf_object_ns to the "
-                    "one-CPU rows of such a CSV (--data; default: the newest "
-                    "calibrate/data/uml-*.csv of the package), every other constant at its "
+                    "fit alloc_fast_ns, free_fast_ns, sheaf_swap_ns, sheaf_object_ns, "
+                    "page_setup_ns and object_setup_ns to the one-CPU rows of such CSVs "
+                    "(--data; default: every calibrate/data/uml-*.csv of the package), every "
+                    "other constant at its "
                     "physical prior, print measured against modelled ns per call (the "
                     "multi-CPU rows predicted, not fitted) and write the cost file to --out.")
     p.add_argument("target", choices=("uml", "fit"),
                    help="'uml': time the User Mode Linux kernel; 'fit': fit a cost file")
-    p.add_argument("--data", metavar="CSV",
-                   help="fit: the calibration CSV (default: the newest calibrate/data/uml-*.csv)")
+    p.add_argument("--data", metavar="CSV", action="append",
+                   help="fit: a calibration CSV (repeatable; default: every "
+                        "calibrate/data/uml-*.csv of the package, their runs together)")
     p.add_argument("--cpus", action="append", metavar="N",
                    help="virtual CPUs of a boot (repeatable; default: 1 and 2)")
     p.add_argument("--runs", default="5", metavar="K",
@@ -45,7 +48,8 @@ def register(subparsers) -> None:
     p.add_argument("--ops", default=None, metavar="N",
                    help="ops (allocations plus frees) per allocating worker (default 200000)")
     p.add_argument("--scenario", action="append", metavar="NAME",
-                   help="local, local_burst_256, local_burst_1024 or producer_consumer "
+                   help="local, local_burst_256, local_burst_1024[_order1|2|3] or "
+                        "producer_consumer "
                         "(repeatable; default: all)")
     p.add_argument("--out", metavar="FILE",
                    help="uml: the CSV (default: calibrate/data/uml-7.2-<date>.csv, in a "
@@ -76,10 +80,10 @@ def _fit(args) -> int:
     from slabtune.calibrate import umlfit
     from slabtune.commands.paths import output_file
 
-    data = args.data or str(umlfit.default_data())
-    res = umlfit.fit(umlfit.read_rows(data), source=umlfit.source_name(data))
-    command = "slabtune calibrate fit" + (f" --data {umlfit.source_name(data)}"
-                                          if args.data else "")
+    data = args.data or umlfit.default_data()
+    res = umlfit.fit(umlfit.read_rows(data), source=umlfit.sources(data))
+    command = "slabtune calibrate fit" + "".join(f" --data {umlfit.source_name(d)}"
+                                                 for d in (args.data or []))
     text = umlfit.to_toml(res, command)
     for line in umlfit.report(res):
         print(line, file=sys.stderr if args.out is None else sys.stdout)

@@ -12,8 +12,8 @@ checked on counters the binary prints:
 * sheaves absorb local frees (v7.0);
 * in v7.0 CPUs on memoryless nodes free around their sheaves (every free is "remote"), in
   v7.1 they free into them;
-* without the numa_mem_id() fix (v2.6.27) a CPU on a memoryless node never allocates from a
-  CPU slab;
+* without the numa_mem_id() fix (memoryless_fallback = false: SLAB before v2.6.35; no SLUB
+  profile) a CPU on a memoryless node never allocates from a CPU slab;
 * slab memory is never below the bytes of live objects;
 
 and, under the seed scenarios of slabtune.model.scenarios, fast-path fractions within
@@ -214,7 +214,7 @@ def test_v70_memoryless_cpus_bypass_sheaves_v71_do_not(binary):
 
 def test_without_numa_mem_id_memoryless_cpus_never_use_a_cpu_slab(binary):
     cfg, res = _run(_spec("v2.6.27", {"kind": "local", "live": 16}, cpus=4, nodes=2,
-                          memoryless=[1]), binary)
+                          memoryless=[1], params={"memoryless_fallback": False}), binary)
     off = [t for t in _threads(res, node=2)]
     assert off and all(cfg.rep_alloc_local[t["rep"]] == 0 for t in off)
     for t in off:

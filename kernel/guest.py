@@ -216,7 +216,8 @@ def topology_qemu_args(topology: Topology, memory_mib: int = DEFAULT_MEMORY_MIB)
     Present CPUs go to nodes in order of ``node_cpus``; CPUs beyond ``present`` (hotpluggable
     ones) go to the first node with CPUs.  Memory is split evenly (2 MiB granules) between
     the nodes with memory; a node without memory gets no memdev (a memoryless node, or an
-    empty one when it has no CPUs either).
+    empty one when it has no CPUs either).  A topology's SLIT (``distances``) goes to qemu
+    as ``-numa dist`` entries.
     """
     if (isinstance(memory_mib, bool) or not isinstance(memory_mib, int)
             or not 128 <= memory_mib <= 65536):
@@ -247,6 +248,13 @@ def topology_qemu_args(topology: Topology, memory_mib: int = DEFAULT_MEMORY_MIB)
     first_cpu_node = topology.cpu_nodes[0]
     for s in range(socket, topology.possible):
         args += ["-numa", f"cpu,node-id={first_cpu_node},socket-id={s}"]
+    if topology.distances is not None:
+        # the SLIT qemu gives the guest (ACPI SLIT: node_distance() and the fallback
+        # order of build_zonelists); the local distance is 10 and not passed
+        for i, row in enumerate(topology.distances):
+            for j, d in enumerate(row):
+                if i != j:
+                    args += ["-numa", f"dist,src={i},dst={j},val={int(d)}"]
     return args
 
 

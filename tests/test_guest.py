@@ -170,6 +170,21 @@ def test_topology_args_cpuless_node_and_hotplug_cpus():
     assert cpus == [f"cpu,node-id=0,socket-id={s}" for s in range(6)]
 
 
+def test_a_slit_goes_to_qemu_as_numa_dist_entries():
+    """Every off-diagonal SLIT entry, asymmetric ones included, is one ``-numa dist``; the
+    local 10 is not passed (qemu's default)."""
+    t = Topology.uniform(4, 3, memoryless_nodes=(1,),
+                         distances=[[10, 12, 32], [12, 10, 32], [31, 32, 10]])
+    args = guest.topology_qemu_args(t, 512)
+    dist = [args[i + 1] for i, a in enumerate(args) if a == "-numa"
+            and args[i + 1].startswith("dist,")]
+    assert dist == ["dist,src=0,dst=1,val=12", "dist,src=0,dst=2,val=32",
+                    "dist,src=1,dst=0,val=12", "dist,src=1,dst=2,val=32",
+                    "dist,src=2,dst=0,val=31", "dist,src=2,dst=1,val=32"]
+    assert not any(a.startswith("dist,") for a in guest.topology_qemu_args(
+        Topology.uniform(4, 3, memoryless_nodes=(1,)), 512))
+
+
 def test_single_node_has_no_numa_args_and_online_below_present_sets_maxcpus():
     t = Topology(possible=4, present=4, online=2, node_cpus=(4,), node_has_memory=(True,))
     assert "-numa" not in guest.topology_qemu_args(t)

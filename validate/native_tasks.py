@@ -53,6 +53,8 @@ def native_policy_doc(spec: ValidateSpec, topology_name: str, params: Mapping[st
     topo = {"cpus": t.present, "nodes": t.nodes, "node_cpus": list(t.node_cpus),
             "memoryless_nodes": list(t.memoryless_nodes), "possible": t.possible,
             "online": t.online}
+    if t.distances is not None:
+        topo["distances"] = [list(r) for r in t.distances]
     return {"topology": topo, "cache": {"name": nat["cache"]},
             "policy": {"profile": spec.fleet.profile.name, "params": dict(params)},
             "workload": dict(nat["workload"]),

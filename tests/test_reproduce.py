@@ -63,19 +63,18 @@ HEADLINES = ("hackbench time, 224 CPUs, v5.11 vs v5.10",
 #: mechanism missing (issue 13).
 OPEN_HEADLINES = {
     "IOPS, barns on memoryless nodes vs v7.0":
-        "v7.0 comes out far too slow (0.3 M IOPS against the published 13 M with no work "
-        "outside the allocator; 2.7 M with the derived work): each allocation on a "
-        "memoryless CPU is one ___slab_alloc() under a memory node's list_lock (396 per "
-        "1000 ops), and every memoryless CPU is sent to ONE memory node's lock where Linux "
-        "splits them between the two by distance (issue 13 item 2), and each acquisition "
-        "is priced at 3 cross-node lines of 150 ns, where the seed machine's memoryless "
-        "nodes sit on the socket of their memory node (intra-socket transfers)",
+        "v7.0 comes out too slow (0.65 M IOPS against the published 13 M with no work "
+        "outside the allocator; 5.7 M with the derived work): each allocation on a "
+        "memoryless CPU is one ___slab_alloc() under its memory node's list_lock (375 "
+        "per 1000 ops, split between nodes 0 and 4 by the fallback order), each "
+        "acquisition priced at 3 cross-node lines of 150 ns (no SLIT in the seed); the "
+        "published 13 M IOPS imply about 200 ns per acquisition, intra-socket transfers",
     "IOPS, doubled sheaf capacity vs barns on memoryless nodes":
-        "with no work outside the allocator the barns arm spends 181 ns per pair, mostly "
-        "the 435 ns barn exchange (UML-measured) every 28 objects and the barn and list "
-        "locks it loads, so doubling the capacity gives 2.05x, not 1.21x; with the "
-        "derived work (1782 ns per op) the gain is 1.01x: the seed's 24 -> 29 M needs "
-        "the allocator to be about a sixth of the CPU time, which neither mode models",
+        "with no work outside the allocator the barns arm is paced by the barn exchange "
+        "(414 ns, UML-measured) every 28 objects and the locks it loads, so doubling the "
+        "capacity gives 2.07x, not 1.21x; with the derived work (1782 ns per op) 1.01x: "
+        "the seed's 24 -> 29 M needs the allocator to be about a sixth of the CPU time, "
+        "which neither work mode models",
 }
 
 

@@ -261,8 +261,89 @@ def get_profile(name: str) -> KernelProfile:
     try:
         return PROFILES[key]
     except KeyError:
+        if name in SLAB_PROFILES:
+            raise UnknownProfileError(
+                f"kernel profile {name!r} is a SLAB profile: only kernel check and the knob "
+                f"checks of simulate take SLAB profiles so far (SLUB profiles: "
+                f"{', '.join(PROFILES)})") from None
         known = ", ".join(PROFILES)
-        raise UnknownProfileError(f"unknown kernel profile {name!r} (known: {known})") from None
+        raise UnknownProfileError(f"unknown kernel profile {name!r} (known: {known}; SLAB: "
+                                  f"{', '.join(SLAB_PROFILES)})") from None
+
+
+# --------------------------------------------------------------------------- SLAB
+
+#: Where a SLAB slab keeps its management data: a struct slab plus one kmem_bufctl_t per
+#: object (up to v3.14), or one freelist_idx_t per object (v3.15 on; the freelist moves
+#: into a free object or off slab when that packs better, v4.6 on).
+SlabLayoutRule = Literal["slab_mgmt", "freelist_idx"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlabProfile:
+    """The rules of one SLAB era (mm/slab.c, CONFIG_SLAB, gone in v6.8), as data.
+
+    SLAB is a different allocator, not a SLUB era, so its profiles are their own type and
+    registry (:data:`SLAB_PROFILES`); :func:`get_any_profile` finds either kind.  The rule
+    functions that read these fields are in :mod:`slabtune.model.slab`, whose docstring
+    names the source read for each.
+    """
+
+    name: str
+    version: tuple[int, int]
+    layout: SlabLayoutRule
+    #: sizeof(struct slab) at the head of an on-slab slab (slab_mgmt: 48 on 64-bit); 0 in
+    #: freelist_idx kernels, whose slabs carry only the index array.
+    mgmt_header_bytes: int
+    #: Bytes of the per-object freelist entry: kmem_bufctl_t (4) or freelist_idx_t (1).
+    freelist_entry_bytes: int
+    #: Most objects a slab may hold: SLAB_LIMIT (~0U - 3) or SLAB_OBJ_MAX_NUM (255).
+    max_objs_per_slab: int
+    #: slab_mgmt only: objects of at least this size try off-slab management (PAGE_SIZE >> 3).
+    off_slab_min_size: int
+    #: SLAB boot parameters the kernel accepts and slabtune may set: slab_max_order= from
+    #: v3.4 ("slab: introduce slab_max_order kernel parameter"); none before.
+    boot_params: tuple[str, ...]
+    #: Whether a CPU on a memoryless node keeps objects of its nearest memory node in its
+    #: per-CPU array (numa_mem_id(), "numa: slab: use numa_mem_id() for slab local memory
+    #: node", v2.6.35); before, the arrays only held numa_node_id()'s objects and such a
+    #: CPU's fast path never hit.
+    memoryless_fallback: bool
+    allocator: Literal["slab"] = "slab"
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+_SLAB_MGMT = dict(layout="slab_mgmt", mgmt_header_bytes=48, freelist_entry_bytes=4,
+                  max_objs_per_slab=(1 << 32) - 4, off_slab_min_size=PAGE_SIZE >> 3)
+
+#: The SLAB profiles, by name (the names say "slab-" so they never collide with SLUB's).
+SLAB_PROFILES: dict[str, SlabProfile] = {
+    p.name: p
+    for p in (
+        SlabProfile("slab-v2.6.33", (2, 6), boot_params=(), memoryless_fallback=False,
+                    **_SLAB_MGMT),
+        SlabProfile("slab-v3.1", (3, 1), boot_params=(), memoryless_fallback=True,
+                    **_SLAB_MGMT),
+        SlabProfile("slab-v6.1", (6, 1), layout="freelist_idx", mgmt_header_bytes=0,
+                    freelist_entry_bytes=1, max_objs_per_slab=255, off_slab_min_size=0,
+                    boot_params=("slab_max_order",), memoryless_fallback=True),
+    )
+}
+
+
+def get_any_profile(name: str) -> KernelProfile | SlabProfile:
+    """A SLAB profile by its exact name (``slab-v6.1``), else :func:`get_profile`."""
+    if name in SLAB_PROFILES:
+        return SLAB_PROFILES[name]
+    return get_profile(name)
+
+
+def is_slab(profile: object) -> bool:
+    """Whether a profile is a SLAB one (:class:`SlabProfile`)."""
+    return getattr(profile, "allocator", "slub") == "slab"
 
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")

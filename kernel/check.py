@@ -15,6 +15,14 @@ Caches whose values the formulas cannot know are set aside with a reason and nev
 as matched: caches with SLAB_DEBUG flags set (debugging changes the layout and disables
 per-CPU partial lists), and under an opt-in sheaf profile (v6.18) any other cache with a
 nonzero sheaf_capacity (its creator chose a capacity the model does not know).
+
+A SLAB snapshot (``/proc/slabinfo`` of a CONFIG_SLAB kernel, up to v6.7) is checked against
+a SLAB profile (``slab-v6.1`` etc., detected from the release) by the rules of
+:mod:`slabtune.model.slab`: order (log2 of pagesperslab), objs_per_slab (objperslab) and
+the tunables limit, batchcount and sharedfactor (:data:`SLAB_COMPARED_FIELDS`).  A cache
+whose geometry the stride does not decide (it depends on a constructor, the object size or
+SLAB_RECLAIM_ACCOUNT, which /proc/slabinfo does not show) and that the model knows nothing
+about is set aside as not comparable, with the geometries it could have.
 """
 
 from __future__ import annotations
@@ -30,11 +38,16 @@ import polars as pl
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import snapshot
 from slabtune.kernel.host import topology_from_lists
-from slabtune.model import bootparams, caches, profiles
+from slabtune.model import bootparams, caches, profiles, slab
 
 #: Fields compared between the kernel and the model, in report order.
 COMPARED_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "min_partial", "cpu_partial",
                                     "sheaf_capacity")
+
+#: Fields compared on a SLAB snapshot (/proc/slabinfo's pagesperslab as order, objperslab,
+#: and the tunables), in report order.
+SLAB_COMPARED_FIELDS: tuple[str, ...] = ("order", "objs_per_slab", "limit", "batchcount",
+                                         "sharedfactor")
 
 _KMALLOC = re.compile(r"^(dma-)?kmalloc-")
 _BOOTSTRAP = frozenset({"kmem_cache", "kmem_cache_node"})
@@ -96,7 +109,8 @@ class BootInfo:
     kernel_release: str
     cmdline: str
     profile: str
-    params: bootparams.SlubParams
+    #: The slab boot parameters in effect: SLUB's, or SLAB's on a SLAB snapshot.
+    params: bootparams.SlubParams | slab.SlabParams
     cpus_possible: str
     cpus_present: str
     cpus_online: str
@@ -107,6 +121,14 @@ class BootInfo:
     online: int
     nodes: int
     caches: int
+
+    def params_text(self) -> str:
+        """The boot parameters in effect, as the report prints them."""
+        p = self.params
+        if isinstance(p, slab.SlabParams):
+            return (f"slab_max_order {p.max_order}, alien caches "
+                    f"{'on' if p.use_alien_caches else 'off (noaliencache)'}")
+        return f"slub min_order {p.min_order} max_order {p.max_order} min_objects {p.min_objects}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,13 +243,14 @@ def predict_boot(sizes: np.ndarray, names: list[str], topology, profile: profile
     return {f: np.asarray(getattr(out, f))[:n] for f in COMPARED_FIELDS}
 
 
-def resolve_profile(profile: str | profiles.KernelProfile | None) -> profiles.KernelProfile | None:
-    """A profile object from a name (None stays None: detect per boot); an unknown name
-    raises SlabtuneError naming --profile."""
-    if profile is None or isinstance(profile, profiles.KernelProfile):
+def resolve_profile(profile: str | profiles.KernelProfile | profiles.SlabProfile | None
+                    ) -> profiles.KernelProfile | profiles.SlabProfile | None:
+    """A profile object (SLUB or SLAB) from a name (None stays None: detect per boot); an
+    unknown name raises SlabtuneError naming --profile."""
+    if profile is None or isinstance(profile, (profiles.KernelProfile, profiles.SlabProfile)):
         return profile
     try:
-        return profiles.get_profile(profile)
+        return profiles.get_any_profile(profile)
     except profiles.UnknownProfileError as err:
         raise SlabtuneError(f"--profile: {err}") from None
 
@@ -239,17 +262,23 @@ def _debug_reason(row: dict[str, Any]) -> str | None:
     return None
 
 
-def check_snapshot(df: pl.DataFrame, profile: str | profiles.KernelProfile | None = None,
+def check_snapshot(df: pl.DataFrame,
+                   profile: str | profiles.KernelProfile | profiles.SlabProfile | None = None,
                    source: str = "snapshot") -> CheckResult:
     """Check a validated snapshot frame (see :func:`slabtune.kernel.snapshot.read_snapshot`).
 
-    ``profile`` overrides detection from each boot's kernel_release.  Raises SlabtuneError
-    for an unknown profile, an undetectable release, an impossible topology, or a slub_*
-    value out of range in a boot's command line.
+    ``profile`` overrides detection from each boot's kernel_release.  A SLAB snapshot goes
+    to :func:`check_slab_snapshot`.  Raises SlabtuneError for an unknown profile, one of
+    the other allocator, an undetectable release, an impossible topology, or a slab boot
+    parameter out of range in a boot's command line.
     """
     forced = resolve_profile(profile)
     df = snapshot.validate_snapshot(df, source)
-    snapshot.require_slub(df, source)  # SLAB snapshots: no SLAB profile yet
+    if snapshot.allocator(df) == "slab":
+        return check_slab_snapshot(df, forced, source)
+    if forced is not None and profiles.is_slab(forced):
+        raise SlabtuneError(f"{source}: a SLUB snapshot (/sys/kernel/slab) cannot be checked "
+                            f"against SLAB profile {forced.name}")
     boots_out: list[BootInfo] = []
     not_comp: list[NotComparable] = []
     mism: list[Mismatch] = []
@@ -309,6 +338,91 @@ def check_snapshot(df: pl.DataFrame, profile: str | profiles.KernelProfile | Non
                 else:
                     ok = False
                     mism.append(Mismatch(bi, row["cache"], f, int(kernel), model))
+            matched += ok
+    return CheckResult(
+        boots=tuple(boots_out),
+        caches=df.height,
+        comparable=comparable,
+        matched=matched,
+        fields={f: FieldCount(m, t) for f, (m, t) in counts.items()},
+        not_comparable=tuple(not_comp),
+        mismatches=tuple(mism),
+    )
+
+
+def check_slab_snapshot(df: pl.DataFrame, forced: profiles.KernelProfile | profiles.SlabProfile
+                        | None, source: str = "snapshot") -> CheckResult:
+    """Check a validated SLAB snapshot (rows read from /proc/slabinfo) against the SLAB
+    rules of :mod:`slabtune.model.slab`, boot by boot.
+
+    The profile is ``forced`` (a SLAB profile) or detected from the release; the boot's
+    ``slab_max_order=`` and ``noaliencache`` come from its command line; the tunables
+    depend on num_possible_cpus(), the weight of ``cpus_possible``.  A cache is not
+    comparable when it is a SLUB row, or when /proc/slabinfo's stride leaves its geometry
+    open (:func:`slabtune.model.slab.layout_candidates`) and slabtune knows nothing of its
+    creation (:func:`slabtune.model.slab.known_facts`).  slab_max_order defaults to 1, the
+    value on any machine with more than 32 MiB (the snapshot does not record RAM; the
+    guests have at least 128 MiB).
+    """
+    if forced is not None and not profiles.is_slab(forced):
+        raise SlabtuneError(f"{source}: a SLAB snapshot (/proc/slabinfo) cannot be checked "
+                            f"against SLUB profile {forced.name} (SLAB profiles: "
+                            f"{', '.join(profiles.SLAB_PROFILES)})")
+    boots_out: list[BootInfo] = []
+    not_comp: list[NotComparable] = []
+    mism: list[Mismatch] = []
+    counts = {f: [0, 0] for f in SLAB_COMPARED_FIELDS}
+    comparable = matched = 0
+    for bi, boot in enumerate(snapshot.boots(df)):
+        first = boot.row(0, named=True)
+        release, cmdline = first["kernel_release"], first["cmdline"]
+        where = f"{source}: boot {bi} ({release})"
+        try:
+            prof = forced if forced is not None else slab.detect_slab_profile(release)
+            params = slab.parse_cmdline(cmdline, prof)
+            topo, _node_ids = topology_from_lists(
+                first["cpus_possible"], first["cpus_present"], first["cpus_online"],
+                first["nodes_with_memory"], first["nodes_with_cpu"])
+        except profiles.UnknownProfileError as err:
+            raise SlabtuneError(f"{where}: {err}; pass --profile") from None
+        except SlabtuneError as err:
+            raise SlabtuneError(f"{where}: {err}") from None
+        nr_possible = len(snapshot.parse_cpulist(first["cpus_possible"]))
+        rows = boot.to_dicts()
+        boots_out.append(BootInfo(
+            index=bi, kernel_release=release, cmdline=cmdline, profile=prof.name,
+            params=params, cpus_possible=first["cpus_possible"],
+            cpus_present=first["cpus_present"], cpus_online=first["cpus_online"],
+            nodes_with_memory=first["nodes_with_memory"],
+            nodes_with_cpu=first["nodes_with_cpu"], nr_cpu_ids=topo.possible,
+            present=topo.present, online=topo.online, nodes=topo.nodes, caches=len(rows)))
+        for row in rows:
+            name, size = row["cache"], int(row["slab_size"])
+            if row.get("allocator") != "slab":
+                not_comp.append(NotComparable(bi, name, "a SLUB row in a SLAB snapshot"))
+                continue
+            layouts = slab.layout_candidates(size, prof, params.max_order,
+                                             slab.known_facts(name, prof))
+            if len(layouts) > 1:
+                alts = ", ".join(f"order {x.order} x {x.num}" for x in layouts)
+                not_comp.append(NotComparable(
+                    bi, name, f"stride {size} allows {alts}, by creation facts /proc/slabinfo "
+                    "does not show (constructor or SLAB_TYPESAFE_BY_RCU, object size, "
+                    "SLAB_RECLAIM_ACCOUNT) and the model does not know for this cache"))
+                continue
+            tun = slab.cpucache_tunables(size, nr_possible)
+            model = {"order": layouts[0].order, "objs_per_slab": layouts[0].num,
+                     "limit": tun.limit, "batchcount": tun.batchcount,
+                     "sharedfactor": tun.shared}
+            comparable += 1
+            ok = True
+            for f in SLAB_COMPARED_FIELDS:
+                counts[f][1] += 1
+                if row[f] == model[f]:
+                    counts[f][0] += 1
+                else:
+                    ok = False
+                    mism.append(Mismatch(bi, name, f, int(row[f]), int(model[f])))
             matched += ok
     return CheckResult(
         boots=tuple(boots_out),

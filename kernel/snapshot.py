@@ -79,8 +79,6 @@ SLAB_INT_COLUMNS: tuple[str, ...] = SLAB_COLUMNS[1:]
 #: and min_partial, cpu_partial and sheaf_capacity are SLUB's own.
 SLAB_NULL_COLUMNS: tuple[str, ...] = ("object_size", "min_partial", "cpu_partial",
                                       "sheaf_capacity")
-#: The error ``kernel check`` gives for a SLAB snapshot (after "<source>: ").
-NO_SLAB_PROFILE = "a SLAB snapshot (/proc/slabinfo); the model has no SLAB profile yet"
 
 #: Lower bounds of the integer columns (object sizes must be positive; a slab holds >= 1).
 _MINIMUM = {
@@ -492,9 +490,3 @@ def allocator(df: pl.DataFrame) -> str:
         return "slab"
     return "slub"
 
-
-def require_slub(df: pl.DataFrame, source: str = "snapshot") -> None:
-    """Raise SlabtuneError (``<source>: a SLAB snapshot ...; the model has no SLAB profile
-    yet``) for a snapshot with SLAB rows: the policy model predicts SLUB only."""
-    if allocator(df) == "slab":
-        raise SlabtuneError(f"{source}: {NO_SLAB_PROFILE}")

@@ -210,23 +210,29 @@ def test_slab_rows_only_may_leave_slub_columns_empty(tmp_path):
 # --------------------------------------------------------------------------- kernel check
 
 
-def test_check_refuses_a_slab_snapshot():
+def test_check_takes_a_slab_snapshot_with_a_slab_profile_only():
+    """Issue 14: a SLAB snapshot is checked against slab-v6.1 (the rules and the other
+    fixtures are in tests/test_slab_structure.py); a SLUB profile is refused."""
     df = snapshot.read_snapshot(FIXTURE)
-    for profile in (None, "v6.1"):
-        with pytest.raises(SlabtuneError) as err:
-            check.check_snapshot(df, profile, "snap.csv")
-        assert str(err.value) == ("snap.csv: a SLAB snapshot (/proc/slabinfo); the model has "
-                                  "no SLAB profile yet")
+    for profile in (None, "slab-v6.1"):
+        r = check.check_snapshot(df, profile, "snap.csv")
+        assert r.ok and r.matched == r.caches == df.height
+    with pytest.raises(SlabtuneError) as err:
+        check.check_snapshot(df, "v6.1", "snap.csv")
+    assert str(err.value) == ("snap.csv: a SLAB snapshot (/proc/slabinfo) cannot be checked "
+                              "against SLUB profile v6.1 (SLAB profiles: slab-v2.6.33, "
+                              "slab-v3.1, slab-v6.1)")
 
 
-def test_cli_kernel_check_on_a_slab_snapshot_exits_2_with_one_line():
+def test_cli_kernel_check_on_a_slab_snapshot_with_a_slub_profile_exits_2_with_one_line():
     p = subprocess.run([sys.executable, "-m", "slabtune.cli", "kernel", "check", "--snapshot",
-                        str(FIXTURE)], capture_output=True, text=True, timeout=120)
+                        str(FIXTURE), "--profile", "v6.1"], capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 2, p.stderr
     assert p.stdout == ""
     assert p.stderr.strip().splitlines() == [
-        f"slabtune: error: {FIXTURE}: a SLAB snapshot (/proc/slabinfo); the model has no "
-        "SLAB profile yet"]
+        f"slabtune: error: {FIXTURE}: a SLAB snapshot (/proc/slabinfo) cannot be checked "
+        "against SLUB profile v6.1 (SLAB profiles: slab-v2.6.33, slab-v3.1, slab-v6.1)"]
 
 
 # --------------------------------------------------------------------------- a real boot

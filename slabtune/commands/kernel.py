@@ -29,13 +29,16 @@ def register(subparsers) -> None:
     c = sub.add_parser(
         "check", help="predict every cache of a snapshot and compare",
         description="Predict order, objs_per_slab, min_partial, cpu_partial and sheaf_capacity "
-                    "of every cache of each boot in a snapshot and compare with the kernel. "
+                    "of every cache of each boot in a snapshot and compare with the kernel "
+                    "(on a SLAB snapshot from /proc/slabinfo: order, objs_per_slab, limit, "
+                    "batchcount and sharedfactor). "
                     "Exit 0 when every comparable cache matches, 1 on any mismatch (or when no "
                     "cache is comparable), 2 on bad input.")
     c.add_argument("--snapshot", metavar="FILE",
                    help="snapshot to check (.csv or .parquet); default: a fresh one of this host")
     c.add_argument("--profile", metavar="NAME",
-                   help="kernel profile (e.g. v6.18); default: detected from kernel_release")
+                   help="kernel profile (e.g. v6.18, slab-v6.1); default: detected from "
+                        "kernel_release")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of tables; "
                    + jsonout.NON_FINITE_HELP)
     c.set_defaults(func=_check)
@@ -80,13 +83,11 @@ def _check(args) -> int:
 
 def _print_report(r) -> None:
     for b in r.boots:
-        p = b.params
         print(f"boot {b.index}: {b.kernel_release} profile {b.profile}; cpus possible "
               f"{b.cpus_possible} (nr_cpu_ids {b.nr_cpu_ids}) present {b.cpus_present} "
               f"({b.present}) online {b.cpus_online} ({b.online}); nodes with memory "
               f"{b.nodes_with_memory or '-'}, with cpus {b.nodes_with_cpu or '-'}; "
-              f"slub min_order {p.min_order} max_order {p.max_order} min_objects "
-              f"{p.min_objects}; {b.caches} caches")
+              f"{b.params_text()}; {b.caches} caches")
     if r.not_comparable:
         print(f"not comparable ({len(r.not_comparable)}):")
         w = max(len(n.cache) for n in r.not_comparable)

@@ -182,10 +182,13 @@ def validate_params(params: Mapping[str, object],
     for name, value in params.items():
         suffix = names.get(str(name))
         if suffix is None:
+            from slabtune.model import slab  # slab imports this module
+
+            foreign = slab.foreign_knob(str(name), profile)
             allowed = ", ".join(names)
             raise SlabtuneError(
-                f"boot parameter {name!r} is not allowed for kernel profile {profile.name} "
-                f"(allowed: {allowed})")
+                f"boot parameter {name!r} is not allowed for kernel profile {profile.name}"
+                f"{': ' + foreign if foreign else ''} (allowed: {allowed})")
         v = _strict_int(name, value)
         lo, hi = PARAM_RANGES[suffix]
         if not lo <= v <= hi:

@@ -447,3 +447,79 @@ def parse_cmdline(cmdline: str, profile: SlabProfile, ram_bytes: int | None = No
                                     f"0..{profiles.MAX_PAGE_ORDER}")
             max_order = int(text)
     return SlabParams(max_order, aliens)
+
+
+# --------------------------------------------------------------------------- knobs
+
+#: Knobs only SLAB has: the tunables /proc/slabinfo takes (slabinfo_write(): "name limit
+#: batchcount shared") and the order cap (``slab_max_order=``, v3.4 on).
+SLAB_ONLY_KNOBS: dict[str, str] = {
+    "limit": "per-CPU array size, a /proc/slabinfo tunable",
+    "batchcount": "objects per array refill or flush, a /proc/slabinfo tunable",
+    "shared": "shared array factor, a /proc/slabinfo tunable",
+    "slab_max_order": "SLAB's slab order cap, a boot parameter",
+}
+#: Knobs and boot parameters of SLUB that SLAB has nothing like.
+SLUB_ONLY_KNOBS: dict[str, str] = {
+    "min_partial": "partial slabs a node keeps",
+    "cpu_partial": "per-CPU partial lists",
+    "sheaf_capacity": "sheaves",
+    "barns_on_memoryless_nodes": "sheaves and barns",
+    "slub_min_order": "SLUB's order floor, a boot parameter",
+    "slub_max_order": "SLUB's order cap, a boot parameter",
+    "slub_min_objects": "SLUB's objects-per-slab target, a boot parameter",
+    "slab_min_order": "SLUB's order floor, a boot parameter (v6.8 spelling)",
+    "slab_min_objects": "SLUB's objects-per-slab target, a boot parameter (v6.8 spelling)",
+}
+#: Knobs a SLAB profile takes besides its boot parameters (the /proc/slabinfo tunables and
+#: the numa_mem_id() switch).
+SLAB_TUNABLES: tuple[str, ...] = ("limit", "batchcount", "shared")
+
+
+def foreign_knob(name: str, profile: profiles.KernelProfile | SlabProfile) -> str | None:
+    """Why a knob is refused when it belongs to the other allocator than ``profile``'s
+    (one line naming the knob and the profile), else None.  ``slab_max_order`` is SLUB's
+    own spelling of slub_max_order from v6.8, so only older SLUB profiles refuse it."""
+    if profiles.is_slab(profile):
+        what = SLUB_ONLY_KNOBS.get(name)
+        return f"{name} is a SLUB knob ({what}); profile {profile.name} is SLAB" if what else None
+    what = SLAB_ONLY_KNOBS.get(name)
+    if what is None or name in bootparams.allowed_names(profile):
+        return None
+    return f"{name} is a SLAB knob ({what}); profile {profile.name} is SLUB"
+
+
+def validate_params(params: dict[str, object], profile: SlabProfile) -> dict[str, object]:
+    """Strictly check a SLAB profile's knobs: the tunables as do_tune_cpucache() would take
+    them from /proc/slabinfo (limit >= 1, 1 <= batchcount <= limit, shared >= 0), the
+    profile's boot parameters (slab_max_order 0..10) and memoryless_fallback (a bool).
+    SlabtuneError names the knob: a SLUB knob (:func:`foreign_knob`), a boot parameter
+    the profile's kernel does not have, a value of the wrong type or out of range."""
+    out: dict[str, object] = {}
+    allowed = SLAB_TUNABLES + profile.boot_params + ("memoryless_fallback",)
+    for name, value in params.items():
+        msg = foreign_knob(name, profile)
+        if msg is not None:
+            raise SlabtuneError(f"{name}: {msg}")
+        if name == "slab_max_order" and name not in profile.boot_params:
+            raise SlabtuneError(f"slab_max_order: profile {profile.name} has no such boot "
+                                "parameter (slab_max_order= came in v3.4)")
+        if name not in allowed:
+            raise SlabtuneError(f"{name}: unknown knob for SLAB profile {profile.name} "
+                                f"(allowed: {', '.join(allowed)})")
+        if name == "memoryless_fallback":
+            if not isinstance(value, bool):
+                raise SlabtuneError(f"{name}: {value!r} is not true or false")
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise SlabtuneError(f"{name}: {value!r} is not an integer")
+        out[name] = value
+    lo = {"limit": 1, "batchcount": 1, "shared": 0, "slab_max_order": 0}
+    for name, low in lo.items():
+        if name in out and out[name] < low:
+            raise SlabtuneError(f"{name}: {out[name]} is below {low}")
+    if out.get("slab_max_order", 0) > profiles.MAX_PAGE_ORDER:
+        raise SlabtuneError(f"slab_max_order: {out['slab_max_order']} is above "
+                            f"{profiles.MAX_PAGE_ORDER}")
+    if "limit" in out and out.get("batchcount", 0) > out["limit"]:
+        raise SlabtuneError(f"batchcount: {out['batchcount']} is above limit {out['limit']}")
+    return out

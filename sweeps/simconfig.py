@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams, caches, cost, profiles
+from slabtune.model import bootparams, caches, cost, profiles, slab
 from slabtune.model import topology as topologies
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.sweeps.spec import read_text_file
@@ -256,6 +256,17 @@ def apply_knobs(profile: profiles.KernelProfile, knobs: dict[str, Any]) -> profi
     return out
 
 
+def _check_slab_policy(profile: profiles.SlabProfile, params: dict) -> None:
+    """[policy] with a SLAB profile: its knobs are checked (a SLUB knob is refused naming
+    it and the profile), then the config is refused, as SLAB has no dynamics model yet."""
+    try:
+        slab.validate_params(params, profile)
+    except SlabtuneError as err:
+        raise ConfigError(f"policy.params.{err}") from None
+    raise ConfigError(f"policy.profile: {profile.name} is a SLAB profile; SLAB's dynamics are "
+                      "not modelled yet (kernel check takes SLAB profiles)")
+
+
 def parse_policy(tab: dict, cache: caches.CacheInfo):
     """[policy] -> (profile with knobs applied, SlubParams, given boot params, knobs)."""
     _no_unknown(tab, "policy", ("profile", "params"))
@@ -264,12 +275,14 @@ def parse_policy(tab: dict, cache: caches.CacheInfo):
     if not isinstance(tab["profile"], str):
         raise ConfigError(f"policy.profile: {tab['profile']!r} is not a string")
     try:
-        profile = profiles.get_profile(tab["profile"])
+        profile = profiles.get_any_profile(tab["profile"])
     except profiles.UnknownProfileError as err:
         raise ConfigError(f"policy.profile: {err}") from None
     params = tab.get("params", {})
     if not isinstance(params, dict):
         raise ConfigError("policy.params: must be a table")
+    if profiles.is_slab(profile):
+        _check_slab_policy(profile, params)
     boot_raw, knobs = {}, {}
     names = bootparams.allowed_names(profile)
     for key, val in params.items():
@@ -279,6 +292,8 @@ def parse_policy(tab: dict, cache: caches.CacheInfo):
             knobs[key] = _bool(where, val) if typ is bool else _int(where, val, 0)
         elif key in names:
             boot_raw[key] = _int(where, val)
+        elif slab.foreign_knob(key, profile) is not None:
+            raise ConfigError(f"{where}: {slab.foreign_knob(key, profile)}")
         else:
             allowed = ", ".join(list(names) + list(SIM_KNOBS))
             raise ConfigError(f"{where}: unknown key (allowed: {allowed})")

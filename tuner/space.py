@@ -36,7 +36,7 @@ from typing import Literal
 import optuna
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles
+from slabtune.model import profiles, slab
 
 Reach = Literal["boot", "sysfs", "kernel"]
 REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel")
@@ -198,6 +198,9 @@ def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
     """Validate one ``[search.knobs]`` entry against the knob's kernel range and the profile."""
     where = f"search.knobs.{name}"
     if name not in KNOBS:
+        foreign = slab.foreign_knob(name, profile)
+        if foreign is not None:
+            raise SlabtuneError(f"{where}: {foreign}")
         raise SlabtuneError(f"{where}: unknown knob (known: {', '.join(KNOBS)})")
     kd = KNOBS[name]
     if not _profile_has(profile, kd.needs):

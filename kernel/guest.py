@@ -44,7 +44,7 @@ import polars as pl
 from slabtune import native as native_sources
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import snapshot
-from slabtune.model import bootparams
+from slabtune.model import bootparams, profiles, slab
 from slabtune.model.profiles import KernelProfile, UnknownProfileError, detect_profile
 from slabtune.model.topology import Topology
 from slabtune.native import cache_dir
@@ -187,15 +187,48 @@ def kernel_profile(kernel: Path | str) -> KernelProfile:
         raise GuestError(f"kernel: {exc}") from None
 
 
-def validate_boot_params(params: Mapping[str, object], profile: KernelProfile) -> dict[str, int]:
+#: The release suffix of the lab's SLAB build (kernel/configs/slab.config LOCALVERSION).
+SLAB_RELEASE_SUFFIX = "-slab"
+
+
+def boot_profile(kernel: Path | str):
+    """The profile a guest's boot parameters are checked against: the SLAB profile of the
+    lab's SLAB build (release ending in :data:`SLAB_RELEASE_SUFFIX`: mm/slab.c takes
+    ``slab_max_order=``, not SLUB's parameters), else :func:`kernel_profile`."""
+    release = bzimage_release(kernel)
+    if release is not None and release.endswith(SLAB_RELEASE_SUFFIX):
+        try:
+            return slab.detect_slab_profile(release)
+        except UnknownProfileError as exc:
+            raise GuestError(f"kernel: {exc}") from None
+    return kernel_profile(kernel)
+
+
+def validate_boot_params(params: Mapping[str, object], profile) -> dict[str, int]:
     """Allow-list and range-check slab boot parameters for the kernel being booted
     (model/bootparams.py: slub_min_order, slub_max_order, slub_min_objects, and slab_* from
-    v6.8); returns canonical ``slub_*`` names, which every kernel accepts."""
+    v6.8); returns canonical ``slub_*`` names, which every kernel accepts.  For a SLAB
+    profile, SLAB's own boot parameters (``slab_max_order``, v3.4 on: model/slab.py); its
+    tunables (limit, batchcount, shared) are /proc/slabinfo writes, not boot parameters."""
+    if profiles.is_slab(profile):
+        for name in params:
+            if name in slab.SLAB_TUNABLES:
+                raise GuestError(f"{name}: a SLAB tunable is written to /proc/slabinfo, "
+                                 "not given on the kernel command line")
+        given = {}
+        for name, value in params.items():
+            if isinstance(value, str):      # from the command line (--param NAME=VALUE)
+                try:
+                    value = int(value, 10)
+                except ValueError:
+                    raise GuestError(f"{name}: {value!r} is not an integer") from None
+            given[name] = value
+        return {k: int(v) for k, v in slab.validate_params(given, profile).items()
+                if k != "memoryless_fallback"}
     return bootparams.validate_params(dict(params), profile)
 
 
-def guest_cmdline(params: Mapping[str, object], topology: Topology,
-                  profile: KernelProfile) -> str:
+def guest_cmdline(params: Mapping[str, object], topology: Topology, profile) -> str:
     """The kernel command line: serial console, reboot (and so exit qemu) on panic, the
     validated slab parameters, and ``maxcpus`` when fewer CPUs should come online than are
     present."""
@@ -866,7 +899,7 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
         raise GuestError(f"timeout_s: {spec.timeout_s!r} must be positive")
     topology_qemu_args(spec.topology, spec.memory_mib)  # validate
     assets = assets or find_assets()
-    cmdline = guest_cmdline(spec.boot_params, spec.topology, kernel_profile(assets.kernel))
+    cmdline = guest_cmdline(spec.boot_params, spec.topology, boot_profile(assets.kernel))
     if spec.accel == "auto":
         accel = "kvm" if probe_kvm(assets).usable else "tcg"
     else:

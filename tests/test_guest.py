@@ -517,3 +517,19 @@ def test_cli_guest_boot_writes_checkable_snapshot(tmp_path):
     res = check.check_snapshot(snapshot.read_snapshot(out))
     assert res.boots[0].params == bootparams.SlubParams(0, 3, 8)
     assert res.matched == res.comparable > 100
+
+
+def test_slab_kernel_boot_parameters_are_slabs_own():
+    """The lab's SLAB build takes mm/slab.c's slab_max_order= (v3.4 on); SLUB's
+    parameters and SLAB's /proc/slabinfo tunables are refused naming the knob."""
+    prof = profiles.SLAB_PROFILES["slab-v6.1"]
+    t = Topology.uniform(2, 1)
+    assert guest.guest_cmdline({"slab_max_order": "0"}, t, prof) == \
+        "console=ttyS0 panic=-1 slab_max_order=0"
+    for bad, what in (({"slub_max_order": 1}, "slub_max_order"),
+                      ({"limit": 5}, "limit"), ({"slab_max_order": "x"}, "slab_max_order")):
+        with pytest.raises(SlabtuneError, match=f"^{what}: "):
+            guest.guest_cmdline(bad, t, prof)
+    with pytest.raises(SlabtuneError, match="^slab_max_order: "):
+        guest.guest_cmdline({"slab_max_order": 1},
+                            t, profiles.SLAB_PROFILES["slab-v2.6.33"])

@@ -88,17 +88,18 @@ def fidelity(cfgs, steps: int) -> dict:
 OLD_BODY = "42784f4"
 
 
-def old_body():
-    """The one-op dynamics module of :data:`OLD_BODY`, loaded from git, or None."""
+def old_body(rev: str = OLD_BODY):
+    """The dynamics module of commit ``rev`` (by default :data:`OLD_BODY`, the one-op
+    body), loaded from git, or None."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        src = subprocess.run(["git", "-C", root, "show", f"{OLD_BODY}:model/dynamics.py"],
+        src = subprocess.run(["git", "-C", root, "show", f"{rev}:model/dynamics.py"],
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     spec = importlib.util.spec_from_loader("slabtune.model._dynamics_one_op", loader=None)
     mod = importlib.util.module_from_spec(spec)
-    exec(compile(src, f"{OLD_BODY}:model/dynamics.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{rev}:model/dynamics.py", "exec"), mod.__dict__)
     return mod
 
 
@@ -156,6 +157,9 @@ def main(argv=None):
                     help="steps of the fidelity runs (0: skip them)")
     ap.add_argument("--no-old-body", action="store_true",
                     help=f"at b = 1, do not time the one-op body of {OLD_BODY} alongside")
+    ap.add_argument("--old-body", default=OLD_BODY, metavar="REV",
+                    help="the commit whose model/dynamics.py is timed alongside at b = 1 "
+                         f"(default {OLD_BODY}; e.g. HEAD for a change not yet committed)")
     args = ap.parse_args(argv)
     bs = [dynamics.check_ops_per_step(int(x)) for x in args.ops_per_step.split(",")]
     print(f"devices: {jax.devices()}  steps: {args.steps}  distinct configs: "
@@ -168,16 +172,17 @@ def main(argv=None):
               f"(median of {args.ref_sample} configs)")
         print(f"{'configs':>8} {'ops':>13} {'median s':>9} {'cpu s':>7} {'first s':>8} "
               f"{'ops/s':>14} {'x ref':>6} {'ops/CPU-s':>14} {'x ref':>6}")
-        old = old_body() if b == 1 and not args.no_old_body else None
+        old = old_body(args.old_body) if b == 1 and not args.no_old_body else None
         for n in (int(x) for x in args.sizes.split(",")):
             res = time_jax(cfgs, n, args.steps, args.repeat, old)
-            for name, (ops, med, cpu, first) in zip(("", f"{OLD_BODY} one-op body"), res):
+            for name, (ops, med, cpu, first) in zip(("", f"{args.old_body} body"), res):
                 rate, crate = ops / med, ops / max(cpu, 1e-9)
                 print(f"{n:>8} {ops:>13,} {med:>9.3f} {cpu:>7.3f} {first:>8.1f} "
                       f"{rate:>14,.0f} {rate / ref:>6.1f} {crate:>14,.0f} {crate / ref_cpu:>6.1f}"
                       + (f"  {name}" if name else ""))
             if len(res) == 2:
-                print(f"{'':>8} b = 1 now / one-op body, CPU rate: {res[1][2] / res[0][2]:.2f}x "
+                print(f"{'':>8} b = 1 now / {args.old_body} body, CPU rate: "
+                      f"{res[1][2] / res[0][2]:.2f}x wall rate: {res[1][1] / res[0][1]:.2f}x "
                       f"(same ops: {res[0][0] == res[1][0]})")
     if args.fid_steps <= 0:
         return

@@ -10,8 +10,8 @@ What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the 
 * Each rep owns a per-CPU slab (``cs_free`` objects on the lockless freelist, ``cs_inuse``
   allocated, ``cs_rfree`` freed into it by other CPUs), a per-CPU partial list (v3.2..v6.18)
   and a main and spare sheaf (v6.18 opt-in, v7.0 on).
-* Each node class keeps a partial list (``part_slabs`` slabs holding ``part_inuse``
-  objects), a count of full slabs and a barn (full and empty sheaves).
+* Each node class keeps a partial list (slabs by fill level, ``ns*``/``nu*``, and a head
+  slab ``hs``/``hu``), a count of full slabs and a barn (full and empty sheaves).
 * Objects in flight are counted by (allocating rep, freeing rep) in ``pend``; ``pend_cs``
   counts those of them that sit in the allocating rep's current CPU slab, so a free goes
   back to the slab its object came from: the allocating CPU's slab while it is still that
@@ -22,11 +22,13 @@ What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the 
   within a run are counts by systematic sampling, which for b = 1 is the single pick, so
   b = 1 is the one-op model bit for bit (docs/MODEL.md, "Runs").
 
-Partial lists are counts, not lists: the model assumes objects are packed (every partial
-slab but one holds ``objs - 1`` objects), which fixes which free empties a slab and what a
-refill takes without storing slabs.  The same rules, written as plain branches over
-Python ints, are :mod:`slabtune.model.reference_sim`; with the same random bits both give
-identical counters.
+Partial lists are histograms of slabs by fill level (``LEVELS`` levels of allocated
+objects, :func:`level_bounds`; per level its slabs and their objects, spread evenly over
+them), plus the node's head slab a bulk take left partly used: frees land on slabs in
+proportion to their objects, so a slab empties only when its own objects are gone, and
+takes find the emptiest slabs first (docs/MODEL.md, "Fill levels").  The same rules,
+written as plain branches over Python ints, are :mod:`slabtune.model.reference_sim`; with
+the same random bits both give identical counters.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ _I32 = jnp.int32
 _U32 = jnp.uint32
 
 BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
+#: Fill levels of a partial list: empty, then three ranges of allocated objects.
+LEVELS = 2
+#: State fields of the fill levels: per-CPU partial slabs (per rep) and node partial slabs
+#: (per node class) by level, and their objects (level 0 holds none).
+PCS = tuple(f"pc{k}" for k in range(LEVELS))
+PCU = (None,) + tuple(f"pcu{k}" for k in range(1, LEVELS))
+NS = tuple(f"ns{k}" for k in range(LEVELS))
+NU = (None,) + tuple(f"nu{k}" for k in range(1, LEVELS))
 #: Gauge sums are kept as (sum >> GAUGE_SHIFT, sum mod 2**GAUGE_SHIFT) int32 pairs.
 GAUGE_SHIFT = 20
 
@@ -158,37 +168,34 @@ class Counters(NamedTuple):
     outstanding: Any
 
 
-class State(NamedTuple):
-    """What evolves: per rep (R,), per node class (N,), ``pend`` (R, R) and counters.
+#: The fields of :class:`State`, each (shape) and meaning:
+#: ``pend`` (R, R) objects allocated by rep i, to be freed by rep j; ``pend_cs`` (R, R) of
+#: them, still in rep i's current CPU slab; ``cs_tracked`` (R,) sum over j of pend_cs[r, j];
+#: ``out`` (R,) objects allocated by r and not yet freed; ``pend_tot`` (R,) objects rep r
+#: has to free; ``cs_free``, ``cs_inuse``, ``cs_rfree`` (R,) objects on r's CPU freelist,
+#: allocated from its CPU slab, freed into it by other CPUs; ``pc0``, ``pc1``, ... (R,,
+#: :data:`PCS`) slabs on r's per-CPU partial list by fill level and ``pcu1``, ... (R,,
+#: :data:`PCU`) their allocated objects; ``main``, ``spare`` (R,) objects in r's sheaves;
+#: ``phase``, ``phase_left`` (R,) burst phase (0 allocating, 1 freeing) and ops left in it;
+#: ``ns0``, ... and ``nu1``, ... (N,, :data:`NS`, :data:`NU`) the node's partial list by
+#: fill level; ``hs``, ``hu`` (N,) 1 when a bulk take left a partly used slab at the
+#: list's head, and its allocated objects (0 without one); ``full_slabs`` (N,) slabs with
+#: every object allocated, on no list; ``barn_full``, ``barn_empty`` (N,) sheaves in the
+#: node's barn; ``counts`` (len(COUNTER_FIELDS), R) event counters; ``lock_node`` (N,)
+#: list_lock acquisitions per node class; ``gsum_rep`` (3, R) gauge sums mod 2**20
+#: (objects_inuse, cpu_partial, sheaves), ``gsum_node`` (3, N) (slabs_total, empty slabs,
+#: barn objects), ``ghi_rep``, ``ghi_node`` the sums // 2**20 (so long runs cannot
+#: overflow int32).
+STATE_FIELDS = (
+    "pend", "pend_cs", "cs_tracked", "out", "pend_tot", "cs_free", "cs_inuse", "cs_rfree",
+    *PCS, *PCU[1:], "main", "spare", "phase", "phase_left", *NS, *NU[1:], "hs", "hu",
+    "full_slabs", "barn_full", "barn_empty", "counts", "lock_node", "gsum_rep",
+    "gsum_node", "ghi_rep", "ghi_node",
+)
 
-    The scan carries it as a dict of these arrays.
-    """
-
-    pend: Any          # (R, R) objects allocated by rep i, to be freed by rep j
-    pend_cs: Any       # (R, R) of pend[i, j]: still in rep i's current CPU slab
-    cs_tracked: Any    # (R,) sum over j of pend_cs[r, j]
-    out: Any           # (R,) objects allocated by r and not yet freed
-    pend_tot: Any      # (R,) objects rep r has to free
-    cs_free: Any       # (R,) objects on r's CPU freelist
-    cs_inuse: Any      # (R,) allocated objects of r's CPU slab
-    cs_rfree: Any      # (R,) objects other CPUs freed into r's CPU slab
-    pc_slabs: Any      # (R,) slabs on r's per-CPU partial list
-    pc_inuse: Any      # (R,) allocated objects in them
-    main: Any          # (R,) objects in r's main sheaf
-    spare: Any         # (R,) objects in r's spare sheaf
-    phase: Any         # (R,) burst phase: 0 allocating, 1 freeing
-    phase_left: Any    # (R,) ops left in this phase
-    part_slabs: Any    # (N,) slabs on the node's partial list (empty ones included)
-    part_inuse: Any    # (N,) allocated objects in them
-    full_slabs: Any    # (N,) slabs with every object allocated, on no list
-    barn_full: Any     # (N,) full sheaves in the node's barn
-    barn_empty: Any    # (N,) empty sheaves in the node's barn
-    counts: Any        # (len(COUNTER_FIELDS), R) event counters
-    lock_node: Any     # (N,) list_lock acquisitions per node class
-    gsum_rep: Any      # (3, R) gauge sums mod 2**20: objects_inuse, cpu_partial, sheaves
-    gsum_node: Any     # (3, N) gauge sums mod 2**20: slabs_total, empty slabs, barn objects
-    ghi_rep: Any       # (3, R) gauge sums // 2**20 (so long runs cannot overflow int32)
-    ghi_node: Any      # (3, N)
+State = NamedTuple("State", [(f, Any) for f in STATE_FIELDS])
+State.__doc__ = """What evolves: per rep (R,), per node class (N,), ``pend`` (R, R) and counters
+(:data:`STATE_FIELDS`).  The scan carries it as a dict of these arrays."""
 
 
 # --------------------------------------------------------------------------- config
@@ -342,13 +349,76 @@ def _cumsum(x, axis=0):
     return jnp.stack(parts, axis=axis)
 
 
-def _nonempty(slabs, inuse, cap1):
-    """Non-empty slabs of a partial list under the packing rule: ceil(inuse / (objs-1))."""
-    return jnp.minimum(slabs, ceil_div(inuse, cap1))
+def level_bounds(objs: int) -> list[int]:
+    """The lowest allocated-object count of each fill level for ``objs`` objects per slab:
+    0 (empty), 1, then ``max(k, ceil((k - 1) objs / (LEVELS - 1)))`` for level k; a level
+    whose bound exceeds ``objs - 1`` holds no slab (with ``LEVELS`` or fewer objects per
+    slab every count is its own level).  No kernel function: the model's resolution of a
+    partial list."""
+    return [0] + [max(k, -(-(k - 1) * objs // (LEVELS - 1))) for k in range(1, LEVELS)]
+
+
+def _level_of(h, lo):
+    """The fill level of a slab with ``h`` allocated objects."""
+    return sum(_i(h >= lo[k]) for k in range(1, LEVELS))
+
+
+def _cascade(s, u, c, lo):
+    """``c[k]`` frees into the slabs of level k of a list (``s[k]`` slabs, ``u[k]``
+    objects; ``c[0]`` unused), the fullest level first.  Objects stay spread evenly over
+    a level's slabs, so a level's frees beyond its slack (``u - lo * s``) each drop one
+    slab to the level below (with ``lo - 1`` objects); frees beyond its slabs pass down
+    with them.  Returns the new levels and the slabs that emptied (dropped from level 1):
+    the same as the frees one at a time, fullest level first (what the reference does)."""
+    s, u = list(s), list(u)
+    carry = _i(0)
+    for k in range(LEVELS - 1, 0, -1):
+        ck = c[k] + carry
+        over = ck - (u[k] - lo[k] * s[k])
+        drop = jnp.clip(over, 0, s[k])
+        carry = jnp.maximum(over - s[k], 0)
+        u[k] = u[k] - (ck - carry) - drop * (lo[k] - 1)
+        s[k] = s[k] - drop
+        s[k - 1] = s[k - 1] + drop
+        if k > 1:
+            u[k - 1] = u[k - 1] + drop * (lo[k] - 1)
+    return s, u, drop
+
+
+def _spread(s, u):
+    """Per level k >= 1 of a list, the evenly spread objects ``u = q * s + r``: ``q`` and
+    ``r`` (``s - r`` slabs hold ``q``, ``r`` hold ``q + 1``)."""
+    q = [None] + [floor_div(u[k], jnp.maximum(s[k], 1)) for k in range(1, LEVELS)]
+    r = [None] + [u[k] - q[k] * s[k] for k in range(1, LEVELS)]
+    return q, r
+
+
+def _level_blocks(s, u, q, r, objs):
+    """A list's slabs emptiest first as blocks of equal free objects: (slabs, free
+    objects per slab) for level 0, then per level its ``q`` and its ``q + 1`` slabs."""
+    n, y = [s[0]], [objs]
+    for k in range(1, LEVELS):
+        n += [s[k] - r[k], r[k]]
+        y += [objs - q[k], objs - q[k] - 1]
+    return n, y
 
 
 def _i(x):
     return jnp.asarray(x, _I32)
+
+
+def _materialize(xs, zero):
+    """The int32 values ``xs`` (a list of same-shape arrays) computed once and stored.
+    XLA:CPU fuses cheap elementwise chains into every consumer and recomputes them per
+    element (once per node class for a one-hot select), and drops optimisation barriers
+    before fusion; an in-place dynamic-update-slice ends a fusion, so each value is
+    written into a row of a buffer one row longer than needed (``zero`` keeps XLA from
+    folding it) and read back."""
+    shape = jnp.shape(xs[0])
+    buf = jnp.zeros((len(xs) + 1,) + shape, _I32) + zero
+    for i, x in enumerate(xs):
+        buf = lax.dynamic_update_slice_in_dim(buf, jnp.broadcast_to(_i(x), shape)[None], i, 0)
+    return [buf[i] for i in range(len(xs))]
 
 
 _CI = {name: k for k, name in enumerate(COUNTER_FIELDS)}
@@ -365,6 +435,8 @@ class _Ctx:
         self.locks = {}   # id(node) -> [node, acquisitions]: one one-hot add per node
         self.node_locks = None   # (N, B) acquisitions on every node class
         self.rows = {}    # per-rep field -> this rep's current (B,) entry
+        self.m = None     # the rep's memory node class (B,), set for the run
+        self.nrows = {}   # per-node field -> [entry at node m as read, current entry]
 
     def bump(self, name, v):
         self.inc[_CI[name]] = self.inc[_CI[name]] + _i(v)
@@ -389,8 +461,12 @@ class _Ctx:
             self.bump("list_lock_remote",
                       jnp.sum(jnp.where(_NODES != self.d["node"][self.r], cnt, 0), axis=0))
             self.st["lock_node"] = self.st["lock_node"] + cnt
-        for node, cnt in self.locks.values():
-            self.st["lock_node"] = _add(self.st["lock_node"], node, cnt)
+        if self.locks:
+            ents = list(self.locks.values())
+            shape = jnp.shape(self.d["zero"])
+            cnts = _materialize([jnp.broadcast_to(c, shape) for _, c in ents], self.d["zero"])
+            for (node, _), cnt in zip(ents, cnts):
+                self.st["lock_node"] = _add(self.st["lock_node"], node, cnt)
         self.locks = {}
 
     # This rep's entries of per-rep fields are kept as (B,) values while the op runs and
@@ -418,6 +494,33 @@ class _Ctx:
 
     def radd(self, name, v):
         self.rows[name] = self.row(name) + _i(v)
+
+    # Node ``m``'s entries of per-node fields likewise: read once, changed as (B,) values,
+    # and written back in :meth:`nflush` behind an optimisation barrier, so that the
+    # chains computing them are not fused into (N, B) selects and reduces (XLA would
+    # recompute them once per node class).
+
+    def nget(self, name):
+        """Node ``m``'s current entry of a per-node field."""
+        if name not in self.nrows:
+            v = _get(self.st[name], self.m)
+            self.nrows[name] = [v, v]
+        return self.nrows[name][1]
+
+    def nset(self, name, v):
+        self.nget(name)
+        self.nrows[name][1] = _i(v)
+
+    def nflush(self):
+        """Write node ``m``'s changed entries back (one barrier for all of them)."""
+        if not self.nrows:
+            return
+        names = list(self.nrows)
+        deltas = _materialize([self.nrows[f][1] - self.nrows[f][0] for f in names],
+                              self.d["zero"])
+        for f, dv in zip(names, deltas):
+            self.st[f] = self.st[f] + jnp.where(_NODES == self.m, dv, 0)
+        self.nrows = {}
 
     def nadd(self, name, n, v):
         """Add ``v`` at node class ``n`` of a per-node field (or at rep ``n`` of a per-rep
@@ -470,7 +573,8 @@ def _pick_classes(mem_node, k, n_max):
     the only class that can get it (C = 1), so the split never traces the other classes."""
     if n_max != 1:
         return _NODES, (lambda v: v), (lambda v: v)
-    c = jnp.sum(jnp.where(k > 0, mem_node, 0), axis=0)                  # (B,)
+    # (materialised: every select on it would otherwise recompute the picks per class)
+    c = lax.optimization_barrier(jnp.sum(jnp.where(k > 0, mem_node, 0), axis=0))  # (B,)
     return (c[None], lambda v: _get(v, c)[None],
             lambda v: jnp.where(_NODES == c, v[0], 0))
 
@@ -493,6 +597,7 @@ def _rep_op(r, w, st: dict, cfg: SimConfig, d: dict) -> dict:
     st = dict(st)
     cx = _Ctx(st, r, d)
     k = _rep_values(r, w, cfg, d)
+    cx.m = k.m
     do_a, na, nf = _choose_run(cx, cfg.workload, k.w0)
     shape = jnp.shape(do_a)
     _alloc_run(cx, k, cfg, do_a, na)
@@ -508,7 +613,6 @@ class _Rep(NamedTuple):
     the optimisation barrier, :func:`_between_halves`)."""
 
     objs: Any       # objects per slab
-    cap1: Any       # max(objs - 1, 1): objects of a packed partial slab
     cap: Any        # sheaf capacity (0: no sheaves)
     capm: Any       # max(cap, 1), a divisor
     sheaves: Any    # cap > 0
@@ -526,7 +630,7 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     """The :class:`_Rep` of rep ``r`` with random words ``w`` (no kernel function: the
     constants of one run, read from the config and :func:`_derived` ``d``).  ``m`` is one
     traced value for the whole run: :meth:`_Ctx.lock` counts locks per node object."""
-    objs, cap1 = d["objs"], d["cap1"]
+    objs = d["objs"]
     cap = _i(cfg.sheaf_capacity)
     capm = jnp.maximum(cap, 1)
     sheaves = cap > 0
@@ -536,7 +640,7 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     m = d["mem_node"][r]
     own = d["node"][r]
     has_barn = d["has_barn"][r]
-    return _Rep(objs, cap1, cap, capm, sheaves, cps, mp, w0, w1, w2, m, own, has_barn)
+    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, own, has_barn)
 
 
 def _choose_run(cx: _Ctx, wl: workloads.Workload, w0):
@@ -704,42 +808,50 @@ def _cpu_freelist(cx: _Ctx, nc) -> _Freelist:
 
 
 class _Partials(NamedTuple):
-    """The per-CPU and node partial lists a CPU-slab run takes new CPU slabs from, under
-    the packing rule (empty slabs, non-empty ones, the objects of the emptiest)."""
+    """The per-CPU and node partial lists a CPU-slab run takes new CPU slabs from, as
+    blocks of slabs of equal free objects in the order the run takes them: the per-CPU
+    list emptiest first (``NPC`` blocks), then node ``m``'s head slab and its list
+    emptiest first (``NPC + 1`` blocks)."""
 
+    n: Any      # list of (B,): slabs per block
+    y: Any      # list of (B,): free objects per slab of each block
+    pq: Any     # per-CPU list: q of each level (_spread)
+    nq: Any     # node m's list: q of each level
     ps: Any     # slabs on the per-CPU partial list
-    pu: Any     # allocated objects in them
-    S_m: Any    # slabs on node m's partial list
-    ne_p: Any   # non-empty per-CPU partial slabs
-    e_p: Any    # empty per-CPU partial slabs
-    hd_p: Any   # allocated objects of the emptiest non-empty per-CPU partial slab
-    ne_n: Any   # non-empty slabs on node m's list
-    e_n: Any    # empty slabs on node m's list
-    hd_n: Any   # allocated objects of the emptiest non-empty slab on node m's list
+    S_m: Any    # slabs on node m's partial list (the head slab included)
     G: Any      # slabs one get_partial_node() takes off node m's list
-    q1: Any     # nearly full slabs taken with the last empty ones
+
+
+#: Blocks of a list's levels (:func:`_level_blocks`).
+NPC = 2 * LEVELS - 1
+
+
+def _node_levels(cx: _Ctx):
+    """The rep's memory node's partial list: slabs and objects per level, head slab (B,)."""
+    s = [cx.nget(f) for f in NS]
+    u = [_i(0)] + [cx.nget(f) for f in NU[1:]]
+    return s, u, cx.nget("hs"), cx.nget("hu")
 
 
 def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     """The :class:`_Partials` of rep ``cx.r`` and its memory node ``m`` as the run
-    starts: the per-CPU partial list (``c->partial``, v3.2 to v6.18) and the node's
-    (``n->partial``), and what one get_partial_node() takes off the node's list under its
-    list_lock: the slab it returns plus, where the era has per-CPU partial lists, up to
+    starts: the per-CPU partial list (``c->partial``, v3.2 to v6.18), taken emptiest
+    first; the node's list (``n->partial``), which get_partial_node() (6.1, 6.12
+    mm/slub.c) walks from its head: the head slab a bulk take left there, then, as the
+    oldest slabs of a FIFO list have had the most frees, the emptiest; one call takes the
+    slab it returns plus, where the era has per-CPU partial lists, up to
     ``cpu_partial_slabs / 2 + 1`` more that it puts on the per-CPU list."""
-    st, cap1, cps, m = cx.st, k.cap1, k.cps, k.m
-    ps, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
-    S_m = _get(st["part_slabs"], m)
-    U_m = _get(st["part_inuse"], m)
-    ne_p = _nonempty(ps, pu, cap1)
-    e_p = ps - ne_p
-    hd_p = pu - (ne_p - 1) * cap1
-    ne_n = _nonempty(S_m, U_m, cap1)
-    e_n = S_m - ne_n
-    hd_n = U_m - (ne_n - 1) * cap1
+    objs, cps = k.objs, k.cps
+    ps_l = [cx.row(f) for f in PCS]
+    pu_l = [_i(0)] + [cx.row(f) for f in PCU[1:]]
+    pq, pr = _spread(ps_l, pu_l)
+    n_p, y_p = _level_blocks(ps_l, pu_l, pq, pr, objs)
+    s, u, hs, hu = _node_levels(cx)
+    nq, nr = _spread(s, u)
+    n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    gend = ceil_div(e_n, G) * G
-    q1 = jnp.where((e_n > 0) & (gend < S_m), gend - e_n, 0)
-    return _Partials(ps, pu, S_m, ne_p, e_p, hd_p, ne_n, e_n, hd_n, G, q1)
+    return _Partials(n_p + [hs] + n_n, y_p + [objs - hu] + y_n, pq, nq, sum(ps_l),
+                     sum(s) + hs, G)
 
 
 class _NewSlabs(NamedTuple):
@@ -757,32 +869,61 @@ def _new_cpu_slabs(k: _Rep, p: _Partials, n2) -> _NewSlabs:
     """How many new CPU slabs the ``n2`` allocations left after the freelists take, each a
     slow path of ___slab_alloc() in its order of sources: the per-CPU partial list
     (``c->partial``, v3.2 to v6.18), the node's partial list (get_partial()), the
-    page allocator (new_slab()).  The sources are blocks of slabs of equal yield, most
-    free first within a list; the run ends in the block its cumulative yield reaches."""
-    objs, cap1 = k.objs, k.cap1
-    ps, pu, S_m, ne_p, e_p, hd_p, ne_n, e_n, hd_n, G, q1 = p
-    one = objs - cap1
-    h_p, h_n = _i(ne_p > 0), _i(ne_n > 0)
-    # the new CPU slabs as blocks of equal yield (free objects per slab): per-CPU list
-    # (empty slabs, the emptiest, the rest), node list (empty, q1 nearly full ones that
-    # came with the last empties, the emptiest, the rest), the page allocator
-    bc = jnp.stack(_bc(e_p, h_p, ne_p - h_p, e_n, q1, h_n, ne_n - h_n - q1, n2))
-    by = jnp.stack(_bc(objs, objs - hd_p, one, objs, one, objs - hd_n, one, objs))
-    ocum = _cumsum(bc * by)
-    ecum = _cumsum(bc)
-    blk = jnp.sum(_i(ocum < n2), axis=0)
-    at = np.arange(8)[:, None] == blk
-    o_before = jnp.sum(jnp.where(at, ocum - bc * by, 0), axis=0)
-    e_before = jnp.sum(jnp.where(at, ecum - bc, 0), axis=0)
-    y_last = jnp.sum(jnp.where(at, by, 0), axis=0)
+    page allocator (new_slab()).  The sources are blocks of slabs of equal yield
+    (:class:`_Partials`); slabs get_partial_node() moves to the per-CPU list are taken
+    from there in the node list's order, so the run's slabs follow the blocks; the run
+    ends in the block its cumulative yield reaches."""
+    objs = k.objs
+    blk, o_before, e_before, y_last = _block_walk(list(p.n) + [n2], list(p.y) + [objs], n2)
     need = n2 - o_before
     ev = ceil_div(need, jnp.maximum(y_last, 1))
     E = jnp.where(n2 > 0, e_before + ev, 0)
     L = need - (ev - 1) * y_last                       # objects taken from the last slab
-    t_p = jnp.minimum(E, ps)
-    t_n = jnp.clip(E - ps, 0, S_m)
-    t_pg = jnp.maximum(E - ps - S_m, 0)
+    t_p = jnp.minimum(E, p.ps)
+    t_n = jnp.clip(E - p.ps, 0, p.S_m)
+    t_pg = jnp.maximum(E - p.ps - p.S_m, 0)
     return _NewSlabs(E, L, y_last, t_p, t_n, t_pg)
+
+
+def _block_walk(n, y, t):
+    """Blocks of ``n[j]`` slabs with ``y[j]`` free objects each, in order (lists of (B,)):
+    the block ``blk`` in which the ``t``-th object is reached (the first whose cumulative
+    objects reach ``t``; 0 for t = 0), the objects and slabs of the blocks before it, and
+    its ``y``.  Written over Python lists of (B,) values: a stacked (blocks, B) array
+    would make XLA:CPU emit concatenates, which it evaluates element by element."""
+    blk, o_cum = _i(0), _i(0)
+    for nj, yj in zip(n, y):
+        o_cum = o_cum + nj * yj
+        blk = blk + _i(o_cum < t)
+    o_cum, e_cum = _i(0), _i(0)
+    o_before, e_before, y_at = _i(0), _i(0), _i(0)
+    for j, (nj, yj) in enumerate(zip(n, y)):
+        at = blk == j
+        o_before = jnp.where(at, o_cum, o_before)
+        e_before = jnp.where(at, e_cum, e_before)
+        y_at = jnp.where(at, yj, y_at)
+        o_cum, e_cum = o_cum + nj * yj, e_cum + nj
+    return blk, o_before, e_before, y_at
+
+
+def _taken(n, x):
+    """Slabs of each block (list ``n``) among the first ``x`` of the blocks' order."""
+    out, start = [], _i(0)
+    for nj in n:
+        out.append(jnp.clip(x - start, 0, nj))
+        start = start + nj
+    return out
+
+
+def _level_loss(t, q):
+    """Per level k >= 1, the objects of ``t[2k-1]`` slabs of its ``q`` block and ``t[2k]``
+    of its ``q + 1`` block (``t`` as :func:`_taken` of :func:`_level_blocks`)."""
+    return [None] + [t[2 * k - 1] * q[k] + t[2 * k] * (q[k] + 1) for k in range(1, LEVELS)]
+
+
+def _level_slabs(t):
+    """Per level, the slabs of its blocks in ``t`` (as :func:`_level_loss`)."""
+    return [t[0]] + [t[2 * k - 1] + t[2 * k] for k in range(1, LEVELS)]
 
 
 def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
@@ -790,26 +931,32 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
     list (no lock), then ``t_n`` off node ``m``'s list in get_partial_node() calls, each
     under the node's list_lock and taking ``G`` slabs: one becomes the CPU slab, the rest
     go onto the per-CPU partial list (put_cpu_partial(), v3.2 to v6.18), where later slow
-    paths of the run take them first.  Updates both lists' slabs and objects."""
-    cap1, m = k.cap1, k.m
-    ps, pu, S_m, ne_p, e_p, hd_p, ne_n, e_n, hd_n, G, q1 = p
+    paths of the run take them first.  Updates both lists' levels."""
+    m = k.m
     t_p, t_n = ns.t_p, ns.t_n
-
-    def inuse_p(t):
-        return cap1 * jnp.clip(t - e_p, 0, ne_p) - jnp.where((t > e_p) & (ne_p > 0),
-                                                            cap1 - hd_p, 0)
-
-    def inuse_n(t):
-        return cap1 * jnp.clip(t - e_n, 0, ne_n) - jnp.where(
-            (t >= e_n + q1 + 1) & (ne_n > 0), cap1 - hd_n, 0)
-
-    takes = ceil_div(t_n, G)
-    gone = jnp.minimum(takes * G, S_m)
+    takes = ceil_div(t_n, p.G)
+    gone = jnp.minimum(takes * p.G, p.S_m)
     in_node = t_n > 0
-    cx.rset("pc_slabs", jnp.where(in_node, gone - t_n, ps - t_p))
-    cx.rset("pc_inuse", jnp.where(in_node, inuse_n(gone) - inuse_n(t_n), pu - inuse_p(t_p)))
-    cx.nadd("part_slabs", m, -gone)
-    cx.nadd("part_inuse", m, -inuse_n(gone))
+    tp = _taken(p.n[:NPC], t_p)
+    nb = p.n[NPC + 1:]                   # node list blocks after the head slab
+    hs = p.n[NPC]
+    tg = _taken(nb, gone - hs)
+    tn = _taken(nb, t_n - hs)
+    mv = [a - b for a, b in zip(tg, tn)]
+    ps_new = _level_slabs(mv)
+    pu_new = _level_loss(mv, p.nq)
+    pl, pul = _level_slabs(tp), _level_loss(tp, p.pq)
+    for lv in range(LEVELS):
+        cx.rset(PCS[lv], jnp.where(in_node, ps_new[lv], cx.row(PCS[lv]) - pl[lv]))
+        if lv:
+            cx.rset(PCU[lv], jnp.where(in_node, pu_new[lv], cx.row(PCU[lv]) - pul[lv]))
+    gl, gul = _level_slabs(tg), _level_loss(tg, p.nq)
+    for lv in range(LEVELS):
+        cx.nset(NS[lv], cx.nget(NS[lv]) - gl[lv])
+        if lv:
+            cx.nset(NU[lv], cx.nget(NU[lv]) - gul[lv])
+    cx.nset("hs", jnp.where(in_node, 0, cx.nget("hs")))
+    cx.nset("hu", jnp.where(in_node, 0, cx.nget("hu")))
     cx.lock(m, takes)
 
 
@@ -820,11 +967,11 @@ def _install_cpu_slab(cx: _Ctx, k: _Rep, a_cs, nc, fl: _Freelist, ns: _NewSlabs,
     freelist and the remotely freed objects are what the run left.  Which of the run's
     objects are still in the CPU slab (``pend_cs``, ``cs_tracked``): the last ``L`` of
     the run when it took a new CPU slab (its objects are in freeing-rep order)."""
-    st, r, objs, m = cx.st, cx.r, k.objs, k.m
+    st, r, objs = cx.st, cx.r, k.objs
     f0, i0, r0, a0, a1, n1, rfe = fl.f0, fl.i0, fl.r0, fl.a0, fl.a1, fl.n1, fl.rfe
     E, L, y_last = ns.E, ns.L, ns.y_last
     # every new CPU slab deactivates the old one, full unless it held nothing
-    cx.nadd("full_slabs", m, jnp.where(E > 0, E - _i(i0 + a0 + a1 == 0), 0))
+    cx.nset("full_slabs", cx.nget("full_slabs") + jnp.where(E > 0, E - _i(i0 + a0 + a1 == 0), 0))
     cx.rset("cs_free", jnp.where(E > 0, y_last - L, jnp.where(rfe, r0 - a1, f0 - a0)))
     cx.rset("cs_inuse", jnp.where(E > 0, objs - y_last + L, i0 + a0 + a1))
     cx.rset("cs_rfree", 0, n1 > 0)
@@ -862,6 +1009,7 @@ def _between_halves(cx: _Ctx, k: _Rep, nf, shape):
     st = cx.st
     # a materialisation point between the two halves: XLA then fuses each half on its own
     # (half the compile time, same speed)
+    cx.nflush()
     cx.write_rows()
     inc = tuple(jnp.broadcast_to(x, shape) for x in cx.inc)
     st_b, inc, nf, w1, w2 = lax.optimization_barrier((dict(st), inc, nf, k.w1, k.w2))
@@ -886,9 +1034,10 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     lay = _slab_layout(cx, k, k_ot)
     _unpend(cx, k_cs, k_all, nf)
     sh, nsh, full_main = _sheaf_free(cx, k, cfg, rem, k_all)
-    c_cs, c_pc, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot)
+    cx.nflush()
+    c_cs, c_pc, xH, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot)
     own_fast = _frozen_frees(cx, c_cs, c_pc)
-    _part_frees(cx, xU, lay.on_cls, lay.from_cls)
+    _part_frees(cx, xH, xU, lay.on_cls, lay.from_cls)
     _full_slab_frees(cx, k, cfg, lay, xF)
 
     # FREE_FASTPATH counts every free_to_pcs(), also one that first replaced a full main
@@ -925,17 +1074,22 @@ def _pick_pending(cx: _Ctx, k: _Rep, nf):
 
 class _Layout(NamedTuple):
     """The allocated objects on the node classes a free run can reach, by slab, as the
-    run starts (shapes: C node classes, 2R rep segments, B configurations)."""
+    run starts (shapes: C node classes, ``SEG * R`` rep segments, B configurations)."""
 
-    z: Any          # (2R, B) rep segments cs_0, pc_0, cs_1, ...: CPU slab, per-CPU partial
+    z: Any          # (SEG*R, B) rep segments: CPU slab, per-CPU partial levels 3, 2, 1
     cls: Any        # (C, B) the node classes (:func:`_pick_classes`)
     on_cls: Any     # per-node (N, B) field -> (C, B)
     from_cls: Any   # (C, B) counts -> per-node (N, B)
-    on_seg: Any     # (C, 2R, B) rep segment on node class c
-    z_end: Any      # (2R, B) a segment's end among its node's segments
+    on_seg: Any     # (C, SEG*R, B) rep segment on node class c
+    z_end: Any      # (SEG*R, B) a segment's end among its node's segments
     z_tot: Any      # (C, B) end of the rep segments
-    u_end: Any      # (C, B) end of the partial list
+    p_end: Any      # list of (C, B): ends of the head slab, then levels 3, 2, 1
     tot: Any        # (C, B) end of the full slabs (at least 1)
+
+
+#: Segments per rep in a free run's split: its CPU slab, its per-CPU partial levels
+#: from the fullest down.
+SEG = LEVELS
 
 
 def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
@@ -943,23 +1097,26 @@ def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
     slab are split over (no kernel function: where the objects are)."""
     st, d, objs = cx.st, cx.d, k.objs
     # the slabs on every node class as the run starts, in destination order: per rep its
-    # CPU slab (objects not tracked in pend_cs) and its per-CPU partial slabs, then the
-    # node's partial list, then its full slabs
-    # (the rep segments cs_0, pc_0, cs_1, ... each lie on one node class, their rep's
-    # memory node; a segment's end is its cumulative size among its node's segments)
+    # CPU slab (objects not tracked in pend_cs) and its per-CPU partial slabs by level,
+    # fullest first; then the node's head slab and partial list by level, fullest first;
+    # then its full slabs (each rep segment lies on one node class, its rep's memory
+    # node; a segment's end is its cumulative size among its node's segments)
     # The split runs over a leading axis of the node classes the run's picks can land on
     # (:func:`_pick_classes`): all N, or under a static run bound of 1 just the class of
     # the single pick, the one-op model's choice of node (the others get no picks).
     zc = cx.whole("cs_inuse") - cx.whole("cs_tracked")
-    z = jnp.stack([zc, cx.whole("pc_inuse")], axis=1).reshape((2 * R,) + zc.shape[1:])
+    z = jnp.stack([zc] + [cx.whole(PCU[lv]) for lv in range(LEVELS - 1, 0, -1)],
+                  axis=1).reshape((SEG * R,) + zc.shape[1:])
     cls, on_cls, from_cls = _pick_classes(d["mem_node"], k_ot, d["max_run"])
-    on_seg = jnp.repeat(d["mem_node"], 2, axis=0)[None] == cls[:, None]  # (C, 2R, B)
+    on_seg = jnp.repeat(d["mem_node"], SEG, axis=0)[None] == cls[:, None]  # (C, SEG*R, B)
     cum_n = _cumsum(jnp.where(on_seg, z[None], 0), axis=1)
-    z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (2R, B)
+    z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (SEG*R, B)
     z_tot = cum_n[:, -1]                                                 # (C, B)
-    u_end = z_tot + on_cls(st["part_inuse"])
-    tot = jnp.maximum(u_end + on_cls(st["full_slabs"]) * objs, 1)
-    return _Layout(z, cls, on_cls, from_cls, on_seg, z_end, z_tot, u_end, tot)
+    p_end = [z_tot + on_cls(st["hu"])]
+    for lv in range(LEVELS - 1, 0, -1):
+        p_end.append(p_end[-1] + on_cls(st[NU[lv]]))
+    tot = jnp.maximum(p_end[-1] + on_cls(st["full_slabs"]) * objs, 1)
+    return _Layout(z, cls, on_cls, from_cls, on_seg, z_end, z_tot, p_end, tot)
 
 
 def _unpend(cx: _Ctx, k_cs, k_all, nf):
@@ -1014,12 +1171,14 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     """Where a free run's objects that skip the sheaves land, which __slab_free() finds
     from the object's slab: an object still in its origin's CPU slab goes there; the
     others, per node class, by systematic points (offset from ``w2``) over the slabs as
-    the run starts (:class:`_Layout`).  Returns per rep (R, B) the frees into its CPU
-    slab ``c_cs`` and into its per-CPU partial slabs ``c_pc``, and per node class (N, B)
-    those into the partial list ``xU`` and into full slabs ``xF``."""
+    the run starts (:class:`_Layout`): a slab takes frees in proportion to its allocated
+    objects.  Returns per rep (R, B) the frees into its CPU slab ``c_cs`` and per level
+    into its per-CPU partial slabs ``c_pc`` (a list by level, [0] unused), and per node
+    class (N, B) those into its head slab ``xH``, per level into its partial list ``xU``
+    (a list by level) and into full slabs ``xF``."""
     d, w2 = cx.d, k.w2
     z, cls, from_cls, on_seg = lay.z, lay.cls, lay.from_cls, lay.on_seg
-    z_end, z_tot, u_end, tot = lay.z_end, lay.z_tot, lay.u_end, lay.tot
+    z_end, z_tot, p_end, tot = lay.z_end, lay.z_tot, lay.p_end, lay.tot
     # -- objects still in their origin's CPU slab: the CPU's own freelist (fast) or
     #    another CPU's frozen slab (no lock)
     kcs = jnp.where(sh, 0, k_cs)
@@ -1037,36 +1196,40 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
 
     xs, us, ts = at_seg(x), at_seg(un), at_seg(tot)
     cz = (below(z_end, xs, us, ts) - below(z_end - z, xs, us, ts)).reshape(
-        (R, 2) + z.shape[1:])
+        (R, SEG) + z.shape[1:])
     c_cs = kcs + cz[:, 0]
-    c_pc = cz[:, 1]
-    at_u = below(u_end, x, un, tot)
-    xU = from_cls(at_u - below(z_tot, x, un, tot))                      # (N, B)
-    xF = from_cls(x - at_u)                      # the last segment takes the rest
-    return c_cs, c_pc, xU, xF
+    c_pc = [None] + [cz[:, SEG - lv] for lv in range(1, LEVELS)]
+    ends = [below(e, x, un, tot) for e in [z_tot] + p_end]
+    xH = from_cls(ends[1] - ends[0])
+    xU = [None] + [from_cls(ends[LEVELS + 1 - lv] - ends[LEVELS - lv])
+                   for lv in range(1, LEVELS)]
+    xF = from_cls(x - ends[-1])                  # the last segment takes the rest
+    return c_cs, c_pc, xH, xU, xF
 
 
 def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     """Frees into CPU slabs and per-CPU partial slabs: into this CPU's own CPU slab,
     slab_free()'s fast path onto its freelist; into another CPU's, __slab_free() onto the
     frozen slab's freelist (``cs_rfree``, which its owner takes on its next slow path);
-    into per-CPU partial slabs, __slab_free() without the lock while they are frozen (v3.2
-    to v6.7); from v6.8 (``pc_empty_locks``, folded into ``d["pc_lock_onehot"]``) a free
-    that empties one takes the list_lock of its node (under the packing rule a listed slab
-    empties every ``objs - 1`` frees).
-    Returns the fast frees."""
+    into per-CPU partial slabs (``c_pc`` by level, :func:`_cascade`), __slab_free()
+    without the lock while they are frozen (v3.2 to v6.7); from v6.8 (``pc_empty_locks``,
+    folded into ``d["pc_lock_onehot"]``) a free that empties one takes the list_lock of
+    its node and leaves it on the per-CPU list (6.12 mm/slub.c __slab_free(): not on the
+    node's partial list).  Returns the fast frees."""
     st, r = cx.st, cx.r
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
-    pu = cx.whole("pc_inuse")
-    # listed slabs hold at most objs - 1 objects each (a slab joins on its first free), so
-    # the non-empty ones are ceil(inuse / (objs - 1)) without the slab count's bound
-    cap1 = cx.d["cap1"]
-    emptied = ceil_div(pu, cap1) - ceil_div(pu - c_pc, cap1)                   # (R, B)
-    # per node class: the reps' memory nodes as a one-hot matrix (N, R) times the counts
-    cx.lock_nodes(jnp.einsum("nr...,r...->n...", cx.d["pc_lock_onehot"], emptied))
-    st["pc_inuse"] = pu - c_pc
+    s = [cx.whole(f) for f in PCS]
+    u = [_i(0)] + [cx.whole(f) for f in PCU[1:]]
+    s, u, emptied = _cascade(s, u, c_pc, cx.d["lo"])
+    out = _materialize(s + u[1:] + [emptied], cx.d["zero"])
+    for lv in range(LEVELS):
+        st[PCS[lv]] = out[lv]
+        if lv:
+            st[PCU[lv]] = out[LEVELS - 1 + lv]
+    # per node class: the reps' memory nodes as a one-hot (N, R) selecting the counts
+    cx.lock_nodes(jnp.sum(jnp.where(cx.d["pc_lock_onehot"] > 0, out[-1][None], 0), axis=1))
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
     return own_fast
@@ -1076,34 +1239,48 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
     """``xF[n]`` frees (N, B) into full slabs of node class n: __slab_free() makes each
     slab partial, frozen onto this CPU's per-CPU partial list (put_cpu_partial(), v3.2 to
     v6.18, for a slab of its memory node: :func:`_full_to_cpu_partial`), else added to
-    the node's partial list under its list_lock (add_partial(); with one object per slab
-    the now empty slab is freed, discard_slab(), once the node keeps min_partial).  Frees
-    beyond the node's full slabs go into the slabs the run has just made partial: this
-    CPU's per-CPU partial list while it holds objects, else the node's list
-    (:func:`_part_frees`)."""
+    the tail of the node's partial list under its list_lock (add_partial(...,
+    DEACTIVATE_TO_TAIL), 6.1; ADD_TO_TAIL, 7.2), at the top fill level (``objs - 1``
+    objects; with one object per slab the now empty slab is freed, discard_slab(), once
+    the node keeps min_partial).  Frees beyond the node's full slabs go into the slabs the
+    run has just made partial, at the top level: this CPU's per-CPU partial list while it
+    holds objects, else the node's list (:func:`_part_frees`); with one op per run there
+    are none."""
     st, objs, cps, mp, m = cx.st, k.objs, k.cps, k.mp, k.m
     on_cls, from_cls = lay.on_cls, lay.from_cls
-    # full slabs become partial: frozen onto this CPU's partial list if it has one (and
-    # the slab is on its memory node), else onto the node's list under the lock; picks
-    # beyond the node's full slabs free into the slabs the run has just made partial
+    top, lo = cx.d["top"], cx.d["lo"]
     F = st["full_slabs"]
     xF1 = jnp.minimum(xF, jnp.maximum(F, 0))
     xF2 = xF - xF1
     cpp = (cps > 0) & (cfg.cpu_slab > 0) & (_NODES == m)                 # (N, B)
     xnp = jnp.where(cpp, 0, xF1)
     st["full_slabs"] = F - xF1
-    S = st["part_slabs"]
+    S = _node_total(st)
     keep = jnp.where(objs == 1, jnp.clip(mp - S, 0, xnp), xnp)
-    st["part_slabs"] = S + keep
-    st["part_inuse"] = st["part_inuse"] + keep * (objs - 1)
+    for lv in range(LEVELS):
+        st[NS[lv]] = st[NS[lv]] + jnp.where(top == lv, keep, 0)
+        if lv:
+            st[NU[lv]] = st[NU[lv]] + jnp.where(top == lv, keep * (objs - 1), 0)
     cx.bump("slab_free", jnp.sum(xnp - keep, axis=0))
     cx.lock_nodes(xnp)
     _full_to_cpu_partial(cx, m, jnp.sum(jnp.where(cpp, xF1, 0), axis=0))
+    if cx.d["max_run"] == 1:
+        return
     xm2 = jnp.sum(jnp.where(cpp, xF2, 0), axis=0)
-    pcu = cx.row("pc_inuse")
-    into_pc = jnp.minimum(xm2, pcu)
-    cx.rset("pc_inuse", pcu - into_pc)
-    _part_frees(cx, jnp.where(cpp, xm2 - into_pc, xF2), on_cls, from_cls)
+    s = [cx.row(f) for f in PCS]
+    u = [_i(0)] + [cx.row(f) for f in PCU[1:]]
+    into_pc = jnp.minimum(xm2, sum(u[1:]))
+    s, u, emptied = _cascade(s, u, [None] + [jnp.where(top == lv, into_pc, 0)
+                                             for lv in range(1, LEVELS)], lo)
+    for lv in range(LEVELS):
+        cx.rset(PCS[lv], s[lv])
+        if lv:
+            cx.rset(PCU[lv], u[lv])
+    cx.lock(m, jnp.where(cx.d["pc_empty_locks"], emptied, 0))
+    cx.nflush()
+    rest = jnp.where(cpp, xm2 - into_pc, xF2)
+    _part_frees(cx, _i(0) * rest, [None] + [jnp.where(top == lv, rest, 0)
+                                           for lv in range(1, LEVELS)], on_cls, from_cls)
 
 
 def _write_counters(cx: _Ctx, shape):
@@ -1111,26 +1288,48 @@ def _write_counters(cx: _Ctx, shape):
     classes, this rep's rows are written back, and its counter increments (broadcast to
     the batch ``shape``) are added to its column of ``counts``."""
     st, r = cx.st, cx.r
+    cx.nflush()
     cx.flush_locks()
     cx.write_rows()
     st["counts"] = st["counts"].at[:, r].add(jnp.stack([jnp.broadcast_to(x, shape)
                                                         for x in cx.inc]))
 
 
-def _part_frees(cx: _Ctx, x, on_cls, from_cls):
-    """``x[n]`` frees (N, B) into node n's partial list: the free that takes a slab's last
-    object (packing rule: U - 1 a multiple of objs - 1) takes the list_lock and discards
-    the slab while the node keeps at least min_partial partial slabs.  Worked out on the
-    node classes the frees can reach (``on_cls``/``from_cls`` of :func:`_pick_classes`)."""
-    st, cap1, mp = cx.st, cx.d["cap1"], cx.d["min_partial"]
-    x = on_cls(x)
-    U, S = on_cls(st["part_inuse"]), on_cls(st["part_slabs"])
-    emp = floor_div(U - 1, cap1) - floor_div(U - x - 1, cap1)
-    disc = jnp.clip(S - mp + 1, 0, emp)
-    st["part_inuse"] = st["part_inuse"] - from_cls(x)
-    st["part_slabs"] = st["part_slabs"] - from_cls(disc)
+def _node_total(st):
+    """Slabs on every node class's partial list (N, B): its levels and its head slab."""
+    return sum(st[f] for f in NS) + st["hs"]
+
+
+def _part_frees(cx: _Ctx, xh, x, on_cls, from_cls):
+    """Frees (N, B) into node n's partial list: ``xh[n]`` into its head slab, ``x[k][n]``
+    into its slabs of level k (:func:`_cascade`).  A free that takes a slab's last object
+    takes the list_lock and discards the slab while the node keeps at least min_partial
+    partial slabs (__slab_free(): ``!new.inuse && n->nr_partial >= s->min_partial``, 6.1
+    to 7.2; a kept empty slab stays where it is, level 0).  Worked out on the node classes
+    the frees can reach (``on_cls``/``from_cls`` of :func:`_pick_classes`)."""
+    st, mp = cx.st, cx.d["min_partial"]
+    S = on_cls(_node_total(st))
+    hs, hu = on_cls(st["hs"]), on_cls(st["hu"])
+    xh = on_cls(xh)
+    emp_h = _i((hs > 0) & (xh > 0) & (hu == xh))
+    s0 = [on_cls(st[f]) for f in NS]
+    u0 = [_i(0)] + [on_cls(st[f]) for f in NU[1:]]
+    s, u, emptied = _cascade([s0[0] + emp_h] + s0[1:], u0,
+                             [None] + [on_cls(v) for v in x[1:]], cx.d["lo"])
+    e = emp_h + emptied
+    disc = jnp.clip(S - mp + 1, 0, e)
+    s[0] = s[0] - disc
+    out = _materialize(s + u[1:] + [e, disc, emp_h], cx.d["zero"])
+    s, u = out[:LEVELS], [u[0]] + out[LEVELS:2 * LEVELS - 1]
+    e, disc, emp_h = out[2 * LEVELS - 1:]
+    for lv in range(LEVELS):
+        st[NS[lv]] = st[NS[lv]] + from_cls(s[lv] - s0[lv])
+        if lv:
+            st[NU[lv]] = st[NU[lv]] + from_cls(u[lv] - u0[lv])
+    st["hs"] = st["hs"] - from_cls(emp_h)
+    st["hu"] = st["hu"] - from_cls(xh)
     cx.bump("slab_free", jnp.sum(disc, axis=0))
-    cx.lock_nodes(from_cls(emp))
+    cx.lock_nodes(from_cls(e))
 
 
 def _bc(*xs):
@@ -1141,72 +1340,126 @@ def _bc(*xs):
 
 def _full_to_cpu_partial(cx: _Ctx, m, x):
     """``x`` frees, each into a full slab of node ``m``, which then goes on this rep's
-    per-CPU partial list (put_cpu_partial); a list already holding cpu_partial_slabs is
-    first drained to the node (unfreeze_partials), so drains come every
-    cpu_partial_slabs frees after the first."""
-    st, objs, cap1, mp = cx.st, cx.d["objs"], cx.d["cap1"], cx.d["min_partial"]
+    per-CPU partial list at the top fill level (put_cpu_partial(), 6.1 mm/slub.c); a list
+    already holding cpu_partial_slabs is first drained to the node (unfreeze_partials():
+    its slabs onto the node's list, empty ones kept up to min_partial), so drains come
+    every cpu_partial_slabs frees after the first."""
+    objs, mp = cx.d["objs"], cx.d["min_partial"]
+    top = cx.d["top"]
     cps = _i(cx.d["cps"])
-    p, pu = cx.row("pc_slabs"), cx.row("pc_inuse")
+    ps = [cx.row(f) for f in PCS]
+    pu = [_i(0)] + [cx.row(f) for f in PCU[1:]]
+    p = sum(ps)
     t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
     D = jnp.where(x >= t1, 1 + floor_div(x - t1, jnp.maximum(cps, 1)), 0)
-    s1, u1 = p + t1 - 1, pu + (t1 - 1) * (objs - 1)  # the list the first drain moves
-    ne1 = _nonempty(s1, u1, cap1)
-    e1 = s1 - ne1
-    S = _get(st["part_slabs"], m)
+    drained = D > 0
+    on_top = [top == lv for lv in range(LEVELS)]
+    # the list the first drain moves: as the run found it plus t1 - 1 top-level slabs
+    s1 = [ps[lv] + jnp.where(on_top[lv], t1 - 1, 0) for lv in range(LEVELS)]
+    u1 = [None] + [pu[lv] + jnp.where(on_top[lv], (t1 - 1) * (objs - 1), 0)
+                   for lv in range(1, LEVELS)]
+    e1 = s1[0]
+    ne1 = sum(s1[1:])
+    S = sum(cx.nget(f) for f in NS) + cx.nget("hs")
     keep1 = jnp.clip(mp - (S + ne1), 0, e1)
-    ne_s = _nonempty(cps, cps * (objs - 1), cap1)    # later drains: cps slabs each
+    ne_s = jnp.where(top > 0, cps, 0)                # later drains: cps top slabs each
     e_s = cps - ne_s
     S2 = S + ne1 + keep1
     keep_s = jnp.clip(mp - (S2 + (D - 1) * ne_s), 0, (D - 1) * e_s)
+    later = (D - 1) * cps
+    left = jnp.where(drained, 1 + x - t1 - (D - 1) * cps, x)
+    D, keep1, keep_s, later, e1, left, t1 = _materialize(
+        [D, keep1, keep_s, later, e1, left, t1], cx.d["zero"])
     drained = D > 0
-    cx.nadd("part_slabs", m, jnp.where(drained, ne1 + keep1 + (D - 1) * ne_s + keep_s, 0))
-    cx.nadd("part_inuse", m, jnp.where(drained, u1 + (D - 1) * cps * (objs - 1), 0))
+    cx.nset(NS[0], cx.nget(NS[0]) + jnp.where(drained, keep1 + keep_s, 0))
+    for lv in range(1, LEVELS):
+        cx.nset(NS[lv], cx.nget(NS[lv]) + jnp.where(
+            drained, s1[lv] + jnp.where(on_top[lv], later, 0), 0))
+        cx.nset(NU[lv], cx.nget(NU[lv]) + jnp.where(drained, u1[lv] + jnp.where(
+            on_top[lv], later * (objs - 1), 0), 0))
     cx.bump("slab_free", jnp.where(drained, e1 - keep1 + (D - 1) * e_s - keep_s, 0))
     cx.bump("cpu_partial_drain", D)
     cx.lock(m, D)
-    left = jnp.where(drained, 1 + x - t1 - (D - 1) * cps, p + x)
-    cx.rset("pc_slabs", left)
-    cx.rset("pc_inuse", jnp.where(drained, left * (objs - 1), pu + x * (objs - 1)))
+    for lv in range(LEVELS):
+        add = jnp.where(on_top[lv], left, 0)
+        cx.rset(PCS[lv], jnp.where(drained, add, ps[lv] + add))
+        if lv:
+            cx.rset(PCU[lv], jnp.where(drained, add * (objs - 1), pu[lv] + add * (objs - 1)))
 
 
 def _bulk_take(cx: _Ctx, m, t):
-    """Allocate ``t`` objects from node ``m``: free objects on its partial list first
-    (slabs that fill up leave the list), then new slabs from the page allocator (a last,
-    partly used one goes on the list)."""
-    st, objs = cx.st, cx.d["objs"]
-    S = _get(st["part_slabs"], m)
-    U = _get(st["part_inuse"], m)
-    x = jnp.minimum(t, S * objs - U)
-    U = U + x
-    f = jnp.maximum(U - S * (objs - 1), 0)
-    rem = t - x
-    g = ceil_div(rem, objs)
-    last = rem - jnp.maximum(g - 1, 0) * objs
-    partial_last = (g > 0) & (last < objs)
-    dS = -f + _i(partial_last)
-    dU = x - f * objs + jnp.where(partial_last, last, 0)
-    cx.nadd("part_slabs", m, dS)
-    cx.nadd("part_inuse", m, dU)
-    cx.nadd("full_slabs", m, f + jnp.where(partial_last, g - 1, g))
-    cx.bump("slab_alloc", g)
+    """Allocate ``t`` objects from node ``m`` (refill_objects() of a sheaf, or single
+    ___slab_alloc() calls, 7.2 mm/slub.c): the head slab first, then whole slabs from the
+    list's head, emptiest first (get_partial_node_bulk() walks the list from its head),
+    then new slabs from the page allocator; slabs used up are full, a last one partly used
+    stays at the list's head (alloc_from_new_slab(): ADD_TO_HEAD), where the next take
+    continues it, so single takes fill one slab after another as a bulk take does."""
+    objs = cx.d["objs"]
+    s, u, hs, hu = _node_levels(cx)
+    q, r = _spread(s, u)
+    nb, yb = _level_blocks(s, u, q, r, objs)
+    n = [hs] + nb + [t]
+    y = [objs - hu] + yb + [objs]
+    blk, o_before, _, y_at = _block_walk(n, y, t)
+    need = t - o_before
+    w = floor_div(need, jnp.maximum(y_at, 1))
+    rem = need - w * y_at
+    full = [jnp.where(blk > j, nj, jnp.where(blk == j, w, 0)) for j, nj in enumerate(n)]
+    taken = [f + _i((blk == j) & (rem > 0)) for j, f in enumerate(full)]
+    tk = taken[1:-1]
+    sl, ul = _level_slabs(tk), _level_loss(tk, q)
+    for lv in range(LEVELS):
+        cx.nset(NS[lv], s[lv] - sl[lv])
+        if lv:
+            cx.nset(NU[lv], u[lv] - ul[lv])
+    cx.nset("hs", jnp.where(t > 0, _i(rem > 0), hs))
+    cx.nset("hu", jnp.where(t > 0, jnp.where(rem > 0, objs - y_at + rem, 0), hu))
+    cx.nset("full_slabs", cx.nget("full_slabs") + sum(full))
+    cx.bump("slab_alloc", taken[-1])
 
 
 def _bulk_free(cx: _Ctx, m, k):
-    """Free ``k`` objects (a flushed sheaf) into node ``m``'s slabs: partial slabs first,
-    then full ones (which become partial); empty slabs beyond min_partial are discarded."""
-    st, objs = cx.st, cx.d["objs"]
-    U = _get(st["part_inuse"], m)
-    F = _get(st["full_slabs"], m)
-    x = jnp.minimum(k, U)
-    y = jnp.minimum(k - x, F * objs)
-    g = ceil_div(y, objs)
-    S = _get(st["part_slabs"], m) + g
-    U = U - x + g * objs - y
-    e = S - _nonempty(S, U, cx.d["cap1"])
-    drop = jnp.where(k > 0, jnp.clip(S - cx.d["min_partial"], 0, e), 0)
-    cx.nadd("part_inuse", m, -x + g * objs - y)
-    cx.nadd("part_slabs", m, g - drop)
-    cx.nadd("full_slabs", m, -g)
+    """Free ``k`` objects (a run's flushed sheaves, __kmem_cache_free_bulk(), 7.2) into
+    node ``m``'s slabs: split over its partial slabs in proportion to their objects
+    (points at 0, tot/k, ...: the head slab, then the levels from the fullest down,
+    :func:`_cascade`), the rest into full slabs (which become partial: all but the last
+    emptied); empty slabs beyond min_partial are discarded."""
+    objs, lo = cx.d["objs"], cx.d["lo"]
+    s, u, hs, hu = _node_levels(cx)
+    segs = [hu] + [u[lv] for lv in range(LEVELS - 1, 0, -1)]
+    cum = _cumsum(jnp.stack(_bc(*segs)))
+    tot = cum[-1]
+    x = jnp.minimum(k, tot)
+    pts = jnp.clip(ceil_div(cum * x, jnp.maximum(tot, 1)), 0, x)
+    c = _materialize(list(_counts(pts)) + [x], cx.d["zero"])
+    c, x = c[:LEVELS], c[LEVELS]
+    emp_h = _i((hs > 0) & (c[0] > 0) & (hu == c[0]))
+    s2, u2, _ = _cascade([s[0] + emp_h] + s[1:], u,
+                         [None] + [c[LEVELS - lv] for lv in range(1, LEVELS)], lo)
+    F = cx.nget("full_slabs")
+    yv = jnp.minimum(k - x, F * objs)
+    g = ceil_div(yv, objs)
+    h = g * objs - yv
+    lv_h = _level_of(h, lo)
+    s2[0] = s2[0] + jnp.maximum(g - 1, 0)
+    for lv in range(LEVELS):
+        add = _i((g > 0) & (lv_h == lv))
+        s2[lv] = s2[lv] + add
+        if lv:
+            u2[lv] = u2[lv] + add * h
+    S = sum(s2) + hs - emp_h
+    drop = jnp.where(k > 0, jnp.clip(S - cx.d["min_partial"], 0, s2[0]), 0)
+    s2[0] = s2[0] - drop
+    out = _materialize(s2 + u2[1:] + [drop, g], cx.d["zero"])
+    s2, u2 = out[:LEVELS], [u2[0]] + out[LEVELS:2 * LEVELS - 1]
+    drop, g = out[2 * LEVELS - 1:]
+    for lv in range(LEVELS):
+        cx.nset(NS[lv], s2[lv])
+        if lv:
+            cx.nset(NU[lv], u2[lv])
+    cx.nset("hs", hs - emp_h)
+    cx.nset("hu", hu - c[0])
+    cx.nset("full_slabs", F - g)
     cx.bump("slab_free", drop)
 
 
@@ -1221,7 +1474,10 @@ def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
     use_sh = cfg.memoryless_cpus_use_sheaves > 0
     return dict(
         objs=objs,
-        cap1=jnp.maximum(objs - 1, 1),
+        zero=_i(objs < 0),
+        lo=_levels(objs),
+        top=_level_of(objs - 1, _levels(objs)),
+        pc_empty_locks=cfg.pc_empty_locks > 0,
         min_partial=_i(cfg.min_partial),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),
@@ -1240,14 +1496,20 @@ def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
     )
 
 
+def _levels(objs):
+    """:func:`level_bounds` on int32 arrays."""
+    return [_i(0) * objs] + [jnp.maximum(k, ceil_div((k - 1) * objs, LEVELS - 1))
+                             for k in range(1, LEVELS)]
+
+
 def _gauges(st, d, cfg):
     """Per-step gauge values: rows (R,) and rows (N,)."""
-    cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + st["pc_slabs"]
+    pc = sum(st[f] for f in PCS)
+    cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + pc
     held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None], cs_held[:, None], 0),
                    axis=0)
-    S, U = st["part_slabs"], st["part_inuse"]
-    rep = jnp.stack([st["out"], st["pc_slabs"], st["main"] + st["spare"]])
-    node = jnp.stack([S + st["full_slabs"] + held, S - _nonempty(S, U, d["cap1"]),
+    rep = jnp.stack([st["out"], pc, st["main"] + st["spare"]])
+    node = jnp.stack([_node_total(st) + st["full_slabs"] + held, st[NS[0]],
                       st["barn_full"] * _i(cfg.sheaf_capacity)])
     return rep, node
 
@@ -1282,9 +1544,10 @@ def init_state(cfg: SimConfig) -> State:
 
     return State(
         pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R),
-        cs_inuse=z(R), cs_rfree=z(R), pc_slabs=z(R), pc_inuse=z(R), main=z(R), spare=z(R),
-        phase=z(R), phase_left=jnp.asarray(cfg.workload.burst, _I32), part_slabs=z(N),
-        part_inuse=z(N), full_slabs=z(N), barn_full=z(N), barn_empty=z(N),
+        cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:]}, main=z(R),
+        spare=z(R), phase=z(R), phase_left=jnp.asarray(cfg.workload.burst, _I32),
+        **{f: z(N) for f in NS + NU[1:] + ("hs", "hu")}, full_slabs=z(N), barn_full=z(N),
+        barn_empty=z(N),
         counts=z(len(COUNTER_FIELDS), R), lock_node=z(N), gsum_rep=z(3, R), gsum_node=z(3, N),
         ghi_rep=z(3, R), ghi_node=z(3, N),
     )

@@ -18,10 +18,12 @@ from slabtune.model.dynamics import (
     BARNS_MEMORY,
     COUNTER_FIELDS,
     GAUGE_SHIFT,
+    LEVELS,
     K,
     N,
     R,
     SimConfig,
+    level_bounds,
 )
 from slabtune.model.workloads import PROB_ONE
 
@@ -66,6 +68,8 @@ class RefSim:
         self.burst = [int(x) for x in wl["burst"]]
         self.active = [int(x) > 0 for x in wl["active"]]
         self.b = int(c["ops_per_step"])
+        self.lo = level_bounds(self.objs)
+        self.top = self._level(self.objs - 1)
 
         self.pend = [[0] * R for _ in range(R)]
         self.pend_cs = [[0] * R for _ in range(R)]   # of pend[i][j]: in i's CPU slab
@@ -75,14 +79,16 @@ class RefSim:
         self.cs_free = [0] * R
         self.cs_inuse = [0] * R
         self.cs_rfree = [0] * R
-        self.pc_slabs = [0] * R
-        self.pc_inuse = [0] * R
+        self.pcs = [[0] * LEVELS for _ in range(R)]    # per-CPU partial slabs by level
+        self.pcu = [[0] * LEVELS for _ in range(R)]    # their allocated objects
         self.main = [0] * R
         self.spare = [0] * R
         self.phase = [0] * R
         self.phase_left = list(self.burst)
-        self.S = [0] * N
-        self.U = [0] * N
+        self.ns = [[0] * LEVELS for _ in range(N)]     # node partial slabs by level
+        self.nu = [[0] * LEVELS for _ in range(N)]
+        self.hs = [0] * N                              # the head slab a bulk take left
+        self.hu = [0] * N
         self.F = [0] * N
         self.barn_full = [0] * N
         self.barn_empty = [0] * N
@@ -102,62 +108,138 @@ class RefSim:
             self._bump("list_lock_remote", r)
         self.lock_node[node] += 1
 
-    def _nonempty(self, slabs: int, inuse: int) -> int:
-        return min(slabs, _ceil_div(inuse, self.cap1))
+    # ------------------------------------------------------------------ fill levels
+    # A partial list is a histogram of slabs by fill level (``LEVELS`` levels of allocated
+    # objects, ``level_bounds``): per level its slabs ``s[k]`` and their objects ``u[k]``,
+    # spread evenly (``u = q * s + r``: ``s - r`` slabs hold ``q``, ``r`` hold ``q + 1``).
 
-    def _head_inuse(self, slabs: int, inuse: int) -> int:
-        """In-use objects of the slab a refill takes: an empty one if the list has one,
-        else the emptiest under the packing rule."""
-        if slabs > self._nonempty(slabs, inuse):
-            return 0
-        return inuse - (slabs - 1) * self.cap1
+    def _level(self, h: int) -> int:
+        """The level of a slab with ``h`` allocated objects."""
+        return sum(h >= self.lo[k] for k in range(1, LEVELS))
+
+    def _list_free(self, s: list, u: list, k: int) -> bool:
+        """One free into a slab of level ``k`` of the list (``s``, ``u``); a level whose
+        slabs are gone passes the free down.  A slab drops a level when the level's
+        objects fall below ``lo[k]`` per slab; True when it dropped to empty."""
+        while s[k] == 0:
+            k -= 1
+        assert k > 0, "free into an empty list"
+        u[k] -= 1
+        if u[k] < self.lo[k] * s[k]:
+            s[k] -= 1
+            u[k] -= self.lo[k] - 1
+            s[k - 1] += 1
+            u[k - 1] += self.lo[k] - 1
+            return k == 1
+        return False
+
+    @staticmethod
+    def _take_emptiest(s: list, u: list) -> int:
+        """Take the emptiest slab of a list (its lowest level, the ``q`` slabs first);
+        returns its allocated objects."""
+        k = next(k for k in range(LEVELS) if s[k] > 0)
+        q = u[k] // s[k]
+        s[k] -= 1
+        u[k] -= q
+        return q
+
+    def _node_slabs(self, n: int) -> int:
+        return sum(self.ns[n]) + self.hs[n]
+
+    def _node_empty(self, r: int, n: int):
+        """A slab of node ``n``'s partial list has just emptied (it is counted on level 0):
+        __slab_free() takes the list_lock and discards it when the node keeps at least
+        min_partial partial slabs (mm/slub.c, every version here)."""
+        self._lock(r, n)
+        if self._node_slabs(n) >= self.min_partial:
+            self.ns[n][0] -= 1
+            self._bump("slab_free", r)
+
+    def _take_node_slab(self, n: int) -> int:
+        """get_partial_node() takes the list's head: the slab a bulk take left there, else
+        the emptiest (the oldest on a FIFO list has had the most frees)."""
+        if self.hs[n]:
+            h, self.hs[n], self.hu[n] = self.hu[n], 0, 0
+            return h
+        return self._take_emptiest(self.ns[n], self.nu[n])
+
+    def _add_pc(self, r: int, h: int):
+        k = self._level(h)
+        self.pcs[r][k] += 1
+        self.pcu[r][k] += h
 
     # ------------------------------------------------------------------ node lists
 
     def _bulk_take(self, r: int, m: int, t: int):
+        """Take ``t`` objects from node ``m``: the head slab, then whole slabs emptiest
+        first, then new slabs; a slab left partly used stays at the head (7.2
+        alloc_from_new_slab(): ADD_TO_HEAD), a slab used up is full."""
         objs = self.objs
-        avail = self.S[m] * objs - self.U[m]
-        x = min(t, avail)
-        self.U[m] += x
-        f = max(self.U[m] - self.S[m] * (objs - 1), 0)
-        self.S[m] -= f
-        self.U[m] -= f * objs
-        self.F[m] += f
-        rem = t - x
-        if rem > 0:
-            g = _ceil_div(rem, objs)
-            self._bump("slab_alloc", r, g)
-            last = rem - (g - 1) * objs
-            if last < objs:
-                self.S[m] += 1
-                self.U[m] += last
-                self.F[m] += g - 1
-            else:
-                self.F[m] += g
+        while t > 0:
+            if not self.hs[m]:
+                if sum(self.ns[m]) > 0:
+                    h = self._take_emptiest(self.ns[m], self.nu[m])
+                else:
+                    h = 0
+                    self._bump("slab_alloc", r)
+                self.hs[m], self.hu[m] = 1, h
+            y = min(t, objs - self.hu[m])
+            self.hu[m] += y
+            t -= y
+            if self.hu[m] == objs:
+                self.hs[m], self.hu[m] = 0, 0
+                self.F[m] += 1
 
     def _bulk_free(self, r: int, m: int, k: int):
+        """Free ``k`` objects (a run's flushed sheaves) into node ``m``'s slabs: split
+        over the partial slabs by their objects (points at 0, k/U, 2k/U, ...: head, then
+        the levels from the fullest down), the rest into full slabs (emptying all but
+        the last); empty slabs beyond min_partial are discarded."""
         objs = self.objs
-        x = min(k, self.U[m])
+        segs = [("head", self.hu[m] if self.hs[m] else 0)] + \
+               [(lv, self.nu[m][lv]) for lv in range(LEVELS - 1, 0, -1)]
+        tot = sum(size for _, size in segs)
+        x = min(k, tot)
+        for q in range(x):
+            p = q * tot // x
+            acc, where = 0, None
+            for seg, size in segs:
+                if p < acc + size:
+                    where = seg
+                    break
+                acc += size
+            if where == "head":
+                self.hu[m] -= 1
+                if self.hu[m] == 0:
+                    self.hs[m] = 0
+                    self.ns[m][0] += 1
+            else:
+                self._list_free(self.ns[m], self.nu[m], where)
         y = min(k - x, self.F[m] * objs)
         g = _ceil_div(y, objs)
-        self.U[m] += -x + g * objs - y
-        self.S[m] += g
         self.F[m] -= g
-        empties = self.S[m] - self._nonempty(self.S[m], self.U[m])
-        drop = max(0, min(self.S[m] - self.min_partial, empties))
-        self.S[m] -= drop
-        self._bump("slab_free", r, drop)
+        h = g * objs - y
+        if g > 0:
+            self.ns[m][0] += g - 1
+            lv = self._level(h)
+            self.ns[m][lv] += 1
+            self.nu[m][lv] += h
+        if k > 0:
+            drop = max(0, min(self._node_slabs(m) - self.min_partial, self.ns[m][0]))
+            self.ns[m][0] -= drop
+            self._bump("slab_free", r, drop)
 
     def _drain(self, r: int, m: int):
-        s, u = self.pc_slabs[r], self.pc_inuse[r]
-        ne = self._nonempty(s, u)
-        e = s - ne
-        self.S[m] += ne
-        keep = max(0, min(self.min_partial - self.S[m], e))
-        self.S[m] += keep
-        self.U[m] += u
-        self.pc_slabs[r] = 0
-        self.pc_inuse[r] = 0
+        """unfreeze_partials(): the whole per-CPU partial list to node ``m``'s list, empty
+        slabs kept up to min_partial."""
+        e = self.pcs[r][0]
+        for k in range(1, LEVELS):
+            self.ns[m][k] += self.pcs[r][k]
+            self.nu[m][k] += self.pcu[r][k]
+        keep = max(0, min(self.min_partial - self._node_slabs(m), e))
+        self.ns[m][0] += keep
+        self.pcs[r] = [0] * LEVELS
+        self.pcu[r] = [0] * LEVELS
         self._bump("slab_free", r, e - keep)
         self._bump("cpu_partial_drain", r)
         self._lock(r, m)
@@ -243,8 +325,11 @@ class RefSim:
                 in_cs.append(origin)
             else:
                 other[n_o] += 1
+        self._flushed = 0
         for _ in sheaf:
             self._sheaf_free(r, m)
+        # a run's flushed sheaves go back to their slabs as one bulk free
+        self._bulk_free(r, m, self._flushed)
         for origin in in_cs:
             self.cs_inuse[origin] -= 1
             if origin == r:               # this CPU's own CPU slab: its freelist
@@ -271,15 +356,19 @@ class RefSim:
 
     def _slab_sizes(self, n: int) -> list:
         """Allocated objects on node ``n`` by the slab that holds them, in destination
-        order: CPU slab (untracked objects) and per-CPU partial slabs rep by rep, the
-        node's partial list, its full slabs."""
+        order: rep by rep its CPU slab (untracked objects) and its per-CPU partial slabs
+        by level, fullest first; the node's head slab and partial slabs by level, fullest
+        first; its full slabs."""
         out = []
         for k in range(R):
             on = self.mem[k] == n
-            out.append((("cs", k), (self.cs_inuse[k] - self.cs_tracked[k]) if on else 0))
-            out.append((("pc", k), self.pc_inuse[k] if on else 0))
-        out.append((("part", None), self.U[n]))
-        out.append((("full", None), self.F[n] * self.objs))
+            out.append((("cs", k, 0), (self.cs_inuse[k] - self.cs_tracked[k]) if on else 0))
+            for lv in range(LEVELS - 1, 0, -1):
+                out.append((("pc", k, lv), self.pcu[k][lv] if on else 0))
+        out.append((("head", None, 0), self.hu[n] if self.hs[n] else 0))
+        for lv in range(LEVELS - 1, 0, -1):
+            out.append((("part", None, lv), self.nu[n][lv]))
+        out.append((("full", None, 0), self.F[n] * self.objs))
         return out
 
     def alloc(self, r: int, j: int):
@@ -334,25 +423,18 @@ class RefSim:
                         self.F[m] += 1          # the exhausted CPU slab is full
                     self.pend_cs[r] = [0] * R   # old slab's objects leave the CPU slab
                     self.cs_tracked[r] = 0
-                    if self.pc_slabs[r] > 0:
-                        h = self._head_inuse(self.pc_slabs[r], self.pc_inuse[r])
-                        self.pc_slabs[r] -= 1
-                        self.pc_inuse[r] -= h
-                    elif self.S[m] > 0:
-                        h = self._head_inuse(self.S[m], self.U[m])
-                        self.S[m] -= 1
-                        self.U[m] -= h
+                    if sum(self.pcs[r]) > 0:
+                        # the per-CPU partial list, emptiest slab first
+                        h = self._take_emptiest(self.pcs[r], self.pcu[r])
+                    elif self._node_slabs(m) > 0:
+                        h = self._take_node_slab(m)
                         self._lock(r, m)
                         if self.cpu_partial_slabs > 0:
                             # get_partial_node() fills the (empty) per-CPU partial list
                             # until it holds more than cpu_partial_slabs / 2 slabs
-                            k = min(self.S[m], self.cpu_partial_slabs // 2 + 1)
-                            empties = self.S[m] - self._nonempty(self.S[m], self.U[m])
-                            moved = min(self.U[m], (k - min(k, empties)) * self.cap1)
-                            self.pc_slabs[r] += k
-                            self.pc_inuse[r] += moved
-                            self.S[m] -= k
-                            self.U[m] -= moved
+                            k = min(self._node_slabs(m), self.cpu_partial_slabs // 2 + 1)
+                            for _ in range(k):
+                                self._add_pc(r, self._take_node_slab(m))
                     else:
                         h = 0
                         self._bump("slab_alloc", r)
@@ -388,13 +470,24 @@ class RefSim:
             if self.has_barn[r]:
                 self._bump("barn_put_fail", r)
             self._bump("sheaf_flush", r)
-            self._bulk_free(r, m, self.cap)
+            self._flushed += self.cap
             self._lock(r, m)
         self.main[r] = 1
 
+    def _pc_free(self, r: int, k: int, lv: int):
+        """One free by rep ``r`` into rep ``k``'s per-CPU partial slabs at level ``lv``;
+        from v6.8 (not frozen) a free that empties one takes its node's list_lock."""
+        if self._list_free(self.pcs[k], self.pcu[k], lv) and self.pc_empty_locks:
+            self._lock(r, self.mem[k])
+
+    def _node_free(self, r: int, n: int, lv: int):
+        """One free into node ``n``'s partial slabs at level ``lv``."""
+        if self._list_free(self.ns[n], self.nu[n], lv):
+            self._node_empty(r, n)
+
     def _slab_free(self, r: int, n: int, dest):
         """One free into a slab of node ``n`` that is not its origin's CPU slab."""
-        kind, k = dest
+        kind, k, lv = dest
         m = self.mem[r]
         if kind == "cs":                  # another CPU slab (the origin's old one)
             self.cs_inuse[k] -= 1
@@ -407,43 +500,39 @@ class RefSim:
             return
         self._bump("free_slow", r)
         if kind == "pc":
-            self.pc_inuse[k] -= 1
-            # listed slabs hold objs - 1 objects at most: this free empties one when the
-            # objects left are a multiple of objs - 1 (v6.8: the listed slab is not
-            # frozen, so emptying it takes the list_lock)
-            if self.pc_empty_locks and self.pc_inuse[k] % self.cap1 == 0:
-                self._lock(r, self.mem[k])
+            self._pc_free(r, k, lv)
             return
-        if kind == "full" and self.F[n] <= 0:
-            # the run's earlier frees have made every full slab partial: the object is in
-            # one of those, on this CPU's partial list or the node's
-            if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m and self.pc_inuse[r] > 0:
-                self.pc_inuse[r] -= 1
-                return
-            kind = "part"
+        if kind == "head":
+            self.hu[n] -= 1
+            if self.hu[n] == 0:           # the head slab is empty: level 0
+                self.hs[n] = 0
+                self.ns[n][0] += 1
+                self._node_empty(r, n)
+            return
         if kind == "part":
-            Un = self.U[n]
-            self.U[n] -= 1
-            if (Un - 1) % self.cap1 == 0:       # its last object: the slab is empty
-                self._lock(r, n)
-                if self.S[n] >= self.min_partial:
-                    self.S[n] -= 1
-                    self._bump("slab_free", r)
+            self._node_free(r, n, lv)
+            return
+        if self.F[n] <= 0:
+            # the run's earlier frees have made every full slab partial: the object is in
+            # one of those (top level), on this CPU's partial list or the node's
+            if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m and sum(self.pcu[r]) > 0:
+                self._pc_free(r, r, self.top)
+            else:
+                self._node_free(r, n, self.top)
             return
         # a full slab becomes partial
         self.F[n] -= 1
         if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m:
-            if self.pc_slabs[r] >= self.cpu_partial_slabs:
+            if sum(self.pcs[r]) >= self.cpu_partial_slabs:
                 self._drain(r, m)
-            self.pc_slabs[r] += 1
-            self.pc_inuse[r] += self.objs - 1
+            self._add_pc(r, self.objs - 1)
             return
         self._lock(r, n)
-        if self.objs == 1 and self.S[n] >= self.min_partial:
+        if self.objs == 1 and self._node_slabs(n) >= self.min_partial:
             self._bump("slab_free", r)
         else:
-            self.S[n] += 1
-            self.U[n] += self.objs - 1
+            self.ns[n][self.top] += 1
+            self.nu[n][self.top] += self.objs - 1
 
     # ------------------------------------------------------------------ steps
 
@@ -460,13 +549,13 @@ class RefSim:
     def _gauge(self):
         for r in range(R):
             self.g_rep[0][r] += self.out[r]
-            self.g_rep[1][r] += self.pc_slabs[r]
+            self.g_rep[1][r] += sum(self.pcs[r])
             self.g_rep[2][r] += self.main[r] + self.spare[r]
         for n in range(N):
             held = sum(int(self.cs_free[k] + self.cs_inuse[k] + self.cs_rfree[k] > 0)
-                       + self.pc_slabs[k] for k in range(R) if self.mem[k] == n)
-            self.g_node[0][n] += self.S[n] + self.F[n] + held
-            self.g_node[1][n] += self.S[n] - self._nonempty(self.S[n], self.U[n])
+                       + sum(self.pcs[k]) for k in range(R) if self.mem[k] == n)
+            self.g_node[0][n] += self._node_slabs(n) + self.F[n] + held
+            self.g_node[1][n] += self.ns[n][0]
             self.g_node[2][n] += self.barn_full[n] * self.cap
 
     def counters(self, steps: int) -> dict:

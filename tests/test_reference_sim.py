@@ -200,8 +200,9 @@ def test_simulate_from_key_equals_its_draws():
 
 def _slab_inuse(sim: reference_sim.RefSim) -> int:
     cs = sum(sim.cs_inuse)
-    pc = sum(sim.pc_inuse)
-    return cs + pc + sum(sim.U) + sum(sim.F) * sim.objs
+    pc = sum(map(sum, sim.pcu))
+    node = sum(map(sum, sim.nu)) + sum(sim.hu)
+    return cs + pc + node + sum(sim.F) * sim.objs
 
 
 def _held(sim: reference_sim.RefSim) -> int:
@@ -219,7 +220,8 @@ def _held(sim: reference_sim.RefSim) -> int:
 def test_invariants_every_step(profile, wl, kw, b):
     """After every step: objects allocated from slabs = objects in flight + objects parked
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
-    per slab; a node never keeps more than min_partial empty slabs; nothing negative."""
+    per slab; every fill level's objects lie within its bounds; a head slab is partly
+    used; a node never keeps more than min_partial empty slabs; nothing negative."""
     cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], ops_per_step=b, **kw)
     sim = reference_sim.RefSim(cfg)
     w = np.asarray(dynamics.draws(jax.random.key(3), 600))
@@ -232,11 +234,17 @@ def test_invariants_every_step(profile, wl, kw, b):
             assert tot in (0, sim.objs), (t, r)
             assert sim.cs_tracked[r] == sum(sim.pend_cs[r]) <= sim.cs_inuse[r]
             assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(dynamics.R))
+        lo = sim.lo + [sim.objs]
+        for s, u in [(sim.pcs[r], sim.pcu[r]) for r in range(dynamics.R)] + \
+                [(sim.ns[n], sim.nu[n]) for n in range(dynamics.N)]:
+            for lv in range(dynamics.LEVELS):
+                hi = min(lo[lv + 1] - 1, sim.objs - 1)
+                assert s[lv] >= 0 and lo[lv] * s[lv] <= u[lv] <= hi * s[lv], (t, s, u)
         for n in range(dynamics.N):
-            assert sim.S[n] >= 0 and sim.U[n] >= 0 and sim.F[n] >= 0
-            assert sim.U[n] <= sim.S[n] * max(sim.objs - 1, 0)
-            empties = sim.S[n] - sim._nonempty(sim.S[n], sim.U[n])
-            assert empties <= sim.min_partial, (t, n)
+            assert sim.F[n] >= 0
+            assert (sim.hs[n], sim.hu[n]) == (0, 0) or (sim.hs[n] == 1
+                                                        and 0 < sim.hu[n] < sim.objs)
+            assert sim.ns[n][0] <= sim.min_partial, (t, n)
             assert sim.barn_full[n] <= sim.max_full and sim.barn_empty[n] <= sim.max_empty
 
 

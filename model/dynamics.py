@@ -573,8 +573,7 @@ def _pick_classes(mem_node, k, n_max):
     the only class that can get it (C = 1), so the split never traces the other classes."""
     if n_max != 1:
         return _NODES, (lambda v: v), (lambda v: v)
-    # (materialised: every select on it would otherwise recompute the picks per class)
-    c = lax.optimization_barrier(jnp.sum(jnp.where(k > 0, mem_node, 0), axis=0))  # (B,)
+    c = jnp.sum(jnp.where(k > 0, mem_node, 0), axis=0)                  # (B,)
     return (c[None], lambda v: _get(v, c)[None],
             lambda v: jnp.where(_NODES == c, v[0], 0))
 

@@ -451,20 +451,53 @@ class FleetEvaluator:
         """Objectives of each policy in ``params_list`` (knob -> value mappings; knobs left
         out keep their baseline value)."""
         n = len(params_list)
-        size = _bucket(n)
         values = {}
         for name in KNOBS:
             base = self.baseline_values[name]
-            col = np.full(size, base, np.int32)
+            col = np.full(n, base, np.int32)
             for i, p in enumerate(params_list):
                 if name in p:
                     col[i] = int(p[name])
             values[name] = col
-        out = self._fn(values)
+        return self.evaluate_values(values)
+
+    def evaluate_values(self, values: Mapping[str, np.ndarray]) -> Evaluation:
+        """Objectives of the policies whose knobs are the (n,) arrays of ``values`` (every
+        knob, effective values), padded to the batch bucket as :meth:`evaluate` pads."""
+        n = len(np.asarray(values["slub_min_order"]))
+        size = _bucket(n)
+        padded = {}
+        for name in KNOBS:
+            col = np.full(size, self.baseline_values[name], np.int32)
+            col[:n] = np.asarray(values[name], np.int32)
+            padded[name] = col
+        out = self._fn(padded)
         mem = np.asarray(out.memory, np.float64)[:n]
         tim = np.asarray(out.time, np.float64)[:n]
         return Evaluation(memory=mem @ self._topo_w, time=tim @ self._topo_w,
                           memory_topo=mem, time_topo=tim)
+
+    @property
+    def traceable(self) -> Callable[[Mapping[str, jnp.ndarray]], PerTopology] | None:
+        """The objective set as a function that can run inside another jitted function
+        (knob values -> per-topology objectives), or None when the set runs host code
+        between its compiled parts (``dynamics``)."""
+        return None if isinstance(self._fn, DynamicsObjectives) else self._fn
+
+    def fleet_aggregate(self, out: PerTopology):
+        """(memory, time, regression excess), each (B,), of per-topology objectives, in
+        jax.numpy: the fleet aggregates of :meth:`evaluate` and :meth:`regression_excess`
+        (0 where unconstrained) for code that stays inside a jitted loop."""
+        w = jnp.asarray(self._topo_w, _F32)
+        mem = jnp.asarray(out.memory, _F32)
+        tim = jnp.asarray(out.time, _F32)
+        if self.objective.max_regression is None:
+            excess = jnp.zeros(mem.shape[0], _F32)
+        else:
+            rm = mem / jnp.asarray(self.baseline.memory_topo, _F32) - 1.0
+            rt = tim / jnp.asarray(self.baseline.time_topo, _F32) - 1.0
+            excess = jnp.maximum(rm, rt).max(axis=1) - self.objective.max_regression
+        return mem @ w, tim @ w, excess
 
     def regression_excess(self, ev: Evaluation) -> np.ndarray:
         """Per policy: the worst per-topology regression against the baseline on either

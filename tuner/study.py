@@ -500,6 +500,40 @@ class StudyRunner:
         return optuna_internals.tell_batch(self._asker, trials, values, user_attrs,
                                            ATTR_EXCESS, constraint)
 
+    def record(self, params_list, ev: fleet_objectives.Evaluation,
+               user_attrs=None) -> list[optuna.trial.FrozenTrial]:
+        """Add finished trials for policies evaluated outside the sampler (the exhaustive
+        front, the population search): ``params_list[i]`` (the searched knobs, or a subset
+        of them) with row ``i`` of ``ev`` as its objectives and per-topology user attr,
+        its regression constraint, and ``user_attrs[i]`` besides.  Built with
+        ``optuna.trial.create_trial`` and the study's own distributions, written in one go
+        (:func:`optuna_internals.write_trials`); a non-finite objective is a failed trial.
+        Returns the trials."""
+        constrained = self.spec.objectives.max_regression is not None
+        excess = self.evaluator.regression_excess(ev) if constrained else None
+        trials = []
+        for i, params in enumerate(params_list):
+            values = [float(ev.memory[i]), float(ev.time[i])]
+            ok = all(np.isfinite(values))
+            attrs = {ATTR_TOPO: {"memory": ev.memory_topo[i].tolist(),
+                                 "time": ev.time_topo[i].tolist()}}
+            if user_attrs is not None:
+                attrs.update(user_attrs[i])
+            trials.append(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+                values=values if ok else None, params=dict(params),
+                distributions={k: self.distributions[k] for k in params},
+                user_attrs=attrs,
+                constraints=None if excess is None else {ATTR_EXCESS: float(excess[i])}))
+        if not trials:
+            return trials
+        if self._asker is self.study:
+            self.study.add_trials(trials)
+        else:
+            optuna_internals.write_trials(self.study, trials)
+            self._asker.add_trials(trials)
+        return trials
+
     def run(self, n_trials: int, batch: int = 64) -> int:
         """Ask ``batch`` trials, evaluate them in one model call, tell them back (and write
         them to the storage); repeat until ``n_trials`` more trials are complete.  Returns

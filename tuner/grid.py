@@ -1,0 +1,122 @@
+"""A search space as a grid of integer indices, shared by the exhaustive front
+(:mod:`slabtune.tuner.exhaustive`) and the population search (:mod:`slabtune.tuner.population`).
+
+Every knob of a :class:`~slabtune.tuner.space.SearchSpace` takes finitely many values (its
+``choices``, or ``low..high`` by ``step``), so a candidate is a vector of indices, one per
+knob, and the whole space is the mixed-radix numbers below :attr:`Grid.size`.  Turning
+indices into the knob values the model reads is array code (numpy or jnp), with the kernel's
+boot-parameter semantics applied as :func:`slabtune.tuner.study.effective_params` applies
+them to one trial, so a candidate drawn here and the same params told as an Optuna trial
+evaluate to the same objectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from slabtune.model import bootparams, profiles
+from slabtune.tuner.space import SearchSpace, baseline_values
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The value tables of the searched knobs: knob ``i`` takes ``tables[i][:sizes[i]]``
+    (rows padded with their last value)."""
+
+    names: tuple[str, ...]
+    tables: np.ndarray          # (K, L) int32
+    sizes: np.ndarray           # (K,) int64
+    baseline: dict[str, int]    # every knob's value in the unmodified kernel
+    cross_adjust: bool          # setup_slub_min/max_order keep min <= max (v6.7 on)
+
+    @property
+    def size(self) -> int:
+        """Points in the space (a Python int: it can pass 2**63)."""
+        return math.prod(int(s) for s in self.sizes)
+
+    def describe(self) -> str:
+        """``knob a 3 x knob b 5 ...``: the factors of :attr:`size`."""
+        return " x ".join(f"{n} {int(s)}" for n, s in zip(self.names, self.sizes))
+
+    def params(self, genome) -> dict[str, int]:
+        """The Optuna params (searched knob -> value) of one index vector."""
+        return {n: int(self.tables[i, int(g)]) for i, (n, g) in enumerate(zip(self.names, genome))}
+
+    def genomes_of(self, index: np.ndarray) -> np.ndarray:
+        """Index vectors (N, K) of flat point numbers (N,): mixed radix, last knob fastest."""
+        index = np.asarray(index, np.int64)
+        out = np.empty((len(index), len(self.names)), np.int32)
+        for i in range(len(self.names) - 1, -1, -1):
+            out[:, i] = index % self.sizes[i]
+            index = index // self.sizes[i]
+        return out
+
+    def nearest(self, values: dict[str, int]) -> np.ndarray:
+        """The index vector whose values are nearest to ``values`` knob by knob."""
+        return np.array([int(np.argmin(np.abs(self.tables[i, :int(s)] - values[n])))
+                         for i, (n, s) in enumerate(zip(self.names, self.sizes))], np.int32)
+
+
+def grid_of(space: SearchSpace, names: tuple[str, ...] | None = None) -> Grid:
+    """The grid of ``space``'s knobs (or of the named ones, in the space's order)."""
+    knobs = [k for k in space.knobs if names is None or k.name in names]
+    vals = [list(k.choices) if k.choices is not None else list(range(k.low, k.high + 1, k.step))
+            for k in knobs]
+    width = max(len(v) for v in vals)
+    tables = np.array([v + [v[-1]] * (width - len(v)) for v in vals], np.int32)
+    return Grid(names=tuple(k.name for k in knobs), tables=tables,
+                sizes=np.array([len(v) for v in vals], np.int64),
+                baseline=baseline_values(space.profile),
+                cross_adjust=space.profile.version >= bootparams.MIN_MAX_CROSS_ADJUST)
+
+
+def knob_values(grid: Grid, genomes, xp=np) -> dict:
+    """Every knob as a (N,) array for index vectors ``genomes`` (N, K): searched knobs from
+    the grid, the rest at the baseline, then the boot parameters as the kernel applies them
+    (:func:`slabtune.tuner.study.effective_params`: min_order, then max_order, each
+    ``setup_slub_*`` call keeping min <= max from v6.7).  ``xp`` is numpy or jax.numpy."""
+    genomes = xp.asarray(genomes)
+    n = genomes.shape[0]
+    tables = xp.asarray(grid.tables)
+    out = {name: xp.full((n,), v, xp.int32) for name, v in grid.baseline.items()}
+    for i, name in enumerate(grid.names):
+        out[name] = tables[i][genomes[:, i]]
+    lo = xp.full((n,), 0, xp.int32)
+    hi = xp.full((n,), profiles.DEFAULT_MAX_ORDER, xp.int32)
+    if "slub_min_order" in grid.names:
+        lo = out["slub_min_order"]
+        if grid.cross_adjust:
+            hi = xp.maximum(hi, lo)
+    if "slub_max_order" in grid.names:
+        hi = xp.minimum(out["slub_max_order"], profiles.MAX_PAGE_ORDER)
+        if grid.cross_adjust:
+            lo = xp.minimum(lo, hi)
+    out["slub_min_order"], out["slub_max_order"] = lo, hi
+    return out
+
+
+def jnp_knob_values(grid: Grid, genomes) -> dict:
+    """:func:`knob_values` in jax.numpy (traceable)."""
+    return knob_values(grid, genomes, jnp)
+
+
+def evaluate_rows(evaluator, grid: Grid, genomes: np.ndarray, block: int | None = None):
+    """The study evaluator's :class:`Evaluation` of index vectors, ``block`` rows per call
+    (default the smallest batch bucket, compiled with the evaluator), the last block padded
+    with copies of its first row, so no new batch shape is compiled."""
+    from slabtune.tuner.objectives import MIN_BUCKET, Evaluation
+
+    block = block or MIN_BUCKET
+    parts = []
+    for i in range(0, len(genomes), block):
+        g = genomes[i:i + block]
+        n = len(g)
+        if n < block:
+            g = np.concatenate([g, np.repeat(g[:1], block - n, 0)])
+        ev = evaluator.evaluate_values(knob_values(grid, g))
+        parts.append([x[:n] for x in ev])
+    return Evaluation(*(np.concatenate([p[j] for p in parts]) for j in range(4)))

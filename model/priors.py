@@ -41,8 +41,8 @@ PRIOR: dict[str, Prior] = {
                            "drop and retake and rechecks (over 400 ns on 7.2 in UML)"),
     "sheaf_object_ns": Prior(2.0, 1.0, 100.0, "one object moved between a sheaf and a slab: "
                              "a pointer copy when the object's line is cached, up to a miss "
-                             "to memory on its free pointer (about 75 ns on 7.2 in UML, "
-                             "bursts of 1024 objects)"),
+                             "to memory on its free pointer (at its 1 ns minimum on 7.2 in "
+                             "UML once new slabs are priced per object)"),
     "cpu_partial_drain_ns": Prior(40.0, 20.0, 100.0, "unfreezing a CPU's partial slabs"),
     "list_lock_hold_ns": Prior(50.0, 20.0, 150.0, "spin_lock_irqsave/unlock_irqrestore "
                                "(about 20 ns uncontended) around a few dozen instructions "

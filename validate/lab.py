@@ -166,8 +166,9 @@ def spec_for(doc: Mapping[str, Any], profile=None):
 
 def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[dict]:
     """The model's side of each (config document, KernelProfile or None) pair: the compared
-    figures, every counter of :data:`MODEL_COUNTERS` per 1000 ops (weighted over the
-    representative CPUs as the metrics are), the structure, and the profile."""
+    figures, ``ns_per_op`` (modelled ns per alloc+free pair), every counter of
+    :data:`MODEL_COUNTERS` per 1000 ops (weighted over the representative CPUs as the
+    metrics are), the structure, and the profile."""
     from slabtune.model import metrics
     from slabtune.sweeps import simconfig, simulate
 
@@ -184,6 +185,7 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[d
                    for name, (field, per_sheaf) in MODEL_COUNTERS.items()}
         out.append({
             **{k: row[k] for k in COMPARED},
+            "ns_per_op": float(row["ns_per_op"]),
             "profile": spec.profile.name,
             "structure": {k: row[k] for k in ("order", "objs_per_slab", "min_partial",
                                               "cpu_partial", "sheaf_capacity")},

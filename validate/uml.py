@@ -193,26 +193,17 @@ def check_pairs(cands, spec, topologies: Sequence[str]) -> dict:
 def predict(docs: Sequence[Mapping[str, Any]], profile, cost=None) -> list[dict]:
     """The model's side of each document under ``profile``: ns per alloc+free pair
     (metrics ``ns_per_op``), the structure, and every counter of
-    :data:`slabtune.validate.lab.MODEL_COUNTERS` per pair."""
-    from slabtune.model import metrics
-    from slabtune.sweeps import simconfig, simulate
+    :data:`slabtune.validate.lab.MODEL_COUNTERS` per pair (the lab's per-1000-ops figures,
+    :func:`slabtune.validate.lab.predict`, times 2 / 1000: a pair is two ops)."""
     from slabtune.validate import lab
 
-    if cost is None:
-        cost, _ = simconfig.load_cost(None)
-    specs = [lab.spec_for(d, profile) for d in docs]
-    structs, cfgs, counters = simulate.simulate_specs(specs)
-    rows = simulate.metrics_of(specs, structs, cfgs, counters, cost)
     out = []
-    for spec, cfg, cnt, row in zip(specs, cfgs, counters, rows):
-        cap = int(row["sheaf_capacity"])
-        per_pair = {name: float(metrics.per_kop(cnt, cfg.rep_weight, getattr(cnt, field)))
-                    * (cap if per_sheaf else 1) * 2.0 / 1000.0
-                    for name, (field, per_sheaf) in lab.MODEL_COUNTERS.items()}
-        out.append({"ns_per_pair": float(row["ns_per_op"]), "profile": spec.profile.name,
-                    "structure": {k: int(row[k]) for k in ("order", "objs_per_slab",
-                                                           "min_partial", "sheaf_capacity")},
-                    "counters_per_pair": per_pair})
+    for p in lab.predict([(d, profile) for d in docs], cost):
+        out.append({"ns_per_pair": p["ns_per_op"], "profile": p["profile"],
+                    "structure": {k: int(p["structure"][k]) for k in
+                                  ("order", "objs_per_slab", "min_partial", "sheaf_capacity")},
+                    "counters_per_pair": {k: v * 2.0 / 1000.0
+                                          for k, v in p["counters_per_kop"].items()}})
     return out
 
 

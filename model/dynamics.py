@@ -56,7 +56,8 @@ _I32 = jnp.int32
 _U32 = jnp.uint32
 
 BARNS_NONE, BARNS_MEMORY, BARNS_ALL = 0, 1, 2
-#: Fill levels of a partial list: empty, then three ranges of allocated objects.
+#: Fill levels of a partial list: level 0 empty, then ranges of allocated objects (2: empty
+#: and partial; 3 and 4 work and cost speed, see docs/MODEL.md "Fill levels").
 LEVELS = 2
 #: State fields of the fill levels: per-CPU partial slabs (per rep) and node partial slabs
 #: (per node class) by level, and their objects (level 0 holds none).

@@ -439,8 +439,9 @@ def cpu_partial_slabs(size, objs_per_slab, p: ProfileArrays):
       it while it was full (__slab_free() with ``!prior``), so with one free object each
       the list drains at ``cpu_partial + 1`` slabs: 14 slabs of kmalloc-512 (cpu_partial
       13) where v5.16's rule gives 4 at order 0 and 1 at order 3.  Frees into slabs
-      already on the list make the kernel drain earlier; the model's packed lists keep
-      one free object per listed slab, so this is the limit they reach.
+      already on the list make the kernel drain earlier; the model counts slabs against
+      this limit (a slab joins its per-CPU list with one free object, at the top fill
+      level), so this is the limit it reaches.
     """
     objs = cpu_partial_objects(size, p)
     per = jnp.maximum(jnp.asarray(objs_per_slab, _I32), 1)

@@ -58,26 +58,47 @@ def bucket(n: int) -> int:
     return max(256, 1 << (max(n, 1) - 1).bit_length())
 
 
+def _strides(spec: SweepSpec) -> list[int]:
+    """Rows between two steps of each axis (the product of the lengths of the axes after it)."""
+    out, s = [0] * len(spec.axes), 1
+    for k in range(len(spec.axes) - 1, -1, -1):
+        out[k] = s
+        s *= len(spec.axes[k])
+    return out
+
+
+def _periodic(table: np.ndarray, stride: int, start: int, stop: int) -> np.ndarray:
+    """``table[(r // stride) % len(table)]`` for rows ``start..stop-1``, built from runs.
+
+    Over a contiguous range an axis holds each value for ``stride`` rows and then moves on,
+    so the column is the (short) sequence of values met, each repeated for its run: no
+    division or gather per row, which is what made grid expansion cost as much as the model
+    on large chunks.
+    """
+    n = len(table)
+    if stride == 1:      # the fastest axis: the table itself, rotated and tiled
+        return np.resize(np.roll(table, -(start % n)), stop - start)
+    first, last = start // stride, (stop - 1) // stride
+    counts = np.full(last - first + 1, stride, np.int64)
+    counts[0] -= start - first * stride
+    counts[-1] -= (last + 1) * stride - stop
+    return np.repeat(table[np.arange(first, last + 1) % n], counts)
+
+
 def digits(spec: SweepSpec, start: int, stop: int) -> list[np.ndarray]:
     """Per-axis digit arrays (int64) of product rows ``start..stop-1``."""
-    idx = np.arange(start, stop, dtype=np.int64)
-    out = [None] * len(spec.axes)
-    for k in range(len(spec.axes) - 1, -1, -1):
-        n = len(spec.axes[k])
-        out[k] = idx % n
-        idx = idx // n
-    return out
+    return [_periodic(np.arange(len(ax), dtype=np.int64), s, start, stop)
+            for ax, s in zip(spec.axes, _strides(spec))]
 
 
 def axis_columns(spec: SweepSpec, start: int, stop: int) -> dict[str, np.ndarray]:
     """Axis values of product rows ``start..stop-1``: int axes as int32 values, string axes
     as int32 codes (indices into the axis' values)."""
     cols = {}
-    for ax, dig in zip(spec.axes, digits(spec, start, stop)):
-        if ax.kind is int:
-            cols[ax.name] = np.asarray(ax.values, dtype=np.int32)[dig]
-        else:
-            cols[ax.name] = dig.astype(np.int32)
+    for ax, s in zip(spec.axes, _strides(spec)):
+        table = (np.asarray(ax.values, dtype=np.int32) if ax.kind is int
+                 else np.arange(len(ax), dtype=np.int32))
+        cols[ax.name] = _periodic(table, s, start, stop)
     return cols
 
 

@@ -54,12 +54,13 @@ def test_published_figures_are_the_seeds(rows):
 #: Rows whose direction the model does not give today, and the mechanism missing.
 OPEN_DIRECTIONS = {
     "hackbench time, 8 CPUs, v5.11 vs v5.10":
-        "with the fill levels (issue 13 item 4) v5.11@8's order-0 slabs empty and are kept "
-        "on the partial lists instead of being freed and reallocated: 8.1 slab allocations "
-        "per 1000 ops where the packed lists gave 30.3, so the page-allocator traffic that "
-        "made v5.11 slower on 8 CPUs is gone (ratio 1.00). The 6.x kernels of the lab churn "
-        "slabs through CPU slabs deactivated empty (deactivate_empty, docs/LAB.md item 4), "
-        "a path the dynamics lack; the 224-CPU row still regresses (3.34x)",
+        "with the fill levels (issue 13 item 4) the receivers' frees spread over all "
+        "slabs, so few empty: 8.1 slab allocations per 1000 ops on v5.11@8 where the "
+        "packed lists gave 30.3, and the page-allocator traffic that made v5.11 slower is "
+        "gone (ratio 1.00). The kernel's consumer frees a slab's objects one after "
+        "another, so slabs empty on its per-CPU list and its drain discards them "
+        "(deactivate_empty); that rule, tried in the reference simulator alone, gives "
+        "1.44x; it is not in the JAX dynamics yet",
 }
 
 

@@ -67,7 +67,7 @@ from slabtune.model.topology import MAX_CPUS, MAX_NODES
 #: Spec sections whose keys are axes, in grid order.
 AXIS_SECTIONS: tuple[str, ...] = ("topology", "cache", "kernel", "boot", "policy", "workload")
 #: Names of the specs shipped in sweeps/.
-BUILTIN_SPECS: tuple[str, ...] = ("quick", "fleet", "seeds", "memoryless")
+BUILTIN_SPECS: tuple[str, ...] = ("quick", "fleet", "fleet_xl", "seeds", "memoryless")
 #: Largest object stride a ``size`` axis accepts (2 MiB).
 MAX_SIZE = 2 * 1024 * 1024
 #: Largest chunk a spec may ask for.
@@ -487,10 +487,10 @@ def validate(doc: dict) -> SweepSpec:
                         f"(known: {', '.join(EVALUATORS)})")
     ev = EVALUATORS[ev_name]
     chunk, seed, steps, ops_per_step = _sweep_numbers(sweep, ev_name, ev)
-    metrics = _metrics(sweep, ev_name, ev)
     schema = {**COMMON_AXES, **ev.extra_axes()}
     axes = _axes(doc, schema, ev_name)
     names = [a.name for a in axes]
+    metrics = _metrics(sweep, ev_name, ev, names)
     _check_axis_set(names, schema, ev_name, ev)
     exclude = tuple(_exclusion(i, e, axes) for i, e in enumerate(_list_of_tables(doc)))
     defaults = tuple((k, d.default) for k, d in schema.items()
@@ -556,10 +556,12 @@ def _sweep_numbers(sweep: dict, ev_name: str, ev) -> tuple[int, int, int, int]:
     return chunk, seed, steps, ops_per_step
 
 
-def _metrics(sweep: dict, ev_name: str, ev) -> list[str]:
-    """``[sweep] metrics``: known to the evaluator, each once (default: all of them)."""
+def _metrics(sweep: dict, ev_name: str, ev, axis_names: list[str]) -> list[str]:
+    """``[sweep] metrics``: known to the evaluator, each once, none named like an axis (a
+    row has one column per name).  Default: every metric that is not also an axis, such as
+    the ``min_objects`` the model used where ``[boot] min_objects`` is swept."""
     all_metrics = ev.metrics()
-    metrics = sweep.get("metrics", list(all_metrics))
+    metrics = sweep.get("metrics", [m for m in all_metrics if m not in axis_names])
     if not isinstance(metrics, list) or not metrics:
         raise SpecError("sweep.metrics: must be a non-empty list of metric names")
     for m in metrics:
@@ -568,6 +570,10 @@ def _metrics(sweep: dict, ev_name: str, ev) -> list[str]:
                             f"(known: {', '.join(all_metrics)})")
     if len(set(metrics)) != len(metrics):
         raise SpecError("sweep.metrics: lists a metric twice")
+    for m in metrics:
+        if m in axis_names:
+            raise SpecError(f"sweep.metrics: {m!r} is also an axis of this spec; a row has one "
+                            f"column per name, so leave it out of metrics")
     return metrics
 
 

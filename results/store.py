@@ -57,6 +57,19 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def write_part_file(run_dir, i: int, df: pl.DataFrame) -> tuple[str, int]:
+    """Write chunk ``i``'s rows to its part in ``run_dir`` under a temporary name and rename
+    it into place; returns the part's name and size in bytes.  It does not touch the
+    manifest: a part not yet marked done is never read, and the chunk's next attempt
+    replaces it with the same rows.  Safe to call from a worker process."""
+    name = _PART.format(i)
+    path = Path(run_dir) / name
+    tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+    df.write_parquet(tmp, statistics=True)
+    os.replace(tmp, path)
+    return name, path.stat().st_size
+
+
 @dataclasses.dataclass
 class Run:
     """An open run directory.  Build one with :func:`create_run` or :func:`open_run`."""
@@ -139,12 +152,20 @@ class Run:
         """Write chunk ``i``'s rows atomically, then mark it done in the manifest."""
         if self.chunk_state(i) == "done":
             raise StoreError(f"chunk {i}: already written in run {self.run_id}")
-        name = _PART.format(i)
+        name, _ = write_part_file(self.path, i, df)
+        return self.commit_part(i, name, df.height, **info)
+
+    def commit_part(self, i: int, name: str, rows: int, **info: Any) -> Path:
+        """Mark chunk ``i`` done once its part ``name`` is in place, written by
+        :func:`write_part_file` here or in a worker process that shares the directory."""
+        if self.chunk_state(i) == "done":
+            raise StoreError(f"chunk {i}: already written in run {self.run_id}")
+        if name != _PART.format(i):
+            raise StoreError(f"chunk {i}: part {name!r} is not this chunk's part")
         path = self.path / name
-        tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
-        df.write_parquet(tmp, statistics=True)
-        os.replace(tmp, path)
-        state = {"state": "done", "rows": df.height, "part": name, "written": now_iso()}
+        if not path.is_file():
+            raise StoreError(f"chunk {i}: part {path} is missing")
+        state = {"state": "done", "rows": int(rows), "part": name, "written": now_iso()}
         state.update(info)
         self.manifest["chunks"]["states"][str(i)] = state
         self.save()

@@ -47,13 +47,18 @@ class ChunkFailed(SlabtuneError):
         self.index = index
 
 
-def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) -> dict:
+def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None,
+               part_dir: str | None = None) -> dict:
     """Evaluate chunk ``index`` of a spec; runs inside a Ray worker (or in-process).
 
     Returns the kept rows' axis columns (int32 values / codes) and the spec's metrics, plus
-    where it ran and how long the grid and model steps took.  ``fail_once_dir`` is a test
-    hook: the first attempt of each chunk raises after leaving a marker file there, and
-    every attempt of chunk ``i`` raises while a file ``always-i`` is there.
+    where it ran and how long the grid and model steps took.  With ``part_dir`` (a run
+    directory this process can write) the task writes the rows there as the chunk's parquet
+    part itself and returns only its name, row count and size: a chunk's columns (56 MB for
+    2^20 structural rows) then never cross Ray's object store, and the parquet encoding runs
+    on every worker instead of in the driver alone.  ``fail_once_dir`` is a test hook: the
+    first attempt of each chunk raises after leaving a marker file there, and every attempt
+    of chunk ``i`` raises while a file ``always-i`` is there.
     """
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from slabtune.sweeps import grid
@@ -78,13 +83,28 @@ def chunk_task(spec_dict: dict, index: int, fail_once_dir: str | None = None) ->
     t1 = time.perf_counter()
     metrics = EVALUATORS[spec.evaluator].evaluate(spec, ch)
     t2 = time.perf_counter()
-    keep = ch.keep
-    cols = {name: ch.columns[name][keep] for name in spec.axis_names}
+    if ch.keep.all():        # no exclusions here: views, not copies through a mask
+        pick = slice(None)
+    elif not ch.keep[ch.n_product:].any() and ch.keep[:ch.n_product].all():
+        pick = slice(0, ch.n_product)
+    else:
+        pick = ch.keep
+    cols = {name: ch.columns[name][pick] for name in spec.axis_names}
     for m in spec.metrics:
-        cols[m] = metrics[m][keep]
-    return {"index": index, "columns": cols, "n_product": ch.n_product,
-            "device": device_name(), "pid": os.getpid(),
-            "grid_s": t1 - t0, "model_s": t2 - t1}
+        cols[m] = metrics[m][pick]
+    out = {"index": index, "n_product": ch.n_product, "device": device_name(),
+           "pid": os.getpid(), "grid_s": t1 - t0, "model_s": t2 - t1}
+    if part_dir is None:
+        out["columns"] = cols
+        return out
+    from slabtune.results import store
+    from slabtune.sweeps.runner import frame
+
+    df = frame(spec, cols)
+    out["part"], out["bytes"] = store.write_part_file(part_dir, index, df)
+    out["rows"] = df.height
+    out["write_s"] = time.perf_counter() - t2
+    return out
 
 
 @contextlib.contextmanager
@@ -234,9 +254,21 @@ def _remote():
     return ray.remote(max_retries=MAX_RETRIES, retry_exceptions=True)(chunk_task)
 
 
+def shares_this_filesystem() -> bool:
+    """Whether every live node of the current Ray session is this host, so its workers can
+    write into the run directory the driver reads (a local instance; a cluster of one
+    machine)."""
+    import ray
+
+    host = socket.gethostname()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return bool(nodes) and all(n.get("NodeManagerHostname") == host for n in nodes)
+
+
 def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | None = None,
-               fail_once_dir: str | None = None) -> Iterator[dict]:
-    """Run chunk tasks on the current Ray session, yielding results as they finish."""
+               fail_once_dir: str | None = None, part_dir: str | None = None) -> Iterator[dict]:
+    """Run chunk tasks on the current Ray session, yielding results as they finish; with
+    ``part_dir`` the tasks write their parts there (see :func:`chunk_task`)."""
     import ray
 
     task = _remote()
@@ -257,7 +289,7 @@ def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | Non
         i = next(it, None)
         if i is None:
             return False
-        refs[task.remote(spec_ref, i, fail_once_dir)] = i
+        refs[task.remote(spec_ref, i, fail_once_dir, part_dir)] = i
         return True
 
     for _ in range(max_in_flight):

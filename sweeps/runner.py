@@ -173,7 +173,12 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
     same spec: its done chunks are kept, the rest computed.
     """
     t_start = time.perf_counter()
-    from slabtune.sweeps.dispatch import ChunkFailed, ray_session, run_chunks
+    from slabtune.sweeps.dispatch import (
+        ChunkFailed,
+        ray_session,
+        run_chunks,
+        shares_this_filesystem,
+    )
 
     check_runnable(spec)
     spec_dict = spec.to_dict()
@@ -209,17 +214,25 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
             t_ray = time.perf_counter()
             with ray_session(ray_address) as session:
                 ray_start_s = time.perf_counter() - t_ray
+                # Workers on this host write their parts themselves; a remote worker
+                # cannot reach the run directory and sends its columns back instead.
+                part_dir = str(run.path) if shares_this_filesystem() else None
+                run.manifest["attempts"][-1]["workers_write_parts"] = part_dir is not None
                 run.manifest["ray"] = session
                 run.save()        # which Ray this attempt runs on, before any chunk is done
                 results = run_chunks(spec_dict, run.iter_pending(), max_in_flight=max_in_flight,
-                                     fail_once_dir=fail_once_dir)
+                                     fail_once_dir=fail_once_dir, part_dir=part_dir)
                 for res in _recording_failures(run, results, ChunkFailed):
                     t_w = time.perf_counter()
-                    df = frame(spec, res["columns"])
                     devices.add(res["device"])
                     run.manifest["devices"] = sorted(devices)
-                    run.write_part(res["index"], df, device=res["device"],
-                                   model_s=round(res["model_s"], 6))
+                    info = {"device": res["device"], "model_s": round(res["model_s"], 6)}
+                    if "columns" in res:
+                        run.write_part(res["index"], frame(spec, res["columns"]), **info)
+                    else:
+                        run.commit_part(res["index"], res["part"], res["rows"], **info,
+                                        bytes=res["bytes"])
+                        write_s += res["write_s"]
                     write_s += time.perf_counter() - t_w
                     model_s += res["model_s"]
                     grid_s += res["grid_s"]

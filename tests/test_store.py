@@ -76,6 +76,27 @@ def test_unlisted_parts_and_temporaries_are_ignored(tmp_path):
     assert not list(run.path.glob(".*.tmp-*"))
 
 
+def test_a_part_written_elsewhere_is_read_once_committed(tmp_path):
+    """A worker writes a part with write_part_file (no manifest); the driver commits it.
+    Until then it is not read; a retry replaces it; a wrong or missing part is refused."""
+    run = _run(tmp_path)
+    name, size = store.write_part_file(run.path, 1, _df([7], ["v7.0"], [2]))
+    assert name == "part-000001.parquet" and size == (run.path / name).stat().st_size
+    assert run.scan().collect().height == 0
+    assert not list(run.path.glob(".*.tmp-*"))
+    store.write_part_file(run.path, 1, _df([8], ["v7.0"], [3]))      # a retried chunk
+    with pytest.raises(store.StoreError, match="chunk 0: part 'part-000001.parquet' is not"):
+        run.commit_part(0, name, 1)
+    with pytest.raises(store.StoreError, match="chunk 2: part .*part-000002.parquet is missing"):
+        run.commit_part(2, "part-000002.parquet", 1)
+    run.commit_part(1, name, 1, device="cpu")
+    with pytest.raises(store.StoreError, match="chunk 1: already written"):
+        run.commit_part(1, name, 1)
+    again = store.open_run(run.path)
+    assert again.scan().collect()["cpus"].to_list() == [8]
+    assert again.manifest["chunks"]["states"]["1"]["device"] == "cpu" and again.rows == 1
+
+
 def test_resolve_and_list_runs(tmp_path):
     a = _run(tmp_path)
     b = _run(tmp_path)  # same second: gets a distinct id

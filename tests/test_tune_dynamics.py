@@ -110,10 +110,13 @@ def test_batched_evaluation_equals_one_at_a_time():
               {"slub_max_order": 0, "min_partial_lo": 9, "min_partial_hi": 9},
               {"cpu_partial_small": 0, "cpu_partial_256": 0, "cpu_partial_1k": 0}]
     batch = ev.evaluate(params)
+    # float32 throughout: XLA fuses a batch of three and a batch of one differently, and the
+    # closed-queue pace is a bisection, so the two round apart by a few ulps (1.04e-6 seen);
+    # a batching mistake (a policy's values landing on another's row) is off by far more
     for i, p in enumerate(params):
         one = ev.evaluate([p])
-        np.testing.assert_allclose(one.memory_topo[0], batch.memory_topo[i], rtol=1e-6)
-        np.testing.assert_allclose(one.time_topo[0], batch.time_topo[i], rtol=1e-6)
+        np.testing.assert_allclose(one.memory_topo[0], batch.memory_topo[i], rtol=1e-5)
+        np.testing.assert_allclose(one.time_topo[0], batch.time_topo[i], rtol=1e-5)
     # and the three policies are not the same point
     assert len({round(float(x), 6) for x in batch.memory}) == 3
 

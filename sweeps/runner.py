@@ -35,9 +35,19 @@ from slabtune.sweeps.spec import (
 
 #: Test hook: SIGKILL the driver itself after writing this many parts (see tests).
 KILL_AFTER_ENV = "SLABTUNE_TEST_KILL_AFTER_CHUNKS"
-#: Bytes the model keeps live per row and per int32 column while evaluating (inputs,
-#: outputs and XLA temporaries of the unrolled order search); measured order of magnitude.
-_WORK_FACTOR = 8
+#: Bytes a worker keeps live per row and per int32 column while it evaluates and writes a
+#: chunk (inputs, outputs, XLA temporaries of the unrolled order search, the frame and the
+#: parquet encoder), in units of 4 bytes.  Structural: measured 280-290 B per row over
+#: 26 columns (fleet_xl, chunks of 2^18..2^22 rows), so 3; dynamics: not measured, kept
+#: at the old 8.
+_WORK_FACTOR = {"structural": 3}
+_WORK_FACTOR_DEFAULT = 8
+#: A worker's resident memory before its first chunk (Python, JAX, XLA runtime, polars).
+_WORKER_BASE = 300 << 20
+#: The driver (Python, polars, Ray's client) and a local Ray's own daemons (GCS, raylet,
+#: agents), resident, as measured on a fleet_xl run (260 MB and 470 MB).
+_DRIVER_BASE = 300 << 20
+_RAY_DAEMONS = 500 << 20
 
 
 @dataclasses.dataclass
@@ -69,6 +79,8 @@ class Plan:
     bucket: int
     est_memory_bytes: int
     columns: list
+    #: ``{"ray", "driver", "workers", "per_worker"}``: the parts of ``est_memory_bytes``.
+    memory_parts: dict = dataclasses.field(default_factory=dict)
     max_configs: int = MAX_GRID_ROWS
     refused: str | None = None
 
@@ -86,16 +98,20 @@ def output_columns(spec: SweepSpec) -> list:
 def plan(spec: SweepSpec, workers: int | None = None) -> Plan:
     """Grid size, chunk count and an estimate of peak memory, without running anything.
 
-    Memory: ``2 * workers`` chunks in flight, each ``bucket`` rows of every input, axis and
-    metric column (int32) times a working factor for the model's temporaries, plus one
-    chunk's frame in the driver.
+    Memory, summed over the resident sets of every process of a local run: Ray's daemons,
+    the driver, and one worker per CPU (at most one per chunk), each its base plus one
+    chunk of ``bucket`` rows times every input, axis and metric column (int32) times the
+    evaluator's working factor.  Workers write their own parts, so chunks waiting in
+    Ray's queue hold no rows.
     """
-    workers = workers or os.cpu_count() or 1
+    workers = max(1, min(workers or os.cpu_count() or 1, grid.n_chunks(spec)))
     b = grid.bucket(spec.chunk_size)
     ncols = len(spec.axes) + len(spec.defaults) + len(spec.metrics) + 8
-    per_chunk = b * 4 * ncols * _WORK_FACTOR
-    in_flight = min(grid.n_chunks(spec), 2 * workers)
-    est = in_flight * per_chunk + spec.chunk_size * 4 * (len(spec.axes) + len(spec.metrics))
+    factor = _WORK_FACTOR.get(spec.evaluator, _WORK_FACTOR_DEFAULT)
+    per_worker = _WORKER_BASE + b * 4 * ncols * factor
+    parts = {"ray": _RAY_DAEMONS, "driver": _DRIVER_BASE, "workers": workers,
+             "per_worker": per_worker}
+    est = _RAY_DAEMONS + _DRIVER_BASE + workers * per_worker
     configs, refused = None, None
     if over_grid_limit(spec):
         refused = (f"{spec.product} configurations are over the limit of {MAX_GRID_ROWS} "
@@ -106,7 +122,7 @@ def plan(spec: SweepSpec, workers: int | None = None) -> Plan:
             refused = "every configuration is excluded or an impossible topology"
     return Plan(configs=configs, product=spec.product, chunks=grid.n_chunks(spec),
                 chunk_size=spec.chunk_size, bucket=b, est_memory_bytes=int(est),
-                columns=output_columns(spec), refused=refused)
+                columns=output_columns(spec), refused=refused, memory_parts=parts)
 
 
 def check_runnable(spec: SweepSpec) -> None:

@@ -111,6 +111,7 @@ def _plan(args) -> int:
                              "configs": p.configs, "product": p.product, "chunks": p.chunks,
                              "chunk_size": p.chunk_size, "bucket": p.bucket,
                              "est_memory_bytes": p.est_memory_bytes,
+                             "est_memory_parts": p.memory_parts,
                              "max_configs": p.max_configs, "refused": p.refused,
                              "axes": {a.name: len(a) for a in spec.axes},
                              "columns": [c[0] for c in p.columns]}))
@@ -119,7 +120,10 @@ def _plan(args) -> int:
     print("axes: " + " x ".join(f"{a.name}[{len(a)}]" for a in spec.axes))
     print(_configs_line(p))
     print(f"chunks: {p.chunks} of {p.chunk_size} (compiled shape {p.bucket})")
-    print(f"est_memory: {_human_bytes(p.est_memory_bytes)}")
+    m = p.memory_parts
+    print(f"est_memory: {_human_bytes(p.est_memory_bytes)} (Ray {_human_bytes(m['ray'])} + "
+          f"driver {_human_bytes(m['driver'])} + {m['workers']} workers x "
+          f"{_human_bytes(m['per_worker'])}, resident sets summed)")
     print(f"limit: {p.max_configs} configurations per sweep run")
     if p.refused:
         print(f"refused: sweep run would refuse this grid: {p.refused}")

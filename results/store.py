@@ -128,6 +128,10 @@ class Run:
         return [self.path / self.manifest["chunks"]["states"][str(i)]["part"]
                 for i in self.done_chunks()]
 
+    def parquet_bytes(self) -> int:
+        """Bytes on disk of the done chunks' parts (file sizes; no part is opened)."""
+        return sum(p.stat().st_size for p in self.part_paths() if p.is_file())
+
     def scan(self) -> pl.LazyFrame:
         """A polars LazyFrame over every completed part, in chunk order."""
         parts = self.part_paths()
@@ -218,6 +222,7 @@ class Run:
             "rows": self.rows,
             "chunks_done": len(self.done_chunks()),
             "chunks": self.n_chunks,
+            "parquet_bytes": self.parquet_bytes(),
             "started": m["started"],
             "ended": m.get("ended"),
             "devices": m.get("devices", []),

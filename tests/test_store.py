@@ -95,6 +95,8 @@ def test_a_part_written_elsewhere_is_read_once_committed(tmp_path):
     again = store.open_run(run.path)
     assert again.scan().collect()["cpus"].to_list() == [8]
     assert again.manifest["chunks"]["states"]["1"]["device"] == "cpu" and again.rows == 1
+    assert again.parquet_bytes() == (run.path / name).stat().st_size
+    assert again.summary()["parquet_bytes"] == again.parquet_bytes()
 
 
 def test_resolve_and_list_runs(tmp_path):

@@ -84,7 +84,7 @@ def _show(args) -> int:
         print(jsonout.dumps(summary))
         return 0
     for k in ("run_id", "run_dir", "spec", "spec_hash", "evaluator", "state", "rows",
-              "started", "ended", "devices", "git_revision"):
+              "parquet_bytes", "started", "ended", "devices", "git_revision"):
         print(f"{k}: {summary[k]}")
     print(f"chunks: {summary['chunks_done']}/{summary['chunks']} done")
     print("columns:")

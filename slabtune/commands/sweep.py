@@ -21,7 +21,8 @@ def register(subparsers) -> None:
 
     r = sub.add_parser("run", help="run (or resume) a sweep and store its rows as parquet")
     r.add_argument("spec", metavar="SPEC",
-                   help="a spec file or a built-in name (quick, fleet, seeds, memoryless)")
+                   help="a spec file or a built-in name "
+                        "(quick, fleet, fleet_xl, seeds, memoryless)")
     r.add_argument("--out", default="runs", metavar="DIR",
                    help="directory that holds run directories (default: runs)")
     r.add_argument("--ray-address", default=None, metavar="ADDR",

@@ -752,6 +752,40 @@ def _simulate_batch(seeds, cfgs, steps):
     return _finish(run_state(seeds, cfgs, steps, False), steps)
 
 
+def slub_view(c: SlabCounters, cfg: SlabSimConfig):
+    """SLAB counters and configuration in the SLUB model's types, so that
+    :func:`slabtune.model.metrics.compute` prices them unchanged: returns
+    ``(dynamics.Counters, dynamics.SimConfig)`` (one configuration or a batch, leading axes
+    kept).  The shared names carry over; SLUB-only events (sheaves, barns, per-CPU partial
+    drains) are 0; the objects parked in the CPUs' arrays become ``sheaf_objects_held``
+    (per rep, scaled by its CPUs) and those in the node's shared and alien arrays
+    ``barn_objects_held`` (per node class, scaled by its nodes), so they show in the
+    memory breakdown; the config has no sheaves, no per-CPU partial list, and
+    ``min_partial`` 0 (SLAB has none).  What this prices with SLUB's constants and what it
+    misses is in docs/MODEL.md ("SLAB: dynamics", pricing)."""
+    from slabtune.model import dynamics
+
+    zero = jnp.zeros_like(jnp.asarray(c.ops))
+    fields = {f: getattr(c, f) if f in _CI else zero for f in dynamics.COUNTER_FIELDS}
+    counters = dynamics.Counters(
+        **fields, list_lock_node=c.list_lock_node, slabs_total=c.slabs_total,
+        objects_inuse=c.objects_inuse, empty_slabs_kept=c.empty_slabs_kept,
+        cpu_partial_slabs_held=jnp.zeros_like(jnp.asarray(c.objects_inuse)),
+        sheaf_objects_held=c.array_objects_held,
+        barn_objects_held=jnp.asarray(c.shared_objects_held) + jnp.asarray(c.alien_objects_held),
+        outstanding=c.outstanding)
+    z = np.zeros_like(np.asarray(cfg.objs_per_slab))
+    scfg = dynamics.SimConfig(
+        objs_per_slab=cfg.objs_per_slab, order=cfg.order, min_partial=z, cpu_partial_slabs=z,
+        sheaf_capacity=z, cpu_slab=z + 1, barns=z, remote_free_bypasses_sheaf=z,
+        memoryless_cpus_use_sheaves=z, memoryless_fallback=cfg.memoryless_fallback,
+        barn_max_full=z, barn_max_empty=z, rep_weight=cfg.rep_weight, rep_node=cfg.rep_node,
+        rep_mem_node=cfg.rep_mem_node, rep_memoryless=cfg.rep_memoryless,
+        node_has_memory=cfg.node_has_memory, node_weight=cfg.node_weight,
+        workload=cfg.workload, ops_per_step=z + 1)
+    return counters, scfg
+
+
 def counters_numpy(c: SlabCounters) -> dict:
     """Counters as a dict of NumPy arrays."""
     return {k: np.asarray(v) for k, v in c._asdict().items()}

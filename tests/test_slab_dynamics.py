@@ -306,6 +306,31 @@ def test_free_limit_returns_empty_slabs():
     assert tight["slabs_total"].sum() < kept["slabs_total"].sum()
 
 
+def test_metrics_price_slab_counters_through_the_slub_view():
+    """slub_view() hands SLAB counters to model/metrics.compute unchanged: its fast-path
+    fraction is the weighted array hit rate, its list_lock and slab rates the counters',
+    and the arrays' objects show as parked (sheaf) bytes."""
+    from importlib import resources
+
+    from slabtune.model import cost, metrics
+
+    text = resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
+    table, _ = cost.parse_cost_toml(text, "cost_default.toml")
+
+    cfg = _cfg("slab-v6.1", TOPOS["2node_memless"], WORKLOADS["producer_consumer"],
+               reap_interval=37)
+    c = sd.simulate(jax.random.key(2), cfg, 600)
+    cnt, scfg = sd.slub_view(c, cfg)
+    m = metrics.compute(cnt, scfg, table, pcp_max=3, object_size=256,
+                        steps=600)
+    w = np.asarray(cfg.rep_weight, np.float64)
+    hit = (w * np.asarray(c.alloc_fast)).sum() / (w * np.asarray(c.allocs)).sum()
+    assert float(m.alloc_fastpath_frac) == pytest.approx(hit, rel=1e-5)
+    kop = 1000 * (w * np.asarray(c.list_lock)).sum() / (w * np.asarray(c.ops)).sum()
+    assert float(m.list_lock_per_kop) == pytest.approx(kop, rel=1e-5)
+    assert float(m.sheaf_bytes) > 0 and float(m.ns_per_op) > 0
+
+
 def test_bad_tunables_are_one_line_errors():
     with pytest.raises(SlabtuneError, match="batchcount"):
         _cfg("slab-v6.1", TOPOS["2node"], WORKLOADS["local"], limit=10, batchcount=11)

@@ -9,9 +9,12 @@ Layout of a run directory::
 
 Parts and the manifest are written to a temporary name in the same directory and renamed
 (``os.replace``), so a reader or a resumed run never sees half a file.  A chunk's part is
-written before its state flips to ``done``; a run killed in between recomputes that chunk
-on ``--resume`` and replaces the part with identical rows, so no row is lost or doubled.
-Only parts whose chunk is ``done`` in the manifest are read.
+written before its state flips to ``done``, by the driver (:meth:`Run.write_part`) or by a
+worker on the same host (:func:`write_part_file`, then the driver's :meth:`Run.commit_part`);
+a run killed in between recomputes that chunk on ``--resume`` and replaces the part with
+identical rows, so no row is lost or doubled.  Only parts whose chunk is ``done`` in the
+manifest are read; each chunk has one part file, so a glob over ``part-*.parquet`` never
+holds a row twice either.
 
 This module never imports JAX.
 """

@@ -8,8 +8,10 @@ notebook) that instance is used as is.
 
 Each chunk is one Ray task, retried on failure (``max_retries``; exceptions included); the
 driver collects results as they finish, with a bounded number in flight, so memory stays at
-a few chunks whatever the grid size.  On a cluster with GPUs each task asks for one GPU
-(Ray hides GPUs from tasks that do not), unless ``SLABTUNE_DEVICE=cpu``.
+a few chunks whatever the grid size.  When every node is this host the tasks write their
+parts into the run directory and return only their names (:func:`chunk_task`).  On a
+cluster with GPUs each task asks for one GPU (Ray hides GPUs from tasks that do not),
+unless ``SLABTUNE_DEVICE=cpu``.
 """
 
 from __future__ import annotations

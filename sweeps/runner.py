@@ -1,9 +1,11 @@
 """The sweep runner: spec -> grid chunks -> model (Ray tasks) -> parquet parts + manifest.
 
 Data flows one way: the grid expands chunk ``i`` lazily inside its task, the evaluator turns
-it into metric columns, the driver turns the returned arrays into a polars frame (axis
-columns first, string axes as ``Enum``, then the metrics) and the store writes it as part
-``i``.  A resumed run skips the chunks its manifest marks done.
+it into metric columns, :func:`frame` makes them a polars frame (axis columns first, string
+axes as ``Enum``, then the metrics) and the store writes it as part ``i``: in the task
+itself when its worker shares this host's filesystem, else in the driver from the returned
+arrays.  The driver marks each part done.  A resumed run skips the chunks its manifest
+marks done.
 """
 
 from __future__ import annotations

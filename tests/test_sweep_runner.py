@@ -176,6 +176,20 @@ def test_resume_of_a_partial_run_recomputes_only_missing_chunks(ray_local, small
     assert again.chunks_run == 0 and again.rows == src.rows
 
 
+def test_workers_on_other_hosts_send_rows_back(ray_local, small_spec, small_run, tmp_path,
+                                                monkeypatch):
+    """Where Ray's nodes are not all this host, the driver writes the parts from the
+    returned columns: the same rows as the parts the workers wrote themselves."""
+    from slabtune.sweeps import dispatch
+
+    assert store.open_run(small_run.run_dir).manifest["attempts"][-1]["workers_write_parts"]
+    monkeypatch.setattr(dispatch, "shares_this_filesystem", lambda: False)
+    res = runner.run_sweep(small_spec, tmp_path, progress=False)
+    run = store.open_run(res.run_dir)
+    assert run.manifest["attempts"][-1]["workers_write_parts"] is False
+    assert run.collect().equals(store.open_run(small_run.run_dir).collect())
+
+
 def test_resume_with_another_spec_is_refused(ray_local, small_run):
     other = sweep_spec.parse(SMALL.replace("[1, 2, 6, 64, 512]", "[1, 2]"))
     with pytest.raises(sweep_spec.SpecError, match="--resume: run .* different spec"):

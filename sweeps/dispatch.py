@@ -250,6 +250,50 @@ def _probe(address: str, timeout: float = 5.0) -> None:
                             f"{err.strerror or err}") from None
 
 
+#: Signals whose Python handlers :func:`_latched_signals` guards while chunks run.
+_LATCHED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _latched_signals() -> Iterator[Any]:
+    """Make a terminating signal's handler stick while the driver waits on chunks.
+
+    A Python signal handler that raises (the CLI's does, to shut a local Ray down) runs at
+    whatever bytecode the main thread executes next.  A driver that only waits on Ray and
+    commits parts spends much of its Python time in garbage-collector callbacks (JAX
+    installs one), and an exception raised there is printed and dropped: the sweep would
+    run on to the end.  So each handler is wrapped to note the signal, and the yielded
+    ``check()``, called at every step of the wait loop, calls the noted handler again,
+    where its exception does propagate.  Handlers are put back on the way out unless the
+    handler itself changed them (the CLI's resets its signal to the default action)."""
+    latched: list = []
+    wrapped: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in _LATCHED:
+            prev = signal.getsignal(sig)
+            if not callable(prev):
+                continue
+
+            def note(signum, frame, _prev=prev):
+                latched.append((signum, _prev))
+                _prev(signum, frame)
+
+            signal.signal(sig, note)
+            wrapped[sig] = (note, prev)
+
+    def check() -> None:
+        if latched:
+            signum, handler = latched[0]
+            handler(signum, None)
+
+    try:
+        yield check
+    finally:
+        for sig, (note, prev) in wrapped.items():
+            if signal.getsignal(sig) is note:
+                signal.signal(sig, prev)
+
+
 def _remote():
     import ray
 
@@ -298,18 +342,21 @@ def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | Non
         if not submit():
             break
     try:
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            for ref in ready:
-                i = refs.pop(ref)
-                try:
-                    res = ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-                    raise ChunkFailed(i, f"chunk {i}: failed after {MAX_RETRIES + 1} attempts: "
-                                         f"{lines[-1] if lines else err}") from None
-                submit()
-                yield res
+        with _latched_signals() as check:
+            while refs:
+                check()
+                ready, _ = ray.wait(list(refs), num_returns=1)
+                check()
+                for ref in ready:
+                    i = refs.pop(ref)
+                    try:
+                        res = ray.get(ref)
+                    except ray.exceptions.RayError as err:
+                        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                        raise ChunkFailed(i, f"chunk {i}: failed after {MAX_RETRIES + 1} "
+                                             f"attempts: {lines[-1] if lines else err}") from None
+                    submit()
+                    yield res
     finally:
         # A local instance is shut down next, which ends its tasks; cancelling them first
         # races with their replies inside Ray (a failed internal check aborts the driver).

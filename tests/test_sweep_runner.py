@@ -190,6 +190,44 @@ def test_workers_on_other_hosts_send_rows_back(ray_local, small_spec, small_run,
     assert run.collect().equals(store.open_run(small_run.run_dir).collect())
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_dropped_in_a_gc_callback_is_raised_again_by_the_wait_loop():
+    """A raising handler that runs inside a garbage-collector callback has its exception
+    printed and dropped; the chunk loop's latch raises it again at its next step."""
+    import gc
+    import signal
+
+    from slabtune.sweeps import dispatch
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stop(signum)
+
+    def callback(phase, info):
+        if phase == "start" and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGHUP)     # handled here, inside the callback
+
+    sent: list = []
+    previous = signal.signal(signal.SIGHUP, handler)
+    try:
+        with dispatch._latched_signals() as check:
+            check()                                  # nothing noted yet
+            gc.callbacks.append(callback)
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(callback)
+            assert sent
+            with pytest.raises(Stop):
+                check()
+        assert signal.getsignal(signal.SIGHUP) is handler
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def test_resume_with_another_spec_is_refused(ray_local, small_run):
     other = sweep_spec.parse(SMALL.replace("[1, 2, 6, 64, 512]", "[1, 2]"))
     with pytest.raises(sweep_spec.SpecError, match="--resume: run .* different spec"):

@@ -1527,11 +1527,18 @@ def step(w, st: dict, cfg: SimConfig, d: dict | None = None,
         d = _derived(cfg, max_run)
     st = lax.fori_loop(0, R, lambda r, s: _rep_op(r, w[r], s, cfg, d), dict(st))
     rep, node = _gauges(st, d, cfg)
-    for lo, hi, g in (("gsum_rep", "ghi_rep", rep), ("gsum_node", "ghi_node", node)):
-        tot = st[lo] + g
-        st[hi] = st[hi] + (tot >> GAUGE_SHIFT)
-        st[lo] = tot & ((1 << GAUGE_SHIFT) - 1)
+    add_gauges(st, "gsum_rep", "ghi_rep", rep)
+    add_gauges(st, "gsum_node", "ghi_node", node)
     return st
+
+
+def add_gauges(st: dict, lo: str, hi: str, g) -> None:
+    """Add this step's gauge values ``g`` to the two-word sums ``st[lo]`` (low
+    :data:`GAUGE_SHIFT` bits) and ``st[hi]`` (the rest), in place: int32 sums over long runs
+    never overflow."""
+    tot = st[lo] + g
+    st[hi] = st[hi] + (tot >> GAUGE_SHIFT)
+    st[lo] = tot & ((1 << GAUGE_SHIFT) - 1)
 
 
 def init_state(cfg: SimConfig) -> State:

@@ -64,7 +64,7 @@ import numpy as np
 from jax import lax
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles, slab, workloads
+from slabtune.model import dynamics, profiles, slab, workloads
 from slabtune.model.intmath import ceil_div, floor_div
 from slabtune.model.topology import Topology
 
@@ -95,7 +95,7 @@ _LOCKS_FALLBACK_OWN = (4, 1)
 _LOCKS_FALLBACK_GROW = (3, 2)
 _I32 = jnp.int32
 _U32 = jnp.uint32
-GAUGE_SHIFT = 20
+GAUGE_SHIFT = dynamics.GAUGE_SHIFT
 
 
 class SlabSimConfig(NamedTuple):
@@ -644,10 +644,8 @@ def step(w, t, st: dict, cfg: SlabSimConfig, d: dict) -> dict:
     rep = jnp.stack([st["out"], st["avail"]])
     node = jnp.stack([st["slabs"], floor_div(st["free"], num), st["shared"],
                       jnp.sum(st["alien"], axis=1)])
-    for lo, hi, g in (("g_rep", "ghi_rep", rep), ("g_node", "ghi_node", node)):
-        tot = st[lo] + g
-        st[hi] = st[hi] + (tot >> GAUGE_SHIFT)
-        st[lo] = tot & ((1 << GAUGE_SHIFT) - 1)
+    dynamics.add_gauges(st, "g_rep", "ghi_rep", rep)
+    dynamics.add_gauges(st, "g_node", "ghi_node", node)
     return st
 
 

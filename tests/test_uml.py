@@ -302,13 +302,7 @@ def test_uml_smp_run_moves_the_counters_by_its_own_ops():
     (free_fastpath + free_slowpath) equal the module's own, up to 1 in 1000 lost per-CPU
     increments (mm/slub.c stat() is a read-modify-write), the sender's CPU allocated and
     the receiver's freed, and the timed calls give a plausible ns per pair."""
-    if build.kernel_path(uml.UML_KERNEL) is None or build.build_tree(uml.UML_KERNEL) is None:
-        pytest.skip(f"kernel {uml.UML_KERNEL} is not built; run scripts/build-kernels.sh "
-                    f"--only {uml.UML_KERNEL}")
-    try:
-        uml.find_busybox()
-    except SlabtuneError as exc:
-        pytest.skip(f"no static busybox ({exc})")
+    _need_uml_kernel()
     ops = 20_000
     res = uml.run_lab({"kind": "producer_consumer", "depth": 32}, cpus=2, ops=ops, seed=3,
                       timeout_s=120)

@@ -262,6 +262,71 @@ def _debug_reason(row: dict[str, Any]) -> str | None:
     return None
 
 
+class _Tally:
+    """Per-field and per-cache counts of one check: every kernel value against the model's."""
+
+    def __init__(self, fields: tuple[str, ...]):
+        self.counts = {f: [0, 0] for f in fields}
+        self.comparable = self.matched = 0
+        self.not_comp: list[NotComparable] = []
+        self.mism: list[Mismatch] = []
+        self.boots: list[BootInfo] = []
+
+    def skip(self, bi: int, cache: str, reason: str) -> None:
+        self.not_comp.append(NotComparable(bi, cache, reason))
+
+    def compare(self, bi: int, cache: str, pairs: dict[str, tuple[Any, int]]) -> None:
+        """One comparable cache: ``pairs`` maps a field to (kernel value or None where the
+        kernel has no such file, model value)."""
+        self.comparable += 1
+        ok = True
+        for f, (kernel, model) in pairs.items():
+            if kernel is None:
+                continue
+            self.counts[f][1] += 1
+            if kernel == model:
+                self.counts[f][0] += 1
+            else:
+                ok = False
+                self.mism.append(Mismatch(bi, cache, f, int(kernel), int(model)))
+        self.matched += ok
+
+    def result(self, caches: int) -> CheckResult:
+        return CheckResult(
+            boots=tuple(self.boots), caches=caches, comparable=self.comparable,
+            matched=self.matched,
+            fields={f: FieldCount(m, t) for f, (m, t) in self.counts.items()},
+            not_comparable=tuple(self.not_comp), mismatches=tuple(self.mism))
+
+
+def _boots(df: pl.DataFrame, source: str, read_profile):
+    """Each boot of a snapshot as (index, its rows, its profile, its boot parameters, its
+    topology, its BootInfo).  ``read_profile(release, cmdline)`` gives (profile, params);
+    any SlabtuneError of it or of the topology names the boot."""
+    for bi, boot in enumerate(snapshot.boots(df)):
+        first = boot.row(0, named=True)
+        release, cmdline = first["kernel_release"], first["cmdline"]
+        where = f"{source}: boot {bi} ({release})"
+        try:
+            prof, params = read_profile(release, cmdline)
+            topo, _node_ids = topology_from_lists(
+                first["cpus_possible"], first["cpus_present"], first["cpus_online"],
+                first["nodes_with_memory"], first["nodes_with_cpu"])
+        except profiles.UnknownProfileError as err:
+            raise SlabtuneError(f"{where}: {err}; pass --profile") from None
+        except SlabtuneError as err:
+            raise SlabtuneError(f"{where}: {err}") from None
+        rows = boot.to_dicts()
+        info = BootInfo(
+            index=bi, kernel_release=release, cmdline=cmdline, profile=prof.name,
+            params=params, cpus_possible=first["cpus_possible"],
+            cpus_present=first["cpus_present"], cpus_online=first["cpus_online"],
+            nodes_with_memory=first["nodes_with_memory"],
+            nodes_with_cpu=first["nodes_with_cpu"], nr_cpu_ids=topo.possible,
+            present=topo.present, online=topo.online, nodes=topo.nodes, caches=len(rows))
+        yield bi, boot, rows, prof, params, topo, info
+
+
 def check_snapshot(df: pl.DataFrame,
                    profile: str | profiles.KernelProfile | profiles.SlabProfile | None = None,
                    source: str = "snapshot") -> CheckResult:
@@ -279,43 +344,17 @@ def check_snapshot(df: pl.DataFrame,
     if forced is not None and profiles.is_slab(forced):
         raise SlabtuneError(f"{source}: a SLUB snapshot (/sys/kernel/slab) cannot be checked "
                             f"against SLAB profile {forced.name}")
-    boots_out: list[BootInfo] = []
-    not_comp: list[NotComparable] = []
-    mism: list[Mismatch] = []
-    counts = {f: [0, 0] for f in COMPARED_FIELDS}
-    comparable = matched = 0
-    for bi, boot in enumerate(snapshot.boots(df)):
-        first = boot.row(0, named=True)
-        release, cmdline = first["kernel_release"], first["cmdline"]
-        where = f"{source}: boot {bi} ({release})"
-        if forced is not None:
-            prof = forced
-        else:
-            try:
-                prof = profiles.detect_profile(release)
-            except profiles.UnknownProfileError as err:
-                raise SlabtuneError(f"{where}: {err}; pass --profile") from None
-        try:
-            bootparams.validate_cmdline(cmdline, prof)
-        except SlabtuneError as err:
-            raise SlabtuneError(f"{where}: {err}") from None
-        params = bootparams.parse_cmdline(cmdline, prof)
-        try:
-            topo, _node_ids = topology_from_lists(
-                first["cpus_possible"], first["cpus_present"], first["cpus_online"],
-                first["nodes_with_memory"], first["nodes_with_cpu"])
-        except SlabtuneError as err:
-            raise SlabtuneError(f"{where}: {err}") from None
-        rows = boot.to_dicts()
+
+    def read_profile(release, cmdline):
+        prof = forced if forced is not None else profiles.detect_profile(release)
+        bootparams.validate_cmdline(cmdline, prof)
+        return prof, bootparams.parse_cmdline(cmdline, prof)
+
+    tally = _Tally(COMPARED_FIELDS)
+    for bi, boot, rows, prof, params, topo, info in _boots(df, source, read_profile):
         names = [r["cache"] for r in rows]
         pred = predict_boot(boot["slab_size"].to_numpy(), names, topo, prof, params)
-        boots_out.append(BootInfo(
-            index=bi, kernel_release=release, cmdline=cmdline, profile=prof.name,
-            params=params, cpus_possible=first["cpus_possible"],
-            cpus_present=first["cpus_present"], cpus_online=first["cpus_online"],
-            nodes_with_memory=first["nodes_with_memory"],
-            nodes_with_cpu=first["nodes_with_cpu"], nr_cpu_ids=topo.possible,
-            present=topo.present, online=topo.online, nodes=topo.nodes, caches=len(rows)))
+        tally.boots.append(info)
         for i, row in enumerate(rows):
             reason = _debug_reason(row)
             if (reason is None and prof.sheaves == "opt_in" and (row["sheaf_capacity"] or 0) > 0
@@ -323,31 +362,11 @@ def check_snapshot(df: pl.DataFrame,
                 reason = (f"explicit sheaf capacity {row['sheaf_capacity']} set by the cache's "
                           "creator, not known to the model (opt-in sheaves)")
             if reason is not None:
-                not_comp.append(NotComparable(bi, row["cache"], reason))
+                tally.skip(bi, row["cache"], reason)
                 continue
-            comparable += 1
-            ok = True
-            for f in COMPARED_FIELDS:
-                kernel = row[f]
-                if kernel is None:  # no such sysfs file on this kernel
-                    continue
-                model = int(pred[f][i])
-                counts[f][1] += 1
-                if kernel == model:
-                    counts[f][0] += 1
-                else:
-                    ok = False
-                    mism.append(Mismatch(bi, row["cache"], f, int(kernel), model))
-            matched += ok
-    return CheckResult(
-        boots=tuple(boots_out),
-        caches=df.height,
-        comparable=comparable,
-        matched=matched,
-        fields={f: FieldCount(m, t) for f, (m, t) in counts.items()},
-        not_comparable=tuple(not_comp),
-        mismatches=tuple(mism),
-    )
+            tally.compare(bi, row["cache"],
+                          {f: (row[f], int(pred[f][i])) for f in COMPARED_FIELDS})
+    return tally.result(df.height)
 
 
 def check_slab_snapshot(df: pl.DataFrame, forced: profiles.KernelProfile | profiles.SlabProfile
@@ -368,68 +387,32 @@ def check_slab_snapshot(df: pl.DataFrame, forced: profiles.KernelProfile | profi
         raise SlabtuneError(f"{source}: a SLAB snapshot (/proc/slabinfo) cannot be checked "
                             f"against SLUB profile {forced.name} (SLAB profiles: "
                             f"{', '.join(profiles.SLAB_PROFILES)})")
-    boots_out: list[BootInfo] = []
-    not_comp: list[NotComparable] = []
-    mism: list[Mismatch] = []
-    counts = {f: [0, 0] for f in SLAB_COMPARED_FIELDS}
-    comparable = matched = 0
-    for bi, boot in enumerate(snapshot.boots(df)):
-        first = boot.row(0, named=True)
-        release, cmdline = first["kernel_release"], first["cmdline"]
-        where = f"{source}: boot {bi} ({release})"
-        try:
-            prof = forced if forced is not None else slab.detect_slab_profile(release)
-            params = slab.parse_cmdline(cmdline, prof)
-            topo, _node_ids = topology_from_lists(
-                first["cpus_possible"], first["cpus_present"], first["cpus_online"],
-                first["nodes_with_memory"], first["nodes_with_cpu"])
-        except profiles.UnknownProfileError as err:
-            raise SlabtuneError(f"{where}: {err}; pass --profile") from None
-        except SlabtuneError as err:
-            raise SlabtuneError(f"{where}: {err}") from None
-        nr_possible = len(snapshot.parse_cpulist(first["cpus_possible"]))
-        rows = boot.to_dicts()
-        boots_out.append(BootInfo(
-            index=bi, kernel_release=release, cmdline=cmdline, profile=prof.name,
-            params=params, cpus_possible=first["cpus_possible"],
-            cpus_present=first["cpus_present"], cpus_online=first["cpus_online"],
-            nodes_with_memory=first["nodes_with_memory"],
-            nodes_with_cpu=first["nodes_with_cpu"], nr_cpu_ids=topo.possible,
-            present=topo.present, online=topo.online, nodes=topo.nodes, caches=len(rows)))
+
+    def read_profile(release, cmdline):
+        prof = forced if forced is not None else slab.detect_slab_profile(release)
+        return prof, slab.parse_cmdline(cmdline, prof)
+
+    tally = _Tally(SLAB_COMPARED_FIELDS)
+    for bi, _boot, rows, prof, params, _topo, info in _boots(df, source, read_profile):
+        nr_possible = len(snapshot.parse_cpulist(info.cpus_possible))
+        tally.boots.append(info)
         for row in rows:
             name, size = row["cache"], int(row["slab_size"])
             if row.get("allocator") != "slab":
-                not_comp.append(NotComparable(bi, name, "a SLUB row in a SLAB snapshot"))
+                tally.skip(bi, name, "a SLUB row in a SLAB snapshot")
                 continue
             layouts = slab.layout_candidates(size, prof, params.max_order,
                                              slab.known_facts(name, prof))
             if len(layouts) > 1:
                 alts = ", ".join(f"order {x.order} x {x.num}" for x in layouts)
-                not_comp.append(NotComparable(
-                    bi, name, f"stride {size} allows {alts}, by creation facts /proc/slabinfo "
-                    "does not show (constructor or SLAB_TYPESAFE_BY_RCU, object size, "
-                    "SLAB_RECLAIM_ACCOUNT) and the model does not know for this cache"))
+                tally.skip(bi, name, f"stride {size} allows {alts}, by creation facts "
+                           "/proc/slabinfo does not show (constructor or SLAB_TYPESAFE_BY_RCU, "
+                           "object size, SLAB_RECLAIM_ACCOUNT) and the model does not know "
+                           "for this cache")
                 continue
             tun = slab.cpucache_tunables(size, nr_possible)
             model = {"order": layouts[0].order, "objs_per_slab": layouts[0].num,
                      "limit": tun.limit, "batchcount": tun.batchcount,
                      "sharedfactor": tun.shared}
-            comparable += 1
-            ok = True
-            for f in SLAB_COMPARED_FIELDS:
-                counts[f][1] += 1
-                if row[f] == model[f]:
-                    counts[f][0] += 1
-                else:
-                    ok = False
-                    mism.append(Mismatch(bi, name, f, int(row[f]), int(model[f])))
-            matched += ok
-    return CheckResult(
-        boots=tuple(boots_out),
-        caches=df.height,
-        comparable=comparable,
-        matched=matched,
-        fields={f: FieldCount(m, t) for f, (m, t) in counts.items()},
-        not_comparable=tuple(not_comp),
-        mismatches=tuple(mism),
-    )
+            tally.compare(bi, name, {f: (row[f], model[f]) for f in SLAB_COMPARED_FIELDS})
+    return tally.result(df.height)

@@ -750,21 +750,35 @@ def _simulate_batch(seeds, cfgs, steps):
     return _finish(run_state(seeds, cfgs, steps, False), steps)
 
 
+#: SLAB events priced as a SLUB event of the same cost shape (:func:`slub_view`): the
+#: objects a batch refill, flush, shared or alien drain moves (``objects_moved``) as the
+#: objects a sheaf refill moves (``sheaf_refill`` with a capacity of 1, so
+#: :func:`slabtune.model.metrics.op_rates` charges ``sheaf_object_ns`` per object), and an
+#: alien lock acquisition (``alien_lock``: the rep's local node's alien array for the
+#: object's node, ``cache_free_alien()``) as a barn lock taken without moving a sheaf
+#: (``barn_get_fail``: lock hold and lines on the rep's own node, no ``sheaf_swap_ns``).
+PRICED_AS: dict[str, str] = {"sheaf_refill": "objects_moved", "barn_get_fail": "alien_lock"}
+
+
 def slub_view(c: SlabCounters, cfg: SlabSimConfig):
     """SLAB counters and configuration in the SLUB model's types, so that
     :func:`slabtune.model.metrics.compute` prices them unchanged: returns
     ``(dynamics.Counters, dynamics.SimConfig)`` (one configuration or a batch, leading axes
-    kept).  The shared names carry over; SLUB-only events (sheaves, barns, per-CPU partial
-    drains) are 0; the objects parked in the CPUs' arrays become ``sheaf_objects_held``
-    (per rep, scaled by its CPUs) and those in the node's shared and alien arrays
-    ``barn_objects_held`` (per node class, scaled by its nodes), so they show in the
-    memory breakdown; the config has no sheaves, no per-CPU partial list, and
-    ``min_partial`` 0 (SLAB has none).  What this prices with SLUB's constants and what it
-    misses is in docs/MODEL.md ("SLAB: dynamics", pricing)."""
+    kept).  The shared names carry over; :data:`PRICED_AS` maps the objects moved and the
+    alien lock onto the SLUB events priced alike; other SLUB-only events (sheaf swaps,
+    barns, per-CPU partial drains) are 0; the objects parked in the CPUs' arrays become
+    ``sheaf_objects_held`` (per rep, scaled by its CPUs) and those in the node's shared and
+    alien arrays ``barn_objects_held`` (per node class, scaled by its nodes), so they show
+    in the memory breakdown; the config has sheaf capacity 1 (one object per "refill"), no
+    per-CPU partial list, and ``min_partial`` 0 (SLAB has none).  list_locks keep their
+    node classes; metrics puts a memoryless rep's on its memory node, where its objects
+    come from.  What this prices with SLUB's constants and what it misses is in
+    docs/MODEL.md ("SLAB: dynamics", pricing)."""
     from slabtune.model import dynamics
 
     zero = jnp.zeros_like(jnp.asarray(c.ops))
-    fields = {f: getattr(c, f) if f in _CI else zero for f in dynamics.COUNTER_FIELDS}
+    src = {f: f for f in dynamics.COUNTER_FIELDS if f in _CI} | PRICED_AS
+    fields = {f: getattr(c, src[f]) if f in src else zero for f in dynamics.COUNTER_FIELDS}
     counters = dynamics.Counters(
         **fields, list_lock_node=c.list_lock_node, slabs_total=c.slabs_total,
         objects_inuse=c.objects_inuse, empty_slabs_kept=c.empty_slabs_kept,
@@ -773,15 +787,19 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         barn_objects_held=jnp.asarray(c.shared_objects_held) + jnp.asarray(c.alien_objects_held),
         outstanding=c.outstanding)
     z = np.zeros_like(np.asarray(cfg.objs_per_slab))
-    scfg = dynamics.SimConfig(
+    given = dict(
         objs_per_slab=cfg.objs_per_slab, order=cfg.order, min_partial=z, cpu_partial_slabs=z,
-        sheaf_capacity=z, cpu_slab=z + 1, barns=z, remote_free_bypasses_sheaf=z,
+        sheaf_capacity=z + 1, cpu_slab=z + 1, barns=z, remote_free_bypasses_sheaf=z,
         memoryless_cpus_use_sheaves=z, memoryless_fallback=cfg.memoryless_fallback,
         barn_max_full=z, barn_max_empty=z, rep_weight=cfg.rep_weight, rep_node=cfg.rep_node,
         rep_mem_node=cfg.rep_mem_node, rep_memoryless=cfg.rep_memoryless,
         node_has_memory=cfg.node_has_memory, node_weight=cfg.node_weight,
         workload=cfg.workload, ops_per_step=z + 1)
-    return counters, scfg
+    # SLUB-only switches with a default (era rules of SLUB's paths): that default, in the
+    # batch's shape, so the view vmaps like a stacked SLUB config.
+    rest = {f: z + np.asarray(d).astype(z.dtype) for f, d in
+            dynamics.SimConfig._field_defaults.items() if f not in given}
+    return counters, dynamics.SimConfig(**given, **rest)
 
 
 def counters_numpy(c: SlabCounters) -> dict:

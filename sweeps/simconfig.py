@@ -6,9 +6,12 @@ The file has five tables::
                 possible, online (optional; default: every present CPU), distances = the
                 SLIT, one row per node (optional; default 10 local, 20 remote)
     [cache]     name = "kmalloc-512" | "maple_node" | ...   or   size = <stride in bytes>
-    [policy]    profile = "v7.0"
+    [policy]    profile = "v7.0"  (or a SLAB profile: "slab-v2.6.33", "slab-v3.1", "slab-v6.1")
     [policy.params]  boot parameters (slub_min_order, slub_max_order, slub_min_objects and
-                the slab_* spellings the profile accepts) and knobs (SIM_KNOBS below)
+                the slab_* spellings the profile accepts) and knobs (SIM_KNOBS below);
+                a SLAB profile takes slab_max_order (v3.4 on), the /proc/slabinfo
+                tunables limit, batchcount, shared, and memoryless_fallback (the
+                numa_mem_id() switch), and refuses SLUB's knobs
     [workload]  kind = "local" | "producer_consumer" | "request_response" | "block_io",
                 other_ns (the workload's own work per allocator op), and the parameters
                 of that kind's constructor in slabtune.model.workloads
@@ -256,15 +259,41 @@ def apply_knobs(profile: profiles.KernelProfile, knobs: dict[str, Any]) -> profi
     return out
 
 
-def _check_slab_policy(profile: profiles.SlabProfile, params: dict) -> None:
-    """[policy] with a SLAB profile: its knobs are checked (a SLUB knob is refused naming
-    it and the profile), then the config is refused, as SLAB has no dynamics model yet."""
+def _slab_policy(profile: profiles.SlabProfile, params: dict):
+    """[policy] with a SLAB profile -> (profile with the numa_mem_id() switch applied,
+    SlubParams (unused by SLAB: its defaults), given boot params, knobs).  The knobs are
+    checked as :func:`slabtune.model.slab.validate_params` checks them (a SLUB knob is
+    refused naming it and the profile); ``slab_max_order`` is the boot parameter, the
+    /proc/slabinfo tunables and ``memoryless_fallback`` are knobs."""
     try:
-        slab.validate_params(params, profile)
+        valid = slab.validate_params(params, profile)
     except SlabtuneError as err:
         raise ConfigError(f"policy.params.{err}") from None
-    raise ConfigError(f"policy.profile: {profile.name} is a SLAB profile; SLAB's dynamics are "
-                      "not modelled yet (kernel check takes SLAB profiles)")
+    given = {k: v for k, v in valid.items() if k in profile.boot_params}
+    knobs = {k: v for k, v in valid.items() if k not in given}
+    return apply_knobs(profile, knobs), bootparams.SlubParams(), given, knobs
+
+
+def check_slab_tunables(spec: SimSpec) -> None:
+    """The /proc/slabinfo tunables of a SLAB spec against the cache's own values on its
+    topology: do_tune_cpucache() takes ``limit``, ``batchcount`` and ``shared`` together
+    (slabinfo_write() refuses batchcount > limit), so a limit given alone must not fall
+    below the cache's batchcount, nor a batchcount alone exceed its limit."""
+    if not profiles.is_slab(spec.profile):
+        return
+    if spec.ops_per_step != 1:
+        raise ConfigError(f"run.ops_per_step: {spec.ops_per_step} with SLAB profile "
+                          f"{spec.profile.name}; the SLAB dynamics run one op per rep per step")
+    if "limit" not in spec.knobs and "batchcount" not in spec.knobs:
+        return
+    t = spec.topology
+    st = slab.structure(spec.cache.size, t.possible, t.node_cpus, spec.profile)
+    lim = spec.knobs.get("limit", st.limit)
+    bc = spec.knobs.get("batchcount", st.batchcount)
+    if bc > lim:
+        which = "batchcount" if "batchcount" in spec.knobs else "limit"
+        raise ConfigError(f"policy.params.{which}: batchcount {bc} is above limit {lim} "
+                          f"({spec.cache.name} on {spec.topology.present} CPUs)")
 
 
 def parse_policy(tab: dict, cache: caches.CacheInfo):
@@ -282,7 +311,7 @@ def parse_policy(tab: dict, cache: caches.CacheInfo):
     if not isinstance(params, dict):
         raise ConfigError("policy.params: must be a table")
     if profiles.is_slab(profile):
-        _check_slab_policy(profile, params)
+        return _slab_policy(profile, params)
     boot_raw, knobs = {}, {}
     names = bootparams.allowed_names(profile)
     for key, val in params.items():
@@ -380,8 +409,10 @@ def parse_doc(doc: dict) -> SimSpec:
     profile, boot, given, knobs = parse_policy(_table(doc, "policy"), cache)
     kind, wparams, other = parse_workload(_table(doc, "workload"))
     steps, seed, b = parse_run(_table(doc, "run", required=False))
-    return SimSpec(topo, cache, profile, boot, given, knobs, kind, wparams, other, steps, seed,
+    spec = SimSpec(topo, cache, profile, boot, given, knobs, kind, wparams, other, steps, seed,
                    base_profile=_table(doc, "policy")["profile"], ops_per_step=b)
+    check_slab_tunables(spec)
+    return spec
 
 
 def parse_text(text: str, where: str = "<config>") -> SimSpec:

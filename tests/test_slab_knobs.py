@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 import pytest
 import tomli_w
@@ -88,12 +89,15 @@ def test_slab_max_order_is_slab_only_before_v6_8(tmp_path):
     assert doc[2] == {"slub_max_order": 1}
 
 
-def test_slab_knobs_on_a_slab_profile_are_checked_then_the_config_is_refused(tmp_path):
-    """A SLAB config with its own knobs right still has no dynamics to run (item 2)."""
-    line = _one_line(*_simulate(tmp_path, "slab-v6.1", {"limit": 60, "batchcount": 30,
-                                                        "slab_max_order": 0}))
-    assert line.endswith("policy.profile: slab-v6.1 is a SLAB profile; SLAB's dynamics are "
-                         "not modelled yet (kernel check takes SLAB profiles)")
+def test_slab_knobs_on_a_slab_profile_are_checked_then_run(tmp_path):
+    """A SLAB config with its own knobs right runs the SLAB dynamics with them; each wrong
+    one is a one-line error naming it."""
+    rc, out, err = _simulate(tmp_path, "slab-v6.1", {"limit": 60, "batchcount": 30,
+                                                     "slab_max_order": 0})
+    assert rc == 0, err
+    row = json.loads(out)
+    assert (row["allocator"], row["limit"], row["batchcount"], row["order"]) == \
+        ("SLAB", 60, 30, 0)
     for params, needle in (
             ({"limit": 0}, "policy.params.limit: 0 is below 1"),
             ({"limit": 10, "batchcount": 20}, "policy.params.batchcount: 20 is above limit 10"),

@@ -12,8 +12,11 @@ own (busybox sh) that
 3. loads and unloads the module once without running it and reads the log, as the run
    will (``before`` then minus ``base`` is what everything but the run costs the cache:
    module loading, kthread-free bookkeeping, the commands' forks),
-4. loads the module with the run's parameters, prints the module's log lines, dumps
-   ``after``, unloads the module and powers off.
+4. loads the module with the run's parameters; with a warm-up (the module's ``warmup``
+   ops per allocating worker) every worker parks at the end of it, /proc/slabtune_lab
+   reads ``parked``, the /init dumps ``window`` and writes ``resume`` there, and the
+   counted window runs (``window`` to ``after``: the cache's start-up is outside it);
+5. prints the module's log lines, dumps ``after``, unloads the module and powers off.
 
 Every line the host reads starts with ``@@LAB``; the dumps use the shell's ``read``
 builtin, so they fork nothing.  Nothing a caller types reaches the shell unchecked: module
@@ -67,8 +70,9 @@ SLUB_STAT_FILES = (
     "sheaf_prefill_fast", "sheaf_prefill_slow", "sheaf_prefill_oversize",
     "sheaf_return_fast", "sheaf_return_slow",
 )
-#: Phases the /init dumps the cache in (``warm`` goes to /dev/null).
-PHASES = ("base", "before", "after")
+#: Phases the /init dumps the cache in (``warm`` goes to /dev/null); ``window`` only in a
+#: run with a warm-up, at the start of its counted window.
+PHASES = ("base", "before", "window", "after")
 _PARAM_RE = re.compile(r"^[a-z_]+=[A-Za-z0-9_,\-]+$")
 _KO_PATH = "lib/slabtune_lab.ko"
 
@@ -107,6 +111,8 @@ class LabBootResult:
     #: boots made (a boot flake is retried once, see BOOT_ATTEMPTS)
     attempts: int = 1
     cmdline: str = ""
+    #: samples taken before the counted window (a run with a warm-up); None: no window
+    window_at: int | None = None
 
     def value(self, phase: str, name: str) -> int | None:
         """The total (first number) of counter ``name`` in ``phase``: 0 when the cache did
@@ -205,12 +211,21 @@ def init_script(token: str, cache: str, params: Sequence[str],
         "dmesg | grep 'slabtune_lab: ' > /dev/null",
         "dump before",
         # the run: insmod in the background while the cache's slab count is sampled every
-        # SAMPLE_INTERVAL_S (the wait is a read with a timeout on a FIFO: no fork, no CPU)
+        # SAMPLE_INTERVAL_S (the wait is a read with a timeout on a FIFO: no fork, no CPU);
+        # when the module's workers park after their warm-up, the window's start is dumped
+        # and the run resumed (a read and a write of /proc/slabtune_lab, no fork either)
         "mkfifo /tmp/tick",
         f"( insmod /{_KO_PATH} {args}; echo $? > /tmp/rc ) &",
-        "i=0",
+        "i=0; w=",
         "while [ ! -e /tmp/rc ]; do",
         '  v=; { read -r v < "$D/slabs"; } 2>/dev/null; [ -n "$v" ] && echo "$M P $i $v"',
+        '  if [ -z "$w" ]; then',
+        '    v=; { read -r v < /proc/slabtune_lab; } 2>/dev/null',
+        '    if [ "$v" = parked ]; then',
+        '      dump window; echo "$M I window_sample $i"; w=1',
+        '      echo resume > /proc/slabtune_lab; echo "$M R resume $?"',
+        "    fi",
+        "  fi",
         "  i=$((i+1))",
         f"  read -t {sample_s:g} v <> /tmp/tick",
         "done",
@@ -248,7 +263,7 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
     the module's kernel log lines."""
     out: dict[str, Any] = {"started": False, "ended": False, "info": {}, "rc": {},
                            "dumps": {p: {} for p in PHASES}, "missing": [], "log": [],
-                           "samples": []}
+                           "samples": [], "window_at": None}
     for raw in text.replace("\r\n", "\n").split("\n"):
         line = raw.rstrip("\r")
         if not line.startswith(MARK + " "):
@@ -261,6 +276,8 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
             out["ended"] = True
         elif kind == "I" and len(parts) > 3:
             out["info"][parts[2]] = " ".join(parts[3:])
+            if parts[2] == "window_sample":
+                out["window_at"] = len(out["samples"])
         elif kind == "R" and len(parts) > 3:
             out["rc"][parts[2]] = int(parts[3]) if parts[3].lstrip("-").isdigit() else None
         elif kind == "C" and len(parts) > 3 and parts[2] in out["dumps"]:
@@ -321,7 +338,7 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
              timeout_s: float = DEFAULT_TIMEOUT_S, accel: str = "auto",
              extra_params: Sequence[str] = (), boot_params: Mapping[str, int] | None = None,
              sysfs: Mapping[str, int] | None = None,
-             attempts: int = BOOT_ATTEMPTS) -> LabBootResult:
+             attempts: int = BOOT_ATTEMPTS, warmup: int = 0) -> LabBootResult:
     """Build the module for ``kernel_name``, boot that kernel on ``topology`` and run the
     ``[workload]`` table ``workload_doc`` on the ``[cache]`` table ``cache_doc`` (default
     kmalloc-512); the counters of that cache before and after, its slab count sampled
@@ -332,6 +349,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     override them; ``boot_params`` (slab boot parameters) go on the kernel command line,
     checked against the kernel's profile; ``sysfs`` values are written to the cache's
     sysfs files before the run (a kmalloc cache: an own cache does not exist until then).
+    ``warmup``: ops per allocating worker before the counted window (the module parks its
+    workers there and the /init dumps ``window``; see :func:`measure`).
     A boot that fails before the run reports (timeout, no start or end marker) is retried
     until ``attempts`` boots were made.
     Setup errors raise (LabError, GuestError, LabBootError); a guest that fails returns
@@ -345,7 +364,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     old_kernel = ver is not None and ver < (6, 5)
     own = "name" not in cache_doc
     params = (labmod.cache_params(cache_doc, no_merge=not old_kernel)
-              + labmod.module_params(workload_doc, topology, ops=ops, seed=seed, ring=ring)
+              + labmod.module_params(workload_doc, topology, ops=ops, seed=seed, ring=ring,
+                                     warmup=warmup)
               + list(extra_params))
     cache = cache_doc["name"] if not own else labmod.MODULE_NAME
     if sysfs and own:
@@ -471,6 +491,9 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
         error = f"the module's run ended with status {records['done'].get('status')}"
     elif "after" in parsed["missing"]:
         error = f"/sys/kernel/slab/{cache} does not exist in the guest"
+    elif records["done"].get("warmup") and (records["done"].get("window") != 1
+                                             or not parsed["dumps"]["window"]):
+        error = "the run's warm-up ended but its window's start was not dumped"
     return LabBootResult(
         ok=not error, error=error, kernel=str(kernel),
         release=parsed["info"].get("release", ""), cache=cache,
@@ -478,7 +501,7 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
         missing=[p for p in parsed["missing"] if p in PHASES], samples=parsed["samples"],
         done=records["done"], workers=records["workers"], module_errors=records["errors"],
         insmod_rc=parsed["rc"].get("insmod"), params=params, qemu_argv=argv, accel=accel,
-        seconds=seconds, cmdline=cmdline,
+        seconds=seconds, cmdline=cmdline, window_at=parsed["window_at"],
         console_tail=(text + (f"\n[{runner} stderr]\n" + stderr if stderr.strip() else "")
                       )[-guest.CONSOLE_TAIL_CHARS:],
     )
@@ -490,12 +513,20 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
 PAGE_SIZE = 4096
 
 
+def window_start(result: LabBootResult) -> str:
+    """The phase the counted window starts at: ``window`` when the run had a warm-up (its
+    workers parked and the /init dumped the cache there), else ``before``."""
+    return "window" if result.dumps.get("window") else "before"
+
+
 def counter_deltas(result: LabBootResult) -> dict[str, int]:
-    """Every SLUB_STATS counter of the cache the run changed or left, ``after`` minus
-    ``before``, by sysfs name (the kernel's own ``enum stat_item`` names)."""
+    """Every SLUB_STATS counter of the cache the run changed or left over the counted
+    window, ``after`` minus :func:`window_start`, by sysfs name (the kernel's own ``enum
+    stat_item`` names)."""
     out = {}
+    start = window_start(result)
     for name in SLUB_STAT_FILES:
-        d = result.delta(name)
+        d = result.delta(name, start=start)
         if d is not None:
             out[name] = d
     return out
@@ -513,21 +544,27 @@ def measure(result: LabBootResult) -> dict[str, Any]:
       per-CPU freelist (slab_alloc_node(), do_slab_free()); on kernels with sheaves every
       object taken from or put into a per-CPU sheaf (alloc_from_pcs(), free_to_pcs()), a
       sheaf replaced from the barn or refilled included.
-    * ``ops``: the workload's allocations plus frees (the module's ``done`` record), the
-      denominator of every ``*_per_kop`` figure as in the model (one op is one alloc or
-      one free).
+    * the window: with a warm-up (the module's ``warmup``), counters and ops count from
+      the ``window`` dump, taken while every worker was parked after its warm-up ops, to
+      the end (the cache's start-up slabs fall outside, as the model's warm-up steps do,
+      validate/lab.py :func:`~slabtune.validate.lab.predict`); without one from ``before``.
+    * ``ops``: the workload's allocations plus frees in the window (the module's ``done``
+      record less its ``warm_allocs``/``warm_frees``), the denominator of every
+      ``*_per_kop`` figure as in the model (one op is one alloc or one free).
     * ``slab_allocs_per_kop`` = 1000 * alloc_slab / ops (new slabs from the page allocator).
-    * ``memory_bytes``: the cache's slab memory the run added, averaged over the run:
-      mean of the ``slabs`` samples minus the slabs before the run, times
-      ``PAGE_SIZE << order``.  None when the run was too short to be sampled.
+    * ``memory_bytes``: the cache's slab memory the run added, averaged over the window:
+      mean of the ``slabs`` samples taken in it minus the slabs before the run, times
+      ``PAGE_SIZE << order``.  None when the window was too short to be sampled.
     * ``counters``: every SLUB_STATS delta (:func:`counter_deltas`).
     """
     counters = counter_deltas(result)
     done = result.done or {}
-    ops = int(done.get("allocs", 0)) + int(done.get("frees", 0))
+    ops = (int(done.get("allocs", 0)) + int(done.get("frees", 0))
+           - int(done.get("warm_allocs", 0)) - int(done.get("warm_frees", 0)))
     order = counter_total(result.dumps.get("after", {}).get("order"))
     before_slabs = result.value("before", "slabs")
-    samples = [v for v in (counter_total(s) for s in result.samples) if v is not None]
+    windowed = result.samples[result.window_at or 0:]
+    samples = [v for v in (counter_total(s) for s in windowed) if v is not None]
     memory = None
     if samples and order is not None and before_slabs is not None:
         mean = sum(samples) / len(samples)
@@ -541,6 +578,7 @@ def measure(result: LabBootResult) -> dict[str, Any]:
         "slab_allocs_per_kop": (1000.0 * c("alloc_slab", 0) / ops) if ops else None,
         "memory_bytes": memory,
         "ops": ops,
+        "warmup_ops": int(done.get("warm_allocs", 0)) + int(done.get("warm_frees", 0)),
         "order": order,
         "samples": len(samples),
         "peak_slabs": (max(samples) - before_slabs) if samples and before_slabs is not None

@@ -46,6 +46,8 @@ MAX_LIVE = 1 << 20
 PROB_ONE = 1 << 16
 #: Ops per allocating worker when the caller gives none.
 DEFAULT_OPS = 10_000
+#: A lab run's warm-up is this fraction (1/n) of its steps, before the counted window.
+WARMUP_DIVISOR = 4
 #: Seconds one module build may take.
 BUILD_TIMEOUT_S = 600
 
@@ -277,8 +279,17 @@ def cpu_list(cpus: Sequence[int]) -> str:
 # --------------------------------------------------------------------------- parameters
 
 
+def warmup_steps(steps: int) -> int:
+    """Steps (ops per allocating worker, one op per rep per step) a lab run does before its
+    counted window, on both sides: the kernel's workers park after them and the counters
+    are read there (kernel/lab_boot.py), the model's counters at that step are subtracted
+    (validate/lab.py).  A quarter of the run: the cache's start-up (the slabs that first
+    fill every CPU's live objects, about one per CPU) falls inside it."""
+    return steps // WARMUP_DIVISOR
+
+
 def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = DEFAULT_OPS,
-                  seed: int = 1, ring: str = "lockless") -> list[str]:
+                  seed: int = 1, ring: str = "lockless", warmup: int = 0) -> list[str]:
     """``insmod`` arguments (``key=value``) that run a config's ``[workload]`` table on the
     CPUs of ``topology`` (a :class:`~slabtune.model.topology.Topology` or a ``[topology]``
     table).  Roles go on CPUs as the model's constructors spread their reps:
@@ -294,7 +305,8 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
       other CPU submits.
 
     ``other_ns`` becomes the module's ``work_ns`` (rounded).  ``ops``: ops per allocating
-    worker; ``seed``: the module's generator seed; ``ring``: lockless or spinlock.
+    worker in the counted window; ``warmup``: ops per allocating worker before it (0: no
+    warm-up); ``seed``: the module's generator seed; ``ring``: lockless or spinlock.
     """
     if not isinstance(workload_doc, Mapping):
         raise LabError("workload: must be a table")
@@ -312,6 +324,7 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
             or not math.isfinite(other) or not 0 <= other < 1e9:
         raise LabError(f"workload.other_ns: {other!r} is not a number in [0, 1e9)")
     _int("ops", ops, 1, (1 << 63) - 1)
+    _int("warmup", warmup, 0, (1 << 63) - 1)
     _int("seed", seed, 0, (1 << 64) - 1)
     if ring not in ("lockless", "spinlock"):
         raise LabError(f"ring: {ring!r} is not lockless or spinlock")
@@ -325,6 +338,8 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
         out.append(f"cpus_b={cpu_list(cpus_b)}")
     out += [f"{k}={v}" for k, v in extra]
     out += [f"ops={ops}", f"seed={seed}", f"ring={ring}"]
+    if warmup:
+        out.append(f"warmup={warmup}")
     if other:
         out.append(f"work_ns={int(round(other))}")
     return out
@@ -438,7 +453,8 @@ def config_params(doc: Mapping[str, Any], *, ring: str = "lockless") -> list[str
     """``insmod`` arguments for a whole simulation config document (the tables of a
     CONFIG.toml, sweeps/simconfig.py): its ``[cache]``, its ``[workload]`` on its
     ``[topology]``, and from ``[run]`` the seed and ``steps * ops_per_step`` ops per
-    allocating worker (one op per rep per step in the model)."""
+    allocating worker (one op per rep per step in the model) in the counted window, after
+    :func:`warmup_steps` ``* ops_per_step`` of warm-up."""
     if not isinstance(doc, Mapping):
         raise LabError("config: must be a table")
     for name in ("topology", "cache", "workload"):
@@ -452,7 +468,7 @@ def config_params(doc: Mapping[str, Any], *, ring: str = "lockless") -> list[str
     seed = _int("run.seed", run.get("seed", 0), 0, (1 << 32) - 1)
     return (cache_params(doc["cache"])
             + module_params(doc["workload"], doc["topology"], ops=steps * b, seed=seed,
-                            ring=ring))
+                            ring=ring, warmup=warmup_steps(steps) * b))
 
 
 def parse_printk(lines: Sequence[str] | str) -> dict[str, Any]:

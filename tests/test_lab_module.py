@@ -133,8 +133,11 @@ def test_config_params_from_a_config_document():
            "workload": {"kind": "block_io", "depth": 8, "completion_remote": True},
            "run": {"steps": 300, "seed": 5, "ops_per_step": 4}}
     got = roles(labmod.config_params(doc))
+    # the counted window is the config's 300 steps x 4 ops; before it, a quarter of the
+    # steps (75) x 4 ops of warm-up
     assert got == {"size": "256", "kind": "block_io", "cpus": "0-1,3", "cpus_b": "2",
-                   "depth": "8", "ops": "1200", "seed": "5", "ring": "lockless"}
+                   "depth": "8", "ops": "1200", "seed": "5", "ring": "lockless",
+                   "warmup": "300"}
 
 
 def test_every_key_simconfig_accepts_maps():

@@ -164,18 +164,59 @@ def spec_for(doc: Mapping[str, Any], profile=None):
     return spec
 
 
+def window_counters(early, late, steps_early: int, steps_late: int):
+    """The model's counters over steps ``steps_early``..``steps_late`` of one run, from its
+    counters after ``steps_early`` steps (``early``) and after ``steps_late`` (``late``):
+    the two runs share their first steps (model/dynamics.py draws step t's random words
+    from (seed, t) alone, whatever the run's length), so events subtract exactly and a
+    gauge's window average is its two time sums' difference over the window's steps;
+    ``outstanding`` is the end's.  The lab's counted window (kernel/lab_boot.py
+    :func:`~slabtune.kernel.lab_boot.measure`) on the model's side."""
+    from slabtune.model import dynamics
+
+    gauges = {name for name, _ in dynamics.GAUGE_FIELDS}
+    span = float(steps_late - steps_early)
+    out = {}
+    for name in type(late)._fields:
+        a, b = np.asarray(getattr(early, name)), np.asarray(getattr(late, name))
+        if name == "outstanding":
+            out[name] = b
+        elif name in gauges:
+            out[name] = ((b.astype(np.float64) * steps_late - a.astype(np.float64) * steps_early)
+                         / span).astype(b.dtype)
+        else:
+            out[name] = b - a
+    return type(late)(**out)
+
+
 def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[dict]:
     """The model's side of each (config document, KernelProfile or None) pair: the compared
     figures, ``ns_per_op`` (modelled ns per alloc+free pair), every counter of
     :data:`MODEL_COUNTERS` per 1000 ops (weighted over the representative CPUs as the
-    metrics are), the structure, and the profile."""
-    from slabtune.model import metrics
+    metrics are), the structure, and the profile.  All over the lab's counted window: the
+    config's ``steps`` after :func:`~slabtune.kernel.labmod.warmup_steps` of warm-up, as
+    the kernel side counts them (:func:`window_counters`)."""
+    from slabtune.kernel import labmod
     from slabtune.sweeps import simconfig, simulate
 
     if cost is None:
         cost, _ = simconfig.load_cost(None)
     specs = [spec_for(d, prof) for d, prof in items]
-    structs, cfgs, counters = simulate.simulate_specs(specs)
+    warm = [labmod.warmup_steps(s.steps) for s in specs]
+    whole = [dataclasses.replace(s, steps=w + s.steps) for s, w in zip(specs, warm)]
+    head = [dataclasses.replace(s, steps=max(w, 1)) for s, w in zip(specs, warm)]
+    structs, cfgs, late = simulate.simulate_specs(whole)
+    _, _, early = simulate.simulate_specs(head)
+    counters = [c if w == 0 else window_counters(e, c, w, w + s.steps)
+                for s, w, e, c in zip(specs, warm, early, late)]
+    return _predicted(specs, structs, cfgs, counters, cost)
+
+
+def _predicted(specs, structs, cfgs, counters, cost) -> list[dict]:
+    """:func:`predict`'s records of simulated counters."""
+    from slabtune.model import metrics
+    from slabtune.sweeps import simulate
+
     rows = simulate.metrics_of(specs, structs, cfgs, counters, cost)
     out = []
     for spec, cfg, cnt, row in zip(specs, cfgs, counters, rows):
@@ -198,7 +239,10 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[d
 
 
 def boot_args(doc: Mapping[str, Any]) -> dict:
-    """:func:`slabtune.kernel.lab_boot.boot_lab` keyword arguments of a config document."""
+    """:func:`slabtune.kernel.lab_boot.boot_lab` keyword arguments of a config document:
+    the config's ``steps * ops_per_step`` ops per allocating worker in the counted window,
+    after a warm-up (:func:`slabtune.kernel.labmod.warmup_steps`)."""
+    from slabtune.kernel import labmod
     from slabtune.sweeps import simconfig
 
     spec = simconfig.parse_doc(copy.deepcopy(dict(doc)))
@@ -206,6 +250,8 @@ def boot_args(doc: Mapping[str, Any]) -> dict:
     return {"workload_doc": dict(doc["workload"]), "topology": spec.topology,
             "cache_doc": dict(doc["cache"]),
             "ops": int(run.get("steps", 2000)) * int(run.get("ops_per_step", 1)),
+            "warmup": labmod.warmup_steps(int(run.get("steps", 2000)))
+            * int(run.get("ops_per_step", 1)),
             "seed": int(run.get("seed", 0)), "boot_params": dict(spec.boot_given),
             "sysfs": dict(spec.knobs)}
 

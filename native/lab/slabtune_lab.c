@@ -79,11 +79,13 @@
 #include <linux/math64.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
+#include <linux/proc_fs.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/string.h>
 #include <linux/topology.h>
+#include <linux/uaccess.h>
 #include <linux/vmalloc.h>
 
 #define LAB_PREFIX "slabtune_lab: "
@@ -146,6 +148,9 @@ MODULE_PARM_DESC(irq_self_free, "request_response: share (of 65536) B frees of i
 static unsigned long ops = 10000;
 module_param(ops, ulong, 0644);
 MODULE_PARM_DESC(ops, "ops (allocations plus frees) per allocating worker");
+static unsigned long warmup;
+module_param(warmup, ulong, 0644);
+MODULE_PARM_DESC(warmup, "ops per allocating worker before the counted window (0: none)");
 static unsigned long seed = 1;
 module_param(seed, ulong, 0644);
 MODULE_PARM_DESC(seed, "seed of the per-worker generators");
@@ -180,6 +185,7 @@ struct lab_ring {
 	unsigned int tail;		/* advanced by the consumer */
 	spinlock_t lock;		/* ring=spinlock: held around push and pop */
 	unsigned int cap_want;		/* objects it must hold at most */
+	int src;			/* the one sender (ring=lockless), -1: any */
 };
 
 struct lab_run;
@@ -206,6 +212,8 @@ struct lab_worker {
 	u32 phase_left;
 	/* results */
 	u64 allocs, frees, drain_frees, idle;
+	u64 warm_allocs, warm_frees;	/* allocs, frees when it parked (warmup > 0) */
+	bool warm_reached;		/* an allocator that did its warmup ops */
 	u64 ops_ns, ns;
 	u64 alloc_ns, free_ns, clock_ps;	/* time_calls=1 */
 	u64 alloc_long, alloc_long_ns, free_long, free_long_ns;
@@ -224,6 +232,10 @@ struct lab_run {
 	struct kmem_cache *cache;
 	unsigned int size;
 	unsigned long ops;
+	unsigned long warmup;		/* 0: no warm-up phase, no barrier */
+	atomic_t warm_left;		/* allocating workers still in their warm-up ops */
+	atomic_t parked;		/* workers parked at the window's start */
+	int resumed;			/* 1: resumed by /proc/slabtune_lab, -1: by timeout */
 	unsigned int work_ns;
 	bool timed;			/* time_calls */
 	bool spin;			/* idle_spin */
@@ -238,6 +250,18 @@ static DEFINE_MUTEX(lab_mutex);
 static unsigned int lab_runs;
 static bool lab_ready;
 static struct kmem_cache *lab_kept_cache;
+
+/*
+ * The warm-up barrier (warmup > 0): /proc/slabtune_lab reads the phase of the current
+ * run; writing "resume" to it, once it reads "parked", starts the counted window.  The
+ * module's parameters cannot carry this: the load holds their lock during an autorun.
+ */
+enum { LAB_IDLE, LAB_WARMUP, LAB_PARKED, LAB_WINDOW };
+static atomic_t lab_phase = ATOMIC_INIT(LAB_IDLE);
+static DECLARE_COMPLETION(lab_resume);
+/* a parked run that nobody resumes goes on after this long (the window then has no
+ * snapshot, and the host side reports that) */
+#define LAB_PARK_TIMEOUT (120 * HZ)
 
 struct lab_obj {
 	u16 magic;
@@ -411,8 +435,13 @@ static void lab_free_obj(struct lab_run *r, struct lab_worker *by, void *obj)
 	atomic_dec(&src->out);
 }
 
-/* free one pending object, drawn in proportion to what each incoming ring holds */
-static bool lab_free_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
+/*
+ * free one pending object, drawn in proportion to what each incoming ring holds; with
+ * others_only, from the rings other workers send to (a worker waiting at the warm-up
+ * barrier: it frees what others wait on, not its own objects)
+ */
+static bool lab_free_one_of(struct lab_run *r, struct lab_worker *w, u32 rnd,
+			    bool others_only)
 {
 	unsigned int cnt[LAB_MAX_WORKERS];
 	u64 total = 0, pick;
@@ -420,7 +449,8 @@ static bool lab_free_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
 	void *obj;
 
 	for (k = 0; k < w->nin; k++) {
-		cnt[k] = lab_count(w->in_ring[k]);
+		cnt[k] = others_only && w->in_ring[k]->src == w->idx ? 0 :
+			 lab_count(w->in_ring[k]);
 		total += cnt[k];
 	}
 	if (!total)
@@ -439,6 +469,11 @@ static bool lab_free_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
 	lab_free_obj(r, w, obj);
 	w->frees++;
 	return true;
+}
+
+static bool lab_free_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
+{
+	return lab_free_one_of(r, w, rnd, false);
 }
 
 /* allocate one object and send it to the freer drawn with the low 16 bits of rnd */
@@ -517,6 +552,23 @@ static void lab_idle(struct lab_worker *w, unsigned int *idle)
 	}
 }
 
+/*
+ * Park at the window's start: every allocating worker did its warmup ops.  The last
+ * worker to park tells /proc/slabtune_lab; all wait for "resume" there.
+ */
+static void lab_park(struct lab_run *r, struct lab_worker *w)
+{
+	w->warm_allocs = w->allocs;
+	w->warm_frees = w->frees;
+	if (atomic_inc_return(&r->parked) == r->nw)
+		atomic_set(&lab_phase, LAB_PARKED);
+	if (wait_for_completion_timeout(&lab_resume, LAB_PARK_TIMEOUT))
+		cmpxchg(&r->resumed, 0, 1);
+	else
+		cmpxchg(&r->resumed, 0, -1);
+	atomic_set(&lab_phase, LAB_WINDOW);
+}
+
 static int lab_worker_fn(void *arg)
 {
 	struct lab_worker *w = arg;
@@ -524,6 +576,7 @@ static int lab_worker_fn(void *arg)
 	bool allocating = w->allocator;
 	unsigned long done_ops = 0;
 	unsigned int idle = 0;
+	bool warming = r->warmup > 0;
 	u64 t0;
 
 	if (r->timed) {
@@ -546,6 +599,36 @@ static int lab_worker_fn(void *arg)
 	for (;;) {
 		int op;
 
+		if (warming && READ_ONCE(r->abort)) {
+			warming = false;	/* no window: the run fails anyway */
+		} else if (warming) {
+			if (allocating && !w->warm_reached && done_ops >= r->warmup) {
+				w->warm_reached = true;
+				smp_mb__before_atomic();
+				atomic_dec(&r->warm_left);
+			}
+			if (atomic_read(&r->warm_left) == 0) {
+				smp_rmb();
+				lab_park(r, w);
+				warming = false;
+				done_ops = 0;
+				idle = 0;
+				continue;
+			}
+			if (w->warm_reached) {
+				/* wait for the others, freeing what they sent here */
+				op = lab_free_one_of(r, w, lab_rand(w), true) ? 2 : 0;
+				if (!op) {
+					lab_idle(w, &idle);
+					continue;
+				}
+				idle = 0;
+				if (r->work_ns)
+					ndelay(r->work_ns);
+				cond_resched();
+				continue;
+			}
+		}
 		if (allocating && (done_ops >= r->ops || READ_ONCE(r->abort))) {
 			allocating = false;
 			w->ops_ns = ktime_get_ns() - t0;
@@ -771,6 +854,7 @@ static int lab_rings(struct lab_run *r)
 			struct lab_ring *q = &r->rings[r->locked ? d : i * r->nw + d];
 
 			q->cap_want += w->live;
+			q->src = r->locked ? -1 : i;
 			w->out_ring[k] = q;
 		}
 	}
@@ -808,7 +892,7 @@ static void lab_free_rings(struct lab_run *r)
 static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k,
 		       const char *ring_kind)
 {
-	u64 allocs = 0, frees = 0;
+	u64 allocs = 0, frees = 0, warm_allocs = 0, warm_frees = 0;
 	int i;
 
 	for (i = 0; i < r->nw; i++) {
@@ -816,6 +900,8 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 
 		allocs += w->allocs;
 		frees += w->frees;
+		warm_allocs += w->warm_allocs;
+		warm_frees += w->warm_frees;
 		pr_info(LAB_PREFIX "worker {\"run\":%u,\"w\":%d,\"cpu\":%d,\"node\":%d,"
 			"\"role\":\"%s\",\"allocs\":%llu,\"frees\":%llu,\"drain_frees\":%llu,"
 			"\"idle\":%llu,\"ops_ns\":%llu,\"ns\":%llu,\"alloc_ns\":%llu,"
@@ -832,10 +918,12 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 	}
 	pr_info(LAB_PREFIX "done {\"run\":%u,\"status\":%d,\"kind\":\"%s\",\"cache\":\"%s\","
 		"\"own_cache\":%d,\"size\":%u,\"ksize\":%u,\"ring\":\"%s\",\"workers\":%d,"
-		"\"ops\":%lu,\"seed\":%lu,\"allocs\":%llu,\"frees\":%llu,\"elapsed_ns\":%llu}\n",
+		"\"ops\":%lu,\"seed\":%lu,\"allocs\":%llu,\"frees\":%llu,\"elapsed_ns\":%llu,"
+		"\"warmup\":%lu,\"warm_allocs\":%llu,\"warm_frees\":%llu,\"window\":%d}\n",
 		r->id, status, k, r->cache ? cache_name : "kmalloc", r->cache ? 1 : 0, r->size,
 		r->ksize, ring_kind, r->nw, r->ops, seed, (unsigned long long)allocs,
-		(unsigned long long)frees, (unsigned long long)elapsed);
+		(unsigned long long)frees, (unsigned long long)elapsed, r->warmup,
+		(unsigned long long)warm_allocs, (unsigned long long)warm_frees, r->resumed);
 }
 
 static const char *lab_kind_name(const char *k)
@@ -866,6 +954,7 @@ static int lab_run_once(void)
 	r->id = ++lab_runs;
 	r->size = size;
 	r->ops = ops;
+	r->warmup = warmup;
 	r->work_ns = work_ns;
 	r->timed = time_calls;
 	r->spin = idle_spin;
@@ -970,6 +1059,11 @@ static int lab_run_once(void)
 		r->abort = err;
 	}
 	atomic_set(&r->allocating, allocators);
+	if (err || !allocators)
+		r->warmup = 0;		/* no window to open */
+	atomic_set(&r->warm_left, allocators);
+	reinit_completion(&lab_resume);
+	atomic_set(&lab_phase, r->warmup ? LAB_WARMUP : LAB_WINDOW);
 	for (i = 0; i < r->nw; i++)
 		if (r->w[i].task)
 			wake_up_process(r->w[i].task);
@@ -983,6 +1077,7 @@ static int lab_run_once(void)
 			;
 	}
 	elapsed = ktime_get_ns() - t0;
+	atomic_set(&lab_phase, LAB_IDLE);
 	for (i = 0; i < r->nw; i++)
 		if (r->w[i].task)
 			kthread_stop(r->w[i].task);
@@ -1044,10 +1139,43 @@ static int lab_run_dummy;
 module_param_cb(run, &lab_run_ops, &lab_run_dummy, 0644);
 MODULE_PARM_DESC(run, "write 1 to run the workload again with the current parameters");
 
+/* /proc/slabtune_lab: the phase of the run (idle, warmup, parked, window) */
+static ssize_t lab_proc_read(struct file *f, char __user *buf, size_t n, loff_t *pos)
+{
+	static const char * const names[] = { "idle\n", "warmup\n", "parked\n", "window\n" };
+	int ph = atomic_read(&lab_phase);
+	const char *s = names[ph >= 0 && ph < ARRAY_SIZE(names) ? ph : 0];
+
+	return simple_read_from_buffer(buf, n, pos, s, strlen(s));
+}
+
+/* writing "resume" while parked opens the window */
+static ssize_t lab_proc_write(struct file *f, const char __user *buf, size_t n, loff_t *pos)
+{
+	char word[16] = "";
+
+	if (n >= sizeof(word) || copy_from_user(word, buf, n))
+		return -EINVAL;
+	if (!lab_word(word, "resume"))
+		return -EINVAL;
+	if (atomic_read(&lab_phase) != LAB_PARKED)
+		return -EBUSY;
+	complete_all(&lab_resume);
+	return n;
+}
+
+static const struct proc_ops lab_proc_ops = {
+	.proc_read = lab_proc_read,
+	.proc_write = lab_proc_write,
+	.proc_lseek = default_llseek,
+};
+
 static int __init lab_init(void)
 {
 	int err = 0;
 
+	if (!proc_create("slabtune_lab", 0600, NULL, &lab_proc_ops))
+		return -ENOMEM;
 	if (autorun) {
 		kernel_param_lock(THIS_MODULE);
 		mutex_lock(&lab_mutex);
@@ -1056,11 +1184,14 @@ static int __init lab_init(void)
 		kernel_param_unlock(THIS_MODULE);
 	}
 	WRITE_ONCE(lab_ready, true);
+	if (err)
+		remove_proc_entry("slabtune_lab", NULL);
 	return err;
 }
 
 static void __exit lab_exit(void)
 {
+	remove_proc_entry("slabtune_lab", NULL);
 	mutex_lock(&lab_mutex);
 	if (lab_kept_cache) {
 		kmem_cache_destroy(lab_kept_cache);

@@ -136,8 +136,12 @@ def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta
     Returns ``{"rows": [...], "scenarios": [...], "cost": {...}, "work": mode}``
     (:func:`evaluate` adds ``cost["implausible"]``, see
     :func:`slabtune.model.priors.implausible`); each row has ``scenario, metric, label,
-    arm, base, published, model, published_ratio, model_ratio, direction_agrees, headline,
-    within_factor, scale, other_ns`` (the work per op its arms ran with).
+    arm, base, allocator, base_allocator, published, model, published_ratio, model_ratio,
+    direction_agrees, headline, within_factor, scale, other_ns`` (``allocator``: "SLUB"
+    or "SLAB", the row's arm's; ``base_allocator`` its base's; ``other_ns``: the work per
+    op its arms ran with).  A row without published figures states its direction by
+    ``expect_direction`` (+1 or -1: the model ratio must be above or below 1) or by
+    ``expect_ratio_between``.
     """
     rows, summaries = [], []
     for sc in scenarios:
@@ -166,6 +170,8 @@ def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta
             pr = pub / pub_b if (pub is not None and pub_b) else None
             if pr is not None:
                 agrees = _direction(pr) != 0 and _direction(pr) == _direction(mr)
+            elif "expect_direction" in row:
+                agrees = _direction(mr) == row["expect_direction"]
             else:
                 lo, other = row["expect_ratio_between"]
                 hi = model_ratios.get(other, float("inf"))
@@ -176,6 +182,7 @@ def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta
             rows.append({
                 "scenario": sc["name"], "metric": m, "label": row["label"],
                 "arm": a, "base": b,
+                "allocator": arms[a]["allocator"], "base_allocator": arms[b]["allocator"],
                 "published": pub, "published_base": pub_b, "model": mv, "model_base": mb,
                 "published_ratio": pr, "model_ratio": mr,
                 "direction_agrees": bool(agrees), "headline": bool(row["headline"]),
@@ -198,8 +205,8 @@ def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta
 
 def _arm_summary(row: dict[str, Any]) -> dict[str, Any]:
     """The configuration of an arm spelled out, with its structure and key metrics."""
-    keep = ("order", "objs_per_slab", "min_partial", "cpu_partial", "cpu_partial_slabs",
-            "sheaf_capacity", "alloc_fastpath_frac", "free_fastpath_frac",
+    keep = ("allocator", "order", "objs_per_slab", "min_partial", "cpu_partial",
+            "cpu_partial_slabs", "sheaf_capacity", "alloc_fastpath_frac", "free_fastpath_frac",
             "slab_allocs_per_kop", "list_lock_per_kop", "list_lock_rho", "ns_per_op",
             "alloc_throughput_per_us", "memory_bytes", "overhead_frac")
     return {"config": row["config"], **{k: row[k] for k in keep}}

@@ -285,5 +285,131 @@ SLUB_MIN_PARTIAL_2008 = {
     ],
 }
 
+# --------------------------------------------------------------------------- SLAB
+#
+# The seeds' SLAB figures (issue 14 item 3).  SLAB arms run model/slab_dynamics.py; every
+# arm's allocator is its profile's (``slab-*`` profiles are SLAB).  SLUB arms repeat the
+# SLUB scenarios' configurations, so these scenarios leave the SLUB rows above unchanged.
+
+
+def _slab(arm: dict[str, Any], profile: str, **params) -> dict[str, Any]:
+    """``arm`` under the SLAB profile ``profile`` (SLUB's profile patch and params
+    dropped), with SLAB knobs ``params``."""
+    policy: dict[str, Any] = {"profile": profile}
+    if params:
+        policy["params"] = params
+    return {**{k: v for k, v in arm.items() if k != "profile_patch"}, "policy": policy}
+
+
+SLAB_NETIO_2008 = {
+    "name": "slab-netio-2008",
+    "title": "fio netio, SLAB against SLUB with static MIN_PARTIAL (real and sys time)",
+    "assumptions": "the 2008 scenario's machine and workload (2 CPUs, 1 node, kmalloc-4k "
+                   "local churn); SLAB as slab-v2.6.33, the oldest SLAB profile (2.6.27's "
+                   "mm/slab.c has the same array, shared and free_limit rules on one node); "
+                   "SLUB with dynamic min_partial (23.00 s real, 7.73 s sys) is within 0.5% "
+                   "of SLAB (22.98 s, 7.70 s), which reproduce counts as no change, so it "
+                   "is not a row",
+    "scale": {"metric": "time", "fit_to": ("SLUB static", 23.46), "unit": "s real",
+              "what": "real seconds = k / machine throughput"},
+    "work": no_work("the seed gives times but no count of allocations"),
+    "arms": {
+        "SLAB": _slab(_netio(), "slab-v2.6.33"),
+        "SLUB static": _netio(),
+        "SLUB dynamic": _netio(**DYNAMIC_MIN_PARTIAL),
+    },
+    "rows": [
+        {"metric": "time", "arm": "SLAB", "base": "SLUB static", "published": 22.98,
+         "published_base": 23.46, "headline": False,
+         "label": "netio real time (avg of 50), SLAB vs SLUB static min_partial"},
+        {"metric": "sys_time", "arm": "SLUB static", "base": "SLAB", "published": 8.89,
+         "published_base": 7.70, "headline": False,
+         "label": "netio sys time (avg of 50), SLUB static min_partial vs SLAB"},
+    ],
+}
+
+
+SLAB_NETPERF_2011 = {
+    "name": "slab-netperf-2011",
+    "title": "netperf TCP_RR at 160 threads: 'SLUB can never compete with SLAB' in the slow "
+             "paths (v3.1, SLAB against SLUB per cache)",
+    "assumptions": "the 2011 scenario's client machine and workload; SLAB as slab-v3.1; the "
+                   "seed gives SLUB_STATS only, so the rows are directions: SLAB's "
+                   "allocator time per op below SLUB's at 160 threads",
+    "scale": None,
+    "work": no_work("the seed gives allocation counts but no transaction rate"),
+    "arms": {
+        **{f"SLAB {c}@{t}": _slab(_netperf(c, t), "slab-v3.1")
+           for c in _NETPERF_PUBLISHED for t in (16, 160)},
+        **{f"SLUB {c}@{t}": _netperf(c, t) for c in _NETPERF_PUBLISHED for t in (16, 160)},
+    },
+    "rows": [
+        {"metric": "sys_time", "arm": f"SLAB {c}@{t}", "base": f"SLUB {c}@{t}",
+         "published": None, "published_base": None, "headline": False,
+         "expect": "SLAB faster (allocator ns per op lower)", "expect_direction": -1,
+         "label": f"{c} allocator time per op, {t} threads, SLAB vs SLUB"}
+        for c in _NETPERF_PUBLISHED for t in (160,)
+    ],
+}
+
+
+#: The 2010 fix's machine: every CPU on a node without memory, memory on node 0 alone
+#: (ia64/powerpc layouts where numa_mem_id() differs from numa_node_id()).
+MEMORYLESS_2010_TOPOLOGY = {"cpus": 64, "nodes": 5, "node_cpus": [0, 16, 16, 16, 16],
+                            "memoryless_nodes": [1, 2, 3, 4]}
+
+
+def memoryless_penalty_topologies() -> list[dict[str, Any]]:
+    """[topology] tables with more and more CPUs on memoryless nodes: 4 nodes of 8 CPUs
+    with 0, 1, 2, 3 of them memoryless, then 4 memoryless nodes of 8 CPUs beside a
+    CPU-less memory node (0, 8, 16, 24, 32 CPUs on memoryless nodes)."""
+    out = [{"cpus": 32, "nodes": 4, "memoryless_nodes": list(range(4 - k, 4))}
+           for k in range(4)]
+    out.append({"cpus": 32, "nodes": 5, "node_cpus": [0, 8, 8, 8, 8],
+                "memoryless_nodes": [1, 2, 3, 4]})
+    return out
+
+
+def slab_memoryless_arm(topology: dict[str, Any], fix: bool,
+                        profile: str = "slab-v2.6.33") -> dict[str, Any]:
+    """A SLAB arm of the 2010 numa_mem_id() case on ``topology`` (a [topology] table):
+    local churn on kmalloc-256, with (``fix``) or without the fix ("numa: slab: use
+    numa_mem_id() for slab local memory node", v2.6.35)."""
+    return {
+        "topology": dict(topology),
+        "cache": {"name": "kmalloc-256"},
+        "policy": {"profile": profile, "params": {"memoryless_fallback": fix}},
+        "workload": {"kind": "local", "live": 40},
+        "run": {"steps": 3000, "seed": 5},
+    }
+
+
+SLAB_MEMORYLESS_2010 = {
+    "name": "slab-memoryless-numa-mem-id-2010",
+    "title": "SLAB on a machine whose CPUs all sit on memoryless nodes, without and with "
+             "numa_mem_id() (v2.6.35)",
+    "assumptions": "64 CPUs on 4 memoryless nodes, memory on node 0 alone; kmalloc-256 "
+                   "local churn; slab-v2.6.33 with memoryless_fallback false (numa_node_id()"
+                   ", the array never holds an object) and true (the fix); the patch gives "
+                   "no figures, so the rows are directions",
+    "scale": None,
+    "work": no_work("the patch gives no figures"),
+    "arms": {
+        "no fix": slab_memoryless_arm(MEMORYLESS_2010_TOPOLOGY, False),
+        "fix": slab_memoryless_arm(MEMORYLESS_2010_TOPOLOGY, True),
+    },
+    "rows": [
+        {"metric": "sys_time", "arm": "no fix", "base": "fix", "published": None,
+         "published_base": None, "headline": False,
+         "expect": "slower without the fix", "expect_direction": 1,
+         "label": "allocator time per op, SLAB without vs with numa_mem_id()"},
+        {"metric": "alloc_fastpath_pct", "arm": "no fix", "base": "fix", "published": None,
+         "published_base": None, "headline": False,
+         "expect": "no array hit without the fix", "expect_direction": -1,
+         "label": "alloc array hit %, SLAB without vs with numa_mem_id()"},
+    ],
+}
+
 SCENARIOS: tuple[dict[str, Any], ...] = (
-    SLUB_ORDER_2021, SLUB_NETPERF_2011, SHEAVES_2026, SLUB_MIN_PARTIAL_2008)
+    SLUB_ORDER_2021, SLUB_NETPERF_2011, SHEAVES_2026, SLUB_MIN_PARTIAL_2008,
+    SLAB_NETIO_2008, SLAB_NETPERF_2011, SLAB_MEMORYLESS_2010)

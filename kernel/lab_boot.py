@@ -163,12 +163,56 @@ def counter_per_cpu(raw: str | None) -> dict[int, int]:
 SYSFS_KNOBS = ("min_partial", "cpu_partial")
 
 
+def _slub_probe() -> list[str]:
+    """Shell functions of a SLUB kernel: ``dump <phase>`` prints every readable file of
+    the cache's sysfs directory ``$D``; ``sample`` sets ``v`` to its ``slabs`` line."""
+    return [
+        "dump() {",
+        '  [ -d "$D/" ] || { echo "$M X $1"; return; }',
+        '  for f in "$D"/*; do',
+        '    [ -f "$f" ] || continue',
+        '    v=; { read -r v < "$f"; } 2>/dev/null || [ -n "$v" ] || continue',
+        '    echo "$M C $1 ${f##*/} $v"',
+        "  done",
+        '  echo "$M N $1"',
+        "}",
+        'sample() { v=; { read -r v < "$D/slabs"; } 2>/dev/null; }',
+    ]
+
+
+def _slab_probe() -> list[str]:
+    """Shell functions of a SLAB kernel (no /sys/kernel/slab): ``dump <phase>`` prints the
+    cache's /proc/slabinfo line (after its name) as file ``slabinfo``; ``sample`` sets ``v``
+    to ``num_slabs A=active_objs O=num_objs`` of it (the 14th field after the name is
+    num_slabs, mm/slab_common.c cache_show()).  Reads through the ``read`` builtin only."""
+    return [
+        "line() {",
+        "  l=; while read -r n rest; do",
+        '    [ "$n" = "$C" ] && { l=$rest; break; }',
+        "  done < /proc/slabinfo",
+        "}",
+        "dump() {",
+        '  line; [ -n "$l" ] || { echo "$M X $1"; return; }',
+        '  echo "$M C $1 slabinfo $l"',
+        '  echo "$M N $1"',
+        "}",
+        'sample() { line; v=; [ -n "$l" ] && { set -- $l; v="${14} A=$1 O=$2"; }; }',
+    ]
+
+
 def init_script(token: str, cache: str, params: Sequence[str],
                 sample_s: float = SAMPLE_INTERVAL_S,
-                sysfs: Mapping[str, int] | None = None) -> str:
-    """The guest's /init for one lab run on /sys/kernel/slab/``cache``; ``sysfs`` values
-    (:data:`SYSFS_KNOBS`) are written to the cache's files before anything is dumped."""
+                sysfs: Mapping[str, int] | None = None, allocator: str = "slub") -> str:
+    """The guest's /init for one lab run on /sys/kernel/slab/``cache`` (``allocator``
+    ``slub``) or on the cache's /proc/slabinfo line (``slab``: SLAB has no sysfs
+    directory); ``sysfs`` values (:data:`SYSFS_KNOBS`, SLUB's) are written to the cache's
+    files before anything is dumped."""
+    if allocator not in ("slub", "slab"):
+        raise LabBootError(f"allocator: {allocator!r} is not slub or slab")
     sysfs = dict(sysfs or {})
+    if sysfs and allocator == "slab":
+        raise LabBootError(f"policy.params.{next(iter(sysfs))}: a SLUB sysfs file; SLAB "
+                           "has no /sys/kernel/slab")
     for k, v in sysfs.items():
         if k not in SYSFS_KNOBS:
             raise LabBootError(f"policy.params.{k}: the lab sets only {', '.join(SYSFS_KNOBS)}")
@@ -186,21 +230,13 @@ def init_script(token: str, cache: str, params: Sequence[str],
     args = " ".join(params)
     return "\n".join([
         *guest.init_prelude(MARK),
-        f"D=/sys/kernel/slab/{cache}",
+        f"D=/sys/kernel/slab/{cache}", f"C={cache}",
         f'echo "$M S {token}"',
         'v=; read v < /proc/sys/kernel/osrelease; echo "$M I release $v"',
         'v=; read v < /sys/devices/system/cpu/online; echo "$M I cpus_online $v"',
         'v=NA; [ -r /sys/devices/system/node/has_memory ] && '
         '{ read v < /sys/devices/system/node/has_memory; }; echo "$M I has_memory $v"',
-        "dump() {",
-        '  [ -d "$D/" ] || { echo "$M X $1"; return; }',
-        '  for f in "$D"/*; do',
-        '    [ -f "$f" ] || continue',
-        '    v=; { read -r v < "$f"; } 2>/dev/null || [ -n "$v" ] || continue',
-        '    echo "$M C $1 ${f##*/} $v"',
-        "  done",
-        '  echo "$M N $1"',
-        "}",
+        *(_slab_probe() if allocator == "slab" else _slub_probe()),
         *[f'echo {v} > "$D/{k}"; echo "$M R set_{k} $?"' for k, v in sysfs.items()],
         "dump warm > /dev/null",
         "dump base",
@@ -218,7 +254,7 @@ def init_script(token: str, cache: str, params: Sequence[str],
         f"( insmod /{_KO_PATH} {args}; echo $? > /tmp/rc ) &",
         "i=0; w=",
         "while [ ! -e /tmp/rc ]; do",
-        '  v=; { read -r v < "$D/slabs"; } 2>/dev/null; [ -n "$v" ] && echo "$M P $i $v"',
+        '  sample; [ -n "$v" ] && echo "$M P $i $v"',
         '  if [ -z "$w" ]; then',
         '    v=; { read -r v < /proc/slabtune_lab; } 2>/dev/null',
         '    if [ "$v" = parked ]; then',
@@ -372,12 +408,15 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
         raise LabBootError(f"policy.params.{next(iter(sysfs))}: a cache of the module's own "
                            "exists only during the run; the lab sets sysfs values on kmalloc "
                            "caches only")
-    init_script("x", cache, params, sysfs=sysfs)      # every value checked before a boot
+    # the lab's SLAB build is checked against its SLAB profile (slab_max_order=) and read
+    # through /proc/slabinfo
+    profile = guest.boot_profile(kernel)
+    allocator = "slab" if profiles.is_slab(profile) else "slub"
+    init_script("x", cache, params, sysfs=sysfs, allocator=allocator)   # checked before a boot
     ko = labmod.build_module(tree_name)
     # find_assets checks qemu, the kernel and busybox; the module stands in for the
     # workload binary, which this guest does not use.
     assets = guest.find_assets(kernel=kernel, workload=ko, build=False)
-    profile = guest.kernel_profile(kernel)
     cmdline = guest.guest_cmdline(dict(boot_params or {}), topology, profile)
     if own and old_kernel:
         cmdline += " slab_nomerge"
@@ -388,7 +427,7 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     result = None
     for n in range(1, attempts + 1):
         result = _boot_once(assets, ko, kernel, cache, params, cmdline, topology, memory_mib,
-                            timeout_s, accel, dict(sysfs or {}))
+                            timeout_s, accel, dict(sysfs or {}), allocator)
         result.attempts = n
         if result.ok or not _is_boot_flake(result.error):
             break
@@ -436,10 +475,10 @@ def _is_boot_flake(error: str) -> bool:
 
 def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cmdline: str,
                topology: Topology, memory_mib: int, timeout_s: float, accel: str,
-               sysfs: dict[str, int]) -> LabBootResult:
+               sysfs: dict[str, int], allocator: str = "slub") -> LabBootResult:
     """One boot of a lab guest; see :func:`boot_lab`."""
     token = secrets.token_hex(6)
-    script = init_script(token, cache, params, sysfs=sysfs)
+    script = init_script(token, cache, params, sysfs=sysfs, allocator=allocator)
     with tempfile.TemporaryDirectory(prefix="slabtune-lab-") as tmp:
         tmpd = Path(tmp)
         initrd = tmpd / "initrd.cpio"
@@ -490,7 +529,7 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
     elif records["done"].get("status") != 0:
         error = f"the module's run ended with status {records['done'].get('status')}"
     elif "after" in parsed["missing"]:
-        error = f"/sys/kernel/slab/{cache} does not exist in the guest"
+        error = f"cache {cache} does not exist in the guest (/sys/kernel/slab, /proc/slabinfo)"
     elif records["done"].get("warmup") and (records["done"].get("window") != 1
                                              or not parsed["dumps"]["window"]):
         error = "the run's warm-up ended but its window's start was not dumped"
@@ -557,14 +596,13 @@ def measure(result: LabBootResult) -> dict[str, Any]:
       ``PAGE_SIZE << order``.  None when the window was too short to be sampled.
     * ``counters``: every SLUB_STATS delta (:func:`counter_deltas`).
     """
+    if "slabinfo" in result.dumps.get("after", {}):
+        return measure_slab(result)
     counters = counter_deltas(result)
-    done = result.done or {}
-    ops = (int(done.get("allocs", 0)) + int(done.get("frees", 0))
-           - int(done.get("warm_allocs", 0)) - int(done.get("warm_frees", 0)))
+    ops, warm_ops = window_ops(result)
     order = counter_total(result.dumps.get("after", {}).get("order"))
     before_slabs = result.value("before", "slabs")
-    windowed = result.samples[result.window_at or 0:]
-    samples = [v for v in (counter_total(s) for s in windowed) if v is not None]
+    samples = [v for v in (counter_total(s) for s in window_samples(result)) if v is not None]
     memory = None
     if samples and order is not None and before_slabs is not None:
         mean = sum(samples) / len(samples)
@@ -578,10 +616,85 @@ def measure(result: LabBootResult) -> dict[str, Any]:
         "slab_allocs_per_kop": (1000.0 * c("alloc_slab", 0) / ops) if ops else None,
         "memory_bytes": memory,
         "ops": ops,
-        "warmup_ops": int(done.get("warm_allocs", 0)) + int(done.get("warm_frees", 0)),
+        "warmup_ops": warm_ops,
         "order": order,
         "samples": len(samples),
         "peak_slabs": (max(samples) - before_slabs) if samples and before_slabs is not None
         else None,
         "counters": counters,
+    }
+
+
+def window_ops(result: LabBootResult) -> tuple[int, int]:
+    """(ops in the counted window, ops of the warm-up) from the module's ``done`` record:
+    allocations plus frees, less those done before the workers parked."""
+    done = result.done or {}
+    warm = int(done.get("warm_allocs", 0)) + int(done.get("warm_frees", 0))
+    return int(done.get("allocs", 0)) + int(done.get("frees", 0)) - warm, warm
+
+
+def window_samples(result: LabBootResult) -> list[str]:
+    """The samples taken in the counted window (all of them in a run without warm-up)."""
+    return result.samples[result.window_at or 0:]
+
+
+def slabinfo_of(result: LabBootResult, phase: str) -> dict[str, Any] | None:
+    """The cache's /proc/slabinfo line in ``phase`` of a SLAB run, parsed
+    (:func:`slabtune.kernel.snapshot.parse_slabinfo_line`); None where the cache did not
+    exist (an own cache before the run)."""
+    from slabtune.kernel import snapshot
+
+    raw = result.dumps.get(phase, {}).get("slabinfo")
+    return snapshot.parse_slabinfo_line(f"{result.cache} {raw}") if raw else None
+
+
+def _sample_fields(raw: str) -> tuple[int, int] | None:
+    """``"12 A=80 O=96"`` (a SLAB sample: num_slabs, active_objs, num_objs) -> (12, 80)."""
+    parts = raw.split()
+    try:
+        active = next(int(p[2:]) for p in parts[1:] if p.startswith("A="))
+        return int(parts[0]), active
+    except (ValueError, IndexError, StopIteration):
+        return None
+
+
+def measure_slab(result: LabBootResult) -> dict[str, Any]:
+    """The measured side of a lab run on the SLAB kernel (CONFIG_SLAB, no SLUB_STATS, no
+    /sys/kernel/slab).  The lab's build has no CONFIG_DEBUG_SLAB, so /proc/slabinfo has no
+    statistics columns (allocation hits and misses, grown, reaped): the fast-path fractions
+    and ``slab_allocs_per_kop`` are None.  What it gives, over the same window as on SLUB
+    (:func:`measure`):
+
+    * ``memory_bytes``: (mean sampled num_slabs - num_slabs before the run) *
+      ``PAGE_SIZE * pagesperslab``;
+    * ``active_objects``: mean sampled active_objs - active_objs before the run: objects
+      not free on a node's lists, so the ones parked in the per-CPU, shared and alien
+      arrays count (mm/slab.c get_slabinfo()), besides the workload's live ones;
+    * ``slabinfo``: the parsed line at the window's start and at the end (after every
+      object was freed); ``structure``: order, objs_per_slab, limit, batchcount and
+      sharedfactor of the end's line;
+    * ``ops``, ``warmup_ops``, ``samples``, ``peak_slabs`` as on SLUB; ``counters`` empty.
+    """
+    ops, warm_ops = window_ops(result)
+    before = slabinfo_of(result, "before")
+    end = slabinfo_of(result, "after")
+    start = slabinfo_of(result, window_start(result))
+    base_slabs = int(before["slabs"]) if before else 0
+    base_active = int(before["objects"]) if before else 0
+    samples = [v for v in (_sample_fields(s) for s in window_samples(result)) if v is not None]
+    memory = active = None
+    if samples and end is not None:
+        slab_bytes = PAGE_SIZE << int(end["order"])
+        memory = max(sum(n for n, _ in samples) / len(samples) - base_slabs, 0.0) * slab_bytes
+        active = max(sum(a for _, a in samples) / len(samples) - base_active, 0.0)
+    return {
+        "alloc_fastpath_frac": None, "free_fastpath_frac": None, "slab_allocs_per_kop": None,
+        "memory_bytes": memory, "active_objects": active,
+        "ops": ops, "warmup_ops": warm_ops,
+        "order": int(end["order"]) if end else None, "samples": len(samples),
+        "peak_slabs": (max(n for n, _ in samples) - base_slabs) if samples else None,
+        "slabinfo": {"window": start, "after": end},
+        "structure": ({k: end[k] for k in ("order", "objs_per_slab", "limit", "batchcount",
+                                           "sharedfactor")} if end else None),
+        "counters": {},
     }

@@ -317,9 +317,39 @@ def test_init_script_is_valid_shell(tmp_path):
     sh = shutil.which("sh")
     if sh is None:
         pytest.skip("no sh")
-    f = tmp_path / "init"
-    f.write_text(lab_boot.init_script("abc123", "kmalloc-512", ["kind=local"]))
-    assert subprocess.run([sh, "-n", str(f)]).returncode == 0
+    for allocator in ("slub", "slab"):
+        f = tmp_path / f"init-{allocator}"
+        f.write_text(lab_boot.init_script("abc123", "kmalloc-512", ["kind=local"],
+                                          allocator=allocator))
+        assert subprocess.run([sh, "-n", str(f)]).returncode == 0
+
+
+def test_slab_init_reads_the_caches_slabinfo_line(tmp_path):
+    """On SLAB the /init's ``dump`` prints the cache's /proc/slabinfo line and ``sample``
+    its num_slabs (the 14th field after the name) with active_objs and num_objs: run the
+    two shell functions on a copy of a 6.1 SLAB /proc/slabinfo."""
+    sh = shutil.which("sh")
+    if sh is None:
+        pytest.skip("no sh")
+    script = lab_boot.init_script("abc123", "slabtune_lab", [], allocator="slab")
+    assert "/sys/kernel/slab/slabtune_lab/" not in script.split("dump warm")[1]
+    funcs = script[script.index("line() {"):script.index("dump warm")]
+    info = tmp_path / "slabinfo"
+    info.write_text(
+        "slabinfo - version: 2.1\n"
+        "# name <active_objs> <num_objs> <objsize> ...\n"
+        "kmalloc-512 60 64 512 8 1 : tunables 54 27 8 : slabdata 8 8 0\n"
+        "slabtune_lab 253 370 3000 5 4 : tunables 24 12 8 : slabdata 70 74 16\n")
+    body = (funcs.replace("/proc/slabinfo", str(info))
+            + 'M=@@LAB; C=slabtune_lab; dump after; sample; echo "$v"\n'
+            + 'C=nothing; dump before\n')
+    out = subprocess.run([sh, "-c", body], capture_output=True, text=True).stdout
+    assert out.splitlines() == [
+        "@@LAB C after slabinfo 253 370 3000 5 4 : tunables 24 12 8 : slabdata 70 74 16",
+        "@@LAB N after", "74 A=253 O=370", "@@LAB X before"]
+    with pytest.raises(lab_boot.LabBootError, match="^policy.params.min_partial: a SLUB"):
+        lab_boot.init_script("abc123", "slabtune_lab", [], sysfs={"min_partial": 1},
+                             allocator="slab")
 
 
 def test_parse_console_and_counters():

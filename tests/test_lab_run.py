@@ -111,6 +111,28 @@ def test_a_warmed_run_counts_from_the_window_dump():
     assert lab_boot.measure(r0)["counters"]["alloc_slab"] == 16
 
 
+def test_a_slab_run_measures_slabinfo():
+    """On SLAB (no SLUB_STATS) memory is the window's mean num_slabs over the pre-run
+    count times pagesperslab pages, active objects likewise; the fast paths and slab
+    allocations are None, the structure is the end's slabinfo line."""
+    line = "{} {} 3000 5 4 : tunables 24 12 8 : slabdata {} {} 0"
+    r = _result(cache="slabtune_lab", missing=["base", "before"],
+                dumps={"base": {}, "before": {},
+                       "window": {"slabinfo": line.format(40, 50, 10, 10)},
+                       "after": {"slabinfo": line.format(30, 60, 12, 12)}},
+                samples=["9 A=30 O=45", "10 A=40 O=50", "12 A=50 O=60", "14 A=60 O=70"],
+                window_at=2, done={"allocs": 100, "frees": 100, "warm_allocs": 20,
+                                   "warm_frees": 15, "warmup": 10, "window": 1})
+    m = lab_boot.measure(r)
+    assert m["memory_bytes"] == pytest.approx(13 * 4 * 4096)
+    assert m["active_objects"] == pytest.approx(55)
+    assert m["ops"] == 165 and m["warmup_ops"] == 35 and m["peak_slabs"] == 14
+    assert m["structure"] == {"order": 2, "objs_per_slab": 5, "limit": 24, "batchcount": 12,
+                              "sharedfactor": 8}
+    assert m["slabinfo"]["window"]["slabs"] == 10 and m["slabinfo"]["after"]["objects"] == 30
+    assert m["alloc_fastpath_frac"] is None and m["slab_allocs_per_kop"] is None
+
+
 def test_model_window_leaves_the_start_up_slabs_in_the_warm_up():
     """The model's counted window (validate/lab.py window_counters): on local churn over
     8 CPUs with memory the kernel allocated 8 slabs in the whole run, all at start-up (the
@@ -368,6 +390,77 @@ def test_lab_run_on_a_memoryless_node_matches_the_modules_own_ops(tmp_path):
     assert store.open_run(run.path).collect().height == rows.height
     shown = _cli("lab", "show", str(run.path), "--markdown")
     assert shown.returncode == 0 and shown.stdout.count("| 6.1 |") == 1
+
+
+SLAB_CONFIG = """
+[topology]
+cpus = 4
+nodes = 1
+
+[cache]
+size = 3000
+
+[policy]
+profile = "slab-v6.1"
+
+[policy.params]
+slab_max_order = 2
+
+[workload]
+kind = "producer_consumer"
+depth = 16
+
+[run]
+steps = 1200
+seed = 3
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_lab_run_on_the_slab_kernel_reads_slabinfo_against_the_model(tmp_path):
+    """``lab run --kernel 6.1-slab`` of a SLAB config: a 3000-byte cache of the module's own
+    with ``slab_max_order=2`` on the command line, producer/consumer on 4 CPUs of one node.
+    SLAB's calculate_slab_order() (mm/slab.c, 6.1) stops at order 1 by default (2 objects,
+    2192 bytes left over); allowed order 2 it takes 5 objects per 16 KiB slab.  The
+    kernel's /proc/slabinfo must show the model's structure exactly (order, objperslab,
+    limit, batchcount, sharedfactor), num_objs = num_slabs * objperslab in both dumps, and
+    at the window's start (every worker parked) the active objects are the module's
+    outstanding ones (allocated in the warm-up, not yet freed) plus at most what the 4
+    per-CPU arrays (limit each) and the node's shared array (shared * batchcount) hold."""
+    _need(("6.1-slab",))
+    cfg = tmp_path / "slab.toml"
+    cfg.write_text(SLAB_CONFIG)
+    r = _cli("lab", "run", str(cfg), "--kernel", "6.1-slab", "--json", "--accel", "tcg",
+             "--out", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["ok"], rec["error"]
+    assert "slab_max_order=2" in rec["cmdline"] and rec["profile"] == "slab-v6.1"
+    m, p = rec["measured"], rec["predicted"]
+    want = {"order": 2, "objs_per_slab": 5, "limit": 24, "batchcount": 12, "shared": 8}
+    assert p["structure"] == want
+    assert m["structure"] == {**{k: want[k] for k in want if k != "shared"},
+                              "sharedfactor": want["shared"]}
+    for phase in ("window", "after"):
+        info = m["slabinfo"][phase]
+        assert info["total_objects"] == info["slabs"] * 5
+    # 2 senders x (300 warm-up + 1200 counted) allocations, and as many frees
+    assert m["ops"] + m["warmup_ops"] == 2 * 2 * 1500
+    assert m["samples"] >= 1 and m["memory_bytes"] is not None
+    assert m["active_objects"] is not None and p["active_objects"] > 0
+    outstanding = 2 * 300 - (m["warmup_ops"] - 2 * 300)
+    assert 0 <= outstanding <= 2 * 16
+    cached = m["slabinfo"]["window"]["objects"] - outstanding
+    assert 0 <= cached <= 4 * want["limit"] + want["shared"] * want["batchcount"]
+    # the fast paths and slab allocations are not measured (no CONFIG_DEBUG_SLAB)
+    assert m["alloc_fastpath_frac"] is None and m["counters"] == {}
+    from slabtune.results import store
+
+    rows = store.open_run(next((tmp_path / "runs").iterdir())).collect()
+    struct = rows.filter(pl.col("field").str.starts_with("slabinfo."))
+    assert struct.height == 5 and (struct["measured"] == struct["predicted"]).all()
+    assert rows.filter(pl.col("field") == "active_objects")["comparable"].to_list() == [True]
 
 
 @pytest.mark.slow

@@ -38,12 +38,25 @@ from slabtune.errors import SlabtuneError
 
 #: The lab kernels with SLUB and SLUB_STATS (kernel/configs/kernels.tsv), in version order.
 LAB_KERNELS = ("6.1", "6.12", "7.2")
+#: The lab kernels with SLAB (CONFIG_SLAB, no SLUB_STATS, /proc/slabinfo without the
+#: CONFIG_DEBUG_SLAB statistics columns).
+SLAB_LAB_KERNELS = ("6.1-slab",)
 #: The figures compared for every run, with their units.
 COMPARED: dict[str, str] = {
     "alloc_fastpath_frac": "fraction of allocations",
     "free_fastpath_frac": "fraction of frees",
     "slab_allocs_per_kop": "new slabs per 1000 ops",
     "memory_bytes": "bytes (mean over the run)",
+}
+#: Figures compared only on a SLAB kernel (kernel/lab_boot.py measure_slab()).
+SLAB_COMPARED: dict[str, str] = {
+    "active_objects": "objects not free on a node's lists (mean over the run)",
+}
+#: /proc/slabinfo columns set beside the SLAB model's structure (exact): slabinfo name ->
+#: the model's row field.
+SLABINFO_STRUCTURE: dict[str, str] = {
+    "order": "order", "objs_per_slab": "objs_per_slab", "limit": "limit",
+    "batchcount": "batchcount", "sharedfactor": "shared",
 }
 #: SLUB_STATS file -> (the model's Counters field, whether one model event moves a whole
 #: sheaf: the kernel counts the objects, sheaf_refill/sheaf_flush are stat_add(n) in v7.x).
@@ -124,30 +137,44 @@ def load_config(path: str | os.PathLike) -> LabConfig:
     return parse_config(read_text_file(p, "CONFIG"), p.stem, str(p))
 
 
-def resolve_kernels(names: Sequence[str] | None) -> list[str]:
+def resolve_kernels(names: Sequence[str] | None, slab: bool = False) -> list[str]:
     """``--kernel`` values checked (names of ``scripts/build-kernels.sh`` or bzImage
-    paths); none given: every built lab kernel of :data:`LAB_KERNELS`."""
+    paths); none given: every built lab kernel of :data:`LAB_KERNELS`, or with ``slab``
+    (a SLAB profile's validation) of :data:`SLAB_LAB_KERNELS`."""
     from slabtune.kernel import build, lab_boot
 
     if names:
         for n in names:
             lab_boot.resolve_kernel(n)
         return list(dict.fromkeys(names))
-    built = [k for k in LAB_KERNELS if build.kernel_path(k) is not None
-             and build.build_tree(k) is not None]
+    built = [k for k in (SLAB_LAB_KERNELS if slab else LAB_KERNELS)
+             if build.kernel_path(k) is not None and build.build_tree(k) is not None]
     if not built:
-        raise SlabtuneError("--kernel: no lab kernel is built here; build them with "
-                            "scripts/build-kernels.sh (about 27 min on 2 cores)")
+        raise SlabtuneError(f"--kernel: no {'SLAB ' if slab else ''}lab kernel is built "
+                            "here; build them with scripts/build-kernels.sh (about 27 min "
+                            "on 2 cores)")
     return built
 
 
 def kernel_profile(kernel: str):
-    """The model profile of a lab kernel, from its bzImage's release
-    (:func:`slabtune.model.profiles.detect_profile`, era rules included)."""
+    """The model profile of a lab kernel, from its bzImage's release: the SLAB profile of
+    the lab's SLAB build (:func:`slabtune.kernel.guest.boot_profile`), else
+    :func:`slabtune.model.profiles.detect_profile` (era rules included)."""
     from slabtune.kernel import guest, lab_boot
 
     path, _ = lab_boot.resolve_kernel(kernel)
-    return guest.kernel_profile(path)
+    return guest.boot_profile(path)
+
+
+def release_profile(release: str):
+    """The model profile of a stored record's kernel release (as :func:`kernel_profile`
+    reads it from the bzImage)."""
+    from slabtune.kernel import guest
+    from slabtune.model import profiles, slab
+
+    if release.endswith(guest.SLAB_RELEASE_SUFFIX):
+        return slab.detect_slab_profile(release)
+    return profiles.detect_profile(release)
 
 
 # --------------------------------------------------------------------------- the model
@@ -172,9 +199,10 @@ def window_counters(early, late, steps_early: int, steps_late: int):
     gauge's window average is its two time sums' difference over the window's steps;
     ``outstanding`` is the end's.  The lab's counted window (kernel/lab_boot.py
     :func:`~slabtune.kernel.lab_boot.measure`) on the model's side."""
-    from slabtune.model import dynamics
+    from slabtune.model import dynamics, slab_dynamics
 
-    gauges = {name for name, _ in dynamics.GAUGE_FIELDS}
+    gauges = ({name for name, _ in dynamics.GAUGE_FIELDS} if isinstance(late, dynamics.Counters)
+              else set(slab_dynamics.REP_GAUGES + slab_dynamics.NODE_GAUGES))
     span = float(steps_late - steps_early)
     out = {}
     for name in type(late)._fields:
@@ -212,26 +240,45 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[d
     return _predicted(specs, structs, cfgs, counters, cost)
 
 
+#: The SLAB model's events reported per 1000 ops on a SLAB kernel (none has a measured
+#: counterpart there: the lab's SLAB build has no statistics).
+SLAB_MODEL_COUNTERS = ("alloc_fast", "alloc_slow", "free_fast", "free_slow", "slab_alloc",
+                       "slab_free", "refill_shared", "refill_slabs", "refill_grow",
+                       "flush_shared", "flush_slabs", "alien_flush", "reap_drain")
+
+
 def _predicted(specs, structs, cfgs, counters, cost) -> list[dict]:
-    """:func:`predict`'s records of simulated counters."""
+    """:func:`predict`'s records of simulated counters.  A SLAB spec's record has the SLAB
+    model's events by its own names, its structure as /proc/slabinfo shows it (order,
+    objects per slab, limit, batchcount, shared) and ``active_objects``: the objects its
+    CPUs hold (live) plus those parked in the per-CPU, shared and alien arrays, what
+    /proc/slabinfo counts as active (mm/slab.c get_slabinfo())."""
     from slabtune.model import metrics
     from slabtune.sweeps import simulate
 
     rows = simulate.metrics_of(specs, structs, cfgs, counters, cost)
     out = []
     for spec, cfg, cnt, row in zip(specs, cfgs, counters, rows):
-        cap = int(row["sheaf_capacity"])
-        per_kop = {name: float(metrics.per_kop(cnt, cfg.rep_weight, getattr(cnt, field)))
-                   * (cap if per_sheaf else 1)
-                   for name, (field, per_sheaf) in MODEL_COUNTERS.items()}
-        out.append({
-            **{k: row[k] for k in COMPARED},
-            "ns_per_op": float(row["ns_per_op"]),
-            "profile": spec.profile.name,
-            "structure": {k: row[k] for k in ("order", "objs_per_slab", "min_partial",
-                                              "cpu_partial", "sheaf_capacity")},
-            "counters_per_kop": per_kop,
-        })
+        rec = {**{k: row[k] for k in COMPARED}, "ns_per_op": float(row["ns_per_op"]),
+               "profile": spec.profile.name}
+        if simulate.is_slab_spec(spec):
+            rec["structure"] = {k: row[k] for k in ("order", "objs_per_slab", "limit",
+                                                    "batchcount", "shared")}
+            rec["counters_per_kop"] = {
+                name: float(metrics.per_kop(cnt, cfg.rep_weight, getattr(cnt, name)))
+                for name in SLAB_MODEL_COUNTERS}
+            size = float(spec.cache.object_size)
+            rec["active_objects"] = (row["live_bytes"] + row["sheaf_bytes"]
+                                     + row["barn_bytes"]) / size
+        else:
+            cap = int(row["sheaf_capacity"])
+            rec["structure"] = {k: row[k] for k in ("order", "objs_per_slab", "min_partial",
+                                                    "cpu_partial", "sheaf_capacity")}
+            rec["counters_per_kop"] = {
+                name: float(metrics.per_kop(cnt, cfg.rep_weight, getattr(cnt, field)))
+                * (cap if per_sheaf else 1)
+                for name, (field, per_sheaf) in MODEL_COUNTERS.items()}
+        out.append(rec)
     return out
 
 
@@ -298,6 +345,7 @@ def combine(rec: Mapping[str, Any], cfg: LabConfig, predicted: Mapping[str, Any]
     measured = rec.get("measured")
     ops = (measured or {}).get("ops") or 0
     pred = {k: predicted[k] for k in COMPARED}
+    pred.update({k: predicted[k] for k in SLAB_COMPARED if k in predicted})
     pred["counters"] = ({k: v * ops / 1000.0 for k, v in predicted["counters_per_kop"].items()}
                         if ops else {})
     pred["counters_per_kop"] = dict(predicted["counters_per_kop"])
@@ -360,6 +408,17 @@ def rows_of(record: Mapping[str, Any], base: Mapping[str, Any]) -> list[dict]:
         out.append({**common, "status": "ok", "field": k, "measured": _num(m.get(k)),
                     "predicted": _num(p.get(k)), "unit": unit,
                     "comparable": m.get(k) is not None})
+    for k, unit in SLAB_COMPARED.items():
+        if k in m:
+            out.append({**common, "status": "ok", "field": k, "measured": _num(m.get(k)),
+                        "predicted": _num(p.get(k)), "unit": unit,
+                        "comparable": m.get(k) is not None and p.get(k) is not None})
+    for name, field in SLABINFO_STRUCTURE.items():
+        if m.get("structure") and field in p.get("structure", {}):
+            out.append({**common, "status": "ok", "field": f"slabinfo.{name}",
+                        "measured": _num(m["structure"][name]),
+                        "predicted": _num(p["structure"][field]), "unit": "structure",
+                        "comparable": True})
     for name in sorted(set(m["counters"]) | set(p["counters"])):
         out.append({**common, "status": "ok", "field": f"counters.{name}",
                     "measured": _num(m["counters"].get(name)),
@@ -392,8 +451,6 @@ def stored_run(run, repredict: bool = False) -> LabRun:
     ``repredict`` the model side is computed again by today's model (under the profile of
     each record's kernel release), beside the stored measurements: how a model change
     moves the report card without booting anything."""
-    from slabtune.model import profiles
-
     if run.manifest.get("kind") != "lab":
         raise SlabtuneError(f"lab show: {run.path} is not a lab run")
     states = run.manifest["chunks"]["states"]
@@ -402,8 +459,7 @@ def stored_run(run, repredict: bool = False) -> LabRun:
     for r in recs:
         r.setdefault("console_tail", "")
     if repredict and recs:
-        preds = predict([(r["config"]["doc"], profiles.detect_profile(r["release"]))
-                         for r in recs])
+        preds = predict([(r["config"]["doc"], release_profile(r["release"])) for r in recs])
         recs = [combine(r, config_from_doc(r["config"]["doc"], r["config"]["name"],
                                            r["config"].get("path", "")), pred)
                 for r, pred in zip(recs, preds)]
@@ -532,7 +588,8 @@ def summary(rows) -> dict:
     for (kernel, profile), g in sorted(lab.group_by(["kernel", "profile"]),
                                        key=lambda kv: str(kv[0])):
         figs: dict[str, Any] = {}
-        for field in COMPARED:
+        fields = [*COMPARED, *[f for f in SLAB_COMPARED if (g["field"] == f).any()]]
+        for field in fields:
             sel = g.filter((pl.col("field") == field) & pl.col("measured").is_not_null()
                            & pl.col("predicted").is_not_null())
             m, p = sel["measured"].to_list(), sel["predicted"].to_list()
@@ -551,9 +608,13 @@ def summary(rows) -> dict:
                    if a is not None and b is not None and b > 0]
             if rel:
                 counters[name] = _spread(rel)
+        struct = g.filter(pl.col("field").str.starts_with("slabinfo."))
         out["by_kernel"].append({"kernel": kernel, "profile": profile,
                                  "runs": g["task"].n_unique(), "figures": figs,
-                                 "counters": counters})
+                                 "counters": counters,
+                                 "structure": {"matched": int((struct["measured"]
+                                                               == struct["predicted"]).sum()),
+                                               "compared": struct.height}})
     return out
 
 
@@ -572,6 +633,9 @@ def format_summary(s: Mapping[str, Any]) -> list[str]:
                 parts.append(f"{field} {f['median']:.1f} / {f['worst']:.1f} pp")
             else:
                 parts.append(f"{field} {100 * f['median']:.0f}% / {100 * f['worst']:.0f}%")
+        st = k.get("structure") or {}
+        if st.get("compared"):
+            parts.append(f"/proc/slabinfo structure {st['matched']} of {st['compared']} exact")
         lines.append(f"  {k['kernel']} (profile {k['profile']}, {k['runs']} runs): "
                      + "; ".join(parts))
         if k["counters"]:

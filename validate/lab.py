@@ -679,9 +679,12 @@ def validate_doc(spec, cand, topology_name: str, profile=None,
     applied_values`): its boot parameters, and the cache's ``min_partial`` and
     ``cpu_partial`` where it searches the knobs behind them, written to sysfs by the lab.
     Those two only for a kmalloc cache (an own cache exists only during the run), and
-    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x).
-    ``per_cache``: :func:`lab_cache_values` when the caller has it already."""
+    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x); neither on
+    the SLAB kernel (no /sys/kernel/slab: only the candidate's boot parameters,
+    ``slab_max_order``).  ``per_cache``: :func:`lab_cache_values` when the caller has it
+    already."""
     from slabtune.kernel import labmod
+    from slabtune.model import profiles
     from slabtune.validate.native_tasks import native_doc
 
     cache = spec.native["cache"]
@@ -689,7 +692,7 @@ def validate_doc(spec, cand, topology_name: str, profile=None,
         per_cache = lab_cache_values(spec, cand)
     doc, _ = native_doc(spec, cand, topology_name, per_cache)
     keep = set(dict(cand.boot))
-    if cache in labmod.KMALLOC_NAMES:
+    if cache in labmod.KMALLOC_NAMES and not profiles.is_slab(profile):
         keep.add("min_partial")
         if profile is None or profile.has_cpu_partial:
             keep.add("cpu_partial")

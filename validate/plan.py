@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams
+from slabtune.model import bootparams, profiles
 from slabtune.validate.candidates import Candidate
 from slabtune.validate.native_tasks import check_workload, native_doc
 from slabtune.validate.schema import BASELINE_ID, TARGETS
@@ -151,7 +151,8 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
         why = lab.lab_available()
         if why is not None:
             raise SlabtuneError(f"--target lab: {why}")
-        kernels = lab.resolve_kernels(None)
+        # a SLAB profile's candidates boot the lab's SLAB kernel, a SLUB one's the others
+        kernels = lab.resolve_kernels(None, slab=profiles.is_slab(spec.fleet.profile))
         info["lab_kernels"] = kernels
         profs = {k: lab.kernel_profile(k) for k in kernels}
         for c in cands:

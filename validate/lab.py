@@ -129,6 +129,13 @@ def config_from_doc(doc: Mapping[str, Any], name: str, path: str = "") -> LabCon
     return LabConfig(name, path, "", d, digest)
 
 
+def is_slab_config(cfg: LabConfig) -> bool:
+    """Whether a config names a SLAB profile (``[policy] profile = "slab-v6.1"``)."""
+    from slabtune.model import profiles
+
+    return cfg.doc["policy"]["profile"] in profiles.SLAB_PROFILES
+
+
 def load_config(path: str | os.PathLike) -> LabConfig:
     """:func:`parse_config` of a file."""
     from slabtune.sweeps.spec import read_text_file

@@ -16,9 +16,11 @@ def register(subparsers) -> None:
                     "model",
         description="'slabtune lab run CONFIG.toml... [--kernel K]...': boot each lab kernel "
                     "(6.1, 6.12, 7.2 built from Debian's sources by scripts/build-kernels.sh, "
-                    "or a bzImage of the same release) on each config's topology with its "
+                    "or a bzImage of the same release; 6.1-slab, the SLAB build, reads "
+                    "/proc/slabinfo instead) on each config's topology with its "
                     "slab boot parameters, run its [workload] on its [cache] with the lab "
-                    "module, read the cache's SLUB_STATS counters, and print them beside "
+                    "module after a warm-up, read the cache's SLUB_STATS counters over the "
+                    "same window as the model's, and print them beside "
                     "the model's prediction of the same config under the booted kernel's "
                     "profile.  Each boot is a Ray task (qemu resource); rows go to the "
                     "results store.  Under TCG counters are functional, times are not "
@@ -29,8 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("configs", nargs="*", metavar="CONFIG.toml",
                    help="simulation configs (see examples/lab/); for 'show', the run "
                         "directory, id or unique prefix")
-    p.add_argument("--kernel", action="append", metavar="6.1|6.12|7.2|PATH",
-                   help="lab kernel (repeatable; default: every built one)")
+    p.add_argument("--kernel", action="append", metavar="6.1|6.12|7.2|6.1-slab|PATH",
+                   help="lab kernel (repeatable; default: every built SLUB one, or 6.1-slab "
+                        "when every config names a SLAB profile)")
     p.add_argument("--out", default="runs", metavar="DIR", help="where run directories go")
     p.add_argument("--resume", metavar="RUN",
                    help="finish an interrupted lab run (its configs and kernels; no CONFIG)")
@@ -72,7 +75,9 @@ def _lab(args) -> int:
         if not args.configs:
             raise SlabtuneError("CONFIG.toml: give at least one config")
         configs = [lab.load_config(input_file("CONFIG", c)) for c in args.configs]
-        kernels = lab.resolve_kernels(args.kernel)
+        kernels = lab.resolve_kernels(args.kernel,
+                                      slab=bool(configs) and all(map(lab.is_slab_config,
+                                                                     configs)))
     if args.timeout is not None and not 0 < args.timeout <= 3600:
         raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
     output_dir("--out", args.out)

@@ -224,20 +224,24 @@ def window_counters(early, late, steps_early: int, steps_late: int):
     return type(late)(**out)
 
 
-def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None) -> list[dict]:
+def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None,
+            windows: Sequence[bool] | None = None) -> list[dict]:
     """The model's side of each (config document, KernelProfile or None) pair: the compared
     figures, ``ns_per_op`` (modelled ns per alloc+free pair), every counter of
     :data:`MODEL_COUNTERS` per 1000 ops (weighted over the representative CPUs as the
     metrics are), the structure, and the profile.  All over the lab's counted window: the
     config's ``steps`` after :func:`~slabtune.kernel.labmod.warmup_steps` of warm-up, as
-    the kernel side counts them (:func:`window_counters`)."""
+    the kernel side counts them (:func:`window_counters`).  ``windows``: per item, False
+    for the whole run from empty caches (a stored run measured before the lab had a
+    warm-up); default all True."""
     from slabtune.kernel import labmod
     from slabtune.sweeps import simconfig, simulate
 
     if cost is None:
         cost, _ = simconfig.load_cost(None)
     specs = [spec_for(d, prof) for d, prof in items]
-    warm = [labmod.warmup_steps(s.steps) for s in specs]
+    windows = [True] * len(specs) if windows is None else list(windows)
+    warm = [labmod.warmup_steps(s.steps) if win else 0 for s, win in zip(specs, windows)]
     whole = [dataclasses.replace(s, steps=w + s.steps) for s, w in zip(specs, warm)]
     head = [dataclasses.replace(s, steps=max(w, 1)) for s, w in zip(specs, warm)]
     structs, cfgs, late = simulate.simulate_specs(whole)
@@ -466,7 +470,10 @@ def stored_run(run, repredict: bool = False) -> LabRun:
     for r in recs:
         r.setdefault("console_tail", "")
     if repredict and recs:
-        preds = predict([(r["config"]["doc"], release_profile(r["release"])) for r in recs])
+        # a run measured before the lab had a warm-up counted from empty caches
+        preds = predict([(r["config"]["doc"], release_profile(r["release"])) for r in recs],
+                        windows=[bool((r.get("measured") or {}).get("warmup_ops"))
+                                 for r in recs])
         recs = [combine(r, config_from_doc(r["config"]["doc"], r["config"]["name"],
                                            r["config"].get("path", "")), pred)
                 for r, pred in zip(recs, preds)]

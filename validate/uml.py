@@ -198,7 +198,8 @@ def predict(docs: Sequence[Mapping[str, Any]], profile, cost=None) -> list[dict]
     from slabtune.validate import lab
 
     out = []
-    for p in lab.predict([(d, profile) for d in docs], cost):
+    # UML runs count from empty caches (no warm-up window): the whole run on both sides
+    for p in lab.predict([(d, profile) for d in docs], cost, windows=[False] * len(docs)):
         out.append({"ns_per_pair": p["ns_per_op"], "profile": p["profile"],
                     "structure": {k: int(p["structure"][k]) for k in
                                   ("order", "objs_per_slab", "min_partial", "sheaf_capacity")},

@@ -355,11 +355,13 @@ class Solution(NamedTuple):
     t: jnp.ndarray           # (R,) ns per op of each rep CPU, everything included
     wait: jnp.ndarray        # (R, L) mean wait of rep r per acquisition of lock class l
     rho: jnp.ndarray         # (L,) utilisation of each lock of class l (busy fraction)
-    tau: jnp.ndarray         # () ns per simulated step: the pace of the busiest rep
+    tau: jnp.ndarray         # () ns per simulated step of the slowest coupling group
     throughput: jnp.ndarray  # () machine-wide ops per ns
-    residual: jnp.ndarray    # () |max_r duty_r t_r - tau| / tau at the solution: 0 to float32
-    #                          below saturation; about 1e-2 at a saturated lock, where the
-    #                          wait goes as 1 / (1 - U) with U within 1e-5 of 1
+    residual: jnp.ndarray    # () max over reps of |pace_r(t) - pace_r| / pace_r at the
+    #                          solution: 0 to float32 below saturation; about 1e-2 at a
+    #                          saturated lock, where the wait goes as 1 / (1 - U) with U
+    #                          within 1e-5 of 1 (up to 6e-2 where coupling groups share it)
+    pace: jnp.ndarray = None  # (R,) ns per simulated step of rep r's coupling group
 
 
 class _Locks(NamedTuple):
@@ -419,7 +421,7 @@ def mva_waits(arrivals, service, pop, wait_max):
 
 
 def _waits_at(s: _Locks, tau):
-    """(R, L) waits when the machine goes at ``tau`` ns per step."""
+    """(R, L) waits when rep r's group goes at ``tau`` (scalar or (R,)) ns per step."""
     rate = s.duty / tau                                   # (R,) ops per ns of one CPU
     w = mva_waits(s.pop * (rate[:, None] * s.acq), s.service, s.pop, s.wait_max)
     return w * s.queueing
@@ -430,14 +432,15 @@ def _times_at(s: _Locks, tau):
     return s.fixed + jnp.sum(s.acq * _waits_at(s, tau), axis=1)
 
 
-def _pace_of(s: _Locks, t):
-    """ns per step the reps need at per-op times ``t``: ``max_r duty_r t_r`` (at least
-    1e-3)."""
-    return jnp.maximum(jnp.max(s.duty * t), 1e-3)
+def _pace_of(s: _Locks, t, coupling):
+    """(R,) ns per step rep r's coupling group needs at per-op times ``t``: the largest
+    ``duty_j t_j`` over the reps j coupled to r (at least 1e-3)."""
+    need = jnp.where(coupling, (s.duty * t)[None, :], 0.0)
+    return jnp.maximum(jnp.max(need, axis=1), 1e-3)
 
 
 def solve(base, acq, hold, line, weight, multiplicity, queueing=1.0, duty=None,
-          steps: int = 40) -> Solution:
+          steps: int = 40, coupling=None) -> Solution:
     """Per-op times ``t = base + acq @ (hold + line + W)`` with ``W`` the closed-queue waits.
 
     ``base`` (R,): ns per op outside locks (the workload's own work included).  ``acq``
@@ -447,35 +450,47 @@ def solve(base, acq, hold, line, weight, multiplicity, queueing=1.0, duty=None,
     under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real CPUs per rep.
     ``multiplicity`` (L,): real locks per class (a rep's CPUs spread evenly over them).
     ``queueing``: 1, or 0 for no waits (the one-core rig, :func:`rig_cost`).  ``duty`` (R,):
-    ops per simulated step of each rep (default 1).
+    ops per simulated step of each rep (default 1).  ``coupling`` (R, R) bool: the reps
+    whose pace rep r must keep (:func:`slabtune.model.metrics.coupling`; default: all).
 
-    Pacing: the reps of a workload are coupled (a receiver frees what a sender allocated),
-    so the machine advances one step in ``tau = max_r duty_r t_r`` ns and rep ``r`` does
-    ``duty_r / tau`` ops per ns: a rep that is not the slowest idles.  Every wait falls as
-    ``tau`` grows, so ``max_r duty_r t_r(tau) - tau`` is decreasing and has one root, found
-    by ``steps`` bisections of ``log tau`` between the pace with no waiting and the pace
-    with every CPU queued behind every other at each of its locks.
+    Pacing: reps that hand objects to each other are coupled (a receiver frees what its
+    sender allocated, so neither can run ahead of the other for long), so a coupling group
+    advances one step in ``pace_g = max_{r in g} duty_r t_r`` ns and rep ``r`` does
+    ``duty_r / pace_g`` ops per ns: a rep that is not the slowest of its group idles.
+    Groups that exchange no objects (the CPUs of a node with memory and those of a
+    memoryless one, each submitting and completing its own I/O) go at their own paces and
+    meet only in the locks they share; with one group this is the machine-wide pace.
+    Every wait falls as the paces grow, so each group's ``pace_g(t) - pace_g`` is
+    decreasing in its own pace; all groups are bisected at once, ``steps`` bisections of
+    ``log pace`` between the pace with no waiting and the pace with every CPU queued behind
+    every other at each of its locks (where groups share a saturated lock the result is
+    within the reported ``residual``, a few per cent at worst).
     """
     s = _lock_system(base, acq, hold, line, weight, multiplicity, queueing, duty)
-    lo = _pace_of(s, s.fixed)
-    hi = _pace_of(s, s.fixed + jnp.sum(s.acq * s.wait_max[None, :], axis=1))
+    r = s.fixed.shape[0]
+    coupling = (jnp.ones((r, r), bool) if coupling is None
+                else jnp.asarray(coupling, bool) | jnp.eye(r, dtype=bool))
+    lo = _pace_of(s, s.fixed, coupling)
+    hi = _pace_of(s, s.fixed + jnp.sum(s.acq * s.wait_max[None, :], axis=1), coupling)
     hi = jnp.maximum(hi, lo * (1.0 + 1e-6))
 
     def bisect(_, bracket):
         a, b = bracket
         mid = jnp.sqrt(a * b)
-        slow = _pace_of(s, _times_at(s, mid)) > mid      # the root lies above mid
+        slow = _pace_of(s, _times_at(s, mid), coupling) > mid   # the root lies above mid
         return jnp.where(slow, mid, a), jnp.where(slow, b, mid)
 
     a, b = lax.fori_loop(0, steps, bisect, (lo, hi))
-    tau = b          # the upper end: waits there are finite and never above wait_max
-    t = _times_at(s, tau)
-    tau = _pace_of(s, t)
-    rate = s.duty / tau
+    # The upper ends: waits there are finite and never above wait_max.
+    t = _times_at(s, b)
+    pace = _pace_of(s, t, coupling)
+    rate = s.duty / pace
     arrivals = s.pop * rate[:, None] * s.acq
     rho = jnp.sum(arrivals * s.service, axis=0)
-    wait = _waits_at(s, tau)
+    wait = _waits_at(s, pace)
     weight = jnp.asarray(weight, _F32)
-    return Solution(t=t, wait=wait, rho=rho, tau=tau,
-                    throughput=jnp.sum(jnp.where(weight > 0, weight * s.duty, 0.0)) / tau,
-                    residual=jnp.abs(_pace_of(s, _times_at(s, tau)) - tau) / tau)
+    return Solution(t=t, wait=wait, rho=rho, tau=jnp.max(jnp.where(weight > 0, pace, 0.0)),
+                    throughput=jnp.sum(jnp.where(weight > 0, weight * rate, 0.0)),
+                    residual=jnp.max(jnp.abs(_pace_of(s, _times_at(s, pace), coupling) - pace)
+                                     / pace),
+                    pace=pace)

@@ -161,6 +161,25 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     return acq, line, hold, mult
 
 
+def coupling(workload):
+    """(R, R) bool: the reps each rep's pace is tied to, because they hand objects to each
+    other (``free_cum``: rep j frees objects rep r allocates), closed transitively over
+    the active reps.  A sender and its receivers are one group (hackbench: the receiver
+    frees the skb its sender allocated; block I/O: the completing CPU frees the submitter's
+    bio); CPUs that only free their own objects, or groups on different nodes that never
+    exchange an object, are groups of their own and go at their own pace
+    (:func:`slabtune.model.cost.solve`)."""
+    fc = jnp.asarray(workload.free_cum)
+    r = fc.shape[-1]
+    gives = jnp.diff(fc, axis=-1, prepend=jnp.zeros_like(fc[..., :1])) > 0
+    active = jnp.asarray(workload.active) > 0
+    linked = (gives | jnp.swapaxes(gives, -1, -2)) & active[..., :, None] & active[..., None, :]
+    reach = (linked | jnp.eye(r, dtype=bool)).astype(jnp.float32)
+    for _ in range(max(r - 1, 1).bit_length()):          # paths of up to r - 1 hops
+        reach = (reach @ reach > 0).astype(jnp.float32)
+    return reach > 0
+
+
 def memory(counters, cfg, object_size):
     """Bytes held machine-wide: (total, live, in-use slabs, empty kept, per-CPU partial,
     sheaves, barns)."""
@@ -208,7 +227,8 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
     acq, line, hold, mult = lock_classes(counters, cfg, pcp_max, c)
     duty = ops / jnp.maximum(_f(steps), 1.0)
-    sol = cost.solve(alloc_ns + other, acq, hold, line, w, mult, c.queueing, duty=duty)
+    sol = cost.solve(alloc_ns + other, acq, hold, line, w, mult, c.queueing, duty=duty,
+                     coupling=coupling(cfg.workload))
     alloc_t = sol.t - other
     n_nodes = cfg.node_weight.shape[-1]
     ll_acq = acq[:, :n_nodes]
@@ -250,8 +270,8 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
         ns_per_op=2.0 * _safe_div(jnp.sum(w * ops * alloc_t), wops),
         total_ns_per_op=2.0 * _safe_div(jnp.sum(w * ops * sol.t), wops),
         throughput_ops_per_us=sol.throughput * 1000.0,
-        alloc_throughput_per_us=1000.0 * wsum(counters.allocs) / jnp.maximum(_f(steps), 1.0)
-        / sol.tau,
+        alloc_throughput_per_us=1000.0 * jnp.sum(w * _f(counters.allocs) / sol.pace)
+        / jnp.maximum(_f(steps), 1.0),
         fixed_point_residual=sol.residual,
     )
 

@@ -202,6 +202,24 @@ def test_two_coupled_locks_converge():
     assert float(s.throughput) == pytest.approx(50.0 / tau, rel=1e-5)
 
 
+def test_uncoupled_groups_keep_their_own_pace():
+    # Rep 0 (8 CPUs) queues on a saturated lock; rep 1 (8 CPUs) never takes it.  Coupled,
+    # rep 1 idles to rep 0's pace; uncoupled (they exchange no objects) it runs at its own
+    # 100 ns per op and the machine's throughput is the sum of the two rates.
+    args = (jnp.array([100.0, 100.0]), jnp.array([[1.0], [0.0]]), jnp.array([200.0]),
+            jnp.zeros((2, 1)), jnp.array([8.0, 8.0]), jnp.array([1.0]), 1.0)
+    tied = cost.solve(*args)
+    free = cost.solve(*args, coupling=jnp.eye(2, dtype=bool))
+    t0 = float(free.t[0])
+    assert 1.0 / 200.0 == pytest.approx(8.0 / t0, rel=0.02)        # the lock serves 1/hold
+    np.testing.assert_allclose(np.asarray(free.pace), [t0, 100.0], rtol=1e-3)
+    assert float(free.throughput) == pytest.approx(8.0 / t0 + 8.0 / 100.0, rel=1e-3)
+    assert float(tied.throughput) == pytest.approx(16.0 / float(tied.tau), rel=1e-5)
+    assert float(free.throughput) > 5 * float(tied.throughput)
+    # The lock's own arrivals and so rep 0's time do not depend on the idle rep.
+    assert float(tied.t[0]) == pytest.approx(t0, rel=1e-3)
+
+
 def test_idle_steps_lower_a_reps_arrivals():
     # Rep 0 (slow, lock-free work) sets the pace; rep 1 does an op every other step: half
     # the arrivals of the same CPUs at full duty.

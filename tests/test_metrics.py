@@ -239,3 +239,29 @@ def test_one_line_per_acquisition_is_k_equals_1():
         times.append(float(m.ns_per_op))
     # per pair (two ops): 2 x 0.1 acquisitions x 5 extra lines x line_local_ns 40
     assert times[1] - times[0] == pytest.approx(2 * 0.1 * 5 * 40.0, rel=1e-4)
+
+
+def _groups(kind, topo, **params):
+    """The coupling groups of a workload as sets of active reps."""
+    wl, layout = workloads.build(kind, topo, **params)
+    m = np.asarray(metrics.coupling(wl))
+    act = [r for r in range(workloads.R) if wl.active[r]]
+    return {frozenset(r2 for r2 in act if m[r, r2]) for r in act}
+
+
+def test_coupling_groups_follow_who_frees_whose_objects():
+    # local churn: every CPU frees only its own objects, so no rep waits for another.
+    t8 = topology.Topology.uniform(8, 2)
+    assert all(len(g) == 1 for g in _groups("local", t8))
+    # producer_consumer on the same node: each node class's senders and receivers form
+    # one group; on the seed's memoryless machine the memory nodes' CPUs and the
+    # memoryless ones exchange no object, so they pace separately.
+    seed = topology.Topology.uniform(128, 8, memoryless_nodes=(1, 2, 3, 5, 6, 7))
+    groups = _groups("producer_consumer", seed)
+    assert len(groups) > 1 and all(len(g) == 2 for g in groups)
+    # half the frees on the other node tie both nodes' senders and receivers together;
+    # all of them there pairs node 0's senders with node 1's receivers and the reverse.
+    assert len(_groups("producer_consumer", t8, cross_node=0.5)) == 1
+    assert len(_groups("producer_consumer", t8, cross_node=1.0)) == 2
+    # block I/O with one completion CPU: every submitter waits on it.
+    assert len(_groups("block_io", t8)) == 1

@@ -52,17 +52,10 @@ def test_published_figures_are_the_seeds(rows):
     assert len(net) == 6
 
 
-#: Rows whose direction the model does not give today, and the mechanism missing.
-OPEN_DIRECTIONS = {
-    "hackbench time, 8 CPUs, v5.11 vs v5.10":
-        "with the fill levels (issue 13 item 4) the receivers' frees spread over all "
-        "slabs, so few empty: 8.1 slab allocations per 1000 ops on v5.11@8 where the "
-        "packed lists gave 30.3, and the page-allocator traffic that made v5.11 slower is "
-        "gone (ratio 1.00). The kernel's consumer frees a slab's objects one after "
-        "another, so slabs empty on its per-CPU list and its drain discards them "
-        "(deactivate_empty); that rule, tried in the reference simulator alone, gives "
-        "1.44x; it is not in the JAX dynamics yet",
-}
+#: Rows whose direction the model does not give today, and the mechanism missing.  (The
+#: 8-CPU hackbench row agrees since per-CPU partial slabs empty on the list and its drain
+#: discards them: dynamics._pc_walk, 1.38x.)
+OPEN_DIRECTIONS: dict = {}
 
 
 #: The SLAB rows' open directions (issue 14) are named, with their reasons, beside them.
@@ -93,18 +86,16 @@ HEADLINES = ("hackbench time, 224 CPUs, v5.11 vs v5.10",
 #: mechanism missing (issue 13).
 OPEN_HEADLINES = {
     "IOPS, barns on memoryless nodes vs v7.0":
-        "v7.0 comes out too slow (0.65 M IOPS against the published 13 M with no work "
-        "outside the allocator; 5.7 M with the derived work): each allocation on a "
-        "memoryless CPU is one ___slab_alloc() under its memory node's list_lock (375 "
-        "per 1000 ops, split between nodes 0 and 4 by the fallback order), each "
-        "acquisition priced at 3 cross-node lines of 150 ns (no SLIT in the seed); the "
-        "published 13 M IOPS imply about 200 ns per acquisition, intra-socket transfers",
+        "with no work outside the allocator v7.0 comes out right (14.7 M IOPS against the "
+        "published 13 M: the memory nodes' CPUs keep their pace while the memoryless ones "
+        "queue on two list_locks) but the barns arm runs at allocator speed (56 M against "
+        "25 M), 3.8x; with the derived work (1782 ns per op) 2.78x, within 1.5x: the seed's "
+        "I/O path spends most of its CPU outside bio-248, which the default mode leaves out",
     "IOPS, doubled sheaf capacity vs barns on memoryless nodes":
         "with no work outside the allocator the barns arm is paced by the barn exchange "
         "(414 ns, UML-measured) every 28 objects and the locks it loads, so doubling the "
-        "capacity gives 2.07x, not 1.21x; with the derived work (1782 ns per op) 1.01x: "
-        "the seed's 24 -> 29 M needs the allocator to be about a sixth of the CPU time, "
-        "which neither work mode models",
+        "capacity gives 2.06x, not 1.21x; with the derived work (1782 ns per op) 1.01x, "
+        "within 1.5x",
 }
 
 

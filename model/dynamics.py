@@ -176,7 +176,8 @@ class Counters(NamedTuple):
 #: has to free; ``cs_free``, ``cs_inuse``, ``cs_rfree`` (R,) objects on r's CPU freelist,
 #: allocated from its CPU slab, freed into it by other CPUs; ``pc0``, ``pc1``, ... (R,,
 #: :data:`PCS`) slabs on r's per-CPU partial list by fill level and ``pcu1``, ... (R,,
-#: :data:`PCU`) their allocated objects; ``main``, ``spare`` (R,) objects in r's sheaves;
+#: :data:`PCU`) their allocated objects; ``pd`` (R,) the objects of r's draining per-CPU
+#: partial slab (0: none; :func:`_pc_walk`); ``main``, ``spare`` (R,) objects in r's sheaves;
 #: ``phase``, ``phase_left`` (R,) burst phase (0 allocating, 1 freeing) and ops left in it;
 #: ``ns0``, ... and ``nu1``, ... (N,, :data:`NS`, :data:`NU`) the node's partial list by
 #: fill level; ``hs``, ``hu`` (N,) 1 when a bulk take left a partly used slab at the
@@ -189,7 +190,7 @@ class Counters(NamedTuple):
 #: overflow int32).
 STATE_FIELDS = (
     "pend", "pend_cs", "cs_tracked", "out", "pend_tot", "cs_free", "cs_inuse", "cs_rfree",
-    *PCS, *PCU[1:], "main", "spare", "phase", "phase_left", *NS, *NU[1:], "hs", "hu",
+    *PCS, *PCU[1:], "pd", "main", "spare", "phase", "phase_left", *NS, *NU[1:], "hs", "hu",
     "full_slabs", "barn_full", "barn_empty", "counts", "lock_node", "gsum_rep",
     "gsum_node", "ghi_rep", "ghi_node",
 )
@@ -810,8 +811,9 @@ def _cpu_freelist(cx: _Ctx, nc) -> _Freelist:
 class _Partials(NamedTuple):
     """The per-CPU and node partial lists a CPU-slab run takes new CPU slabs from, as
     blocks of slabs of equal free objects in the order the run takes them: the per-CPU
-    list emptiest first (``NPC`` blocks), then node ``m``'s head slab and its list
-    emptiest first (``NPC + 1`` blocks)."""
+    list's empty slabs, its draining slab, then its levels emptiest first (``NPC``
+    blocks), then node ``m``'s head slab and its list emptiest first (one block and
+    ``NPC - 1``)."""
 
     n: Any      # list of (B,): slabs per block
     y: Any      # list of (B,): free objects per slab of each block
@@ -822,8 +824,9 @@ class _Partials(NamedTuple):
     G: Any      # slabs one get_partial_node() takes off node m's list
 
 
-#: Blocks of a list's levels (:func:`_level_blocks`).
-NPC = 2 * LEVELS - 1
+#: Blocks of the per-CPU partial list: its empty slabs, the draining slab, then the
+#: blocks of its partial levels (:func:`_level_blocks`).
+NPC = 2 * LEVELS
 
 
 def _node_levels(cx: _Ctx):
@@ -844,14 +847,18 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     objs, cps = k.objs, k.cps
     ps_l = [cx.row(f) for f in PCS]
     pu_l = [_i(0)] + [cx.row(f) for f in PCU[1:]]
+    pd = cx.row("pd")
     pq, pr = _spread(ps_l, pu_l)
     n_p, y_p = _level_blocks(ps_l, pu_l, pq, pr, objs)
+    # the draining slab after the empty ones (RefSim._take_pc)
+    n_p = n_p[:1] + [_i(pd > 0)] + n_p[1:]
+    y_p = y_p[:1] + [objs - pd] + y_p[1:]
     s, u, hs, hu = _node_levels(cx)
     nq, nr = _spread(s, u)
     n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    return _Partials(n_p + [hs] + n_n, y_p + [objs - hu] + y_n, pq, nq, sum(ps_l),
-                     sum(s) + hs, G)
+    return _Partials(n_p + [hs] + n_n, y_p + [objs - hu] + y_n, pq, nq,
+                     sum(ps_l) + _i(pd > 0), sum(s) + hs, G)
 
 
 class _NewSlabs(NamedTuple):
@@ -938,6 +945,7 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
     gone = jnp.minimum(takes * p.G, p.S_m)
     in_node = t_n > 0
     tp = _taken(p.n[:NPC], t_p)
+    tpd, tp = tp[1], tp[:1] + tp[2:]     # the draining slab, the levels' blocks
     nb = p.n[NPC + 1:]                   # node list blocks after the head slab
     hs = p.n[NPC]
     tg = _taken(nb, gone - hs)
@@ -950,6 +958,7 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
         cx.rset(PCS[lv], jnp.where(in_node, ps_new[lv], cx.row(PCS[lv]) - pl[lv]))
         if lv:
             cx.rset(PCU[lv], jnp.where(in_node, pu_new[lv], cx.row(PCU[lv]) - pul[lv]))
+    cx.rset("pd", 0, in_node | (tpd > 0))
     gl, gul = _level_slabs(tg), _level_loss(tg, p.nq)
     for lv in range(LEVELS):
         cx.nset(NS[lv], cx.nget(NS[lv]) - gl[lv])
@@ -1076,7 +1085,7 @@ class _Layout(NamedTuple):
     """The allocated objects on the node classes a free run can reach, by slab, as the
     run starts (shapes: C node classes, ``SEG * R`` rep segments, B configurations)."""
 
-    z: Any          # (SEG*R, B) rep segments: CPU slab, per-CPU partial levels 3, 2, 1
+    z: Any          # (SEG*R, B) rep segments: CPU slab, per-CPU partial list
     cls: Any        # (C, B) the node classes (:func:`_pick_classes`)
     on_cls: Any     # per-node (N, B) field -> (C, B)
     from_cls: Any   # (C, B) counts -> per-node (N, B)
@@ -1087,9 +1096,9 @@ class _Layout(NamedTuple):
     tot: Any        # (C, B) end of the full slabs (at least 1)
 
 
-#: Segments per rep in a free run's split: its CPU slab, its per-CPU partial levels
-#: from the fullest down.
-SEG = LEVELS
+#: Segments per rep in a free run's split: its CPU slab, its per-CPU partial list (the
+#: draining slab and every level: its frees go to one slab at a time, :func:`_pc_walk`).
+SEG = 2
 
 
 def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
@@ -1097,16 +1106,16 @@ def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
     slab are split over (no kernel function: where the objects are)."""
     st, d, objs = cx.st, cx.d, k.objs
     # the slabs on every node class as the run starts, in destination order: per rep its
-    # CPU slab (objects not tracked in pend_cs) and its per-CPU partial slabs by level,
-    # fullest first; then the node's head slab and partial list by level, fullest first;
-    # then its full slabs (each rep segment lies on one node class, its rep's memory
-    # node; a segment's end is its cumulative size among its node's segments)
+    # CPU slab (objects not tracked in pend_cs) and its per-CPU partial list; then the
+    # node's head slab and partial list by level, fullest first; then its full slabs
+    # (each rep segment lies on one node class, its rep's memory node; a segment's end is
+    # its cumulative size among its node's segments)
     # The split runs over a leading axis of the node classes the run's picks can land on
     # (:func:`_pick_classes`): all N, or under a static run bound of 1 just the class of
     # the single pick, the one-op model's choice of node (the others get no picks).
     zc = cx.whole("cs_inuse") - cx.whole("cs_tracked")
-    z = jnp.stack([zc] + [cx.whole(PCU[lv]) for lv in range(LEVELS - 1, 0, -1)],
-                  axis=1).reshape((SEG * R,) + zc.shape[1:])
+    zp = cx.whole("pd") + sum(cx.whole(PCU[lv]) for lv in range(1, LEVELS))
+    z = jnp.stack([zc, zp], axis=1).reshape((SEG * R,) + zc.shape[1:])
     cls, on_cls, from_cls = _pick_classes(d["mem_node"], k_ot, d["max_run"])
     on_seg = jnp.repeat(d["mem_node"], SEG, axis=0)[None] == cls[:, None]  # (C, SEG*R, B)
     cum_n = _cumsum(jnp.where(on_seg, z[None], 0), axis=1)
@@ -1172,8 +1181,8 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     from the object's slab: an object still in its origin's CPU slab goes there; the
     others, per node class, by systematic points (offset from ``w2``) over the slabs as
     the run starts (:class:`_Layout`): a slab takes frees in proportion to its allocated
-    objects.  Returns per rep (R, B) the frees into its CPU slab ``c_cs`` and per level
-    into its per-CPU partial slabs ``c_pc`` (a list by level, [0] unused), and per node
+    objects.  Returns per rep (R, B) the frees into its CPU slab ``c_cs`` and into its
+    per-CPU partial list ``c_pc``, and per node
     class (N, B) those into its head slab ``xH``, per level into its partial list ``xU``
     (a list by level) and into full slabs ``xF``."""
     d, w2 = cx.d, k.w2
@@ -1198,7 +1207,7 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     cz = (below(z_end, xs, us, ts) - below(z_end - z, xs, us, ts)).reshape(
         (R, SEG) + z.shape[1:])
     c_cs = kcs + cz[:, 0]
-    c_pc = [None] + [cz[:, SEG - lv] for lv in range(1, LEVELS)]
+    c_pc = cz[:, 1]
     ends = [below(e, x, un, tot) for e in [z_tot] + p_end]
     xH = from_cls(ends[1] - ends[0])
     xU = [None] + [from_cls(ends[LEVELS + 1 - lv] - ends[LEVELS - lv])
@@ -1207,11 +1216,63 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     return c_cs, c_pc, xH, xU, xF
 
 
+def _pc_walk(s, u, pd, x):
+    """``x`` frees into a per-CPU partial list (levels ``s``/``u``, draining slab ``pd``
+    objects, 0 for none), one slab at a time: the draining slab until it is empty, then
+    the least used partial slab (lowest level >= 1, its ``q`` slabs first) becomes the
+    draining slab, and so on.  The kernel's consumers free a slab's objects one after
+    another (objects are handed out slab by slab), so slabs empty while on the list: 6.1
+    __slab_free() frees into the frozen slab without a lock and it stays listed; 6.12
+    (slabs not frozen since v6.8) ``!new.inuse`` takes the node's list_lock and, as
+    ``prior && !on_node_partial``, unlocks and leaves it listed.  The emptied slabs
+    count on level 0, where the list's drain (__unfreeze_partials(), 6.1;
+    __put_partials(), 6.12) discards them while the node keeps min_partial.  ``x`` is at
+    most the list's objects.  Returns the new levels, the draining slab and the slabs
+    emptied.  Elementwise (any shape); the same walk as RefSim._pc_free one at a time."""
+    q, r = _spread(s, u)
+    n, y = [_i(pd > 0)], [pd]
+    for k in range(1, LEVELS):
+        n += [s[k] - r[k], r[k]]
+        y += [q[k], q[k] + 1]
+    blk, o_before, _, y_at = _block_walk(n, y, x)
+    need = x - o_before
+    w = floor_div(need, jnp.maximum(y_at, 1))
+    rem = need - w * y_at
+    full = [jnp.where(blk > j, nj, jnp.where(blk == j, w, 0)) for j, nj in enumerate(n)]
+    taken = [f + _i((blk == j) & (rem > 0)) for j, f in enumerate(full)]
+    sl, ul = _level_slabs(taken), _level_loss(taken, q)
+    emptied = sum(full)
+    s = [s[0] + emptied] + [s[k] - sl[k] for k in range(1, LEVELS)]
+    u = [u[0]] + [u[k] - ul[k] for k in range(1, LEVELS)]
+    pd = jnp.where(x > 0, jnp.where(rem > 0, y_at - rem, 0), pd)
+    return s, u, pd, emptied
+
+
+def _pc_walk_one(s, u, pd, x):
+    """:func:`_pc_walk` for ``x`` in {0, 1} (runs of one op, the static run bound 1),
+    without its block walk: the free goes to the draining slab, else starts the least
+    used partial slab (the ``q`` of the lowest level >= 1 that holds slabs); the slab is
+    emptied when it held one object.  The same values as :func:`_pc_walk` (tested)."""
+    start = (pd == 0) & (x > 0)
+    h, found = pd, start & False
+    s, u = list(s), list(u)
+    for k in range(1, LEVELS):
+        here = start & ~found & (s[k] > 0)
+        qk = floor_div(u[k], jnp.maximum(s[k], 1))
+        h = jnp.where(here, qk, h)
+        s[k] = s[k] - _i(here)
+        u[k] = u[k] - jnp.where(here, qk, 0)
+        found = found | here
+    emptied = _i((x > 0) & (h == 1))
+    s[0] = s[0] + emptied
+    return s, u, h - x, emptied
+
+
 def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     """Frees into CPU slabs and per-CPU partial slabs: into this CPU's own CPU slab,
     slab_free()'s fast path onto its freelist; into another CPU's, __slab_free() onto the
     frozen slab's freelist (``cs_rfree``, which its owner takes on its next slow path);
-    into per-CPU partial slabs (``c_pc`` by level, :func:`_cascade`), __slab_free()
+    into per-CPU partial slabs (``c_pc`` per rep, :func:`_pc_walk`), __slab_free()
     without the lock while they are frozen (v3.2 to v6.7); from v6.8 (``pc_empty_locks``,
     folded into ``d["pc_lock_onehot"]``) a free that empties one takes the list_lock of
     its node and leaves it on the per-CPU list (6.12 mm/slub.c __slab_free(): not on the
@@ -1222,12 +1283,14 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
     s = [cx.whole(f) for f in PCS]
     u = [_i(0)] + [cx.whole(f) for f in PCU[1:]]
-    s, u, emptied = _cascade(s, u, c_pc, cx.d["lo"])
-    out = _materialize(s + u[1:] + [emptied], cx.d["zero"])
+    walk = _pc_walk_one if cx.d["max_run"] == 1 else _pc_walk
+    s, u, pd, emptied = walk(s, u, cx.whole("pd"), c_pc)
+    out = _materialize(s + u[1:] + [pd, emptied], cx.d["zero"])
     for lv in range(LEVELS):
         st[PCS[lv]] = out[lv]
         if lv:
             st[PCU[lv]] = out[LEVELS - 1 + lv]
+    st["pd"] = out[-2]
     # per node class: the reps' memory nodes as a one-hot (N, R) selecting the counts
     cx.lock_nodes(jnp.sum(jnp.where(cx.d["pc_lock_onehot"] > 0, out[-1][None], 0), axis=1))
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
@@ -1244,11 +1307,11 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
     objects; with one object per slab the now empty slab is freed, discard_slab(), once
     the node keeps min_partial).  Frees beyond the node's full slabs go into the slabs the
     run has just made partial, at the top level: this CPU's per-CPU partial list while it
-    holds objects, else the node's list (:func:`_part_frees`); with one op per run there
-    are none."""
+    holds objects (:func:`_pc_walk`), else the node's list (:func:`_part_frees`); with
+    one op per run there are none."""
     st, objs, cps, mp, m = cx.st, k.objs, k.cps, k.mp, k.m
     on_cls, from_cls = lay.on_cls, lay.from_cls
-    top, lo = cx.d["top"], cx.d["lo"]
+    top = cx.d["top"]
     F = st["full_slabs"]
     xF1 = jnp.minimum(xF, jnp.maximum(F, 0))
     xF2 = xF - xF1
@@ -1269,9 +1332,10 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
     xm2 = jnp.sum(jnp.where(cpp, xF2, 0), axis=0)
     s = [cx.row(f) for f in PCS]
     u = [_i(0)] + [cx.row(f) for f in PCU[1:]]
-    into_pc = jnp.minimum(xm2, sum(u[1:]))
-    s, u, emptied = _cascade(s, u, [None] + [jnp.where(top == lv, into_pc, 0)
-                                             for lv in range(1, LEVELS)], lo)
+    pd = cx.row("pd")
+    into_pc = jnp.minimum(xm2, pd + sum(u[1:]))
+    s, u, pd, emptied = _pc_walk(s, u, pd, into_pc)
+    cx.rset("pd", pd)
     for lv in range(LEVELS):
         cx.rset(PCS[lv], s[lv])
         if lv:
@@ -1342,21 +1406,26 @@ def _full_to_cpu_partial(cx: _Ctx, m, x):
     """``x`` frees, each into a full slab of node ``m``, which then goes on this rep's
     per-CPU partial list at the top fill level (put_cpu_partial(), 6.1 mm/slub.c); a list
     already holding cpu_partial_slabs is first drained to the node (unfreeze_partials():
-    its slabs onto the node's list, empty ones kept up to min_partial), so drains come
-    every cpu_partial_slabs frees after the first."""
-    objs, mp = cx.d["objs"], cx.d["min_partial"]
+    its slabs onto the node's list, the draining slab among them at its level, empty ones
+    kept up to min_partial), so drains come every cpu_partial_slabs frees after the
+    first."""
+    objs, mp, lo = cx.d["objs"], cx.d["min_partial"], cx.d["lo"]
     top = cx.d["top"]
     cps = _i(cx.d["cps"])
     ps = [cx.row(f) for f in PCS]
     pu = [_i(0)] + [cx.row(f) for f in PCU[1:]]
-    p = sum(ps)
+    pd = cx.row("pd")
+    on_pd = [(pd > 0) & (_level_of(pd, lo) == lv) for lv in range(LEVELS)]
+    p = sum(ps) + _i(pd > 0)
     t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
     D = jnp.where(x >= t1, 1 + floor_div(x - t1, jnp.maximum(cps, 1)), 0)
     drained = D > 0
     on_top = [top == lv for lv in range(LEVELS)]
-    # the list the first drain moves: as the run found it plus t1 - 1 top-level slabs
-    s1 = [ps[lv] + jnp.where(on_top[lv], t1 - 1, 0) for lv in range(LEVELS)]
-    u1 = [None] + [pu[lv] + jnp.where(on_top[lv], (t1 - 1) * (objs - 1), 0)
+    # the list the first drain moves: as the run found it (its draining slab at its
+    # level) plus t1 - 1 top-level slabs
+    s1 = [ps[lv] + _i(on_pd[lv]) + jnp.where(on_top[lv], t1 - 1, 0) for lv in range(LEVELS)]
+    u1 = [None] + [pu[lv] + jnp.where(on_pd[lv], pd, 0)
+                   + jnp.where(on_top[lv], (t1 - 1) * (objs - 1), 0)
                    for lv in range(1, LEVELS)]
     e1 = s1[0]
     ne1 = sum(s1[1:])
@@ -1380,6 +1449,7 @@ def _full_to_cpu_partial(cx: _Ctx, m, x):
     cx.bump("slab_free", jnp.where(drained, e1 - keep1 + (D - 1) * e_s - keep_s, 0))
     cx.bump("cpu_partial_drain", D)
     cx.lock(m, D)
+    cx.rset("pd", 0, drained)
     for lv in range(LEVELS):
         add = jnp.where(on_top[lv], left, 0)
         cx.rset(PCS[lv], jnp.where(drained, add, ps[lv] + add))
@@ -1504,7 +1574,7 @@ def _levels(objs):
 
 def _gauges(st, d, cfg):
     """Per-step gauge values: rows (R,) and rows (N,)."""
-    pc = sum(st[f] for f in PCS)
+    pc = sum(st[f] for f in PCS) + _i(st["pd"] > 0)
     cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + pc
     held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None], cs_held[:, None], 0),
                    axis=0)
@@ -1551,7 +1621,7 @@ def init_state(cfg: SimConfig) -> State:
 
     return State(
         pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R),
-        cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:]}, main=z(R),
+        cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:]}, pd=z(R), main=z(R),
         spare=z(R), phase=z(R), phase_left=jnp.asarray(cfg.workload.burst, _I32),
         **{f: z(N) for f in NS + NU[1:] + ("hs", "hu")}, full_slabs=z(N), barn_full=z(N),
         barn_empty=z(N),

@@ -81,6 +81,7 @@ class RefSim:
         self.cs_rfree = [0] * R
         self.pcs = [[0] * LEVELS for _ in range(R)]    # per-CPU partial slabs by level
         self.pcu = [[0] * LEVELS for _ in range(R)]    # their allocated objects
+        self.pd = [0] * R                              # the draining per-CPU slab's objects
         self.main = [0] * R
         self.spare = [0] * R
         self.phase = [0] * R
@@ -134,6 +135,16 @@ class RefSim:
         return False
 
     @staticmethod
+    def _take_least_used(s: list, u: list) -> int:
+        """Take the partial slab (level 1 or above) with the fewest allocated objects of
+        a list (its lowest such level, the ``q`` slabs first); returns its objects."""
+        k = next(k for k in range(1, LEVELS) if s[k] > 0)
+        q = u[k] // s[k]
+        s[k] -= 1
+        u[k] -= q
+        return q
+
+    @staticmethod
     def _take_emptiest(s: list, u: list) -> int:
         """Take the emptiest slab of a list (its lowest level, the ``q`` slabs first);
         returns its allocated objects."""
@@ -162,6 +173,18 @@ class RefSim:
             h, self.hs[n], self.hu[n] = self.hu[n], 0, 0
             return h
         return self._take_emptiest(self.ns[n], self.nu[n])
+
+    def _pc_slabs(self, r: int) -> int:
+        """Slabs on rep ``r``'s per-CPU partial list, the draining slab included."""
+        return sum(self.pcs[r]) + int(self.pd[r] > 0)
+
+    def _take_pc(self, r: int) -> int:
+        """___slab_alloc() takes a slab off the per-CPU partial list: an empty one first,
+        then the draining slab, then the emptiest; returns its allocated objects."""
+        if self.pcs[r][0] == 0 and self.pd[r] > 0:
+            h, self.pd[r] = self.pd[r], 0
+            return h
+        return self._take_emptiest(self.pcs[r], self.pcu[r])
 
     def _add_pc(self, r: int, h: int):
         k = self._level(h)
@@ -236,6 +259,11 @@ class RefSim:
         for k in range(1, LEVELS):
             self.ns[m][k] += self.pcs[r][k]
             self.nu[m][k] += self.pcu[r][k]
+        if self.pd[r] > 0:
+            lv = self._level(self.pd[r])
+            self.ns[m][lv] += 1
+            self.nu[m][lv] += self.pd[r]
+            self.pd[r] = 0
         keep = max(0, min(self.min_partial - self._node_slabs(m), e))
         self.ns[m][0] += keep
         self.pcs[r] = [0] * LEVELS
@@ -356,15 +384,14 @@ class RefSim:
 
     def _slab_sizes(self, n: int) -> list:
         """Allocated objects on node ``n`` by the slab that holds them, in destination
-        order: rep by rep its CPU slab (untracked objects) and its per-CPU partial slabs
-        by level, fullest first; the node's head slab and partial slabs by level, fullest
-        first; its full slabs."""
+        order: rep by rep its CPU slab (untracked objects) and its per-CPU partial list
+        (the draining slab and the levels, one segment); the node's head slab and partial
+        slabs by level, fullest first; its full slabs."""
         out = []
         for k in range(R):
             on = self.mem[k] == n
             out.append((("cs", k, 0), (self.cs_inuse[k] - self.cs_tracked[k]) if on else 0))
-            for lv in range(LEVELS - 1, 0, -1):
-                out.append((("pc", k, lv), self.pcu[k][lv] if on else 0))
+            out.append((("pc", k, 0), (self.pd[k] + sum(self.pcu[k])) if on else 0))
         out.append((("head", None, 0), self.hu[n] if self.hs[n] else 0))
         for lv in range(LEVELS - 1, 0, -1):
             out.append((("part", None, lv), self.nu[n][lv]))
@@ -423,9 +450,8 @@ class RefSim:
                         self.F[m] += 1          # the exhausted CPU slab is full
                     self.pend_cs[r] = [0] * R   # old slab's objects leave the CPU slab
                     self.cs_tracked[r] = 0
-                    if sum(self.pcs[r]) > 0:
-                        # the per-CPU partial list, emptiest slab first
-                        h = self._take_emptiest(self.pcs[r], self.pcu[r])
+                    if self._pc_slabs(r) > 0:
+                        h = self._take_pc(r)
                     elif self._node_slabs(m) > 0:
                         h = self._take_node_slab(m)
                         self._lock(r, m)
@@ -474,11 +500,23 @@ class RefSim:
             self._lock(r, m)
         self.main[r] = 1
 
-    def _pc_free(self, r: int, k: int, lv: int):
-        """One free by rep ``r`` into rep ``k``'s per-CPU partial slabs at level ``lv``;
-        from v6.8 (not frozen) a free that empties one takes its node's list_lock."""
-        if self._list_free(self.pcs[k], self.pcu[k], lv) and self.pc_empty_locks:
-            self._lock(r, self.mem[k])
+    def _pc_free(self, r: int, k: int):
+        """One free by rep ``r`` into rep ``k``'s per-CPU partial slabs.  The frees of a
+        per-CPU list go to one slab at a time, the draining slab (``pd``), until it is
+        empty: the kernel's consumers free a slab's objects one after another, so slabs
+        empty on the list (6.1 __slab_free(): a frozen slab, no lock, it stays listed;
+        6.12 __slab_free(): not frozen, ``!new.inuse`` takes the node's list_lock and,
+        ``prior && !on_node_partial``, leaves it on the per-CPU list).  An emptied slab
+        counts on level 0, where the list's drain discards it (__unfreeze_partials(), 6.1;
+        __put_partials(), 6.12).  With no draining slab the free starts the least used
+        partial slab of the list."""
+        if self.pd[k] == 0:
+            self.pd[k] = self._take_least_used(self.pcs[k], self.pcu[k])
+        self.pd[k] -= 1
+        if self.pd[k] == 0:
+            self.pcs[k][0] += 1
+            if self.pc_empty_locks:
+                self._lock(r, self.mem[k])
 
     def _node_free(self, r: int, n: int, lv: int):
         """One free into node ``n``'s partial slabs at level ``lv``."""
@@ -500,7 +538,7 @@ class RefSim:
             return
         self._bump("free_slow", r)
         if kind == "pc":
-            self._pc_free(r, k, lv)
+            self._pc_free(r, k)
             return
         if kind == "head":
             self.hu[n] -= 1
@@ -515,15 +553,16 @@ class RefSim:
         if self.F[n] <= 0:
             # the run's earlier frees have made every full slab partial: the object is in
             # one of those (top level), on this CPU's partial list or the node's
-            if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m and sum(self.pcu[r]) > 0:
-                self._pc_free(r, r, self.top)
+            if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m \
+                    and self.pd[r] + sum(self.pcu[r]) > 0:
+                self._pc_free(r, r)
             else:
                 self._node_free(r, n, self.top)
             return
         # a full slab becomes partial
         self.F[n] -= 1
         if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m:
-            if sum(self.pcs[r]) >= self.cpu_partial_slabs:
+            if self._pc_slabs(r) >= self.cpu_partial_slabs:
                 self._drain(r, m)
             self._add_pc(r, self.objs - 1)
             return
@@ -549,11 +588,11 @@ class RefSim:
     def _gauge(self):
         for r in range(R):
             self.g_rep[0][r] += self.out[r]
-            self.g_rep[1][r] += sum(self.pcs[r])
+            self.g_rep[1][r] += self._pc_slabs(r)
             self.g_rep[2][r] += self.main[r] + self.spare[r]
         for n in range(N):
             held = sum(int(self.cs_free[k] + self.cs_inuse[k] + self.cs_rfree[k] > 0)
-                       + sum(self.pcs[k]) for k in range(R) if self.mem[k] == n)
+                       + self._pc_slabs(k) for k in range(R) if self.mem[k] == n)
             self.g_node[0][n] += self._node_slabs(n) + self.F[n] + held
             self.g_node[1][n] += self.ns[n][0]
             self.g_node[2][n] += self.barn_full[n] * self.cap

@@ -281,3 +281,65 @@ def test_v68_emptying_a_per_cpu_partial_slab_takes_the_list_lock():
     extra = new["list_lock"].sum() - old["list_lock"].sum()
     assert extra > 0
     assert new["list_lock_node"].sum() - old["list_lock_node"].sum() == extra
+
+
+def _ref(unfrozen=False, **kw):
+    """A v6.1 reference simulator on one node (kmalloc-256, producer/consumer);
+    ``unfrozen``: per-CPU partial slabs not frozen, the one v6.8 switch."""
+    from slabtune.model import reference_sim
+    prof = profiles.get_profile("v6.1")
+    cfg = dynamics.config_from(_struct("v6.1", 256, ONE_NODE), prof, ONE_NODE,
+                               {"kind": "producer_consumer", "depth": 64}, **kw)
+    return reference_sim.RefSim(cfg._replace(pc_empty_locks=np.int32(int(unfrozen))))
+
+
+@pytest.mark.parametrize("unfrozen,locks", [(False, 0), (True, 1)])
+def test_a_per_cpu_partial_slab_empties_and_its_drain_discards_it(unfrozen, locks):
+    """Frees into a per-CPU partial list go to one slab at a time, so a slab empties on
+    the list: 6.1 frees into the frozen slab with no lock; 6.12 (not frozen since v6.8)
+    takes the node's list_lock in __slab_free() for the free that empties it and leaves it
+    listed.  The drain (6.1 __unfreeze_partials(), 6.12 __put_partials()) then discards
+    it, as the node already keeps min_partial (0) partial slabs, and moves the others to
+    the node's partial list."""
+    sim = _ref(unfrozen, min_partial=0)
+    assert sim.objs > 3
+    for h in (3, 2, 3):                       # three listed slabs, 8 objects
+        sim._add_pc(0, h)
+    for _ in range(2):                        # the least used slab takes both frees
+        sim._pc_free(0, 0)
+    assert sim.pcs[0][0] == 1 and sim.pd[0] == 0 and sum(sim.pcu[0]) == 6
+    assert sim.counts["list_lock"][0] == locks
+    sim._pc_free(0, 0)                        # the next slab starts draining
+    assert sim.pd[0] == 2 and sum(sim.pcu[0]) == 3 and sim._pc_slabs(0) == 3
+    sim._drain(0, 0)
+    assert sim.counts["slab_free"][0] == 1    # the empty slab, discarded
+    assert sum(sim.ns[0]) == 2 and sum(sim.nu[0]) == 5 and sim.ns[0][0] == 0
+    assert sim._pc_slabs(0) == 0 and sim.counts["list_lock"][0] == locks + 1
+
+
+@pytest.mark.parametrize("slabs", [(1,), (3, 2, 3), (5, 5, 5, 4), (1, 1, 7)])
+@pytest.mark.parametrize("pd", [0, 1, 4])
+def test_pc_walk_is_the_frees_one_at_a_time(slabs, pd):
+    """dynamics._pc_walk, the closed form of x frees into a per-CPU partial list, gives
+    the levels, draining slab and emptied slabs of RefSim._pc_free played x times, for
+    every x up to the list's objects; _pc_walk_one (runs of one op) equals it for x <= 1."""
+    total = sum(slabs) + pd
+    for x in range(total + 1):
+        sim = _ref()
+        for h in slabs:
+            sim._add_pc(0, h)
+        sim.pd[0] = pd
+        s0, u0 = list(sim.pcs[0]), [0] + list(sim.pcu[0][1:])
+        for _ in range(x):
+            sim._pc_free(0, 0)
+        s, u, got_pd, emptied = dynamics._pc_walk(
+            [np.int32(v) for v in s0], [np.int32(v) for v in u0], np.int32(pd), np.int32(x))
+        assert [int(v) for v in s] == sim.pcs[0], x
+        assert [int(v) for v in u[1:]] == sim.pcu[0][1:], x
+        assert int(got_pd) == sim.pd[0], x
+        assert int(emptied) == sim.pcs[0][0], x
+        if x <= 1:                            # the form runs of one op trace
+            s1, u1, pd1, e1 = dynamics._pc_walk_one(
+                [np.int32(v) for v in s0], [np.int32(v) for v in u0], np.int32(pd), np.int32(x))
+            assert [int(v) for v in (*s1, *u1[1:], pd1, e1)] == \
+                [int(v) for v in (*s, *u[1:], got_pd, emptied)], x

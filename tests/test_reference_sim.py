@@ -200,7 +200,7 @@ def test_simulate_from_key_equals_its_draws():
 
 def _slab_inuse(sim: reference_sim.RefSim) -> int:
     cs = sum(sim.cs_inuse)
-    pc = sum(map(sum, sim.pcu))
+    pc = sum(map(sum, sim.pcu)) + sum(sim.pd)
     node = sum(map(sum, sim.nu)) + sum(sim.hu)
     return cs + pc + node + sum(sim.F) * sim.objs
 
@@ -221,7 +221,8 @@ def test_invariants_every_step(profile, wl, kw, b):
     """After every step: objects allocated from slabs = objects in flight + objects parked
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
     per slab; every fill level's objects lie within its bounds; a head slab is partly
-    used; a node never keeps more than min_partial empty slabs; nothing negative."""
+    used; a draining per-CPU slab is partly used; a node never keeps more than
+    min_partial empty slabs; nothing negative."""
     cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], ops_per_step=b, **kw)
     sim = reference_sim.RefSim(cfg)
     w = np.asarray(dynamics.draws(jax.random.key(3), 600))
@@ -234,6 +235,7 @@ def test_invariants_every_step(profile, wl, kw, b):
             assert tot in (0, sim.objs), (t, r)
             assert sim.cs_tracked[r] == sum(sim.pend_cs[r]) <= sim.cs_inuse[r]
             assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(dynamics.R))
+            assert 0 <= sim.pd[r] < sim.objs, (t, r)
         lo = sim.lo + [sim.objs]
         for s, u in [(sim.pcs[r], sim.pcu[r]) for r in range(dynamics.R)] + \
                 [(sim.ns[n], sim.nu[n]) for n in range(dynamics.N)]:

@@ -786,7 +786,7 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         sheaf_objects_held=c.array_objects_held,
         barn_objects_held=jnp.asarray(c.shared_objects_held) + jnp.asarray(c.alien_objects_held),
         outstanding=c.outstanding)
-    z = np.zeros_like(np.asarray(cfg.objs_per_slab))
+    z = jnp.zeros_like(jnp.asarray(cfg.objs_per_slab))
     given = dict(
         objs_per_slab=cfg.objs_per_slab, order=cfg.order, min_partial=z, cpu_partial_slabs=z,
         sheaf_capacity=z + 1, cpu_slab=z + 1, barns=z, remote_free_bypasses_sheaf=z,
@@ -797,7 +797,7 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         workload=cfg.workload, ops_per_step=z + 1)
     # SLUB-only switches with a default (era rules of SLUB's paths): that default, in the
     # batch's shape, so the view vmaps like a stacked SLUB config.
-    rest = {f: z + np.asarray(d).astype(z.dtype) for f, d in
+    rest = {f: z + jnp.asarray(d).astype(z.dtype) for f, d in
             dynamics.SimConfig._field_defaults.items() if f not in given}
     return counters, dynamics.SimConfig(**given, **rest)
 

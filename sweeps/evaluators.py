@@ -91,10 +91,84 @@ def topology_inputs(cols: dict) -> dict[str, np.ndarray]:
 
 
 def profile_index(spec: SweepSpec, cols: dict) -> np.ndarray:
-    """Index of each row's profile in :data:`profiles.PROFILES` (the stacking order)."""
+    """Index of each row's profile in :data:`profiles.PROFILES` (the stacking order); 0 for
+    a SLAB profile's rows, whose structure :func:`slab_structure_columns` computes."""
     order = list(profiles.PROFILES)
-    lut = np.asarray([order.index(n) for n in spec.axis("profile").values], np.int32)
+    lut = np.asarray([order.index(n) if n in order else 0
+                      for n in spec.axis("profile").values], np.int32)
     return lut[cols["profile"]]
+
+
+def slab_row_mask(spec: SweepSpec, cols: dict) -> np.ndarray:
+    """Whether each row's profile is a SLAB one (:data:`profiles.SLAB_PROFILES`)."""
+    lut = np.asarray([n in profiles.SLAB_PROFILES for n in spec.axis("profile").values])
+    return lut[cols["profile"]]
+
+
+def _cache_names(spec: SweepSpec, cols: dict, rows) -> list[str | None]:
+    """The cache name of each of ``rows`` (None on a ``size`` axis)."""
+    if "cache" not in cols:
+        return [None] * len(rows)
+    names = spec.axis("cache").values
+    return [names[cols["cache"][r]] for r in rows]
+
+
+@functools.lru_cache(maxsize=4096)
+def slab_structure(profile: str, size: int, possible: int, node_cpus: tuple[int, ...],
+                   cache: str | None):
+    """SLAB's structure (:func:`slabtune.model.slab.structure`) of a cache of stride
+    ``size`` under ``profile`` with ``possible`` CPUs on nodes of ``node_cpus``: the
+    kernel's default order cap, the cache's creation facts where known."""
+    from slabtune.model import slab
+
+    prof = profiles.SLAB_PROFILES[profile]
+    facts = (slab.known_facts(cache, prof) if cache else None) or slab.NO_FACTS
+    return slab.structure(size, possible, node_cpus, prof, facts=facts)
+
+
+def _row_topology(row: dict):
+    """The uniform topology of one row (see :func:`_build_workload`)."""
+    from slabtune.model.topology import Topology
+
+    nodes = row.get("nodes") or 1
+    ml = row.get("memoryless_nodes") or 0
+    cpus = row["cpus"]
+    return Topology.uniform(cpus, nodes, memoryless_nodes=memoryless_node_ids(nodes, ml),
+                            possible=max(row.get("possible") or 0, cpus))
+
+
+def _grid_row(spec: SweepSpec, cols: dict, r: int, present: int) -> dict:
+    """The topology and workload axes of row ``r`` (spec defaults where not swept)."""
+    defaults = dict(spec.defaults)
+    row = {k: (int(cols[k][r]) if k in cols else defaults.get(k)) for k in (
+        "nodes", "memoryless_nodes", "possible", *WORKLOAD_PARAMS)}
+    row["cpus"] = int(present)
+    return row
+
+
+def slab_structure_columns(spec: SweepSpec, cols: dict, res: dict) -> None:
+    """Overwrite the structural fields of the SLAB rows of ``res`` in place with SLAB's
+    (:func:`slabtune.sweeps.simulate.structure_row`'s mapping: nr_cpus is the possible
+    CPUs, order, objects per slab and leftover are calculate_slab_order()'s, SLUB's own
+    fields are 0).  Rows of impossible topologies (never kept) are left as they are."""
+    from slabtune.sweeps import grid
+
+    mask = slab_row_mask(spec, cols) & ~grid.impossible_topology(cols)
+    if not mask.any():
+        return
+    rows = np.flatnonzero(mask)
+    topo = topology_inputs(cols)
+    cache = cache_inputs(spec, cols)
+    names = spec.axis("profile").values
+    for f in STRUCTURE_FIELDS:
+        res[f][rows] = 0
+    for r, cname in zip(rows, _cache_names(spec, cols, rows)):
+        t = _row_topology(_grid_row(spec, cols, r, topo["present"][r]))
+        st = slab_structure(names[cols["profile"][r]], int(cache["size"][r]), t.possible,
+                            tuple(t.node_cpus), cname)
+        res["nr_cpus"][r] = t.possible
+        res["order"][r], res["objs_per_slab"][r] = st.order, st.objs_per_slab
+        res["leftover"][r] = st.left_over
 
 
 #: Environment variable naming the persistent compilation cache ("off" disables it).
@@ -162,7 +236,8 @@ def structural_columns(spec: SweepSpec, cols: dict) -> dict[str, np.ndarray]:
         cache["explicit_sheaf"])
     res = {"slab_size": cache["size"]}
     for f in STRUCTURE_FIELDS:
-        res[f] = np.asarray(getattr(out, f), dtype=np.int32)
+        res[f] = np.array(getattr(out, f), dtype=np.int32)
+    slab_structure_columns(spec, cols, res)
     return res
 
 
@@ -260,7 +335,7 @@ class Dynamics(Evaluator):
         for values in itertools.product(*(spec.axis(k).values for k in keys)):
             row = {**defaults, **dict(zip(keys, values))}
             cols = {k: np.asarray([v]) for k, v in row.items() if not isinstance(v, str)}
-            if grid.impossible_topology(cols)[0]:
+            if grid.impossible_topology(cols)[0] or _excluded_combo(spec, keys, values):
                 continue
             row["cpus"] = int(grid.present_cpus(cols)[0])
             try:
@@ -271,51 +346,106 @@ class Dynamics(Evaluator):
                                 f"these combinations with [[exclude]])") from None
 
     def evaluate(self, spec, chunk):
-
-        from slabtune.model import cost as cost_model
-        from slabtune.model import dynamics, policy
-
+        """SLUB rows through :mod:`slabtune.model.dynamics`, SLAB rows through
+        :mod:`slabtune.model.slab_dynamics` (each group padded to the chunk's length by
+        repeating one of its rows, so both compile once per chunk shape); both priced by
+        :func:`slabtune.model.metrics.compute`."""
         cols = chunk.columns
         n = len(chunk.keep)
-        topo = topology_inputs(cols)
         res = structural_columns(spec, cols)
-        st = {f: res[f] for f in STRUCTURE_FIELDS}
-        kept = np.flatnonzero(chunk.keep)
         names = self.metrics()[1 + len(STRUCTURE_FIELDS):]
-        if kept.size == 0:
+        for m in names:
+            res[m] = np.zeros(n, np.float32)
+        slab_mask = slab_row_mask(spec, cols)
+        for is_slab in (False, True):
+            kept = np.flatnonzero(chunk.keep & (slab_mask == is_slab))
+            if kept.size == 0:
+                continue
+            rows = np.where(chunk.keep & (slab_mask == is_slab), np.arange(n), kept[0])
+            met = (self._slab if is_slab else self._slub)(spec, chunk, res, rows)
             for m in names:
-                res[m] = np.zeros(n, np.float32)
-            return res
-        rows = np.where(chunk.keep, np.arange(n), kept[0])  # excluded rows copy a kept one
+                res[m][kept] = np.asarray(met[m], np.float32)[kept]
+        return res
+
+    def _workloads(self, spec, cols, rows):
+        """(Topology, (Workload, RepLayout)) of every row of ``rows``, built once per
+        distinct topology and workload."""
+        topo = topology_inputs(cols)
         wl_names = spec.axis("workload").values
-        prof_names = spec.axis("profile").values
-        object_size = _object_sizes(spec, cols)
-        defaults = dict(spec.defaults)
         built: dict = {}
-        cfgs = []
+        out = []
         for r in rows:
-            row = {k: (int(cols[k][r]) if k in cols else defaults.get(k)) for k in (
-                "nodes", "memoryless_nodes", "possible", *WORKLOAD_PARAMS)}
-            row["cpus"] = int(topo["present"][r])
+            row = _grid_row(spec, cols, r, topo["present"][r])
             row["workload"] = wl_names[cols["workload"][r]]
             key = tuple(sorted((k, v) for k, v in row.items() if v is not None))
             if key not in built:
                 built[key] = _build_workload(row)
-            t, wl = built[key]
-            s_r = policy.Structure(*(st[f][r] for f in STRUCTURE_FIELDS))
+            out.append(built[key])
+        return out
+
+    def _pcp(self, spec, cols, rows):
+        from slabtune.model import cost as cost_model
+
+        prof_names = spec.axis("profile").values
+        return np.asarray([cost_model.pcp_max_order(profiles.get_any_profile(p).version)
+                           for p in prof_names], np.int32)[cols["profile"][rows]]
+
+    def _slub(self, spec, chunk, res, rows):
+        from slabtune.model import dynamics, policy
+
+        cols = chunk.columns
+        prof_names = spec.axis("profile").values
+        cfgs = []
+        for r, (t, wl) in zip(rows, self._workloads(spec, cols, rows)):
+            s_r = policy.Structure(*(res[f][r] for f in STRUCTURE_FIELDS))
             prof = profiles.get_profile(prof_names[cols["profile"][r]])
             cfgs.append(dynamics.config_from(s_r, prof, t, wl, ops_per_step=spec.ops_per_step))
         stacked = dynamics.stack_configs(cfgs)
-        pcp = np.asarray([cost_model.pcp_max_order(profiles.get_profile(p).version)
-                          for p in prof_names], np.int32)[cols["profile"][rows]]
         index = (chunk.start + rows).astype(np.uint32)
         fn = _dynamics_fn(spec.steps, dynamics.run_bound(stacked))
-        out = fn(np.uint32(spec.seed), index, stacked, _default_cost(), pcp,
-                 object_size[rows].astype(np.float32))
-        met = out._asdict()
-        for m in names:
-            res[m] = np.asarray(met[m], np.float32)
-        return res
+        out = fn(np.uint32(spec.seed), index, stacked, _default_cost(),
+                 self._pcp(spec, cols, rows),
+                 _object_sizes(spec, cols)[rows].astype(np.float32))
+        return out._asdict()
+
+    def _slab(self, spec, chunk, res, rows):
+        from slabtune.model import slab_dynamics
+
+        cols = chunk.columns
+        prof_names = spec.axis("profile").values
+        cache = cache_inputs(spec, cols)
+        cnames = _cache_names(spec, cols, rows)
+        cfgs = []
+        for r, cname, (t, wl) in zip(rows, cnames, self._workloads(spec, cols, rows)):
+            name = prof_names[cols["profile"][r]]
+            st = slab_structure(name, int(cache["size"][r]), t.possible, tuple(t.node_cpus),
+                                cname)
+            cfgs.append(slab_dynamics.config_from(st, profiles.SLAB_PROFILES[name], t, wl))
+        stacked = slab_dynamics.stack_configs(cfgs)
+        index = (chunk.start + rows).astype(np.uint32)
+        out = _slab_dynamics_fn(spec.steps)(
+            np.uint32(spec.seed), index, stacked, _default_cost(),
+            self._pcp(spec, cols, rows), _object_sizes(spec, cols)[rows].astype(np.float32))
+        return out._asdict()
+
+
+def _excluded_combo(spec: SweepSpec, keys: list[str], values) -> bool:
+    """Whether an ``[[exclude]]`` table that tests only the axes ``keys`` drops the rows
+    with these ``values`` (so :meth:`Dynamics.check` does not build what the grid never
+    runs, e.g. producer_consumer at cpus = 1)."""
+    import dataclasses
+
+    from slabtune.sweeps import grid
+
+    cols = {k: np.asarray([spec.axis(k).values.index(v) if spec.axis(k).kind is str else v],
+                          np.int64) for k, v in zip(keys, values)}
+    for ex in spec.exclude:
+        names = {t[0] for t in ex.tests} | {t[2][1] for t in ex.tests
+                                            if isinstance(t[2], tuple) and t[2][:1] == ("axis",)}
+        if names <= set(keys) and grid.excluded(dataclasses.replace(spec, exclude=(ex,)),
+                                                cols)[0]:
+            return True
+    return False
 
 
 def _object_sizes(spec, cols) -> np.ndarray:
@@ -331,13 +461,8 @@ def _build_workload(row: dict):
     highest-numbered ``memoryless_nodes`` nodes have no memory, and the workload kind built
     on it with the parameters the row sets (those the kind takes)."""
     from slabtune.model import workloads
-    from slabtune.model.topology import Topology
 
-    nodes = row.get("nodes") or 1
-    ml = row.get("memoryless_nodes") or 0
-    cpus = row["cpus"]
-    t = Topology.uniform(cpus, nodes, memoryless_nodes=memoryless_node_ids(nodes, ml),
-                         possible=max(row.get("possible") or 0, cpus))
+    t = _row_topology(row)
     kind = row["workload"]
     accepted = workloads.spec_params(kind)
     params = {}
@@ -374,6 +499,31 @@ def _dynamics_fn(steps: int, max_run: int):
         return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
             cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
                 counters, cfgs, pcp, object_size)
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=8)
+def _slab_dynamics_fn(steps: int):
+    """The jitted SLAB dynamics evaluation for ``steps`` steps: the same random keys per
+    grid index as :func:`_dynamics_fn`, :func:`slabtune.model.slab_dynamics.simulate_batch`,
+    then :func:`slabtune.model.metrics.compute` through
+    :func:`slabtune.model.slab_dynamics.slub_view`."""
+    import jax
+
+    from slabtune.model import metrics as model_metrics
+    from slabtune.model import slab_dynamics
+
+    configure_jax()
+
+    def run(seed, index, cfgs, cost, pcp, object_size):
+        base = jax.random.key(seed)
+        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
+        counters, view = slab_dynamics.slub_view(
+            slab_dynamics.simulate_batch(keys, cfgs, steps), cfgs)
+        return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
+            cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
+                counters, view, pcp, object_size)
 
     return jax.jit(run)
 

@@ -36,7 +36,10 @@ varies fastest), minus the excluded rows and the impossible topologies (more mem
 nodes than nodes, fewer possible than present CPUs, more than 8192 CPUs).  An axis value is
 a scalar, a list, ``{range = [a, b], step = s}`` or ``{logrange = [a, b], factor = f}`` /
 ``{logrange = [a, b], num = n}`` (geometric, rounded, duplicates dropped).  String axes
-accept group names: ``cache = "kmalloc" | "named" | "all"``, ``profile = "all"``.
+accept group names: ``cache = "kmalloc" | "named" | "all"``, ``profile = "all"`` (every SLUB
+profile) or ``"slab"`` (every SLAB profile, mm/slab.c: model/slab.py's structure and
+model/slab_dynamics.py; the SLUB boot axes do not apply to SLAB rows, which take their
+kernel's default slab order cap).
 
 Evaluators add axes (see :mod:`slabtune.sweeps.evaluators`): the ``dynamics`` evaluator
 needs ``[workload] workload = [...]`` (local, producer_consumer, request_response,
@@ -135,9 +138,12 @@ COMMON_AXES: dict[str, AxisDef] = {
                                 ("all", tuple(caches.CACHES)))),
     "size": AxisDef("cache", int, 8, MAX_SIZE, None,
                     "object stride of an anonymous, late-created cache"),
-    "profile": ChoiceAxis("kernel", str, default=None, doc="kernel profile",
-                          values=tuple(profiles.PROFILES),
-                          groups=(("all", tuple(profiles.PROFILES)),)),
+    "profile": ChoiceAxis("kernel", str, default=None,
+                          doc="kernel profile (SLUB, or SLAB: slab-v2.6.33, slab-v3.1, "
+                              "slab-v6.1)",
+                          values=tuple(profiles.PROFILES) + tuple(profiles.SLAB_PROFILES),
+                          groups=(("all", tuple(profiles.PROFILES)),
+                                  ("slab", tuple(profiles.SLAB_PROFILES)))),
     "min_order": AxisDef("boot", int, 0, profiles.MAX_PAGE_ORDER, 0, "slub_min_order"),
     "max_order": AxisDef("boot", int, 0, profiles.MAX_PAGE_ORDER, profiles.DEFAULT_MAX_ORDER,
                          "slub_max_order"),
@@ -461,7 +467,7 @@ def _canonical(field: str, value: str, d: AxisDef) -> str:
             pass
     elif field.endswith(".profile"):
         try:
-            return profiles.get_profile(value).name
+            return profiles.get_any_profile(value).name
         except ValueError:
             pass
     elif value in d.choices():
@@ -499,8 +505,35 @@ def validate(doc: dict) -> SweepSpec:
                      seed=seed, steps=steps, metrics=tuple(metrics), axes=tuple(axes),
                      exclude=exclude,
                      defaults=defaults, ops_per_step=ops_per_step)
+    _check_slab_boot(spec)
     ev.check(spec)
     return spec
+
+
+#: Axes that are SLUB knobs (boot parameters and the sheaf request): SLAB rows do not read
+#: them, so a grid whose every profile is SLAB may not sweep them.
+SLUB_ONLY_AXES: dict[str, str] = {"min_order": "slub_min_order", "max_order": "slub_max_order",
+                                  "min_objects": "slub_min_objects",
+                                  "explicit_sheaf": "sheaf_capacity"}
+
+
+def _check_slab_boot(spec: SweepSpec) -> None:
+    """A SLUB-only axis (:data:`SLUB_ONLY_AXES`) with a value other than its default on a
+    grid whose profiles are all SLAB is a one-line error naming the knob and profile
+    (:func:`slabtune.model.slab.foreign_knob`).  On a grid mixing SLAB and SLUB profiles
+    those axes apply to the SLUB rows; the SLAB rows take their kernel's defaults."""
+    from slabtune.model import slab
+
+    names = spec.axis("profile").values
+    if not all(n in profiles.SLAB_PROFILES for n in names):
+        return
+    for ax in spec.axes:
+        knob = SLUB_ONLY_AXES.get(ax.name)
+        if knob is None or ax.values == (COMMON_AXES[ax.name].default,):
+            continue
+        prof = profiles.SLAB_PROFILES[names[0]]
+        raise SpecError(f"{COMMON_AXES[ax.name].section}.{ax.name}: "
+                        f"{slab.foreign_knob(knob, prof)}")
 
 
 def _check_sections(doc: dict) -> None:
@@ -669,7 +702,8 @@ def _scalar(field, v, ax: Axis):
         raise SpecError(f"{field}: {v!r} is not a string")
     if v not in ax.values:
         # accept aliases (kmalloc-1024, 6.1) when they name a value on the axis
-        for conv in (lambda s: caches.get_cache(s).name, lambda s: profiles.get_profile(s).name):
+        for conv in (lambda s: caches.get_cache(s).name,
+                     lambda s: profiles.get_any_profile(s).name):
             try:
                 alias = conv(v)
             except ValueError:

@@ -263,8 +263,8 @@ def get_profile(name: str) -> KernelProfile:
     except KeyError:
         if name in SLAB_PROFILES:
             raise UnknownProfileError(
-                f"kernel profile {name!r} is a SLAB profile: only kernel check and the knob "
-                f"checks of simulate take SLAB profiles so far (SLUB profiles: "
+                f"kernel profile {name!r} is a SLAB profile: simulate, sweep, reproduce and "
+                f"kernel check take SLAB profiles, this input only SLUB ones (SLUB profiles: "
                 f"{', '.join(PROFILES)})") from None
         known = ", ".join(PROFILES)
         raise UnknownProfileError(f"unknown kernel profile {name!r} (known: {known}; SLAB: "

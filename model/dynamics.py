@@ -1147,9 +1147,9 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
     sheaf while it has room; each time it is full, __pcs_replace_full_main() swaps it
     with an empty spare, else puts it into the barn while the barn holds fewer than
     ``barn_max_full`` full sheaves, else flushes its ``cap`` objects to node ``m``'s slabs
-    under the list_lock (:func:`_bulk_free`).  Returns ``sh`` (R, B), the origins whose
-    objects go to the sheaves, the sheaf frees ``nsh`` and ``full_main``, the frees that
-    found the main sheaf full (each a slow path)."""
+    (:func:`_bulk_free`: a list_lock per slab that changes state).  Returns ``sh`` (R,
+    B), the origins whose objects go to the sheaves, the sheaf frees ``nsh`` and
+    ``full_main``, the frees that found the main sheaf full (each a slow path)."""
     st, cap, capm, sheaves = cx.st, k.cap, k.capm, k.sheaves
     m, own, has_barn = k.m, k.own, k.has_barn
     # -- sheaf frees first (free_to_pcs, __pcs_replace_full_main): the main sheaf, then
@@ -1172,7 +1172,6 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
     cx.nadd("barn_empty", own, -jnp.minimum(puts, _get(st["barn_empty"], own)))
     cx.nadd("barn_full", own, puts)
     _bulk_free(cx, m, fl * cap)
-    cx.lock(m, fl)
     return sh, nsh, full_main
 
 
@@ -1493,7 +1492,10 @@ def _bulk_free(cx: _Ctx, m, k):
     node ``m``'s slabs: split over its partial slabs in proportion to their objects
     (points at 0, tot/k, ...: the head slab, then the levels from the fullest down,
     :func:`_cascade`), the rest into full slabs (which become partial: all but the last
-    emptied); empty slabs beyond min_partial are discarded."""
+    emptied); empty slabs beyond min_partial are discarded.  One list_lock per slab that
+    changes state (7.2 __kmem_cache_free_bulk(): one __slab_free() per slab, locking for
+    a full slab made partial or a slab made empty; a partial slab that stays partial
+    takes none), so a flush may take none."""
     objs, lo = cx.d["objs"], cx.d["lo"]
     s, u, hs, hu = _node_levels(cx)
     segs = [hu] + [u[lv] for lv in range(LEVELS - 1, 0, -1)]
@@ -1504,7 +1506,7 @@ def _bulk_free(cx: _Ctx, m, k):
     c = _materialize(list(_counts(pts)) + [x], cx.d["zero"])
     c, x = c[:LEVELS], c[LEVELS]
     emp_h = _i((hs > 0) & (c[0] > 0) & (hu == c[0]))
-    s2, u2, _ = _cascade([s[0] + emp_h] + s[1:], u,
+    s2, u2, emptied = _cascade([s[0] + emp_h] + s[1:], u,
                          [None] + [c[LEVELS - lv] for lv in range(1, LEVELS)], lo)
     F = cx.nget("full_slabs")
     yv = jnp.minimum(k - x, F * objs)
@@ -1520,9 +1522,9 @@ def _bulk_free(cx: _Ctx, m, k):
     S = sum(s2) + hs - emp_h
     drop = jnp.where(k > 0, jnp.clip(S - cx.d["min_partial"], 0, s2[0]), 0)
     s2[0] = s2[0] - drop
-    out = _materialize(s2 + u2[1:] + [drop, g], cx.d["zero"])
+    out = _materialize(s2 + u2[1:] + [drop, g, emp_h + emptied + g], cx.d["zero"])
     s2, u2 = out[:LEVELS], [u2[0]] + out[LEVELS:2 * LEVELS - 1]
-    drop, g = out[2 * LEVELS - 1:]
+    drop, g, chg = out[2 * LEVELS - 1:]
     for lv in range(LEVELS):
         cx.nset(NS[lv], s2[lv])
         if lv:
@@ -1531,6 +1533,7 @@ def _bulk_free(cx: _Ctx, m, k):
     cx.nset("hu", hu - c[0])
     cx.nset("full_slabs", F - g)
     cx.bump("slab_free", drop)
+    cx.lock(m, chg)
 
 
 def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:

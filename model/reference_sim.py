@@ -217,8 +217,12 @@ class RefSim:
         """Free ``k`` objects (a run's flushed sheaves) into node ``m``'s slabs: split
         over the partial slabs by their objects (points at 0, k/U, 2k/U, ...: head, then
         the levels from the fullest down), the rest into full slabs (emptying all but
-        the last); empty slabs beyond min_partial are discarded."""
+        the last); empty slabs beyond min_partial are discarded.  One list_lock per slab
+        that changes state (7.2 __kmem_cache_free_bulk(): one __slab_free() per slab,
+        which locks for a full slab made partial or a slab made empty, not for a partial
+        slab that stays partial)."""
         objs = self.objs
+        chg = 0
         segs = [("head", self.hu[m] if self.hs[m] else 0)] + \
                [(lv, self.nu[m][lv]) for lv in range(LEVELS - 1, 0, -1)]
         tot = sum(size for _, size in segs)
@@ -236,8 +240,9 @@ class RefSim:
                 if self.hu[m] == 0:
                     self.hs[m] = 0
                     self.ns[m][0] += 1
+                    chg += 1
             else:
-                self._list_free(self.ns[m], self.nu[m], where)
+                chg += self._list_free(self.ns[m], self.nu[m], where)
         y = min(k - x, self.F[m] * objs)
         g = _ceil_div(y, objs)
         self.F[m] -= g
@@ -251,6 +256,8 @@ class RefSim:
             drop = max(0, min(self._node_slabs(m) - self.min_partial, self.ns[m][0]))
             self.ns[m][0] -= drop
             self._bump("slab_free", r, drop)
+        for _ in range(chg + g):
+            self._lock(r, m)
 
     def _drain(self, r: int, m: int):
         """unfreeze_partials(): the whole per-CPU partial list to node ``m``'s list, empty
@@ -497,7 +504,6 @@ class RefSim:
                 self._bump("barn_put_fail", r)
             self._bump("sheaf_flush", r)
             self._flushed += self.cap
-            self._lock(r, m)
         self.main[r] = 1
 
     def _pc_free(self, r: int, k: int):

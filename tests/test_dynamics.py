@@ -343,3 +343,31 @@ def test_pc_walk_is_the_frees_one_at_a_time(slabs, pd):
                 [np.int32(v) for v in s0], [np.int32(v) for v in u0], np.int32(pd), np.int32(x))
             assert [int(v) for v in (*s1, *u1[1:], pd1, e1)] == \
                 [int(v) for v in (*s, *u[1:], got_pd, emptied)], x
+
+
+def test_v72_sheaf_flush_locks_once_per_slab_that_changes_state():
+    """7.2 __kmem_cache_free_bulk() frees a flushed sheaf slab by slab, one __slab_free()
+    each: it takes the node's list_lock for a full slab made partial or a slab made
+    empty, none for a partial slab that stays partial (RefSim._bulk_free; the JAX
+    _bulk_free equals it through the equality tests)."""
+    from slabtune.model import reference_sim
+    prof = profiles.get_profile("v7.1")
+    cfg = dynamics.config_from(_struct("v7.1", 256, ONE_NODE), prof, ONE_NODE,
+                               {"kind": "local", "live": 64}, min_partial=0)
+
+    def flush(k, full=0, partial=()):
+        sim = reference_sim.RefSim(cfg)
+        sim.F[0] = full
+        for h in partial:
+            lv = sim._level(h)
+            sim.ns[0][lv] += 1
+            sim.nu[0][lv] += h
+        sim._bulk_free(0, 0, k)
+        return sim.counts["list_lock"][0], sim.counts["slab_free"][0], sim
+
+    objs = flush(0)[2].objs
+    assert objs > 4
+    assert flush(3, partial=(objs - 1,))[:2] == (0, 0)      # stays partial: no lock
+    assert flush(1, partial=(1,))[:2] == (1, 1)             # emptied, discarded
+    locks, freed, sim = flush(objs + 1, full=2)             # one emptied, one partial
+    assert (locks, freed, sim.F[0], sum(sim.ns[0])) == (2, 1, 0, 1)

@@ -69,7 +69,35 @@ def _check_knobs(where: str, knobs: Mapping) -> dict[str, int]:
     return out
 
 
-def parse_candidates(doc: Any, source: str) -> list[Candidate]:
+def _slab_boot(where: str, boot: Mapping, knobs: Mapping, profile) -> dict[str, int]:
+    """A candidate's boot parameters on a SLAB profile, by their SLAB names (mm/slab.c of
+    6.1 takes ``slab_max_order=`` only, slab_max_order_setup()).  A SLUB boot parameter or
+    any search knob of tuner/space.py (all of them SLUB's: partial lists, sheaves, barns,
+    the order formula) is a one-line error naming the knob and the profile; so is a
+    /proc/slabinfo tunable (limit, batchcount, shared), which no boot sets."""
+    from slabtune.model import slab
+
+    for name in knobs:
+        why = slab.foreign_knob(str(name), profile)
+        raise SlabtuneError(f"{where}.knobs.{name}: "
+                            + (why or f"{name} is a SLUB search knob (tuner/space.py); "
+                                      f"profile {profile.name} is SLAB"))
+    for name in boot:
+        why = slab.foreign_knob(str(name), profile)
+        if why is not None:
+            raise SlabtuneError(f"{where}.boot.{name}: {why}")
+        if name not in profile.boot_params:
+            raise SlabtuneError(f"{where}.boot.{name}: not a boot parameter of SLAB profile "
+                                f"{profile.name} (boot parameters: "
+                                f"{', '.join(profile.boot_params) or 'none'})")
+    try:
+        out = slab.validate_params(dict(boot), profile)
+    except SlabtuneError as err:
+        raise SlabtuneError(f"{where}.boot.{err}") from None
+    return {k: int(v) for k, v in out.items()}
+
+
+def parse_candidates(doc: Any, source: str, profile=None) -> list[Candidate]:
     """Candidates from a parsed candidate file.
 
     Format (TOML, or the same structure as JSON)::
@@ -81,7 +109,9 @@ def parse_candidates(doc: Any, source: str) -> list[Candidate]:
 
     JSON may also be a bare list of such tables.  Boot parameters are checked against the
     allow-list here (every spelling) and again against the target kernel's profile before
-    anything boots.  Every error names the field.
+    anything boots.  Every error names the field.  With a SLAB ``profile`` (the spec's
+    fleet profile) the boot parameters keep their SLAB names and SLUB knobs are refused
+    (:func:`_slab_boot`).
     """
     if isinstance(doc, list):
         doc = {"candidate": doc}
@@ -116,6 +146,9 @@ def parse_candidates(doc: Any, source: str) -> list[Candidate]:
         for name, val in (("boot", boot), ("knobs", knobs)):
             if not isinstance(val, Mapping):
                 raise SlabtuneError(f"{where}.{name}: expected a table")
+        if profiles.is_slab(profile):
+            out.append(Candidate(cid, _slab_boot(where, boot, knobs, profile), {}, source))
+            continue
         try:
             canon = bootparams.validate_params(dict(boot), profiles.get_profile(_SPELLING_PROFILE))
         except SlabtuneError as err:
@@ -124,8 +157,9 @@ def parse_candidates(doc: Any, source: str) -> list[Candidate]:
     return out
 
 
-def load_candidate_file(path: str | os.PathLike) -> list[Candidate]:
-    """Read a candidate file (``.toml`` or ``.json``; see :func:`parse_candidates`)."""
+def load_candidate_file(path: str | os.PathLike, profile=None) -> list[Candidate]:
+    """Read a candidate file (``.toml`` or ``.json``; see :func:`parse_candidates`; ``profile``:
+    the validation spec's fleet profile)."""
     from slabtune.sweeps.spec import read_text_file
 
     p = Path(path)
@@ -141,7 +175,7 @@ def load_candidate_file(path: str | os.PathLike) -> list[Candidate]:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise SlabtuneError(f"--candidate: {p}: not valid TOML ({err})") from None
-    return parse_candidates(doc, f"--candidate {p.name}")
+    return parse_candidates(doc, f"--candidate {p.name}", profile)
 
 
 def candidate_rank(points: Sequence[dict]) -> list[dict]:
@@ -286,9 +320,12 @@ def applied_values(spec: ValidateSpec, cand: Candidate,
     and that cache's ``min_partial`` and ``cpu_partial`` (``per_cache``, from
     :func:`slabtune.tuner.objectives.cache_values`) when the candidate searches the knobs
     behind them (the sysfs files a kernel would take them from; cpu_partial only where the
-    profile has per-CPU partial lists)."""
+    profile has per-CPU partial lists).  On a SLAB spec, the boot parameters only."""
     params: dict[str, int] = {k: int(v) for k, v in cand.boot.items()}
     searched = set(cand.knobs)
+    if profiles.is_slab(spec.fleet.profile):
+        # SLAB has no min_partial or cpu_partial: only the boot parameters apply
+        return params
     if per_cache is not None:
         if searched & {"min_partial_divisor", "min_partial_lo", "min_partial_hi"}:
             params["min_partial"] = int(per_cache["min_partial"])

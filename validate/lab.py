@@ -679,9 +679,13 @@ def lab_available() -> str | None:
 def lab_cache_values(spec, cand) -> dict[str, int]:
     """The candidate's per-cache values of the spec's native cache (min_partial,
     cpu_partial, ...; :func:`slabtune.tuner.objectives.cache_values`), the same for every
-    topology and kernel: compute once per candidate."""
+    topology and kernel: compute once per candidate.  Empty on a SLAB fleet (SLAB has no
+    such values)."""
+    from slabtune.model import profiles
     from slabtune.tuner import objectives
 
+    if profiles.is_slab(spec.fleet.profile):
+        return {}
     return objectives.cache_values(spec.fleet, cand.params())[spec.native["cache"]]
 
 

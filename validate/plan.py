@@ -75,6 +75,37 @@ def parse_targets(text: str | None) -> tuple[str, ...]:
     return tuple(t for t in TARGETS if t in names)
 
 
+#: Why a target does not validate a SLAB spec: SLAB (mm/slab.c, CONFIG_SLAB, removed in
+#: v6.8) runs only in the lab's 6.1 build with CONFIG_SLAB=y.
+SLAB_SKIPPED: dict[str, str] = {
+    "guest": "the guest kernel is a SLUB build; only the lab's 6.1-slab kernel runs SLAB",
+    "host": "this machine's kernel is not the lab's SLAB build",
+    "native": "the native allocator is a userspace twin of the SLUB model; SLAB has none",
+    "uml": "the UML kernel is 7.2, whose only allocator is SLUB",
+}
+
+
+def slab_targets(spec: ValidateSpec, targets: Sequence[str]
+                 ) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The targets that run for ``spec`` and those skipped with their reason: every target
+    for a SLUB spec; for a SLAB spec only ``lab`` (:data:`SLAB_SKIPPED`)."""
+    if not profiles.is_slab(spec.fleet.profile):
+        return tuple(targets), {}
+    return (tuple(t for t in targets if t not in SLAB_SKIPPED),
+            {t: SLAB_SKIPPED[t] for t in targets if t in SLAB_SKIPPED})
+
+
+def check_boot(boot: dict, prof) -> dict:
+    """A candidate's boot parameters against a kernel's profile: SLUB's allow-list
+    (:func:`slabtune.model.bootparams.validate_params`) or a SLAB profile's
+    (:func:`slabtune.model.slab.validate_params`)."""
+    if profiles.is_slab(prof):
+        from slabtune.model import slab
+
+        return slab.validate_params(boot, prof)
+    return bootparams.validate_params(boot, prof)
+
+
 # --------------------------------------------------------------------------- tasks
 
 
@@ -93,8 +124,9 @@ def plan_tasks(cands: Sequence[Candidate], spec: ValidateSpec,
     topologies (a lab task boots every lab kernel of the run), uml over the topologies UML
     can express (``uml_topologies``; default :func:`slabtune.validate.uml.plan_topologies`
     with the default CPU limit), host for the baseline only (the host cannot reboot with
-    other parameters)."""
+    other parameters).  A SLAB spec's tasks are lab tasks only (:func:`slab_targets`)."""
     tasks: list[Task] = []
+    targets, _ = slab_targets(spec, targets)
     for target in TARGETS:
         if target not in targets:
             continue
@@ -119,8 +151,17 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
               uml_opts: dict | None = None) -> dict:
     """Refuse bad input before any qemu starts: every candidate's boot parameters against
     the guest kernel's profile, the guest assets present.  Returns facts for the manifest.
-    ``uml_opts``: :func:`slabtune.validate.uml.check_options` (defaults when None)."""
+    ``uml_opts``: :func:`slabtune.validate.uml.check_options` (defaults when None).  A SLAB
+    spec runs only the lab target: the others are skipped with their reason (recorded in
+    the manifest as ``skipped_targets``), and a run with no lab target is refused."""
     info: dict[str, Any] = {}
+    targets, skipped = slab_targets(spec, targets)
+    if skipped:
+        info["skipped_targets"] = skipped
+        if not targets:
+            t, why = next(iter(skipped.items()))
+            raise SlabtuneError(f"--target {t}: spec {spec.name} has the SLAB profile "
+                                f"{spec.fleet.profile.name}: {why} (use --target lab)")
     if "uml" in targets:
         from slabtune.validate import uml
 
@@ -158,7 +199,7 @@ def preflight(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[
         for c in cands:
             for k, prof in profs.items():
                 try:
-                    bootparams.validate_params(dict(c.boot), prof)
+                    check_boot(dict(c.boot), prof)
                 except SlabtuneError as err:
                     raise SlabtuneError(f"candidate {c.id} (lab {k}): {err}") from None
             per_cache = lab.lab_cache_values(spec, c)

@@ -48,7 +48,6 @@ MAX_BOOTS = 9
 def parse_spec(text: str, name: str) -> ValidateSpec:
     """Parse a validation spec (see sweeps/validate_quick.toml); errors name the field."""
     from slabtune.kernel import guest
-    from slabtune.tuner.fleet import parse_fleet
 
     try:
         doc = tomllib.loads(text)
@@ -59,7 +58,7 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
         raise SlabtuneError(f"--topologies {name}: unknown table [{sorted(bad)[0]}]")
     if "fleet" not in doc:
         raise SlabtuneError(f"--topologies {name}: missing the [fleet] table")
-    fleet = parse_fleet(doc["fleet"])
+    fleet = _parse_fleet(doc["fleet"])
     v = doc.get("validate", {})
     if not isinstance(v, Mapping):
         raise SlabtuneError(f"--topologies {name}: validate: expected a table")
@@ -109,6 +108,37 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
     native = _parse_native(v.get("native", {}), fleet)
     return ValidateSpec(name, text, fleet, tuple(wls), float(timeout), retries, mem, accel,
                         native, boots)
+
+
+#: The SLUB profile a SLAB spec's [fleet] table is parsed under (tuner/fleet.py takes SLUB
+#: profiles only); nothing of it is kept: the fleet carries the SLAB profile.
+_FLEET_STAND_IN = "v6.1"
+
+
+def _parse_fleet(table: Any):
+    """The spec's ``[fleet]``: :func:`slabtune.tuner.fleet.parse_fleet`, except that a SLAB
+    profile (``slab-v6.1``, ...) is taken: the topologies and workloads are parsed under a
+    SLUB stand-in and the fleet then carries the SLAB profile.  Validation reads the fleet's
+    profile only to pick the lab kernel, the knobs a candidate may set and the model's
+    profile of each pair; a SLAB pair is predicted by sweeps/simulate's SLAB branch."""
+    from slabtune.model import profiles
+    from slabtune.tuner.fleet import parse_fleet
+
+    name = table.get("profile") if isinstance(table, Mapping) else None
+    if not isinstance(name, str) or name not in profiles.SLAB_PROFILES:
+        return parse_fleet(table)
+    if "sweep" in table:
+        raise SlabtuneError(f"fleet.sweep: a SLAB fleet ({name}) takes [[fleet.topology]] "
+                            "tables, not a sweep spec's topologies")
+    fleet = parse_fleet({**dict(table), "profile": _FLEET_STAND_IN})
+    return dataclasses.replace(fleet, profile=profiles.SLAB_PROFILES[name])
+
+
+def is_slab_spec(spec: ValidateSpec) -> bool:
+    """Whether a validation spec's fleet names a SLAB profile."""
+    from slabtune.model import profiles
+
+    return profiles.is_slab(spec.fleet.profile)
 
 
 NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,

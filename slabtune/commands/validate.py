@@ -138,7 +138,7 @@ def _validate(args) -> int:
         for flag, k in (("--top", args.top), ("--spread", args.spread)):
             if k is not None:
                 raise SlabtuneError(f"{flag}: only with --study or --run")
-        cands = candidates.load_candidate_file(args.candidate)
+        cands = candidates.load_candidate_file(args.candidate, spec.fleet.profile)
         source = f"file {args.candidate}"
     else:
         if args.top is None and args.spread is None:

@@ -468,12 +468,101 @@ def report(run, repredict: bool = False, cost: str | None = None) -> dict:
             "native_fastpath_max_abs_diff_pp": "native allocator counters (lockstep run) vs "
                                                "the model's dynamics counters",
         },
-        "lab": lab_summary(rows),
+        "lab": lab_part(rows),
+        "skipped_targets": dict(run.manifest["spec"].get("skipped_targets") or {}),
         "uml": {**uml.summary(rows, run.manifest), "repredicted": repredict},
         "failed_tasks": [{k: t[k] for k in ("task", "candidate", "topology", "target", "error")}
                          for t in failed],
         "pairs": pairs(rows, tasks, wl),
     }
+
+
+#: What the lab cannot compare on the SLAB kernel, and why (kernel/lab_boot.py
+#: measure_slab()): without CONFIG_DEBUG_SLAB, mm/slab.c keeps no allocation hit/miss or
+#: grown counts and /proc/slabinfo has no statistics columns.
+SLAB_NOT_COMPARED = {
+    "alloc_fastpath_frac": "no CONFIG_DEBUG_SLAB statistics in the lab's SLAB build",
+    "free_fastpath_frac": "no CONFIG_DEBUG_SLAB statistics in the lab's SLAB build",
+    "slab_allocs_per_kop": "no CONFIG_DEBUG_SLAB statistics in the lab's SLAB build",
+}
+
+
+def lab_part(rows: pl.DataFrame) -> dict:
+    """The lab summary (:func:`slabtune.validate.lab.summary`) with each kernel's
+    ``allocator`` (SLUB or SLAB, from its profile).  A SLAB kernel's entry keeps the figures
+    compared there (memory, active objects; the /proc/slabinfo structure beside them),
+    lists them under ``compared``, and names what is not compared with the reason
+    (``not_compared``, :data:`SLAB_NOT_COMPARED`); its ``pairs`` hold each (candidate,
+    topology)'s predicted and measured memory and active objects and its structure count."""
+    from slabtune.model import profiles
+
+    s = lab_summary(rows)
+    for k in s["by_kernel"]:
+        if k["profile"] not in profiles.SLAB_PROFILES:
+            k["allocator"] = "SLUB"
+            continue
+        k["allocator"] = "SLAB"
+        k["not_compared"] = {f: SLAB_NOT_COMPARED[f] for f in k["figures"]
+                             if f in SLAB_NOT_COMPARED}
+        k["figures"] = {f: v for f, v in k["figures"].items() if f not in SLAB_NOT_COMPARED}
+        k["compared"] = [*k["figures"], "structure"]
+        k["pairs"] = _slab_pairs(rows.filter((pl.col("target") == "lab")
+                                             & (pl.col("kernel") == k["kernel"])
+                                             & (pl.col("status") == "ok")))
+    return s
+
+
+def _slab_pairs(g: pl.DataFrame) -> list[dict]:
+    """Per (candidate, topology) of one SLAB kernel's lab rows: predicted and measured
+    ``memory_bytes`` and ``active_objects``, and /proc/slabinfo structure fields matched."""
+    out = []
+    for (cand, topo), p in sorted(g.group_by(["candidate", "topology"]),
+                                  key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        rec: dict[str, Any] = {"candidate": cand, "topology": topo}
+        for f in ("memory_bytes", "active_objects"):
+            sel = p.filter(pl.col("field") == f)
+            rec[f] = ({"predicted": sel["predicted"][0], "measured": sel["measured"][0]}
+                      if sel.height else None)
+        st = p.filter(pl.col("field").str.starts_with("slabinfo."))
+        rec["structure"] = {"matched": int((st["measured"] == st["predicted"]).sum()),
+                            "compared": st.height}
+        out.append(rec)
+    return out
+
+
+def format_lab(s: Mapping[str, Any]) -> list[str]:
+    """Text lines of :func:`lab_part`: the SLUB kernels as
+    :func:`slabtune.validate.lab.format_summary` prints them, then each SLAB kernel
+    labelled with its allocator, what was compared and what not, and its pairs."""
+    slub = {**s, "by_kernel": [k for k in s["by_kernel"] if k.get("allocator") != "SLAB"]}
+    lines = format_lab_summary(slub)
+    for k in s["by_kernel"]:
+        if k.get("allocator") != "SLAB":
+            continue
+        figs = "; ".join(
+            f"{f} {100 * v['median']:.0f}% / {100 * v['worst']:.0f}%" if "median" in v
+            else f"{f} -" for f, v in k["figures"].items())
+        st = k["structure"]
+        lines.append(f"  {k['kernel']} (allocator SLAB, profile {k['profile']}, {k['runs']} "
+                     f"runs): compared {figs}; /proc/slabinfo structure {st['matched']} of "
+                     f"{st['compared']} exact")
+        why = sorted(set(k["not_compared"].values()))
+        if k["not_compared"]:
+            lines.append(f"    not compared: {', '.join(k['not_compared'])} ({'; '.join(why)})")
+        for p in k["pairs"]:
+            parts = []
+            for f, label, scale, unit in (("memory_bytes", "memory", 1024.0, " KiB"),
+                                          ("active_objects", "active objects", 1.0, "")):
+                v = p[f]
+                if v is not None:
+                    parts.append(f"{label} " + " / ".join(
+                        "n/a" if x is None else f"{x / scale:.1f}{unit}"
+                        for x in (v["predicted"], v["measured"])))
+            parts.append(f"structure {p['structure']['matched']} of "
+                         f"{p['structure']['compared']}")
+            lines.append(f"    {p['candidate']} {p['topology']}: predicted / measured "
+                         + "; ".join(parts))
+    return lines
 
 
 def format_rig(rig: dict | None) -> list[str]:
@@ -582,7 +671,9 @@ def format_report(rep: dict) -> str:
     lines.append(f"native fast path: max |model - native| "
                  f"{'n/a' if fastpath is None else format(fastpath, '.2f') + ' pp'} (the "
                  "native allocator checks the model's arithmetic, not the kernel)")
-    lines.extend(format_lab_summary(rep["lab"]))
+    for t, why in rep.get("skipped_targets", {}).items():
+        lines.append(f"target {t} skipped: {why}")
+    lines.extend(format_lab(rep["lab"]))
     lines.extend(uml.format_summary(rep["uml"]))
     for m in g["mismatch_list"][:20]:
         lines.append(f"  mismatch {m['candidate']} {m['topology']} {m['cache']} {m['field']}: "

@@ -215,6 +215,7 @@ def test_report_labels_slab_rows_with_what_they_compare():
 
 @pytest.mark.slow
 @pytest.mark.guest
+@pytest.mark.ray
 def test_validate_target_lab_boots_the_slab_kernel(tmp_path, capsys, ray_local):
     """``validate --target lab`` of one candidate (slab_max_order=1) on a 2-CPU SLAB spec
     boots 6.1-slab twice (baseline and candidate) and stores SLAB rows: kmalloc-512's

@@ -11,17 +11,19 @@ What a representative CPU ``r`` pays per operation (one alloc or one free)::
     t_r = other_r                                   # the workload's own work per op
         + fast/slow path base costs  * their rates per op
         + page allocator calls       * (pcp or buddy cost + per-page and per-object setup)
-        + sum_l A[r, l] * (hold_l + k_l * line_{r,l} + W_l)    # lock acquisitions
+        + sum_l A[r, l] * (hold_l + k_l * f_{r,l} * line_{r,l} + W_l)   # lock acquisitions
 
 ``A[r, l]`` is rep ``r``'s acquisitions per op of lock class ``l`` (a node's list_lock, a
 node's barn lock, a zone lock), ``line_{r,l}`` the transfer of one cache line to the
 acquiring CPU (local or cross-node), ``k_l`` the lines a critical section of that lock
 moves from the previous holder (``list_lock_lines``, ``barn_lock_lines``,
 ``zone_lock_lines``: the lock word and the list heads, counters and links the section
-writes, see :data:`DOCS`), ``W_l`` the queueing wait.  Each lock is a queue of a closed
+writes, see :data:`DOCS`), ``f_{r,l}`` the probability that the previous holder was
+another CPU (:func:`foreign_holder_fraction`; a CPU retaking its own lock finds the lines
+in its cache), ``W_l`` the queueing wait.  Each lock is a queue of a closed
 network (the machine-repairman model): a CPU spinning on a lock does nothing else, so a lock
 never has more waiters than the CPUs that take it, and the service of an acquisition is
-``hold_l + k_l * line_{r,l}`` (a CPU across the interconnect holds the lock longer for
+``hold_l + k_l * f_{r,l} * line_{r,l}`` (a CPU across the interconnect holds the lock longer for
 everyone).  The waits are mean-value analysis (:func:`mva_waits`); the machine's pace is
 the one root of a decreasing function (:func:`solve`).  Near saturation the busiest lock
 serves one acquisition per mean service time and the machine slows to what it serves:
@@ -326,6 +328,37 @@ def lock_line_counts(c: CostParams):
     return jnp.stack([c.list_lock_lines, c.barn_lock_lines, c.zone_lock_lines])
 
 
+def foreign_holder_fraction(acq, weight, multiplicity, duty):
+    """Probability that the previous holder of the lock a CPU of rep ``r`` takes was another
+    CPU, per rep and lock class (R, L): the fraction of the critical section's lines that
+    must move to it.
+
+    A lock's lines (the lock word, the list heads and counters its section writes) stay in
+    the cache of the CPU that last held it; a CPU that takes the same lock again finds them
+    there and moves none (the netperf request_response interrupt CPU freeing most objects
+    under one alien lock, a CPU alone on its node's list_lock).  With the acquisitions of
+    one lock instance interleaved at random, the previous holder is this CPU with
+    probability its share of the instance's acquisitions, so an acquisition moves
+    ``k * (1 - share)`` lines on average.  One CPU of rep ``r`` brings ``duty_r acq_rl``
+    acquisitions per simulated step to its lock, and the instance gets
+    ``sum_j n_jl duty_j acq_jl`` from the ``n_jl = weight_j / multiplicity_l`` CPUs of each
+    rep on it, the arrivals :func:`solve` uses, taken at equal pace (exact within a
+    coupling group, whose reps share a pace; the pace cancels).  A share above 1 (a rep
+    with fewer CPUs than the class has locks) is 1.  Held fixed while :func:`solve`
+    bisects the pace, so every wait still falls as the paces grow.
+
+    ``acq`` (R, L): acquisitions per op; ``weight`` (R,): real CPUs per rep (0: inactive);
+    ``multiplicity`` (L,): real locks per class; ``duty`` (R,): ops per simulated step.
+    """
+    acq = jnp.asarray(acq, _F32)
+    weight = jnp.asarray(weight, _F32)
+    mine = jnp.where((weight > 0)[:, None], jnp.asarray(duty, _F32)[:, None] * acq, 0.0)
+    pop = weight[:, None] / jnp.maximum(jnp.asarray(multiplicity, _F32), 1.0)[None, :]
+    total = jnp.sum(pop * mine, axis=0)
+    share = mine / jnp.where(total > 0, total, 1.0)[None, :]
+    return 1.0 - jnp.clip(share, 0.0, 1.0)
+
+
 # --------------------------------------------------------------------------- contention
 #
 # Every lock is a queue in a CLOSED network: a CPU waiting for a spinlock does nothing else,
@@ -446,7 +479,8 @@ def solve(base, acq, hold, line, weight, multiplicity, queueing=1.0, duty=None,
     ``base`` (R,): ns per op outside locks (the workload's own work included).  ``acq``
     (R, L): acquisitions per op of each lock class.  ``hold`` (L,): hold time.  ``line``
     (R, L): what rep r adds to each acquisition beyond ``hold``: the cache lines its
-    critical section moves (``k_l * line_{r,l}``, local or cross-node) and any work it does
+    critical section moves (``k_l * f_{r,l} * line_{r,l}``, local or cross-node, with
+    ``f`` of :func:`foreign_holder_fraction`, computed by the caller) and any work it does
     under the lock (bulk sheaf refills and flushes).  ``weight`` (R,): real CPUs per rep.
     ``multiplicity`` (L,): real locks per class (a rep's CPUs spread evenly over them).
     ``queueing``: 1, or 0 for no waits (the one-core rig, :func:`rig_cost`).  ``duty`` (R,):

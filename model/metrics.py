@@ -125,7 +125,9 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     Reaching a lock costs ``k`` cache-line transfers (``list_lock_lines``,
     ``barn_lock_lines``, ``zone_lock_lines``), each ``line_remote_ns`` for a lock on another
     node and ``line_local_ns`` on the rep's own: the critical section touches the lock word
-    and the list heads, counters and links the previous holder wrote.
+    and the list heads, counters and links the previous holder wrote.  They move only when
+    that holder was another CPU: ``k`` times :func:`slabtune.model.cost.foreign_holder_fraction`
+    (a CPU alone on its lock moves none).
     The objects a sheaf refill or flush moves are priced outside the lock
     (:func:`slabtune.model.cost.base_ns_per_op`).
 
@@ -150,14 +152,17 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     zone_acq = (page_calls * cost.zone_lock_per_call(cfg.order, pcp_max, c))[:, None] * _f(mem)
     acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
     remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
+    mult = jnp.tile(jnp.maximum(_f(cfg.node_weight), 1.0), len(LOCK_KINDS))
     # A critical section moves k lines the previous holder wrote (lock word, list heads,
-    # counters, links): k transfers, each local or cross-node like the lock's own line.
+    # counters, links): k transfers, each local or cross-node like the lock's own line,
+    # when that holder was another CPU (counts per rep stand in for the arrivals: the
+    # duty of cost.foreign_holder_fraction is ops per step, the steps cancel).
     lines = jnp.repeat(cost.lock_line_counts(c), n_nodes)
-    line = lines[None, :] * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
+    moved = cost.foreign_holder_fraction(acq, cfg.rep_weight, mult, _f(counters.ops))
+    line = lines[None, :] * moved * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
                             jnp.full((n_nodes,), c.barn_lock_hold_ns),
                             jnp.full((n_nodes,), cost.zone_hold_ns(cfg.order, pcp_max, c))])
-    mult = jnp.tile(jnp.maximum(_f(cfg.node_weight), 1.0), len(LOCK_KINDS))
     return acq, line, hold, mult
 
 

@@ -141,6 +141,29 @@ def _exact_mva(n, think, service):
     return think + r
 
 
+def test_lines_move_only_from_another_cpu():
+    """A lock's lines stay with its last holder: the fraction of acquisitions whose previous
+    holder was another CPU is 1 - this CPU's share of the lock instance's acquisitions."""
+    f = lambda acq, w, m, d: np.asarray(cost.foreign_holder_fraction(  # noqa: E731
+        jnp.array(acq), jnp.array(w), jnp.array(m), jnp.array(d)))
+    # one CPU alone on a lock: it is always the previous holder, no line moves
+    assert f([[0.3]], [1.0], [1.0], [1.0])[0, 0] == 0.0
+    # two CPUs of one rep on one lock, equal rates: half the acquisitions move the lines
+    assert f([[0.3]], [2.0], [1.0], [1.0])[0, 0] == pytest.approx(0.5)
+    # the same two CPUs as two reps of one CPU each: the same half
+    np.testing.assert_allclose(f([[0.3], [0.3]], [1.0, 1.0], [1.0], [1.0, 1.0]), [[0.5], [0.5]])
+    # two CPUs on two locks of the class (one node each): each alone on its own
+    assert f([[0.3]], [2.0], [2.0], [1.0])[0, 0] == 0.0
+    # an interrupt CPU taking 19 of every 20 acquisitions finds its lines 95% of the time;
+    # the CPU it shares the lock with finds them 5% of the time (the rate is acq x duty)
+    np.testing.assert_allclose(f([[0.95], [0.1]], [1.0, 1.0], [1.0], [1.0, 0.5]),
+                               [[0.05], [0.95]], rtol=1e-6)
+    # eight CPUs of one rep: 7/8 of the acquisitions follow another CPU
+    assert f([[1.0]], [8.0], [1.0], [1.0])[0, 0] == pytest.approx(7 / 8)
+    # an inactive rep (weight 0) brings no acquisitions
+    assert f([[0.3], [5.0]], [1.0, 0.0], [1.0], [1.0, 1.0])[0, 0] == 0.0
+
+
 def test_a_lone_cpu_never_waits():
     s = _one_lock(1)
     assert float(s.t[0]) == pytest.approx(180.0)

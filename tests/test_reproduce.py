@@ -86,15 +86,15 @@ HEADLINES = ("hackbench time, 224 CPUs, v5.11 vs v5.10",
 #: mechanism missing (issue 13).
 OPEN_HEADLINES = {
     "IOPS, barns on memoryless nodes vs v7.0":
-        "with no work outside the allocator v7.0 comes out right (14.7 M IOPS against the "
+        "with no work outside the allocator v7.0 comes out right (14.5 M IOPS against the "
         "published 13 M: the memory nodes' CPUs keep their pace while the memoryless ones "
-        "queue on two list_locks) but the barns arm runs at allocator speed (56 M against "
-        "25 M), 3.8x; with the derived work (1782 ns per op) 2.78x, within 1.5x: the seed's "
+        "queue on two list_locks) but the barns arm runs at allocator speed (59 M against "
+        "25 M), 4.1x; with the derived work (1782 ns per op) 2.75x, within 1.5x: the seed's "
         "I/O path spends most of its CPU outside bio-248, which the default mode leaves out",
     "IOPS, doubled sheaf capacity vs barns on memoryless nodes":
         "with no work outside the allocator the barns arm is paced by the barn exchange "
         "(414 ns, UML-measured) every 28 objects and the locks it loads, so doubling the "
-        "capacity gives 2.06x, not 1.21x; with the derived work (1782 ns per op) 1.01x, "
+        "capacity gives 2.04x, not 1.21x; with the derived work (1782 ns per op) 1.01x, "
         "within 1.5x",
 }
 

@@ -30,8 +30,10 @@ OPEN = {
         "on the assumed 4-node client every free by the interrupt CPU of another node's "
         "object is an alien free: the alien lock (hold and lines, priced as a barn lock), "
         "a slow free and a remote line, where SLUB v3.1's remote free is a slow free and "
-        "the line; the seed gives no topology, and on SLAB's side the lock lines are "
-        "charged even when one CPU takes an alien lock over and over"
+        "the line; the seed gives no topology.  The interrupt CPU alone on its node's "
+        "alien lock moves none of its lines, but the application CPUs' frees of its "
+        "objects are alien frees too, on locks four CPUs share (3/4 of the lines move): "
+        "SLAB 1.40/1.09/1.21x SLUB"
     for c in ("kmalloc-256", "kmalloc-1k", "kmalloc-4k")
 }
 

@@ -4,6 +4,7 @@ one plain scan over the whole batch, bit for bit."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 
@@ -55,3 +56,27 @@ def test_chunked_batch_gives_the_counters_of_one_scan():
     assert one["ops"].sum() > 50 * 300 and one["alloc_slow"].sum() > 0
     for k in one:
         np.testing.assert_array_equal(got[k], one[k], err_msg=k)
+
+
+def test_threaded_parts_give_the_counters_of_one_call(monkeypatch):
+    """simulate_batch over 3 threads (50 configurations in parts of 17, the last padded):
+    every counter equal to one call's."""
+    import jax
+
+    from slabtune.model import dynamics
+
+    batch = dynamics.stack_configs(_configs())
+    keys = jax.random.split(jax.random.key(17), 50)
+    one = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 200))
+    monkeypatch.setattr(dynamics, "_parts", lambda n: 3)
+    got = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 200))
+    assert one["ops"].sum() > 50 * 200
+    for k in one:
+        np.testing.assert_array_equal(got[k], one[k], err_msg=k)
+
+
+def test_parts_keep_a_chunk_each():
+    from slabtune.model import dynamics
+
+    assert dynamics._parts(dynamics.CHUNK - 1) == 1
+    assert 1 <= dynamics._parts(100 * dynamics.CHUNK) <= (os.cpu_count() or 1)

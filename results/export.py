@@ -3,7 +3,10 @@ GRUB drop-in, a systemd-tmpfiles.d file for the sysfs knobs, or a JSON report.
 
 Boot parameters go through :mod:`slabtune.model.bootparams` (allow-list, kernel ranges, the
 ``slub_*``/``slab_*`` spelling of the target profile).  Per-cache sysfs values are written
-as ``w /sys/kernel/slab/<cache>/<attr> - - - - <value>`` lines.  Knobs that only a kernel
+as ``w /sys/kernel/slab/<cache>/<attr> - - - - <value>`` lines.  A SLAB policy's boot
+parameter is ``slab_max_order=`` and its per-cache tunables are a ``slabinfo`` script of
+``echo "name limit batchcount shared" > /proc/slabinfo`` lines (one cache per write, as
+slabinfo_write() takes them, which tmpfiles.d cannot express).  Knobs that only a kernel
 change reaches are listed as such in every format (comments, stderr notes, a JSON field),
 never dropped silently.  Pure Python; never imports JAX.
 """
@@ -12,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams, profiles
+from slabtune.model import bootparams, profiles, slab
 
-FORMATS = ("cmdline", "grub", "tmpfiles", "json")
+FORMATS = ("cmdline", "grub", "tmpfiles", "json", "slabinfo")
 SYSFS_ROOT = "/sys/kernel/slab"
 #: Knob families whose per-cache result is written to sysfs, by attribute.
 SYSFS_FAMILIES = {
@@ -52,11 +56,17 @@ class ExportedPolicy:
     #: topology -> {"memory": gain, "time": gain} (fractions, positive = better).
     gains: Mapping[str, Mapping[str, float]]
     params: Mapping[str, int]
+    #: SLAB: cache -> (limit, batchcount, shared) written to /proc/slabinfo.
+    slabinfo: Mapping[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
 
 
 def boot_fragment(c: ExportedPolicy, prefix: str | None = None) -> str:
     """The command-line fragment: validated against the profile's allow-list and ranges,
-    spelled ``slab_*`` where the profile accepts it (v6.8 on), else ``slub_*``."""
+    spelled ``slab_*`` where the profile accepts it (v6.8 on), else ``slub_*``.  A SLAB
+    profile's: ``slab_max_order=N`` (:func:`slabtune.model.slab.validate_params`)."""
+    if profiles.is_slab(c.profile):
+        checked = slab.validate_params(dict(c.boot), c.profile)
+        return " ".join(f"{k}={v}" for k, v in checked.items())
     validated = bootparams.validate_params(dict(c.boot), c.profile)
     return bootparams.render(validated, c.profile, prefix)
 
@@ -79,6 +89,23 @@ def tmpfiles_lines(c: ExportedPolicy) -> list[str]:
                 raise SlabtuneError(f"sysfs: {cache}/{attr} value {value!r} must be a "
                                     "non-negative integer")
             lines.append(f"w {SYSFS_ROOT}/{cache}/{attr} - - - - {value}")
+    return lines
+
+
+_SLAB_CACHE_NAME = re.compile(r"[A-Za-z0-9_.:()@+-]+")
+
+
+def slabinfo_lines(c: ExportedPolicy) -> list[str]:
+    """``echo "name limit batchcount shared" > /proc/slabinfo``, one line per cache, with
+    the ranges slabinfo_write() accepts (limit >= 1, 1 <= batchcount <= limit,
+    shared >= 0); a cache name a shell would read as more than a word is refused."""
+    lines = []
+    for cache in sorted(c.slabinfo):
+        if not _SLAB_CACHE_NAME.fullmatch(cache):
+            raise SlabtuneError(f"slabinfo: cache name {cache!r} is not a plain cache name")
+        slab.validate_params(dict(zip(slab.SLAB_TUNABLES, c.slabinfo[cache])), c.profile)
+        lim, bc, sh = c.slabinfo[cache]
+        lines.append(f'echo "{cache} {lim} {bc} {sh}" > /proc/slabinfo')
     return lines
 
 
@@ -111,6 +138,9 @@ def render(c: ExportedPolicy, fmt: str, prefix: str | None = None) -> str:
         if c.sysfs:
             lines.append("# Per-cache sysfs values are not boot parameters: "
                          "export --format tmpfiles.")
+        if c.slabinfo:
+            lines.append("# /proc/slabinfo tunables are not boot parameters: "
+                         "export --format slabinfo.")
         if frag:
             lines.append(f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {frag}"')
         else:
@@ -121,11 +151,25 @@ def render(c: ExportedPolicy, fmt: str, prefix: str | None = None) -> str:
         body = tmpfiles_lines(c)
         if not body:
             lines.append("# This policy changes no sysfs attribute.")
+        if c.slabinfo:
+            lines.append("# SLAB tunables go to /proc/slabinfo: export --format slabinfo")
         if c.boot:
             lines.append(f"# Boot parameters are not set here: {boot_fragment(c, prefix)}")
         return "\n".join(lines + body) + "\n"
     if fmt == "json":
         return json.dumps(report(c, prefix), indent=2) + "\n"
+    if fmt == "slabinfo":
+        if not profiles.is_slab(c.profile):
+            raise SlabtuneError(f"format: slabinfo is for SLAB profiles; {c.profile.name} is "
+                                "SLUB (export --format tmpfiles)")
+        lines = ["#!/bin/sh"] + _header(c) + [
+            "# /proc/slabinfo tunables (SLAB), one cache per write: run as root after boot."]
+        body = slabinfo_lines(c)
+        if not body:
+            lines.append("# This policy changes no tunable (every cache keeps its default).")
+        if c.boot:
+            lines.append(f"# Boot parameters are not set here: {boot_fragment(c, prefix)}")
+        return "\n".join(lines + body) + "\n"
     raise SlabtuneError(f"format: {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
@@ -139,8 +183,11 @@ def report(c: ExportedPolicy, prefix: str | None = None) -> dict:
         "baseline": {"memory": float(c.baseline["memory"]), "time": float(c.baseline["time"])},
         "params": dict(c.params),
         "cmdline": boot_fragment(c, prefix),
-        "boot_params": dict(bootparams.validate_params(dict(c.boot), c.profile)),
+        "boot_params": dict(slab.validate_params(dict(c.boot), c.profile)
+                            if profiles.is_slab(c.profile)
+                            else bootparams.validate_params(dict(c.boot), c.profile)),
         "sysfs": {cache: dict(v) for cache, v in c.sysfs.items()},
+        **({"slabinfo": slabinfo_lines(c)} if profiles.is_slab(c.profile) else {}),
         "kernel_change": [dataclasses.asdict(k) for k in c.kernel_change],
         "gains": {t: dict(g) for t, g in c.gains.items()},
     }

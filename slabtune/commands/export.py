@@ -1,5 +1,6 @@
-"""``slabtune export --study NAME --trial ID --format cmdline|grub|tmpfiles|json``: turn a
-tuned policy into boot parameters, a GRUB drop-in, a tmpfiles.d file or a JSON report."""
+"""``slabtune export --study NAME --trial ID --format cmdline|grub|tmpfiles|json|slabinfo``:
+turn a tuned policy into boot parameters, a GRUB drop-in, a tmpfiles.d file, a JSON report
+or (SLAB) a script of /proc/slabinfo tunables."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ def register(subparsers) -> None:
     src.add_argument("--run", metavar="RUN_DIR", help="tune run directory (with study.db)")
     p.add_argument("--storage", metavar="URL", help="storage URL (default: the run's study.db)")
     p.add_argument("--trial", type=int, required=True, metavar="ID", help="trial number")
-    p.add_argument("--format", required=True, choices=("cmdline", "grub", "tmpfiles", "json"))
+    p.add_argument("--format", required=True, choices=("cmdline", "grub", "tmpfiles", "json",
+                                                        "slabinfo"),
+                   help="slabinfo: SLAB tunables as /proc/slabinfo writes")
     p.add_argument("--prefix", choices=("slub", "slab"),
                    help="boot parameter spelling (default: slab_* where the profile accepts it)")
     p.add_argument("--out", metavar="FILE", help="write here instead of stdout")
@@ -37,6 +40,9 @@ def _export(args) -> int:
         if cand.sysfs:
             print("note: this policy also sets sysfs values: export --format tmpfiles",
                   file=sys.stderr)
+        if cand.slabinfo:
+            print("note: this policy also sets /proc/slabinfo tunables: export --format "
+                  "slabinfo", file=sys.stderr)
     if args.out:
         out = Path(args.out)
         out.write_text(text)

@@ -136,12 +136,13 @@ def test_a_slab_knob_in_a_slub_search_space(knob):
         study.parse_spec(text)
 
 
-def test_a_slab_profile_in_a_study_is_one_line():
+def test_a_slub_knob_in_a_slab_study_is_one_line():
+    """tune takes SLAB fleets (tests/test_tune_slab.py); a SLUB knob in one is refused."""
     text = ('[fleet]\nprofile = "slab-v6.1"\n[[fleet.topology]]\ncpus = 4\n[[fleet.workload]]'
             '\n[fleet.workload.caches]\n"kmalloc-64" = { live_per_cpu = 100 }\n'
             '[search.knobs]\nslub_max_order = {}\n')
-    with pytest.raises(SlabtuneError, match="fleet.profile: kernel profile 'slab-v6.1' is a "
-                                            "SLAB profile"):
+    with pytest.raises(SlabtuneError, match="search.knobs.slub_max_order: slub_max_order is a "
+                                            "SLUB knob .*; profile slab-v6.1 is SLAB"):
         study.parse_spec(text)
 
 

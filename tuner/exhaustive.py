@@ -40,7 +40,9 @@ ATTR_POINT = "slabtune_point"
 
 def subspace(spec, knobs: str | None) -> tuple[str, ...]:
     """The knobs ``--knobs`` names (comma-separated; ``boot``: the spec's boot parameters),
-    in the spec's order; all the spec's knobs when None."""
+    in the spec's order; all the spec's knobs when None.  SLAB specs are refused: the grid
+    applies SLUB's boot-parameter rules."""
+    grids.refuse_slab(spec.space, "--exhaustive")
     names = spec.space.names
     if knobs is None:
         return names

@@ -48,7 +48,9 @@ class FleetWorkload:
 
 @dataclasses.dataclass(frozen=True)
 class Fleet:
-    profile: profiles.KernelProfile
+    #: A SLUB profile, or a SLAB one (``slab-*``), whose objectives are
+    #: :mod:`slabtune.tuner.slab_objectives`'.
+    profile: profiles.KernelProfile | profiles.SlabProfile
     topologies: tuple[FleetTopology, ...]
     caches: tuple[CacheInfo, ...]
     workloads: tuple[FleetWorkload, ...]
@@ -137,7 +139,7 @@ def parse_fleet(table, sweep=None) -> Fleet:
             raise SlabtuneError("fleet.topology_weight: only a fleet taken from a sweep spec "
                                 "(fleet.sweep) weights its topologies by rule")
     try:
-        profile = profiles.get_profile(str(table.get("profile", _sweep_profile(sweep))))
+        profile = profiles.get_any_profile(str(table.get("profile", _sweep_profile(sweep))))
     except profiles.UnknownProfileError as err:
         raise SlabtuneError(f"fleet.profile: {err}") from None
     if sweep is not None:

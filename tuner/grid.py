@@ -18,6 +18,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, profiles
 from slabtune.tuner.space import SearchSpace, baseline_values
 
@@ -59,6 +60,15 @@ class Grid:
         """The index vector whose values are nearest to ``values`` knob by knob."""
         return np.array([int(np.argmin(np.abs(self.tables[i, :int(s)] - values[n])))
                          for i, (n, s) in enumerate(zip(self.names, self.sizes))], np.int32)
+
+
+def refuse_slab(space, what: str) -> None:
+    """One-line error for a SLAB space in a search that runs on the knob grid (exhaustive,
+    population): the grid lays out SLUB's knobs and boot-parameter rules, and a SLAB
+    policy's validity (batchcount <= limit per cache) is decided outside it."""
+    if profiles.is_slab(space.profile):
+        raise SlabtuneError(f"{what}: profile {space.profile.name} is SLAB; SLAB specs are "
+                            "searched with the spec's sampler (--trials)")
 
 
 def grid_of(space: SearchSpace, names: tuple[str, ...] | None = None) -> Grid:

@@ -35,7 +35,7 @@ from slabtune.model import cost as cost_model
 from slabtune.model import policy, profiles
 from slabtune.model.topology import Topology
 from slabtune.sweeps import simconfig
-from slabtune.tuner.space import KNOBS, SearchSpace, baseline_values
+from slabtune.tuner.space import SearchSpace, baseline_values, knobs_for
 
 if TYPE_CHECKING:
     from slabtune.model import dynamics
@@ -139,6 +139,44 @@ def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams,
     return jnp.take(jnp.concatenate([t for _, t in parts], axis=1), order, axis=1)
 
 
+def priced_time(reps, order, objs_per_slab, fa: FleetArrays, cost: cost_model.CostParams,
+                pcp_max: int) -> jnp.ndarray:
+    """(B, T) modelled ns per op of structural event rates: ``reps`` holds, for the two
+    representative CPUs (node with memory, memoryless node), ``(OpRates, list_lock,
+    barn_lock)`` acquisitions per op, each (B, T, W, K); priced by the cost model
+    (base_ns_per_op, then the closed-queue contention of :func:`solve_reps`), CPU-weighted
+    per point, weighted by the caches' op shares and the workloads' weights.  Shared by the
+    SLUB structural set and SLAB's (:mod:`slabtune.tuner.slab_objectives`)."""
+    shape = reps[0][1].shape
+    order = jnp.asarray(order, _F32)
+    objs = jnp.asarray(objs_per_slab, _F32)
+    base = jnp.stack([cost_model.base_ns_per_op(r, order, objs, pcp_max, cost)
+                      for r, _, _ in reps], -1)
+    zone = cost_model.zone_lock_per_call(order, pcp_max, cost)
+    acq = jnp.stack([jnp.stack([ll, bl, (r.slab_alloc + r.slab_free) * zone], -1)
+                     for r, ll, bl in reps], -2)                       # (..., R=2, L=3)
+    tb = lambda x: jnp.broadcast_to(x[None, :, None, None], shape)  # noqa: E731
+    weight = jnp.stack([tb(fa.cpus_mem), tb(fa.cpus_ml)], -1)
+    mult = jnp.stack([tb(fa.mem_nodes), tb(jnp.maximum(fa.mem_nodes, 1.0)), tb(fa.mem_nodes)], -1)
+    # rep 0 takes its own node's locks (local line transfers); rep 1's nearest memory node
+    # is remote.  Zone locks likewise.
+    line = jnp.stack([jnp.full(shape + (3,), cost.line_local_ns),
+                      jnp.full(shape + (3,), cost.line_remote_ns)], -2)
+    # a critical section moves several lines, as in the dynamics set's lock classes
+    line = line * cost_model.lock_line_counts(cost)
+    # the zone lock's hold depends on the order (a pcp batch or one block): it goes with
+    # the per-point service in ``line``, and the class's shared hold is 0
+    zone_hold = cost_model.zone_hold_ns(order, pcp_max, cost)[..., None]     # (..., 1)
+    line = line.at[..., 2].add(zone_hold)
+    hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, jnp.float32(0.0)])
+    t_rep = solve_reps(base, acq, line, weight, mult, hold, cost,
+                       np.asarray(fa.cpus_ml) > 0)
+    wsum = jnp.maximum(weight.sum(-1), 1.0)
+    t_cpu = (t_rep * weight).sum(-1) / wsum                          # (B, T, W, K)
+    t_w = (t_cpu * fa.ops[None, None, :, :]).sum(-1)                 # (B, T, W)
+    return (t_w * fa.w_weight[None, None, :]).sum(-1)
+
+
 def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
                           cost: cost_model.CostParams, pcp_max: int) -> PerTopology:
     """The ``structural`` objective set: (B, T) memory overhead ratio and ns per op."""
@@ -167,33 +205,7 @@ def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
     for m in (False, True):
         r, ll, bl = structural_rates(stw, prof4, bf4, ff, ch, memoryless=m)
         reps.append((cost_model.OpRates(*(bs(x) for x in r)), bs(ll), bs(bl)))
-    order = stw.order.astype(_F32)
-    objs = stw.objs_per_slab.astype(_F32)
-    base = jnp.stack([cost_model.base_ns_per_op(r, order, objs, pcp_max, cost)
-                      for r, _, _ in reps], -1)
-    zone = cost_model.zone_lock_per_call(order, pcp_max, cost)
-    acq = jnp.stack([jnp.stack([ll, bl, (r.slab_alloc + r.slab_free) * zone], -1)
-                     for r, ll, bl in reps], -2)                       # (..., R=2, L=3)
-    tb = lambda x: jnp.broadcast_to(x[None, :, None, None], shape)  # noqa: E731
-    weight = jnp.stack([tb(fa.cpus_mem), tb(fa.cpus_ml)], -1)
-    mult = jnp.stack([tb(fa.mem_nodes), tb(jnp.maximum(fa.mem_nodes, 1.0)), tb(fa.mem_nodes)], -1)
-    # rep 0 takes its own node's locks (local line transfers); rep 1's nearest memory node
-    # is remote.  Zone locks likewise.
-    line = jnp.stack([jnp.full(shape + (3,), cost.line_local_ns),
-                      jnp.full(shape + (3,), cost.line_remote_ns)], -2)
-    # a critical section moves several lines, as in the dynamics set's lock classes
-    line = line * cost_model.lock_line_counts(cost)
-    # the zone lock's hold depends on the order (a pcp batch or one block): it goes with
-    # the per-point service in ``line``, and the class's shared hold is 0
-    zone_hold = cost_model.zone_hold_ns(order, pcp_max, cost)[..., None]     # (..., 1)
-    line = line.at[..., 2].add(zone_hold)
-    hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, jnp.float32(0.0)])
-    t_rep = solve_reps(base, acq, line, weight, mult, hold, cost,
-                       np.asarray(fa.cpus_ml) > 0)
-    wsum = jnp.maximum(weight.sum(-1), 1.0)
-    t_cpu = (t_rep * weight).sum(-1) / wsum                          # (B, T, W, K)
-    t_w = (t_cpu * fa.ops[None, None, :, :]).sum(-1)                 # (B, T, W)
-    time = (t_w * fa.w_weight[None, None, :]).sum(-1)
+    time = priced_time(reps, stw.order, stw.objs_per_slab, fa, cost, pcp_max)
     return PerTopology(memory=memory, time=time)
 
 
@@ -432,13 +444,22 @@ class FleetEvaluator:
         self.objective = objective
         self.cost = cost if cost is not None else simconfig.load_cost()[0]
         self.fa = fleet_arrays(fleet)
-        self.prof = policy.profile_arrays(fleet.profile)
+        self.knobs = tuple(knobs_for(fleet.profile))
         self.baseline_values = baseline_values(fleet.profile)
-        fn = OBJECTIVE_SETS[objective.name]
         pcp_max = cost_model.pcp_max_order(fleet.profile.version)
-        if isinstance(fn, type):
+        self._traceable = False
+        if profiles.is_slab(fleet.profile):
+            from slabtune.tuner import slab_objectives
+
+            self.prof = None
+            fn = slab_objectives.SLAB_OBJECTIVE_SETS[objective.name]
+            self._fn = fn(fleet, self.fa, self.cost, pcp_max, objective)
+        elif isinstance(fn := OBJECTIVE_SETS[objective.name], type):
+            self.prof = policy.profile_arrays(fleet.profile)
             self._fn = fn(fleet, self.prof, self.fa, self.cost, pcp_max, objective)
         else:
+            self.prof = policy.profile_arrays(fleet.profile)
+            self._traceable = True
             self._fn = jax.jit(functools.partial(fn, prof=self.prof, fa=self.fa,
                                                  cost=self.cost, pcp_max=pcp_max))
         self._topo_w = np.array([t.weight for t in fleet.topologies], np.float64)
@@ -452,7 +473,7 @@ class FleetEvaluator:
         out keep their baseline value)."""
         n = len(params_list)
         values = {}
-        for name in KNOBS:
+        for name in self.knobs:
             base = self.baseline_values[name]
             col = np.full(n, base, np.int32)
             for i, p in enumerate(params_list):
@@ -464,10 +485,10 @@ class FleetEvaluator:
     def evaluate_values(self, values: Mapping[str, np.ndarray]) -> Evaluation:
         """Objectives of the policies whose knobs are the (n,) arrays of ``values`` (every
         knob, effective values), padded to the batch bucket as :meth:`evaluate` pads."""
-        n = len(np.asarray(values["slub_min_order"]))
+        n = len(np.asarray(values[self.knobs[0]]))
         size = _bucket(n)
         padded = {}
-        for name in KNOBS:
+        for name in self.knobs:
             col = np.full(size, self.baseline_values[name], np.int32)
             col[:n] = np.asarray(values[name], np.int32)
             padded[name] = col
@@ -482,7 +503,7 @@ class FleetEvaluator:
         """The objective set as a function that can run inside another jitted function
         (knob values -> per-topology objectives), or None when the set runs host code
         between its compiled parts (``dynamics``)."""
-        return None if isinstance(self._fn, DynamicsObjectives) else self._fn
+        return self._fn if self._traceable else None
 
     def fleet_aggregate(self, out: PerTopology):
         """(memory, time, regression excess), each (B,), of per-topology objectives, in

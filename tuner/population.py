@@ -379,6 +379,7 @@ def run(runner, generations: int, population: int | None = None, seed: int | Non
     if generations < 0:
         raise SlabtuneError(f"--generations: {generations} is negative")
     spec, study = runner.spec, runner.study
+    grids.refuse_slab(spec.space, "--sampler population")
     population = population or POPULATION[spec.objectives.name]
     seed = seed if seed is not None else (spec.space.seed or 0)
     t0 = time.perf_counter()

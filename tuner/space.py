@@ -10,7 +10,14 @@ A knob is one integer the model reads.  Each is marked with its *reach*:
   clamp and divisor are the kernel's formula for the initial value; a policy that changes
   them is applied to existing caches by writing the per-cache results;
 * ``kernel``: only a rebuilt kernel changes it (the order heuristic's coefficients, sheaf
-  capacities, barn limits).
+  capacities, barn limits);
+* ``slabinfo`` (SLAB profiles only): a per-cache tunable written at run time as
+  ``echo "name limit batchcount shared" > /proc/slabinfo`` (slabinfo_write()).
+
+A SLAB profile (``slab-*``) has its own knobs (:data:`SLAB_KNOBS`): ``slab_max_order`` (its
+boot parameter, v3.4 on) and the three /proc/slabinfo tunables; ``memoryless_fallback`` is
+the kernel version's, not a knob.  A SLUB knob on a SLAB profile, or a SLAB one on a SLUB
+profile, is a one-line error naming both.
 
 The space is read from the ``[search]`` table of a tune spec::
 
@@ -38,8 +45,8 @@ import optuna
 from slabtune.errors import SlabtuneError
 from slabtune.model import profiles, slab
 
-Reach = Literal["boot", "sysfs", "kernel"]
-REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel")
+Reach = Literal["boot", "sysfs", "kernel", "slabinfo"]
+REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel", "slabinfo")
 SAMPLERS: tuple[str, ...] = ("nsga2", "tpe")
 
 
@@ -102,9 +109,48 @@ PROFILE_FIELD_KNOBS: tuple[str, ...] = (
 )
 
 
+#: do_tune_cpucache() allocates the per-CPU arrays with __alloc_percpu(), which refuses
+#: more than PCPU_MIN_UNIT_SIZE (32 KiB): 8-byte pointers after the 16-byte struct
+#: array_cache (avail, limit, batchcount, touched) leave room for 4094 (6.1 mm/slab.c
+#: alloc_kmem_cache_cpus(), mm/percpu.c pcpu_alloc()).
+SLAB_LIMIT_MAX = (32768 - 16) // 8
+#: Search cap of the shared factor: slabinfo_write() takes any shared >= 0 and the shared
+#: array (shared * batchcount pointers) is kmalloc'ed per node; 64 is eight times
+#: enable_cpucache()'s 8, far past where holding objects pays.
+SLAB_SHARED_MAX = 64
+#: Value of a /proc/slabinfo tunable in the baseline (and when not searched): each cache
+#: keeps its enable_cpucache() value (batchcount: ``(limit + 1) / 2`` of a searched limit).
+SLAB_CACHE_DEFAULT = -1
+
+#: SLAB's knobs (see the module docstring).  Ranges: slab_max_order_setup() (0..10);
+#: slabinfo_write() (limit >= 1, 1 <= batchcount <= limit, shared >= 0), capped as above.
+#: A batchcount above the limit is refused by the kernel (-EINVAL); such a policy is a
+#: failed trial.
+SLAB_KNOBS: dict[str, KnobDef] = {k.name: k for k in (
+    KnobDef("slab_max_order", "boot", 0, profiles.MAX_PAGE_ORDER, None,
+            "largest order calculate_slab_order() goes to while a slab wastes over 1/8"),
+    KnobDef("limit", "slabinfo", 1, SLAB_LIMIT_MAX, None,
+            "objects each CPU's array cache holds (enable_cpucache(): 1..120 by size)"),
+    KnobDef("batchcount", "slabinfo", 1, SLAB_LIMIT_MAX, None,
+            "objects one refill or flush of a CPU's array moves under the list_lock"),
+    KnobDef("shared", "slabinfo", 0, SLAB_SHARED_MAX, None,
+            "shared array of a node: shared * batchcount objects (enable_cpucache(): 8)"),
+)}
+
+
+def knobs_for(profile) -> dict[str, KnobDef]:
+    """The knob table of ``profile``'s allocator: :data:`SLAB_KNOBS` or :data:`KNOBS`."""
+    return SLAB_KNOBS if profiles.is_slab(profile) else KNOBS
+
+
 def baseline_values(profile: profiles.KernelProfile) -> dict[str, int]:
     """The value of every knob in an unmodified kernel of ``profile`` booted without slub_*
-    parameters (the baseline every candidate is compared against)."""
+    parameters (the baseline every candidate is compared against).  SLAB: slab_max_order
+    1 (kmem_cache_init() above 32 MiB of RAM) and every tunable at its cache's default."""
+    if profiles.is_slab(profile):
+        return {"slab_max_order": slab.default_max_order(),
+                "limit": SLAB_CACHE_DEFAULT, "batchcount": SLAB_CACHE_DEFAULT,
+                "shared": SLAB_CACHE_DEFAULT}
     cpp = profile.cpu_partial_objects or (0, 0, 0, 0)
     sh = profile.sheaf_base_capacity
     return {
@@ -179,13 +225,13 @@ class SearchSpace:
         """Baseline values with the searched ``params`` laid over them."""
         vals = baseline_values(self.profile)
         for k, v in params.items():
-            if k not in KNOBS:
+            if k not in knobs_for(self.profile):
                 raise SlabtuneError(f"params: unknown knob {k!r}")
             vals[k] = int(v)
         return vals
 
     def reach_of(self, name: str) -> str:
-        return KNOBS[name].reach
+        return knobs_for(self.profile)[name].reach
 
 
 def _int_field(where: str, value) -> int:
@@ -197,12 +243,20 @@ def _int_field(where: str, value) -> int:
 def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
     """Validate one ``[search.knobs]`` entry against the knob's kernel range and the profile."""
     where = f"search.knobs.{name}"
-    if name not in KNOBS:
+    table_of = knobs_for(profile)
+    if name not in table_of:
         foreign = slab.foreign_knob(name, profile)
         if foreign is not None:
             raise SlabtuneError(f"{where}: {foreign}")
-        raise SlabtuneError(f"{where}: unknown knob (known: {', '.join(KNOBS)})")
-    kd = KNOBS[name]
+        if profiles.is_slab(profile) and name in KNOBS:
+            raise SlabtuneError(f"{where}: {name} is a SLUB knob ({KNOBS[name].doc}); "
+                                f"profile {profile.name} is SLAB")
+        raise SlabtuneError(f"{where}: unknown knob (known: {', '.join(table_of)})")
+    if profiles.is_slab(profile) and name not in slab.SLAB_TUNABLES \
+            and name not in profile.boot_params:
+        raise SlabtuneError(f"{where}: profile {profile.name} has no such boot parameter "
+                            "(slab_max_order= came in v3.4)")
+    kd = table_of[name]
     if not _profile_has(profile, kd.needs):
         raise SlabtuneError(f"{where}: profile {profile.name} has no {kd.needs}; "
                             "the knob means nothing there")

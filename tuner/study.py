@@ -33,7 +33,7 @@ import numpy as np
 import optuna
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import bootparams
+from slabtune.model import bootparams, profiles, slab
 from slabtune.sweeps.spec import SpecError, check_name, read_text_file
 from slabtune.tuner import fleet as fleets
 from slabtune.tuner import objectives as fleet_objectives
@@ -418,8 +418,12 @@ def study_spec(study: optuna.Study) -> TuneSpec:
 def effective_params(params: Mapping[str, int], spec: TuneSpec) -> dict[str, int]:
     """Trial params as the kernel sees them: boot parameters applied in command-line order
     (min_order, max_order, min_objects) with the profile's setup_slub_* semantics, so a
-    min_order above max_order is adjusted as v6.7+ kernels do (earlier kernels keep both)."""
+    min_order above max_order is adjusted as v6.7+ kernels do (earlier kernels keep both).
+    A SLAB profile's knobs reach the kernel as they are (slab_max_order is searched within
+    the 0..10 slab_max_order_setup() keeps)."""
     out = dict(params)
+    if profiles.is_slab(spec.fleet.profile):
+        return out
     boot = {k: int(v) for k, v in params.items() if search_space.KNOBS[k].reach == "boot"}
     if boot:
         sp = bootparams.SlubParams()
@@ -626,6 +630,47 @@ def get_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     raise SlabtuneError(f"trial: no trial {number} in study {study.study_name!r}")
 
 
+def _gains(study: optuna.Study, ft: optuna.trial.FrozenTrial) -> dict:
+    """Per-topology gains of a trial against the study's baseline (fractions, + = better)."""
+    b = study.user_attrs[ATTR_BASELINE]
+    topos = study.user_attrs[ATTR_TOPOLOGIES]
+    topo = ft.user_attrs.get(ATTR_TOPO, {})
+    mt, tt = topo.get("memory", []), topo.get("time", [])
+    return {name: {"memory": 1.0 - mt[i] / b["memory_topo"][i],
+                   "time": 1.0 - tt[i] / b["time_topo"][i]}
+            for i, name in enumerate(topos) if i < len(mt) and i < len(tt)}
+
+
+def _slab_candidate(study: optuna.Study, number: int, ft, spec: TuneSpec, eff):
+    """:func:`candidate` of a SLAB study: ``slab_max_order`` as its boot parameter when it
+    differs from the default, and, when a tunable was searched, each fleet cache's
+    (limit, batchcount, shared) as /proc/slabinfo takes them (the fleet's first topology,
+    like SLUB's sysfs values)."""
+    from slabtune.results import export
+    from slabtune.tuner import slab_objectives
+
+    base = search_space.baseline_values(spec.fleet.profile)
+    boot = {k: int(eff[k]) for k in ft.params
+            if search_space.SLAB_KNOBS[k].reach == "boot" and int(eff[k]) != base[k]}
+    slabinfo: dict[str, tuple[int, int, int]] = {}
+    if set(ft.params) & set(slab.SLAB_TUNABLES):
+        vals = dict(base) | {k: int(v) for k, v in eff.items()}
+        structs = slab_objectives.policy_structures(
+            spec.fleet, {k: np.array([v]) for k, v in vals.items()})[0][0]
+        for c, st in zip(spec.fleet.caches, structs):
+            if st is None:
+                raise SlabtuneError(f"trial {number}: the kernel refuses its tunables for "
+                                    f"cache {c.name} (batchcount above limit)")
+            slabinfo[c.name] = (st.limit, st.batchcount, st.shared)
+    b = study.user_attrs[ATTR_BASELINE]
+    return export.ExportedPolicy(study=study.study_name, trial=number, profile=spec.fleet.profile,
+                                 memory=float(ft.values[0]), time=float(ft.values[1]),
+                                 baseline={"memory": b["memory"], "time": b["time"]},
+                                 boot=boot, sysfs={}, kernel_change=(), gains=_gains(study, ft),
+                                 params={k: int(v) for k, v in ft.params.items()},
+                                 slabinfo=slabinfo)
+
+
 def as_json(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=lambda o: np.asarray(o).tolist())
 
@@ -640,6 +685,8 @@ def candidate(study: optuna.Study, number: int):
     ft = get_trial(study, number)
     eff = effective_params(ft.params, spec)
     profile = spec.fleet.profile
+    if profiles.is_slab(profile):
+        return _slab_candidate(study, number, ft, spec, eff)
     base = search_space.baseline_values(profile)
     boot = {k: int(eff[k]) for k in search_space.KNOBS if search_space.KNOBS[k].reach == "boot"
             and k in eff and int(eff[k]) != base[k]}
@@ -663,12 +710,7 @@ def candidate(study: optuna.Study, number: int):
                    for k in ft.params if search_space.KNOBS[k].reach == "kernel"
                    and int(eff[k]) != base[k] and k not in inert)
     b = study.user_attrs[ATTR_BASELINE]
-    topos = study.user_attrs[ATTR_TOPOLOGIES]
-    topo = ft.user_attrs.get(ATTR_TOPO, {})
-    mt, tt = topo.get("memory", []), topo.get("time", [])
-    gains = {name: {"memory": 1.0 - mt[i] / b["memory_topo"][i],
-                    "time": 1.0 - tt[i] / b["time_topo"][i]}
-             for i, name in enumerate(topos) if i < len(mt) and i < len(tt)}
+    gains = _gains(study, ft)
     return export.ExportedPolicy(study=study.study_name, trial=number, profile=profile,
                        memory=float(ft.values[0]), time=float(ft.values[1]),
                        baseline={"memory": b["memory"], "time": b["time"]}, boot=boot,

@@ -1,4 +1,4 @@
-"""``slabtune tune SPEC``: run (or resume) an Optuna study over SLUB policies.
+"""``slabtune tune SPEC``: run (or resume) an Optuna study over SLUB or SLAB policies.
 
 Three ways to fill a study, all stored as ordinary Optuna trials:
 

@@ -1,0 +1,202 @@
+"""``slabtune tune`` with a SLAB fleet (issue 14 item 4, the tune half): the SLAB search
+space (slab_max_order and the /proc/slabinfo tunables), both objective sets checked against
+a direct evaluation of the SLAB model for the same policy, export of a SLAB front
+(slab_max_order on the command line, tunables as /proc/slabinfo writes), and bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import optuna
+import pytest
+import tomli_w
+
+from slabtune import cli
+from slabtune.errors import SlabtuneError
+from slabtune.model import profiles, slab
+from slabtune.results import export
+from slabtune.sweeps import simconfig, simulate
+from slabtune.tuner import study as studies
+
+PROFILE = "slab-v6.1"
+CPUS = 4
+LIVE = 100
+SIZE = 256
+
+
+def _spec(objectives: dict, knobs: dict | None = None, profile: str = PROFILE) -> dict:
+    """One 4-CPU machine, one workload on kmalloc-256 that frees its own objects."""
+    return {
+        "fleet": {"profile": profile,
+                  "topology": [{"name": "box", "cpus": CPUS, "weight": 1.0}],
+                  "workload": [{"name": "w", "weight": 1.0, "foreign_free": 0.0, "churn": 0.0,
+                                "caches": {"kmalloc-256": {"live_per_cpu": LIVE, "ops": 1.0}}}]},
+        "search": {"sampler": "nsga2", "seed": 1, "knobs": knobs or {
+            "slab_max_order": {"low": 0, "high": 2},
+            "limit": {"choices": [4, 16, 54]},
+            "batchcount": {"choices": [1, 8, 27]},
+            "shared": {"choices": [0, 8]}}},
+        "objectives": objectives,
+    }
+
+
+def _runner(tmp_path, doc, name="s"):
+    spec = studies.parse_spec(tomli_w.dumps(doc), name)
+    runner, _ = studies.create_or_resume(spec, name, f"journal:{tmp_path / (name + '.log')}")
+    return runner
+
+
+def _done(study):
+    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def test_structural_trials_equal_the_slab_structure(tmp_path):
+    """Each trial's memory is SLAB's structure for its policy, written out by hand: the
+    live objects' share of calculate_slab_order()'s leftover, plus half of what the arrays
+    and node hold (4 CPUs x limit, shared x batchcount, free_limit = (1 + 4) * batchcount
+    + num; one node, so no alien arrays), over the live bytes.  Policies with batchcount
+    above limit (slabinfo_write() refuses them) fail, and only those."""
+    runner = _runner(tmp_path, _spec({"set": "structural"}))
+    runner.run(24, 24)
+    prof = profiles.SLAB_PROFILES[PROFILE]
+    facts = slab.known_facts("kmalloc-256", prof)
+    n_ok = 0
+    for t in runner.study.trials:
+        p = t.params
+        if p["batchcount"] > p["limit"]:
+            assert t.state == optuna.trial.TrialState.FAIL
+            continue
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        st = slab.structure(SIZE, CPUS, (CPUS,), prof, max_order=p["slab_max_order"],
+                            facts=facts)
+        live = CPUS * LIVE
+        free_limit = (1 + CPUS) * p["batchcount"] + st.objs_per_slab
+        held = 0.5 * (CPUS * p["limit"] + p["shared"] * p["batchcount"] + free_limit)
+        want = (live / st.objs_per_slab * st.left_over + held * SIZE) / (live * SIZE)
+        assert t.values[0] == pytest.approx(want, rel=1e-5)
+        n_ok += 1
+    assert n_ok >= 8
+    # a bigger batch refills the array less often under the list_lock: at the same order,
+    # limit and shared, time falls as batchcount grows
+    by_rest: dict = {}
+    for t in _done(runner.study):
+        key = (t.params["slab_max_order"], t.params["limit"], t.params["shared"])
+        by_rest.setdefault(key, []).append((t.params["batchcount"], t.values[1]))
+    pairs = [sorted(v) for v in by_rest.values() if len({b for b, _ in v}) > 1]
+    assert pairs
+    for v in pairs:
+        times = [tm for _, tm in v]
+        assert times == sorted(times, reverse=True)
+
+
+def test_dynamics_trials_equal_slabtune_simulate(tmp_path):
+    """A dynamics-set trial's objectives are the SLAB dynamics of its policy as
+    ``slabtune simulate`` runs it (same structure, tunables, workload, seed and steps),
+    priced by the same metrics: memory (memory - live) / live, time ns_per_op / 2."""
+    steps, seed = 48, 7
+    runner = _runner(tmp_path, _spec({"set": "dynamics", "steps": steps, "seed": seed}))
+    runner.run(6, 6)
+    done = _done(runner.study)
+    assert done
+    specs = []
+    for t in done:
+        doc = {"topology": {"cpus": CPUS}, "cache": {"name": "kmalloc-256"},
+               "policy": {"profile": PROFILE, "params": dict(t.params)},
+               "workload": {"kind": "local", "live": LIVE, "burst": 0},
+               "run": {"steps": steps, "seed": seed}}
+        specs.append(simconfig.parse_doc(doc))
+    rows = simulate.run(specs, simconfig.load_cost()[0])
+    for t, row in zip(done, rows):
+        live = row["live_bytes"]
+        assert t.values[0] == pytest.approx((row["memory_bytes"] - live) / live, rel=1e-5)
+        assert t.values[1] == pytest.approx(row["ns_per_op"] / 2.0, rel=1e-5)
+
+
+def test_export_of_a_slab_front(tmp_path):
+    """slab_max_order is the command line; the tunables are one /proc/slabinfo write per
+    fleet cache, as slabinfo_write() parses them ("name limit batchcount shared")."""
+    runner = _runner(tmp_path, _spec({"set": "structural"}), "ex")
+    runner.run(16, 16)
+    t = next(t for t in _done(runner.study) if t.params["slab_max_order"] != 1)
+    cand = studies.candidate(runner.study, t.number)
+    p = t.params
+    assert export.render(cand, "cmdline") == f"slab_max_order={p['slab_max_order']}\n"
+    script = export.render(cand, "slabinfo")
+    assert script.startswith("#!/bin/sh\n")
+    body = [ln for ln in script.splitlines() if not ln.startswith("#")]
+    assert body == [f'echo "kmalloc-256 {p["limit"]} {p["batchcount"]} {p["shared"]}" '
+                    "> /proc/slabinfo"]
+    rep = json.loads(export.render(cand, "json"))
+    assert rep["profile"] == PROFILE and rep["slabinfo"] == body
+    assert rep["boot_params"] == {"slab_max_order": p["slab_max_order"]}
+    assert "export --format slabinfo" in export.render(cand, "tmpfiles")
+    # an unset batchcount follows enable_cpucache()'s (limit + 1) / 2 of the set limit
+    doc = _spec({"set": "structural"}, {"limit": {"choices": [9]}})
+    r2 = _runner(tmp_path, doc, "ex2")
+    r2.run(1, 1)
+    c2 = studies.candidate(r2.study, 0)
+    assert c2.boot == {} and dict(c2.slabinfo) == {"kmalloc-256": (9, 5, 8)}
+
+
+def _cli(tmp_path, doc, *args) -> tuple[int, str]:
+    p = tmp_path / "spec.toml"
+    p.write_text(tomli_w.dumps(doc))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["tune", str(p), "--run-dir", str(tmp_path / "run"), *args])
+    return rc, err.getvalue()
+
+
+@pytest.mark.parametrize("knobs,profile,needle", [
+    ({"cpu_partial_small": {}}, PROFILE, "cpu_partial_small is a SLUB knob"),
+    ({"slub_max_order": {}}, PROFILE, "slub_max_order is a SLUB knob"),
+    ({"limit": {}}, "v6.1", "limit is a SLAB knob"),
+    ({"slab_max_order": {}}, "slab-v3.1", "has no such boot parameter"),
+    ({"limit": {"low": 0, "high": 8}}, PROFILE, "limit.low: 0 is outside the kernel range"),
+    ({"shared": {"high": 65}}, PROFILE, "shared.high: 65 is outside the kernel range"),
+    ({"limit": {"high": 4095}}, PROFILE, "limit.high: 4095 is outside the kernel range"),
+])
+def test_bad_slab_input_is_one_line_exit_2(tmp_path, knobs, profile, needle):
+    rc, err = _cli(tmp_path, _spec({"set": "structural"}, knobs, profile), "--trials", "1")
+    assert rc == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+    if "knob" in needle or "boot parameter" in needle:    # names the knob and the profile
+        assert profile in err and next(iter(knobs)) in err
+
+
+@pytest.mark.parametrize("args", [("--exhaustive",), ("--sampler", "population",
+                                                        "--generations", "1")])
+def test_grid_searches_refuse_slab(tmp_path, args):
+    rc, err = _cli(tmp_path, _spec({"set": "structural"}), *args)
+    assert rc == 2 and "is SLAB" in err and len(err.strip().splitlines()) == 1
+
+
+def test_slab_baseline_is_the_kernel_default():
+    """The baseline runs enable_cpucache()'s tunables and slab_max_order 1: its memory is
+    the hand formula at limit 120, batchcount 60, shared 8 (kmalloc-256 on 4 CPUs)."""
+    spec = studies.parse_spec(tomli_w.dumps(_spec({"set": "structural"})), "b")
+    ev = studies.evaluator_for(spec)
+    prof = profiles.SLAB_PROFILES[PROFILE]
+    st = slab.structure(SIZE, CPUS, (CPUS,), prof, max_order=1,
+                        facts=slab.known_facts("kmalloc-256", prof))
+    assert (st.limit, st.batchcount, st.shared) == (120, 60, 8)
+    live = CPUS * LIVE
+    held = 0.5 * (CPUS * 120 + 8 * 60 + (1 + CPUS) * 60 + st.objs_per_slab)
+    want = (live / st.objs_per_slab * st.left_over + held * SIZE) / (live * SIZE)
+    assert ev.baseline.memory[0] == pytest.approx(want, rel=1e-5)
+    direct = ev.evaluate([{"limit": 120, "batchcount": 60, "shared": 8, "slab_max_order": 1}])
+    assert np.allclose(direct.memory, ev.baseline.memory)
+    assert np.allclose(direct.time, ev.baseline.time)
+    with pytest.raises(SlabtuneError, match="unknown knob"):
+        spec.space.full_values({"cpu_partial_small": 1})
+
+
+def test_builtin_slab_spec_parses():
+    spec = studies.load_spec("tune_slab_quick")
+    assert profiles.is_slab(spec.fleet.profile)
+    assert set(spec.space.names) == {"slab_max_order", *slab.SLAB_TUNABLES}
+    assert {spec.space.reach_of(n) for n in spec.space.names} == {"boot", "slabinfo"}

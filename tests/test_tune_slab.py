@@ -200,3 +200,37 @@ def test_builtin_slab_spec_parses():
     assert profiles.is_slab(spec.fleet.profile)
     assert set(spec.space.names) == {"slab_max_order", *slab.SLAB_TUNABLES}
     assert {spec.space.reach_of(n) for n in spec.space.names} == {"boot", "slabinfo"}
+
+
+def test_numa_memory_counts_alien_arrays_and_every_nodes_lists():
+    """On 2 nodes of 4 CPUs each node holds a shared array, one alien array for the other
+    node (alloc_alien_cache(): 12 entries) and free objects up to its own free_limit
+    ((1 + 4) * batchcount + num): the structural memory is the hand formula."""
+    doc = _spec({"set": "structural"})
+    doc["fleet"]["topology"] = [{"name": "numa", "cpus": 8, "nodes": 2, "weight": 1.0}]
+    spec = studies.parse_spec(tomli_w.dumps(doc), "numa")
+    ev = studies.evaluator_for(spec)
+    pol = {"slab_max_order": 0, "limit": 16, "batchcount": 8, "shared": 4}
+    got = ev.evaluate([pol]).memory[0]
+    prof = profiles.SLAB_PROFILES[PROFILE]
+    st = slab.structure(SIZE, 8, (4, 4), prof, max_order=0,
+                        facts=slab.known_facts("kmalloc-256", prof))
+    assert st.alien_limit == slab.ALIEN_LIMIT
+    live = 8 * LIVE
+    held = 0.5 * (8 * 16 + 2 * 4 * 8 + 2 * 1 * slab.ALIEN_LIMIT
+                  + 2 * ((1 + 4) * 8 + st.objs_per_slab))
+    want = (live / st.objs_per_slab * st.left_over + held * SIZE) / (live * SIZE)
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_order_grid_of_a_slab_policy():
+    """``plot orders`` on a SLAB study: 1536-byte objects leave 1024 of 4096 bytes at
+    order 0 (2 objects), more than 1/8, so calculate_slab_order() goes on to order 1
+    (5 objects, 512 left, within 1/8) unless slab_max_order is 0."""
+    from slabtune.tuner import objectives
+
+    prof = profiles.SLAB_PROFILES[PROFILE]
+    g0 = objectives.order_grid(prof, {"slab_max_order": 0}, [4], [1536])
+    g3 = objectives.order_grid(prof, {"slab_max_order": 3}, [4], [1536])
+    assert (g0["order"], g0["objs_per_slab"]) == ([0], [2])
+    assert (g3["order"], g3["objs_per_slab"]) == ([1], [5])

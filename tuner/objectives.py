@@ -541,8 +541,22 @@ def order_grid(profile: profiles.KernelProfile, params: Mapping[str, int], cpus:
                sizes: list[int]) -> dict[str, list[int]]:
     """Slab order and objects per slab of a policy on single-node machines of each CPU count
     (possible = present = online) for caches of each stride: columns cpus, size, order,
-    objs_per_slab, one row per cell (for the order heatmap)."""
+    objs_per_slab, one row per cell (for the order heatmap).  A SLAB profile's are
+    calculate_slab_order()'s under the policy's ``slab_max_order`` (the default cap when not
+    given), with an anonymous cache's creation facts."""
     from slabtune.model.caches import anonymous_cache
+
+    if profiles.is_slab(profile):
+        from slabtune.model import slab
+
+        mo = int(params.get("slab_max_order", slab.default_max_order()))
+        out = {"cpus": [], "size": [], "order": [], "objs_per_slab": []}
+        for c in cpus:
+            for s in sizes:
+                st = slab.structure(s, c, (c,), profile, max_order=mo)
+                for k, v in zip(out, (c, s, st.order, st.objs_per_slab)):
+                    out[k].append(int(v))
+        return out
 
     topos = tuple(FleetTopology(str(c), Topology.uniform(c), 1.0) for c in cpus)
     caches = tuple(anonymous_cache(s) for s in sizes)

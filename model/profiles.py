@@ -263,9 +263,9 @@ def get_profile(name: str) -> KernelProfile:
     except KeyError:
         if name in SLAB_PROFILES:
             raise UnknownProfileError(
-                f"kernel profile {name!r} is a SLAB profile: simulate, sweep, reproduce and "
-                f"kernel check take SLAB profiles, this input only SLUB ones (SLUB profiles: "
-                f"{', '.join(PROFILES)})") from None
+                f"kernel profile {name!r} is a SLAB profile: simulate, sweep, tune, "
+                f"validate, reproduce and kernel check take SLAB profiles, this input only "
+                f"SLUB ones (SLUB profiles: {', '.join(PROFILES)})") from None
         known = ", ".join(PROFILES)
         raise UnknownProfileError(f"unknown kernel profile {name!r} (known: {known}; SLAB: "
                                   f"{', '.join(SLAB_PROFILES)})") from None

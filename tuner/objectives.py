@@ -162,8 +162,12 @@ def priced_time(reps, order, objs_per_slab, fa: FleetArrays, cost: cost_model.Co
     # is remote.  Zone locks likewise.
     line = jnp.stack([jnp.full(shape + (3,), cost.line_local_ns),
                       jnp.full(shape + (3,), cost.line_remote_ns)], -2)
-    # a critical section moves several lines, as in the dynamics set's lock classes
-    line = line * cost_model.lock_line_counts(cost)
+    # a critical section moves several lines, as in the dynamics set's lock classes, and
+    # only when the lock's previous holder was another CPU (cost.foreign_holder_fraction)
+    moved = jnp.vectorize(cost_model.foreign_holder_fraction,
+                          signature="(r,l),(r),(l),(r)->(r,l)")(
+        acq, weight, mult, jnp.ones_like(weight))
+    line = line * cost_model.lock_line_counts(cost) * moved
     # the zone lock's hold depends on the order (a pcp batch or one block): it goes with
     # the per-point service in ``line``, and the class's shared hold is 0
     zone_hold = cost_model.zone_hold_ns(order, pcp_max, cost)[..., None]     # (..., 1)

@@ -352,13 +352,22 @@ KNOWN_MODEL_DEPARTURES = {
 }
 
 
+# The SLAB netperf scenario's SLUB arms are the 2011 scenario's arms of the same caches.
+for _cache in ("kmalloc-1k@160", "kmalloc-4k@160"):
+    KNOWN_MODEL_DEPARTURES[("slab-netperf-2011", f"SLUB {_cache}")] = KNOWN_MODEL_DEPARTURES[
+        ("slub-lockless-slowpaths-netperf-2011", _cache)]
+
+
 def _arms():
-    from slabtune.model import scenarios
+    """Every SLUB arm of the seed scenarios: the native allocator is SLUB's twin (SLAB's
+    arms are checked against the SLAB reference simulator, tests/test_slab_dynamics.py)."""
+    from slabtune.model import profiles, scenarios
 
     out = []
     for sc in scenarios.SCENARIOS:
         for name, arm in sc["arms"].items():
-            out.append((sc["name"], name, arm))
+            if not profiles.is_slab(profiles.get_any_profile(arm["policy"]["profile"])):
+                out.append((sc["name"], name, arm))
     return out
 
 

@@ -117,3 +117,19 @@ def ray_head():
             time.sleep(0.25)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def reproduce_rows():
+    """One in-process run of ``slabtune reproduce --json`` (the packaged cost table, default
+    work mode), as the JSON rows it prints; shared by the SLUB and SLAB reproduce tests."""
+    import contextlib
+    import io
+    import json
+
+    from slabtune import cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["reproduce", "--json"]) == 0
+    return json.loads(buf.getvalue())

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
 import math
 
 import pytest
 from test_reproduce_slab import OPEN as SLAB_OPEN
 
-from slabtune import cli
 from slabtune.calibrate import reproduce
 from slabtune.errors import SlabtuneError
 from slabtune.model import scenarios
@@ -20,12 +17,9 @@ KEYS = {"scenario", "metric", "published", "model", "published_ratio", "model_ra
 
 
 @pytest.fixture(scope="module")
-def rows():
-    """One run of the real CLI (in-process), as the JSON it prints."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert cli.main(["reproduce", "--json"]) == 0
-    return json.loads(buf.getvalue())
+def rows(reproduce_rows):
+    """One run of the real CLI (in-process), as the JSON it prints (tests/conftest.py)."""
+    return reproduce_rows
 
 
 def test_json_shape(rows):

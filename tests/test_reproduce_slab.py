@@ -11,13 +11,8 @@ run) when every node has memory.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
 import pytest
 
-from slabtune import cli
 from slabtune.model import scenarios
 from slabtune.sweeps import simconfig, simulate
 
@@ -39,11 +34,9 @@ OPEN = {
 
 
 @pytest.fixture(scope="module")
-def rows():
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert cli.main(["reproduce", "--json"]) == 0
-    return json.loads(buf.getvalue())
+def rows(reproduce_rows):
+    """One run of the real CLI (in-process), as the JSON it prints (tests/conftest.py)."""
+    return reproduce_rows
 
 
 def test_every_row_names_its_allocators(rows):

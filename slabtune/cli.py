@@ -9,6 +9,7 @@ Errors a user can cause (bad input, unreadable files, impossible topologies) pri
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import signal
@@ -84,9 +85,31 @@ class Terminated(KeyboardInterrupt):
 _received: list[int] = []
 
 
-def _terminate(signum, _frame) -> None:
+def _in_gc_callback(frame) -> bool:
+    """Whether ``frame`` or a caller of it runs a garbage-collector callback (JAX installs
+    one), where Python prints and drops any exception raised."""
+    codes = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int) -> None:
+    """Send ``signum`` to this process again unless a handler has taken it since."""
+    if not _received:
+        os.kill(os.getpid(), signum)
+
+
+def _terminate(signum, frame) -> None:
     """Turn the signal into :class:`Terminated`; a second one while cleaning up takes the
-    default action (ends the process at once)."""
+    default action (ends the process at once).  A signal that lands in a garbage-collector
+    callback is delivered again 50 ms later instead: raised there, the exception would be
+    printed and dropped and the command would run on to its end."""
+    if _in_gc_callback(frame):
+        threading.Timer(0.05, _redeliver, (signum,)).start()
+        return
     signal.signal(signum, signal.SIG_DFL)
     _received.append(signum)
     raise Terminated(signum)

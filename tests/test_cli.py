@@ -46,3 +46,44 @@ def test_bad_input_still_one_line_and_exit_2():
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("slabtune: error: ")
     assert "/nonexistent/config.toml" in lines[0]
+
+
+def test_a_signal_landing_in_a_gc_callback_is_raised_outside_it():
+    """A SIGHUP handled while a garbage-collector callback runs (JAX installs one, and
+    Python prints and drops what such a callback raises) is delivered again outside it:
+    the command still ends as terminated, and nothing was dropped."""
+    import gc
+    import signal
+    import time
+
+    from slabtune import cli
+
+    dropped, sent = [], []
+
+    def send_once(phase, info):
+        if phase == "start" and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGHUP)
+            sum(range(100))          # bytecode inside the callback: the handler runs here
+
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = dropped.append
+    cli._received.clear()
+    previous = cli._install_signal_handlers()
+    gc.callbacks.append(send_once)
+    try:
+        raised = None
+        try:
+            gc.collect()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except cli.Terminated as err:
+            raised = err
+    finally:
+        gc.callbacks.remove(send_once)
+        cli._restore_signal_handlers(previous)
+        sys.unraisablehook = old_hook
+    assert sent and raised is not None and raised.signum == signal.SIGHUP
+    assert cli._received == [signal.SIGHUP]
+    assert dropped == []

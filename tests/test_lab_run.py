@@ -105,6 +105,10 @@ def test_a_warmed_run_counts_from_the_window_dump():
     assert m["counters"]["alloc_slab"] == 1
     assert m["slab_allocs_per_kop"] == pytest.approx(1000 / 2250)
     assert m["memory_bytes"] == pytest.approx((18 - 2) * 4096)
+    # a window the 50 ms sampler never saw (a loaded host) counts its starting dump's slabs
+    short = _result(dumps=r.dumps, samples=parsed["samples"][:2], window_at=2, done=r.done)
+    assert lab_boot.measure(short)["samples"] == 1
+    assert lab_boot.measure(short)["memory_bytes"] == pytest.approx((17 - 2) * 4096)
     # without a window dump the run counts from ``before`` as a run without warm-up does
     r0 = _result(dumps={"base": before, "before": before, "after": after},
                  done={"allocs": 1500, "frees": 1500, "status": 0})

@@ -914,6 +914,20 @@ def _block_walk(n, y, t):
     return blk, o_before, e_before, y_at
 
 
+def _walk_objects(n, y, t):
+    """Take ``t`` objects from blocks of ``n[j]`` slabs with ``y[j]`` free objects each, in
+    order (:func:`_block_walk`): per block the slabs emptied of their free objects
+    (``full``) and the slabs touched (``taken``: ``full`` plus the one partly taken), the
+    objects ``rem`` taken from that partly taken slab and its block's ``y_at``."""
+    blk, o_before, _, y_at = _block_walk(n, y, t)
+    need = t - o_before
+    w = floor_div(need, jnp.maximum(y_at, 1))
+    rem = need - w * y_at
+    full = [jnp.where(blk > j, nj, jnp.where(blk == j, w, 0)) for j, nj in enumerate(n)]
+    taken = [f + _i((blk == j) & (rem > 0)) for j, f in enumerate(full)]
+    return full, taken, rem, y_at
+
+
 def _taken(n, x):
     """Slabs of each block (list ``n``) among the first ``x`` of the blocks' order."""
     out, start = [], _i(0)
@@ -1234,12 +1248,7 @@ def _pc_walk(s, u, pd, x):
     for k in range(1, LEVELS):
         n += [s[k] - r[k], r[k]]
         y += [q[k], q[k] + 1]
-    blk, o_before, _, y_at = _block_walk(n, y, x)
-    need = x - o_before
-    w = floor_div(need, jnp.maximum(y_at, 1))
-    rem = need - w * y_at
-    full = [jnp.where(blk > j, nj, jnp.where(blk == j, w, 0)) for j, nj in enumerate(n)]
-    taken = [f + _i((blk == j) & (rem > 0)) for j, f in enumerate(full)]
+    full, taken, rem, y_at = _walk_objects(n, y, x)
     sl, ul = _level_slabs(taken), _level_loss(taken, q)
     emptied = sum(full)
     s = [s[0] + emptied] + [s[k] - sl[k] for k in range(1, LEVELS)]
@@ -1470,12 +1479,7 @@ def _bulk_take(cx: _Ctx, m, t):
     nb, yb = _level_blocks(s, u, q, r, objs)
     n = [hs] + nb + [t]
     y = [objs - hu] + yb + [objs]
-    blk, o_before, _, y_at = _block_walk(n, y, t)
-    need = t - o_before
-    w = floor_div(need, jnp.maximum(y_at, 1))
-    rem = need - w * y_at
-    full = [jnp.where(blk > j, nj, jnp.where(blk == j, w, 0)) for j, nj in enumerate(n)]
-    taken = [f + _i((blk == j) & (rem > 0)) for j, f in enumerate(full)]
+    full, taken, rem, y_at = _walk_objects(n, y, t)
     tk = taken[1:-1]
     sl, ul = _level_slabs(tk), _level_loss(tk, q)
     for lv in range(LEVELS):

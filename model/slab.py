@@ -291,7 +291,21 @@ def alien_limit(limit: int, possible_nodes: int, use_alien_caches: bool = True) 
     batches, instead of taking the remote list_lock for every object."""
     if possible_nodes <= 1 or not use_alien_caches:
         return 0
+    return _alien_entries(limit)
+
+
+def _alien_entries(limit: int) -> int:
+    """Entries of one alien array of a cache whose per-CPU limit is ``limit``
+    (alloc_alien_cache(): ALIEN_LIMIT, or the limit itself when it is 1)."""
     return ALIEN_LIMIT if limit > 1 else limit
+
+
+def retuned_alien_limit(alien: int, limit: int) -> int:
+    """Entries of a cache's alien arrays once its limit is set to ``limit`` (a
+    /proc/slabinfo write: do_tune_cpucache() -> setup_kmem_cache_nodes() sizes them from
+    the new limit); none where the cache has none (``alien`` 0: one possible node, or
+    ``noaliencache``)."""
+    return 0 if alien == 0 else _alien_entries(limit)
 
 
 def free_limit(batchcount: int, num: int, cpus_on_node: int) -> int:

@@ -227,7 +227,7 @@ def config_from(structure: slab.SlabStructure, profile: profiles.SlabProfile,
         raise SlabtuneError(f"shared: {shared!r} is not a non-negative integer")
     else:
         sh_ent = int(shared) * bc
-    al = 0 if int(structure.alien_limit) == 0 else slab.alien_limit(lim, 2)
+    al = slab.retuned_alien_limit(int(structure.alien_limit), lim)
     active = np.asarray(wl.active) > 0
     node = np.asarray(lay.node)
     if free_limit is None:

@@ -173,7 +173,7 @@ def structure_row(spec: SimSpec, struct) -> dict[str, Any]:
     row.update(allocator="SLAB", limit=struct.limit, batchcount=struct.batchcount,
                shared=struct.shared)
     row.update({k: spec.knobs[k] for k in slab.SLAB_TUNABLES if k in spec.knobs})
-    row["alien_limit"] = slab.alien_limit(row["limit"], 2) if struct.alien_limit else 0
+    row["alien_limit"] = slab.retuned_alien_limit(int(struct.alien_limit), row["limit"])
     return row
 
 

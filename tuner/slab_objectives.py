@@ -66,7 +66,7 @@ def tuned_structure(st: slab.SlabStructure, tun: slab.CpuCache,
     return st._replace(
         limit=tun.limit, batchcount=tun.batchcount, shared=tun.shared,
         shared_entries=tun.shared * tun.batchcount,
-        alien_limit=slab.alien_limit(tun.limit, 2) if st.alien_limit else 0,
+        alien_limit=slab.retuned_alien_limit(st.alien_limit, tun.limit),
         free_limit=tuple(slab.free_limit(tun.batchcount, st.objs_per_slab, c)
                          for c in node_cpus))
 

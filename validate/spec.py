@@ -110,28 +110,19 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
                         native, boots)
 
 
-#: The SLUB profile a SLAB spec's [fleet] table is parsed under (tuner/fleet.py takes SLUB
-#: profiles only); nothing of it is kept: the fleet carries the SLAB profile.
-_FLEET_STAND_IN = "v6.1"
-
-
 def _parse_fleet(table: Any):
-    """The spec's ``[fleet]``: :func:`slabtune.tuner.fleet.parse_fleet`, except that a SLAB
-    profile (``slab-v6.1``, ...) is taken: the topologies and workloads are parsed under a
-    SLUB stand-in and the fleet then carries the SLAB profile.  Validation reads the fleet's
-    profile only to pick the lab kernel, the knobs a candidate may set and the model's
-    profile of each pair; a SLAB pair is predicted by sweeps/simulate's SLAB branch."""
+    """The spec's ``[fleet]`` (:func:`slabtune.tuner.fleet.parse_fleet`, which takes SLAB
+    profiles as well), except that a SLAB fleet names its topologies itself: validation
+    reads its profile to pick the lab kernel, the knobs a candidate may set and the
+    model's profile of each pair (sweeps/simulate's SLAB branch)."""
     from slabtune.model import profiles
     from slabtune.tuner.fleet import parse_fleet
 
     name = table.get("profile") if isinstance(table, Mapping) else None
-    if not isinstance(name, str) or name not in profiles.SLAB_PROFILES:
-        return parse_fleet(table)
-    if "sweep" in table:
+    if isinstance(name, str) and name in profiles.SLAB_PROFILES and "sweep" in table:
         raise SlabtuneError(f"fleet.sweep: a SLAB fleet ({name}) takes [[fleet.topology]] "
                             "tables, not a sweep spec's topologies")
-    fleet = parse_fleet({**dict(table), "profile": _FLEET_STAND_IN})
-    return dataclasses.replace(fleet, profile=profiles.SLAB_PROFILES[name])
+    return parse_fleet(table)
 
 
 def is_slab_spec(spec: ValidateSpec) -> bool:

@@ -1747,12 +1747,15 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     """:func:`simulate` over a batch of configurations (leading axis of ``keys`` and of
     every field of ``cfgs``, see :func:`stack_configs`); the same result as vmapping
     :func:`simulate`, computed batch-minor.  ``max_run``: the static run bound, by default
-    :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit).  Outside
-    jit a batch of more than :data:`CHUNK` runs as equal parts, one per usable CPU, each
-    in its own thread (:func:`_parts`)."""
+    :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit).  On the
+    CPU, outside jit, a batch of more than :data:`CHUNK` runs as equal parts, one per usable
+    CPU, each in its own thread (:func:`_parts`); on an accelerator the batch runs as one
+    scan (:func:`_on_cpu`)."""
     bound = _bound(cfgs, max_run)
     leaves = jax.tree_util.tree_leaves((keys, cfgs))
     n = len(keys)
+    if not _on_cpu():
+        return _simulate_batch(keys, cfgs, steps, bound, max(n, 1))
     p = 1 if any(isinstance(x, jax.core.Tracer) for x in leaves) else _parts(n)
     if p == 1:
         return _simulate_batch(keys, cfgs, steps, bound)
@@ -1776,6 +1779,14 @@ def _parts(n: int) -> int:
     one call (6.0-6.1 M against 2.9-3.2 M ops/s, load 2, 20:50 UTC 2026-11-24)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(cpus or 1, n // CHUNK))
+
+
+def _on_cpu() -> bool:
+    """Whether JAX runs on the host's CPU.  The chunks and threads of :func:`simulate_batch`
+    exist because one XLA:CPU execution of the step uses about one core and a large batch
+    falls out of its caches; an accelerator runs the whole batch in one scan instead (each
+    fusion is one kernel launch, so fewer, wider launches are what it wants)."""
+    return jax.default_backend() == "cpu"
 
 
 @functools.cache

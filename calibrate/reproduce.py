@@ -6,7 +6,8 @@ Rules (from the issue): directions must agree; headline ratios must be within a 
 the output (it cancels in every ratio); cost constants are global (the packaged defaults or
 a ``--cost`` file; any marked fitted there is reported).  Each scenario's work outside the
 allocator per op (its ``work``, derived from the seed) is printed beside its scale; the
-arms run with it when ``work`` is ``"derived"`` and with none when it is ``"none"``.
+arms run with it when ``work`` is ``"derived"`` (the default,
+:data:`slabtune.model.scenarios.DEFAULT_WORK`) and with none when it is ``"none"``.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class Arms(NamedTuple):
     counters: list
 
 
-def simulate_arms(scenarios=seed_scenarios.SCENARIOS, work: str = "none") -> Arms:
+def simulate_arms(scenarios=seed_scenarios.SCENARIOS,
+                  work: str = seed_scenarios.DEFAULT_WORK) -> Arms:
     """Run every arm of every scenario through the dynamics model (one batch); each arm's
     spec carries the scenario's ``other_ns`` under the ``work`` mode (it paces the cost
     model, not the simulation)."""
@@ -114,7 +116,7 @@ def arm_metrics(arms: Arms, cost) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def evaluate(scenarios=seed_scenarios.SCENARIOS, cost=None, cost_meta=None,
-             arms: Arms | None = None, work: str = "none") -> dict[str, Any]:
+             arms: Arms | None = None, work: str = seed_scenarios.DEFAULT_WORK) -> dict[str, Any]:
     """Run every arm of every scenario in one batch under the ``work`` mode (or take
     ``arms`` already simulated, with their own mode) and build the comparison (see
     :func:`compare`)."""
@@ -129,7 +131,7 @@ def evaluate(scenarios=seed_scenarios.SCENARIOS, cost=None, cost_meta=None,
 
 
 def compare(scenarios, results: dict[tuple[str, str], dict[str, Any]], cost_meta=None,
-            work: str = "none") -> dict[str, Any]:
+            work: str = seed_scenarios.DEFAULT_WORK) -> dict[str, Any]:
     """Published figures beside the model's, from the metrics of every arm (simulated
     under the ``work`` mode).
 

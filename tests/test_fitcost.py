@@ -32,7 +32,7 @@ def _short(sc):
 @pytest.fixture(scope="module")
 def arms():
     return reproduce.simulate_arms((_short(scenarios.SLUB_ORDER_2021),
-                                    _short(scenarios.SHEAVES_2026)))
+                                    _short(scenarios.SHEAVES_2026)), work="none")
 
 
 @pytest.fixture(scope="module")

@@ -46,10 +46,28 @@ def test_published_figures_are_the_seeds(rows):
     assert len(net) == 6
 
 
-#: Rows whose direction the model does not give today, and the mechanism missing.  (The
-#: 8-CPU hackbench row agrees since per-CPU partial slabs empty on the list and its drain
-#: discards them: dynamics._pc_walk, 1.38x.)
-OPEN_DIRECTIONS: dict = {}
+#: Why the 224-CPU hackbench collapse is missing under the derived work (the default mode):
+#: a closed machine that loses 2/3 of its throughput to a lock keeps that lock busy all the
+#: time, so the lock must be busy 1 / (the published v5.11 rate per node) per message.
+HACKBENCH_COLLAPSE_MISSING = (
+    "no lock of the model can cap the 224-CPU v5.11 arm at the published pace: 102.4 M "
+    "messages in 9.135 s on 2 nodes is 5.6 M messages/s per node, so a lock that sets that "
+    "pace is busy 178 ns per message; the v5.11 arm puts 0.101 page allocator calls per "
+    "message (26.1 slab allocs + 24.5 slab frees per 1000 ops) on its node's zone->lock at "
+    "1/31 of a pcp batch each (rmqueue_bulk / free_pcppages_bulk, batch 31) and 0.011 "
+    "list_lock acquisitions, about 7 ns of lock time per message at the packaged constants "
+    "and 20 ns at every constant's range maximum (zone hold 150 ns per page): the zone "
+    "lock would have to hold 1.7 us per page (11x its range) for 2.88x; with no work "
+    "(--work none) the modelled machine runs 43x faster than the published one (k = 4452 "
+    "against 102 M messages) and saturates the zone lock at 32x the published v5.11 rate, "
+    "which is where that mode's 3.9x comes from")
+#: Rows whose direction the model does not give today, and the mechanism missing.
+OPEN_DIRECTIONS: dict = {
+    "hackbench time, 8 CPUs, v5.11 vs v5.10":
+        "the row needs the 224-CPU regression above the 8-CPU one; with the derived work "
+        "both are the uncontended cost of v5.11's extra slab and page allocator calls "
+        "(1.011x and 1.012x): " + HACKBENCH_COLLAPSE_MISSING,
+}
 
 
 #: The SLAB rows' open directions (issue 14) are named, with their reasons, beside them.
@@ -76,20 +94,11 @@ def test_every_direction_agrees(rows, label):
 HEADLINES = ("hackbench time, 224 CPUs, v5.11 vs v5.10",
              "IOPS, barns on memoryless nodes vs v7.0",
              "IOPS, doubled sheaf capacity vs barns on memoryless nodes")
-#: Headlines the packaged (physical, UML-calibrated) cost table does not meet, and the
-#: mechanism missing (issue 13).
+#: Headlines the packaged (physical, UML-calibrated) cost table does not meet in the
+#: default (derived) work mode, and the mechanism missing (issue 13).
 OPEN_HEADLINES = {
-    "IOPS, barns on memoryless nodes vs v7.0":
-        "with no work outside the allocator v7.0 comes out right (14.5 M IOPS against the "
-        "published 13 M: the memory nodes' CPUs keep their pace while the memoryless ones "
-        "queue on two list_locks) but the barns arm runs at allocator speed (59 M against "
-        "25 M), 4.1x; with the derived work (1782 ns per op) 2.75x, within 1.5x: the seed's "
-        "I/O path spends most of its CPU outside bio-248, which the default mode leaves out",
-    "IOPS, doubled sheaf capacity vs barns on memoryless nodes":
-        "with no work outside the allocator the barns arm is paced by the barn exchange "
-        "(414 ns, UML-measured) every 28 objects and the locks it loads, so doubling the "
-        "capacity gives 2.04x, not 1.21x; with the derived work (1782 ns per op) 1.01x, "
-        "within 1.5x",
+    "hackbench time, 224 CPUs, v5.11 vs v5.10": "1.01x against 2.88x: "
+                                                 + HACKBENCH_COLLAPSE_MISSING,
 }
 
 
@@ -129,6 +138,8 @@ def test_one_scale_per_scenario_cancels_in_ratios(rows):
             assert r["model_ratio"] == pytest.approx(r["model"] / r["model_base"], rel=1e-6)
 
 
+@pytest.mark.xfail(reason=OPEN_DIRECTIONS["hackbench time, 8 CPUs, v5.11 vs v5.10"],
+                   strict=True)
 def test_eight_cpus_regress_far_less_than_224(rows):
     by = {r["label"]: r for r in rows}
     big = by["hackbench time, 224 CPUs, v5.11 vs v5.10"]["model_ratio"]
@@ -225,8 +236,11 @@ def test_derived_work_is_applied_and_reported(derived, rows):
             assert arm["config"]["workload"]["other_ns"] == want["other_ns"]
     assert {r["other_ns"] for r in derived["rows"]} == {
         scenarios.SLUB_ORDER_2021["work"]["other_ns"], scenarios.SHEAVES_2026["work"]["other_ns"]}
-    # The default run (the CLI fixture) applies none.
-    assert {r["other_ns"] for r in rows} == {0.0}
+    # The default run (the CLI fixture) applies each scenario's derived work (0 where
+    # the seed gives no rate).
+    assert scenarios.DEFAULT_WORK == "derived"
+    work = {s["name"]: s["work"]["other_ns"] for s in scenarios.SCENARIOS}
+    assert all(r["other_ns"] == work[r["scenario"]] for r in rows)
     from slabtune.commands.reproduce import format_report
 
     text = format_report(derived)
@@ -245,3 +259,26 @@ def test_allocator_cost_taken_off_the_derivation_is_the_models(derived):
     bio = arms[("sheaves-cross-cpu-regression-2026", "v6.19")]["ns_per_op"] / 2
     assert hb == pytest.approx(scenarios.HACKBENCH_ALLOCATOR_NS, rel=0.25)
     assert bio == pytest.approx(scenarios.BLOCK_IO_ALLOCATOR_NS, rel=0.25)
+
+
+def _hackbench_k(out):
+    """The hackbench scenario's fitted scale: seconds = k / (allocations per us), so k is
+    the published v5.10 time x the modelled v5.10@224 allocation rate."""
+    (sc,) = [sc for sc in out["scenarios"] if sc["scenario"] == "slub-order-nr-cpus-2021"]
+    return 3.173 * sc["arms"]["v5.10@224"]["alloc_throughput_per_us"]
+
+
+def test_derived_work_makes_the_hackbench_scale_the_seeds_message_count(derived):
+    # One allocation per message: at the published pace k is the message count in
+    # millions.  With the derived work the modelled machine runs at that pace.
+    assert _hackbench_k(derived) == pytest.approx(scenarios.HACKBENCH_MESSAGES / 1e6, rel=0.02)
+
+
+def test_no_work_runs_hackbench_tens_of_times_faster_than_published():
+    from slabtune.calibrate import fitcost
+    from slabtune.model import priors
+
+    arms = reproduce.simulate_arms((scenarios.SLUB_ORDER_2021,), work="none")
+    out = reproduce.evaluate(cost=fitcost.cost_of(priors.prior_values()), arms=arms)
+    assert {r["other_ns"] for r in out["rows"]} == {0.0}
+    assert _hackbench_k(out) > 10 * scenarios.HACKBENCH_MESSAGES / 1e6

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from slabtune.commands import jsonout
-from slabtune.model.scenarios import WORK_MODES
+from slabtune.model.scenarios import DEFAULT_WORK, WORK_MODES
 
 
 def register(subparsers) -> None:
@@ -22,11 +22,11 @@ def register(subparsers) -> None:
                    help="cost constants overriding the packaged cost_default.toml")
     p.add_argument("--json", action="store_true",
                    help="print a JSON list of row objects; " + jsonout.NON_FINITE_HELP)
-    p.add_argument("--work", choices=WORK_MODES, default="none",
-                   help="work outside the allocator per op on the arms: none (default; "
-                        "the arms only allocate and free) or derived (each scenario's "
-                        "other_ns, derived from the seed's published rate and printed "
-                        "with the scenario)")
+    p.add_argument("--work", choices=WORK_MODES, default=DEFAULT_WORK,
+                   help="work outside the allocator per op on the arms: derived (default; "
+                        "each scenario's other_ns, derived from the seed's published rate "
+                        "and printed with the scenario) or none (the arms only allocate "
+                        "and free, at allocator speed)")
     p.add_argument("--fit-cost", metavar="OUT.toml",
                    help="fit the free cost constants of slabtune.validate (each within "
                         "its physical range, the rest at their prior values) to the headline "
@@ -64,9 +64,10 @@ def _fit_cost(args, cost, meta) -> int:
     arms = reproduce.simulate_arms(work=args.work)
     before = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
     result = fitcost.fit(arms)
-    work = ["--work", args.work] if args.work != "none" else []
+    # The work mode is always written: the file stays remakeable if the default changes.
     path.write_text(fitcost.to_toml(
-        result, shlex.join(["slabtune", "reproduce", *work, "--fit-cost", args.fit_cost])))
+        result, shlex.join(["slabtune", "reproduce", "--work", args.work,
+                            "--fit-cost", args.fit_cost])))
     new_cost, new_meta = simconfig.load_cost(path)
     after = reproduce.evaluate(cost=new_cost, cost_meta=new_meta, arms=arms)
     old = {k: float(v) for k, v in cost._asdict().items()}

@@ -113,6 +113,16 @@ class SimConfig(NamedTuple):
     #: 1 where per-CPU partial slabs are not frozen (v6.8 on): a free that empties one
     #: takes its node's list_lock.
     pc_empty_locks: Any = np.int32(0)
+    #: Pricing of SLAB counters seen through slab_dynamics.slub_view(); SLUB's own runs
+    #: keep the defaults.  Cross-node lines a remote free moves outside any lock: 1 for
+    #: SLUB (__slab_free() writes the foreign slab's freelist and counters), 0 for SLAB
+    #: (cache_free_alien() writes only the local alien array; the cross-node lines move
+    #: when it is drained, under the remote list_lock).
+    remote_free_lines: Any = np.float32(1.0)
+    #: 0: the barn lock classes are SLUB's barns; above 0: they are SLAB's alien locks, a
+    #: section being one pointer push on an alien array that touches this many lines on
+    #: average (slab.alien_section_lines()).
+    alien_lock_lines: Any = np.float32(0.0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).

@@ -91,8 +91,11 @@ def per_kop(counters, weight, x):
     return 1000.0 * _safe_div(jnp.sum(w * _f(x)), jnp.sum(w * _f(counters.ops)))
 
 
-def op_rates(counters, sheaf_capacity) -> cost.OpRates:
-    """Per-op event rates of each rep, in the terms the cost model charges."""
+def op_rates(counters, sheaf_capacity, remote_free_lines=1.0) -> cost.OpRates:
+    """Per-op event rates of each rep, in the terms the cost model charges.
+    ``remote_free_lines``: cross-node lines one remote free moves outside any lock
+    (``SimConfig.remote_free_lines``: 1 for SLUB, 0 for SLAB's alien free), so that
+    ``remote_free`` is priced as that many line transfers per remote free."""
     g = lambda n: per_op(counters, n)  # noqa: E731
     # a sheaf replacement (__pcs_replace_empty_main/full_main) is a fast path to
     # SLUB_STATS but costs what a slow path costs: it is priced as one
@@ -101,7 +104,7 @@ def op_rates(counters, sheaf_capacity) -> cost.OpRates:
         free_fast=g("free_fast") - g("sheaf_free_replace"),
         alloc_slow=g("alloc_slow") + g("sheaf_alloc_replace"),
         free_slow=g("free_slow") + g("sheaf_free_replace"),
-        remote_free=g("remote_free"),
+        remote_free=g("remote_free") * _f(remote_free_lines),
         sheaf_swap=g("barn_get") + g("barn_put"),
         sheaf_objects_moved=(g("sheaf_refill") + g("sheaf_flush")) * _f(sheaf_capacity),
         cpu_partial_drain=g("cpu_partial_drain"),
@@ -157,13 +160,27 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     # counters, links): k transfers, each local or cross-node like the lock's own line,
     # when that holder was another CPU (counts per rep stand in for the arrivals: the
     # duty of cost.foreign_holder_fraction is ops per step, the steps cancel).
-    lines = jnp.repeat(cost.lock_line_counts(c), n_nodes)
+    barn_hold, barn_lines = barn_section(cfg, c)
+    lines = jnp.repeat(cost.lock_line_counts(c).at[1].set(barn_lines), n_nodes)
     moved = cost.foreign_holder_fraction(acq, cfg.rep_weight, mult, _f(counters.ops))
     line = lines[None, :] * moved * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
-                            jnp.full((n_nodes,), c.barn_lock_hold_ns),
+                            jnp.full((n_nodes,), barn_hold),
                             jnp.full((n_nodes,), cost.zone_hold_ns(cfg.order, pcp_max, c))])
     return acq, line, hold, mult
+
+
+def barn_section(cfg, c: cost.CostParams):
+    """Hold and lines of one section of the barn lock classes: SLUB's barn
+    (``barn_lock_hold_ns``, ``barn_lock_lines``), or, for SLAB's counters
+    (``cfg.alien_lock_lines`` above 0, slab_dynamics.slub_view()), an alien lock: 6.1
+    __cache_free_alien() / 3.1 cache_free_alien() hold it for one pointer push,
+    ``ac->entry[ac->avail++] = objp``, the push a fast free does on the CPU's own array
+    (``free_fast_ns``), on an alien array of ``cfg.alien_lock_lines`` lines."""
+    alien = _f(cfg.alien_lock_lines)
+    is_alien = alien > 0
+    return (jnp.where(is_alien, c.free_fast_ns, c.barn_lock_hold_ns),
+            jnp.where(is_alien, alien, c.barn_lock_lines))
 
 
 def coupling(workload):
@@ -227,7 +244,7 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     wsum = lambda x: jnp.sum(w * _f(x))  # noqa: E731
     kop = lambda x: per_kop(counters, w, x)  # noqa: E731
 
-    rates = op_rates(counters, cfg.sheaf_capacity)
+    rates = op_rates(counters, cfg.sheaf_capacity, cfg.remote_free_lines)
     alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
     acq, line, hold, mult = lock_classes(counters, cfg, pcp_max, c)

@@ -339,9 +339,10 @@ SLAB_NETPERF_2011 = {
     "name": "slab-netperf-2011",
     "title": "netperf TCP_RR at 160 threads: 'SLUB can never compete with SLAB' in the slow "
              "paths (v3.1, SLAB against SLUB per cache)",
-    "assumptions": "the 2011 scenario's client machine and workload; SLAB as slab-v3.1; the "
-                   "seed gives SLUB_STATS only, so the rows are directions: SLAB's "
-                   "allocator time per op below SLUB's at 160 threads",
+    "assumptions": "the 2011 scenario's client machine and workload (the seed's 'two "
+                   "16-core, 4 node systems', the network interrupt on one CPU); SLAB as "
+                   "slab-v3.1; the seed gives SLUB_STATS only, so the rows are directions: "
+                   "SLAB's allocator time per op below SLUB's at 160 threads",
     "scale": None,
     "work": no_work("the seed gives allocation counts but no transaction rate"),
     "arms": {

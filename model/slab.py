@@ -308,6 +308,32 @@ def retuned_alien_limit(alien: int, limit: int) -> int:
     return 0 if alien == 0 else _alien_entries(limit)
 
 
+#: Bytes of an alien array before its entries, on x86-64: 6.1's struct alien_cache
+#: (spinlock_t lock, padded to the 8-byte alignment of the struct array_cache after it:
+#: avail, limit, batchcount, touched) and 3.1's struct array_cache (the same four counts,
+#: then spinlock_t lock, padded to the entries' 8 bytes) are both 24 bytes.
+ALIEN_HEADER_BYTES = 24
+#: x86-64's cache line, and the bytes of one entry (a pointer).
+CACHE_LINE_BYTES = 64
+POINTER_BYTES = 8
+
+
+def alien_section_lines(entries):
+    """Mean cache lines one cache_free_alien() critical section touches (6.1
+    __cache_free_alien(), 3.1 cache_free_alien(): ``spin_lock(&alien->lock)``, a full array
+    first drained, then ``ac->entry[ac->avail++] = objp``), over the ``entries`` frees that
+    fill an alien array of that many entries (0 where there are none).
+
+    The array is one kmalloc object of ALIEN_HEADER_BYTES + 8 * entries bytes (120 at 12
+    entries: kmalloc-128, aligned to its size, so it starts a line).  Every section
+    touches the first line (lock word and ``avail``, with the first entries); the push of
+    entry i touches a second line when its byte offset is past the first line.  Works on
+    ints and arrays alike."""
+    first = (CACHE_LINE_BYTES - ALIEN_HEADER_BYTES) // POINTER_BYTES
+    beyond = (entries - first) * (entries > first)
+    return (entries > 0) * (1.0 + beyond / (entries + (entries <= 0)))
+
+
 def free_limit(batchcount: int, num: int, cpus_on_node: int) -> int:
     """init_cache_node(): ``(1 + nr_cpus_node(node)) * batchcount + num``, the free objects
     a node's slab lists keep before free_block() returns empty slabs to the page

@@ -755,8 +755,10 @@ def _simulate_batch(seeds, cfgs, steps):
 #: objects a sheaf refill moves (``sheaf_refill`` with a capacity of 1, so
 #: :func:`slabtune.model.metrics.op_rates` charges ``sheaf_object_ns`` per object), and an
 #: alien lock acquisition (``alien_lock``: the rep's local node's alien array for the
-#: object's node, ``cache_free_alien()``) as a barn lock taken without moving a sheaf
-#: (``barn_get_fail``: lock hold and lines on the rep's own node, no ``sheaf_swap_ns``).
+#: object's node, ``cache_free_alien()``) as an acquisition of the barn lock class on the
+#: rep's own node without moving a sheaf (``barn_get_fail``, no ``sheaf_swap_ns``), which
+#: the view's ``alien_lock_lines`` turns into an alien lock's section
+#: (:func:`slabtune.model.metrics.barn_section`: one pointer push, the alien array's lines).
 PRICED_AS: dict[str, str] = {"sheaf_refill": "objects_moved", "barn_get_fail": "alien_lock"}
 
 
@@ -770,7 +772,12 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
     ``sheaf_objects_held`` (per rep, scaled by its CPUs) and those in the node's shared and
     alien arrays ``barn_objects_held`` (per node class, scaled by its nodes), so they show
     in the memory breakdown; the config has sheaf capacity 1 (one object per "refill"), no
-    per-CPU partial list, and ``min_partial`` 0 (SLAB has none).  list_locks keep their
+    per-CPU partial list, ``min_partial`` 0 (SLAB has none), ``remote_free_lines`` 0 (an
+    alien free writes only its local alien array and reads the slab's node id; the
+    cross-node lines move in the drain, under the remote list_lock, which is priced there;
+    a direct remote free without alien arrays is all under that list_lock too) and
+    ``alien_lock_lines`` :func:`slabtune.model.slab.alien_section_lines` of the alien
+    arrays' entries.  list_locks keep their
     node classes; metrics puts a memoryless rep's on its memory node, where its objects
     come from.  What this prices with SLUB's constants and what it misses is in
     docs/MODEL.md ("SLAB: dynamics", pricing)."""
@@ -794,7 +801,10 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         barn_max_full=z, barn_max_empty=z, rep_weight=cfg.rep_weight, rep_node=cfg.rep_node,
         rep_mem_node=cfg.rep_mem_node, rep_memoryless=cfg.rep_memoryless,
         node_has_memory=cfg.node_has_memory, node_weight=cfg.node_weight,
-        workload=cfg.workload, ops_per_step=z + 1)
+        workload=cfg.workload, ops_per_step=z + 1,
+        remote_free_lines=jnp.zeros_like(jnp.asarray(cfg.objs_per_slab, jnp.float32)),
+        alien_lock_lines=jnp.asarray(slab.alien_section_lines(
+            jnp.asarray(cfg.alien_limit)), jnp.float32))
     # SLUB-only switches with a default (era rules of SLUB's paths): that default, in the
     # batch's shape, so the view vmaps like a stacked SLUB config.
     rest = {f: z + jnp.asarray(d).astype(z.dtype) for f, d in

@@ -338,3 +338,80 @@ def test_bad_tunables_are_one_line_errors():
         _cfg("slab-v6.1", TOPOS["2node"], WORKLOADS["local"], reap_interval=-1)
     with pytest.raises(SlabtuneError, match="shared"):
         _cfg("slab-v6.1", TOPOS["2node"], WORKLOADS["local"], shared=-2)
+
+
+def test_alien_array_lines_follow_its_layout():
+    """An alien array is 24 header bytes (lock, avail, limit, batchcount, touched) and
+    8-byte entries in one line-aligned kmalloc object: entries 0-4 share the first line
+    with the lock and avail, entry i >= 5 (byte 24 + 8 i >= 64) is on the second.  Over
+    the 12 pushes that fill the array, 7 touch both lines: 1 + 7/12 on average."""
+    from slabtune.model import slab
+
+    assert slab.alien_section_lines(12) == pytest.approx(1 + 7 / 12)
+    assert slab.alien_section_lines(5) == 1.0 and slab.alien_section_lines(1) == 1.0
+    assert slab.alien_section_lines(6) == pytest.approx(1 + 1 / 6)
+    assert slab.alien_section_lines(0) == 0.0
+    np.testing.assert_allclose(slab.alien_section_lines(np.array([0, 1, 12])),
+                               [0.0, 1.0, 1 + 7 / 12])
+
+
+def _slab_counters(**fields):
+    """SLAB counters of a hand-built run: zeros but ``fields``."""
+    z = {f: np.zeros(sd.R, np.int32) for f in sd.COUNTER_FIELDS}
+    z.update(list_lock_node=np.zeros(sd.N, np.int32),
+             outstanding=np.zeros(sd.R, np.int32))
+    z.update({g: np.zeros(sd.R, np.float32) for g in sd.REP_GAUGES})
+    z.update({g: np.zeros(sd.N, np.float32) for g in sd.NODE_GAUGES})
+    z.update(fields)
+    return sd.SlabCounters(**z)
+
+
+def test_an_alien_free_is_a_push_under_the_alien_lock_and_moves_no_remote_line():
+    """cache_free_alien() (3.1; 6.1 __cache_free_alien()): the freeing CPU takes its own
+    node's alien lock, pushes the pointer (``ac->entry[ac->avail++] = objp``) and unlocks;
+    it writes neither the object nor its slab, so no cross-node line moves until the
+    array is drained under the object's node's list_lock.  Hand-built: two CPUs of node 0
+    (4 CPUs on 2 nodes), 1000 ops each, 200 of them alien frees, both on node 0's alien
+    lock for node 1: an acquisition holds it for one push (free_fast_ns) and moves the
+    array's 1 + 7/12 lines (a node-local transfer) when the previous holder was the other
+    CPU, half the time; the remote frees add no line_remote_ns to the base time, where
+    SLUB's view (the same counts, a SLUB config) pays one per remote free."""
+    from importlib import resources
+
+    from slabtune.model import cost as cost_model
+    from slabtune.model import dynamics, metrics, slab
+
+    text = resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
+    table, _ = cost_model.parse_cost_toml(text, "cost_default.toml")
+    cfg = _cfg("slab-v3.1", Topology.uniform(4, 2), {"kind": "local", "live": 40})
+    assert int(cfg.alien_limit) == 12
+    assert list(np.asarray(cfg.rep_node)[:2]) == [0, 0]
+    two = np.array([1000, 1000] + [0] * (sd.R - 2), np.int32)
+    remote = np.array([200, 200] + [0] * (sd.R - 2), np.int32)
+    c = _slab_counters(ops=two, allocs=two // 2, frees=two // 2, free_slow=remote,
+                       remote_free=remote, alien_lock=remote)
+    cnt, scfg = sd.slub_view(c, cfg)
+    assert float(scfg.remote_free_lines) == 0.0
+    assert float(scfg.alien_lock_lines) == pytest.approx(slab.alien_section_lines(12))
+    acq, line, hold, _ = metrics.lock_classes(cnt, scfg, 3, table)
+    n = sd.N
+    acq, line, hold = np.asarray(acq), np.asarray(line), np.asarray(hold)
+    assert acq[0, n] == pytest.approx(0.2) and acq[1, n] == pytest.approx(0.2)
+    assert hold[n] == pytest.approx(float(table.free_fast_ns))
+    want = (1 + 7 / 12) * 0.5 * float(table.line_local_ns)
+    assert line[0, n] == pytest.approx(want, rel=1e-5)
+    assert line[1, n] == pytest.approx(want, rel=1e-5)
+    rates = metrics.op_rates(cnt, scfg.sheaf_capacity, scfg.remote_free_lines)
+    assert np.asarray(rates.remote_free)[:2].tolist() == [0.0, 0.0]
+    # the same counts as SLUB events: a barn section, and a remote line per remote free
+    slub_cfg = scfg._replace(remote_free_lines=dynamics.SimConfig._field_defaults[
+        "remote_free_lines"], alien_lock_lines=dynamics.SimConfig._field_defaults[
+        "alien_lock_lines"])
+    _, line_b, hold_b, _ = metrics.lock_classes(cnt, slub_cfg, 3, table)
+    assert float(np.asarray(hold_b)[n]) == pytest.approx(float(table.barn_lock_hold_ns))
+    assert float(np.asarray(line_b)[0, n]) == pytest.approx(
+        float(table.barn_lock_lines) * 0.5 * float(table.line_local_ns), rel=1e-5)
+    base = [np.asarray(cost_model.base_ns_per_op(
+        metrics.op_rates(cnt, k.sheaf_capacity, k.remote_free_lines), k.order,
+        k.objs_per_slab, 3, table))[0] for k in (slub_cfg, scfg)]
+    assert base[0] - base[1] == pytest.approx(0.2 * float(table.line_remote_ns), rel=1e-5)

@@ -168,13 +168,6 @@ def test_bad_slab_input_is_one_line_exit_2(tmp_path, knobs, profile, needle):
         assert profile in err and next(iter(knobs)) in err
 
 
-@pytest.mark.parametrize("args", [("--exhaustive",), ("--sampler", "population",
-                                                        "--generations", "1")])
-def test_grid_searches_refuse_slab(tmp_path, args):
-    rc, err = _cli(tmp_path, _spec({"set": "structural"}), *args)
-    assert rc == 2 and "is SLAB" in err and len(err.strip().splitlines()) == 1
-
-
 def test_slab_baseline_is_the_kernel_default():
     """The baseline runs enable_cpucache()'s tunables and slab_max_order 1: its memory is
     the hand formula at limit 120, batchcount 60, shared 8 (kmalloc-256 on 4 CPUs)."""

@@ -40,9 +40,8 @@ ATTR_POINT = "slabtune_point"
 
 def subspace(spec, knobs: str | None) -> tuple[str, ...]:
     """The knobs ``--knobs`` names (comma-separated; ``boot``: the spec's boot parameters),
-    in the spec's order; all the spec's knobs when None.  SLAB specs are refused: the grid
-    applies SLUB's boot-parameter rules."""
-    grids.refuse_slab(spec.space, "--exhaustive")
+    in the spec's order; all the spec's knobs when None (a SLAB spec's ``boot`` is its
+    ``slab_max_order``)."""
     names = spec.space.names
     if knobs is None:
         return names

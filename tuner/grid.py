@@ -8,6 +8,11 @@ indices into the knob values the model reads is array code (numpy or jnp), with 
 boot-parameter semantics applied as :func:`slabtune.tuner.study.effective_params` applies
 them to one trial, so a candidate drawn here and the same params told as an Optuna trial
 evaluate to the same objectives.
+
+A SLAB profile's grid lays out SLAB's knobs (``slab_max_order`` and the /proc/slabinfo
+tunables, :data:`slabtune.tuner.space.SLAB_KNOBS`) and none of SLUB's boot-parameter rules;
+its points whose tunables slabinfo_write() ignores (batchcount above limit) stay in the grid
+and evaluate to NaN (a failed trial), as on the trial path.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, profiles
 from slabtune.tuner.space import SearchSpace, baseline_values
 
@@ -33,6 +37,7 @@ class Grid:
     sizes: np.ndarray           # (K,) int64
     baseline: dict[str, int]    # every knob's value in the unmodified kernel
     cross_adjust: bool          # setup_slub_min/max_order keep min <= max (v6.7 on)
+    slab: bool = False          # a SLAB profile's knobs (no SLUB boot-parameter rules)
 
     @property
     def size(self) -> int:
@@ -40,8 +45,30 @@ class Grid:
         return math.prod(int(s) for s in self.sizes)
 
     def describe(self) -> str:
-        """``knob a 3 x knob b 5 ...``: the factors of :attr:`size`."""
-        return " x ".join(f"{n} {int(s)}" for n, s in zip(self.names, self.sizes))
+        """``knob a 3 x knob b 5 ...``: the factors of :attr:`size`; on a SLAB grid that
+        searches both limit and batchcount, also how many points the kernel ignores
+        (:meth:`ignored_points`)."""
+        text = " x ".join(f"{n} {int(s)}" for n, s in zip(self.names, self.sizes))
+        ignored = self.ignored_points()
+        if ignored:
+            text += (f"; {ignored:,} with batchcount above limit, which slabinfo_write() "
+                     "ignores")
+        return text
+
+    def ignored_points(self) -> int | None:
+        """Points of a SLAB grid whose searched limit and batchcount slabinfo_write()
+        ignores for every cache (:func:`slabtune.tuner.slab_objectives.tunables_accepted`),
+        counted from the two knobs' tables; None unless both are searched (with one at
+        each cache's default, which points the kernel ignores depends on the cache)."""
+        if not self.slab or not {"limit", "batchcount"} <= set(self.names):
+            return None
+        from slabtune.tuner.slab_objectives import tunables_accepted
+
+        col = {n: self.tables[i, :int(s)] for i, (n, s) in
+               enumerate(zip(self.names, self.sizes))}
+        pairs = tunables_accepted(col["limit"][:, None], col["batchcount"][None, :], 0)
+        rest = self.size // (len(col["limit"]) * len(col["batchcount"]))
+        return int((~pairs).sum()) * rest
 
     def params(self, genome) -> dict[str, int]:
         """The Optuna params (searched knob -> value) of one index vector."""
@@ -62,15 +89,6 @@ class Grid:
                          for i, (n, s) in enumerate(zip(self.names, self.sizes))], np.int32)
 
 
-def refuse_slab(space, what: str) -> None:
-    """One-line error for a SLAB space in a search that runs on the knob grid (exhaustive,
-    population): the grid lays out SLUB's knobs and boot-parameter rules, and a SLAB
-    policy's validity (batchcount <= limit per cache) is decided outside it."""
-    if profiles.is_slab(space.profile):
-        raise SlabtuneError(f"{what}: profile {space.profile.name} is SLAB; SLAB specs are "
-                            "searched with the spec's sampler (--trials)")
-
-
 def grid_of(space: SearchSpace, names: tuple[str, ...] | None = None) -> Grid:
     """The grid of ``space``'s knobs (or of the named ones, in the space's order)."""
     knobs = [k for k in space.knobs if names is None or k.name in names]
@@ -81,20 +99,28 @@ def grid_of(space: SearchSpace, names: tuple[str, ...] | None = None) -> Grid:
     return Grid(names=tuple(k.name for k in knobs), tables=tables,
                 sizes=np.array([len(v) for v in vals], np.int64),
                 baseline=baseline_values(space.profile),
-                cross_adjust=space.profile.version >= bootparams.MIN_MAX_CROSS_ADJUST)
+                cross_adjust=space.profile.version >= bootparams.MIN_MAX_CROSS_ADJUST,
+                slab=profiles.is_slab(space.profile))
 
 
 def knob_values(grid: Grid, genomes, xp=np) -> dict:
     """Every knob as a (N,) array for index vectors ``genomes`` (N, K): searched knobs from
     the grid, the rest at the baseline, then the boot parameters as the kernel applies them
     (:func:`slabtune.tuner.study.effective_params`: min_order, then max_order, each
-    ``setup_slub_*`` call keeping min <= max from v6.7).  ``xp`` is numpy or jax.numpy."""
+    ``setup_slub_*`` call keeping min <= max from v6.7).  ``xp`` is numpy or jax.numpy.
+
+    A SLAB grid's values are its knobs as they are: every ``slab_max_order`` it holds lies in
+    0..MAX_ORDER - 1, all that slab_max_order_setup() (6.1 mm/slab.c) changes is outside it
+    (it clamps to that range), and the tunables are written as /proc/slabinfo takes them
+    (:func:`slabtune.tuner.study.effective_params` passes a SLAB trial's params alike)."""
     genomes = xp.asarray(genomes)
     n = genomes.shape[0]
     tables = xp.asarray(grid.tables)
     out = {name: xp.full((n,), v, xp.int32) for name, v in grid.baseline.items()}
     for i, name in enumerate(grid.names):
         out[name] = tables[i][genomes[:, i]]
+    if grid.slab:
+        return out
     lo = xp.full((n,), 0, xp.int32)
     hi = xp.full((n,), profiles.DEFAULT_MAX_ORDER, xp.int32)
     if "slub_min_order" in grid.names:

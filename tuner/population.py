@@ -19,10 +19,12 @@ For spaces too large to enumerate.  A generation is a population of ``N`` index 
 4. an **archive** of the non-dominated feasible points seen so far (one per objective
    vector, at most ``A``; past ``A`` the most crowded go, the count dropped is kept).
 
-With the ``structural`` objective set all generations of a call run inside one compiled
-``lax.scan``; the ``dynamics`` set simulates on the host between compiled variation and
-survival steps.  Generation ``g`` draws from ``fold_in(key(seed), g)``, so a run is
-reproducible and a run of ``a + b`` generations equals a run of ``a`` resumed for ``b``.
+With SLUB's ``structural`` objective set all generations of a call run inside one compiled
+``lax.scan``; the ``dynamics`` set, and both SLAB sets (whose per-cache structure is host
+code, :mod:`slabtune.tuner.slab_objectives`), evaluate on the host between compiled
+variation and survival steps, one generation per step.  Generation ``g`` draws from
+``fold_in(key(seed), g)``, so a run is reproducible and a run of ``a + b`` generations
+equals a run of ``a`` resumed for ``b``.
 
 The Optuna study stays the store: after a call, every archive member and a sample of ``S``
 children per generation are added as finished trials (:meth:`StudyRunner.record`, the
@@ -379,7 +381,6 @@ def run(runner, generations: int, population: int | None = None, seed: int | Non
     if generations < 0:
         raise SlabtuneError(f"--generations: {generations} is negative")
     spec, study = runner.spec, runner.study
-    grids.refuse_slab(spec.space, "--sampler population")
     population = population or POPULATION[spec.objectives.name]
     seed = seed if seed is not None else (spec.space.seed or 0)
     t0 = time.perf_counter()

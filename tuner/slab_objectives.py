@@ -8,8 +8,8 @@ and the /proc/slabinfo tunables ``limit``, ``batchcount``, ``shared``, written t
 cache of the fleet; a tunable at :data:`~slabtune.tuner.space.SLAB_CACHE_DEFAULT` keeps
 the cache's enable_cpucache() value, except that an unset batchcount under a set limit is
 ``(limit + 1) / 2``, enable_cpucache()'s rule.  A policy whose batchcount exceeds a
-cache's limit is one the kernel refuses (slabinfo_write(): -EINVAL): its objectives are
-NaN, so the trial fails.
+cache's limit is one the kernel does not apply (slabinfo_write() skips the line:
+:func:`tunables_accepted`): its objectives are NaN, so the trial fails.
 
 What do_tune_cpucache() (6.1 mm/slab.c) changes when a tunables line is written: the
 per-CPU arrays hold ``limit`` objects and move ``batchcount`` per refill or flush; the
@@ -45,18 +45,36 @@ _F32 = jnp.float32
 ARRAY_FILL = 0.5
 
 
+def tunables_accepted(limit, batchcount, shared):
+    """Whether slabinfo_write() applies a tunables line (6.1 mm/slab.c): it calls
+    do_tune_cpucache() only when ``limit >= 1``, ``1 <= batchcount <= limit`` and
+    ``shared >= 0``; any other line is skipped (the write returns its length and the cache
+    keeps its tunables).  Elementwise on numpy arrays."""
+    return (limit >= 1) & (batchcount >= 1) & (batchcount <= limit) & (shared >= 0)
+
+
+def tunables_of(limit, batchcount, shared, d_limit, d_batchcount, d_shared):
+    """The (limit, batchcount, shared) a cache runs with under a policy's tunables,
+    elementwise (numpy arrays or ints): a tunable at :data:`SLAB_CACHE_DEFAULT` keeps the
+    cache's enable_cpucache() value ``d_*``, except that an unset batchcount under a set
+    limit is enable_cpucache()'s ``(limit + 1) / 2`` (6.1 mm/slab.c)."""
+    lim = np.where(limit == SLAB_CACHE_DEFAULT, d_limit, limit)
+    bc = np.where(batchcount != SLAB_CACHE_DEFAULT, batchcount,
+                  np.where(limit == SLAB_CACHE_DEFAULT, d_batchcount, (lim + 1) // 2))
+    sh = np.where(shared == SLAB_CACHE_DEFAULT, d_shared, shared)
+    return lim, bc, sh
+
+
 def cache_tunables(limit: int, batchcount: int, shared: int,
                    default: slab.CpuCache) -> slab.CpuCache:
-    """The (limit, batchcount, shared) a cache runs with under a policy's tunables
-    (:data:`SLAB_CACHE_DEFAULT`: the cache's enable_cpucache() value ``default``; an unset
-    batchcount under a set limit is enable_cpucache()'s ``(limit + 1) / 2``)."""
-    lim = default.limit if limit == SLAB_CACHE_DEFAULT else int(limit)
-    if batchcount != SLAB_CACHE_DEFAULT:
-        bc = int(batchcount)
-    else:
-        bc = default.batchcount if limit == SLAB_CACHE_DEFAULT else (lim + 1) // 2
-    sh = default.shared if shared == SLAB_CACHE_DEFAULT else int(shared)
-    return slab.CpuCache(lim, bc, sh)
+    """:func:`tunables_of` of one cache whose enable_cpucache() tunables are ``default``."""
+    return slab.CpuCache(*(int(x) for x in tunables_of(limit, batchcount, shared, *default)))
+
+
+def shared_entries(shared, batchcount):
+    """Objects a node's shared array holds: ``shared * batchcount`` (enable_cpucache() /
+    do_tune_cpucache() -> setup_kmem_cache_nodes(), 6.1 mm/slab.c)."""
+    return shared * batchcount
 
 
 def tuned_structure(st: slab.SlabStructure, tun: slab.CpuCache,
@@ -65,7 +83,7 @@ def tuned_structure(st: slab.SlabStructure, tun: slab.CpuCache,
     (do_tune_cpucache(), 6.1 mm/slab.c; see the module docstring)."""
     return st._replace(
         limit=tun.limit, batchcount=tun.batchcount, shared=tun.shared,
-        shared_entries=tun.shared * tun.batchcount,
+        shared_entries=shared_entries(tun.shared, tun.batchcount),
         alien_limit=slab.retuned_alien_limit(st.alien_limit, tun.limit),
         free_limit=tuple(slab.free_limit(tun.batchcount, st.objs_per_slab, c)
                          for c in node_cpus))
@@ -80,8 +98,9 @@ def _base_structure(size: int, name: str, possible: int, node_cpus: tuple[int, .
 
 def policy_structures(fleet: Fleet, values) -> list[list[list[slab.SlabStructure | None]]]:
     """SLAB's structure of every (policy b, topology t, cache k) point under the batch's
-    knob ``values`` (every SLAB knob as a (B,) array); None where the kernel refuses the
-    policy's tunables for that cache (batchcount above limit)."""
+    knob ``values`` (every SLAB knob as a (B,) array); None where the kernel does not apply
+    the policy's tunables to that cache (:func:`tunables_accepted`: batchcount above
+    limit)."""
     B = len(np.asarray(values["slab_max_order"]))
     out = []
     for b in range(B):
@@ -96,7 +115,7 @@ def policy_structures(fleet: Fleet, values) -> list[list[list[slab.SlabStructure
                 st = _base_structure(c.size, c.name, t.possible, nc, fleet.profile, mo)
                 tun = cache_tunables(lim, bc, sh, slab.CpuCache(st.limit, st.batchcount,
                                                                 st.shared))
-                ok = tun.limit >= 1 and 1 <= tun.batchcount <= tun.limit and tun.shared >= 0
+                ok = tunables_accepted(tun.limit, tun.batchcount, tun.shared)
                 row.append(tuned_structure(st, tun, nc) if ok else None)
             rows.append(row)
         out.append(rows)
@@ -108,8 +127,7 @@ def structure_arrays(structs, fleet: Fleet) -> dict[str, np.ndarray]:
     objs_per_slab, left_over, limit, batchcount, shared_entries, alien_limit, free_limit
     (summed over the topology's nodes); a refused point is a valid-looking placeholder and
     its policy invalid."""
-    fields = ("order", "objs_per_slab", "left_over", "limit", "batchcount", "shared_entries",
-              "alien_limit", "free_limit")
+    fields = STRUCTURE_FIELDS
     B, T, K = len(structs), len(fleet.topologies), len(fleet.caches)
     out = {f: np.ones((B, T, K), np.float32) for f in fields}
     valid = np.ones(B, bool)
@@ -124,6 +142,52 @@ def structure_arrays(structs, fleet: Fleet) -> dict[str, np.ndarray]:
                     v = getattr(st, f)
                     out[f][b, t, k] = sum(v) if f == "free_limit" else v
     out["valid"] = valid
+    return out
+
+
+#: What :func:`structure_arrays` reads of each structure (free_limit: summed over nodes).
+STRUCTURE_FIELDS = ("order", "objs_per_slab", "left_over", "limit", "batchcount",
+                    "shared_entries", "alien_limit", "free_limit")
+_BASE_FIELDS = ("order", "objs_per_slab", "left_over", "limit", "batchcount", "shared",
+                "alien_limit")
+
+
+def policy_structure_arrays(fleet: Fleet, values) -> dict[str, np.ndarray]:
+    """:func:`structure_arrays` of :func:`policy_structures` computed on arrays: the
+    structure of each distinct ``slab_max_order`` in the batch is built once per (topology,
+    cache), and the tunables are applied to all policies at once by the same rules
+    (:func:`tunables_of`, :func:`shared_entries`, ``slab.retuned_alien_limit``,
+    ``slab.free_limit``; :func:`tunables_accepted` for ``valid``).  Equal to the per-point
+    path on every valid policy; an invalid policy's entries are whatever the rules give."""
+    mo = np.asarray(values["slab_max_order"]).astype(np.int64)
+    orders, inv = np.unique(mo, return_inverse=True)
+    T, K = len(fleet.topologies), len(fleet.caches)
+    node_cpus = [tuple(int(c) for c in ft.topology.node_cpus) for ft in fleet.topologies]
+    base = {f: np.empty((len(orders), T, K), np.int64) for f in _BASE_FIELDS}
+    for i, o in enumerate(orders.tolist()):
+        for t, ft in enumerate(fleet.topologies):
+            for k, c in enumerate(fleet.caches):
+                st = _base_structure(c.size, c.name, ft.topology.possible, node_cpus[t],
+                                     fleet.profile, o)
+                for f in _BASE_FIELDS:
+                    base[f][i, t, k] = getattr(st, f)
+    g = {f: a[inv.reshape(-1)] for f, a in base.items()}             # (B, T, K)
+    col = lambda n: np.asarray(values[n]).astype(np.int64)[:, None, None]  # noqa: E731
+    lim, bc, sh = tunables_of(col("limit"), col("batchcount"), col("shared"),
+                              g["limit"], g["batchcount"], g["shared"])
+    free = np.zeros(lim.shape, np.int64)
+    for t, nc in enumerate(node_cpus):
+        for c in nc:
+            free[:, t] += slab.free_limit(bc[:, t], g["objs_per_slab"][:, t], c)
+    pairs, where = np.unique(g["alien_limit"] * (1 << 32) + lim, return_inverse=True)
+    alien = np.array([slab.retuned_alien_limit(int(p >> 32), int(p & 0xFFFFFFFF))
+                      for p in pairs.tolist()], np.int64)
+    out = {"order": g["order"], "objs_per_slab": g["objs_per_slab"],
+           "left_over": g["left_over"], "limit": lim, "batchcount": bc,
+           "shared_entries": shared_entries(sh, bc),
+           "alien_limit": alien[where.reshape(-1)].reshape(lim.shape), "free_limit": free}
+    out = {f: out[f].astype(np.float32) for f in STRUCTURE_FIELDS}
+    out["valid"] = tunables_accepted(lim, bc, sh).all(axis=(1, 2))
     return out
 
 
@@ -210,7 +274,7 @@ class SlabStructuralObjectives:
     def __call__(self, values):
         from slabtune.tuner.objectives import PerTopology
 
-        sa = structure_arrays(policy_structures(self.fleet, values), self.fleet)
+        sa = policy_structure_arrays(self.fleet, values)
         valid = sa.pop("valid")
         mem, tim = self._price(sa)
         bad = np.where(valid, 0.0, np.nan)[:, None]

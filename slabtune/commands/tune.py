@@ -30,7 +30,7 @@ def register(subparsers) -> None:
                     "(inline [[fleet.topology]]/[[fleet.workload]] tables, or sweep = NAME|PATH "
                     "taking a sweep spec's topologies and caches). Each batch is written to "
                     "the storage in one go. SPEC is a TOML file or a built-in name "
-                    "(tune_quick, tune_dynamics, tune_sweep_quick).")
+                    "(tune_quick, tune_dynamics, tune_sweep_quick, tune_slab_quick).")
     p.add_argument("spec", metavar="SPEC", help="tune spec file or built-in name")
     p.add_argument("--trials", type=int, metavar="N",
                    help="trials to add with the spec's sampler (required unless --exhaustive "

@@ -57,7 +57,9 @@ HACKBENCH_COLLAPSE_MISSING = (
     "1/31 of a pcp batch each (rmqueue_bulk / free_pcppages_bulk, batch 31) and 0.011 "
     "list_lock acquisitions, about 7 ns of lock time per message at the packaged constants "
     "and 20 ns at every constant's range maximum (zone hold 150 ns per page): the zone "
-    "lock would have to hold 1.7 us per page (11x its range) for 2.88x; with no work "
+    "lock would have to hold 1.7 us per page (11x its range) for 2.88x, and at least "
+    "475 ns (3x) even if every kmalloc-512 and skbuff_head_cache slab were new and freed "
+    "(0.375 calls per message, the most order-0 slabs of 8 and 16 objects allow); with no work "
     "(--work none) the modelled machine runs 43x faster than the published one (k = 4452 "
     "against 102 M messages) and saturates the zone lock at 32x the published v5.11 rate, "
     "which is where that mode's 3.9x comes from")

@@ -160,7 +160,7 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     # counters, links): k transfers, each local or cross-node like the lock's own line,
     # when that holder was another CPU (counts per rep stand in for the arrivals: the
     # duty of cost.foreign_holder_fraction is ops per step, the steps cancel).
-    barn_hold, barn_lines = barn_section(cfg, c)
+    barn_hold, barn_lines = barn_section(cfg.alien_lock_lines, c)
     lines = jnp.repeat(cost.lock_line_counts(c).at[1].set(barn_lines), n_nodes)
     moved = cost.foreign_holder_fraction(acq, cfg.rep_weight, mult, _f(counters.ops))
     line = lines[None, :] * moved * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
@@ -170,17 +170,23 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     return acq, line, hold, mult
 
 
-def barn_section(cfg, c: cost.CostParams):
+def alien_section(lines, c: cost.CostParams):
+    """Hold and lines of one section of a SLAB alien lock: 6.1 __cache_free_alien() / 3.1
+    cache_free_alien() hold it for one pointer push, ``ac->entry[ac->avail++] = objp``,
+    the push a fast free does on the CPU's own array (``free_fast_ns``), on an alien
+    array whose sections touch ``lines`` cache lines (slab.alien_section_lines())."""
+    return c.free_fast_ns, _f(lines)
+
+
+def barn_section(alien_lock_lines, c: cost.CostParams):
     """Hold and lines of one section of the barn lock classes: SLUB's barn
     (``barn_lock_hold_ns``, ``barn_lock_lines``), or, for SLAB's counters
-    (``cfg.alien_lock_lines`` above 0, slab_dynamics.slub_view()), an alien lock: 6.1
-    __cache_free_alien() / 3.1 cache_free_alien() hold it for one pointer push,
-    ``ac->entry[ac->avail++] = objp``, the push a fast free does on the CPU's own array
-    (``free_fast_ns``), on an alien array of ``cfg.alien_lock_lines`` lines."""
-    alien = _f(cfg.alien_lock_lines)
-    is_alien = alien > 0
-    return (jnp.where(is_alien, c.free_fast_ns, c.barn_lock_hold_ns),
-            jnp.where(is_alien, alien, c.barn_lock_lines))
+    (``SimConfig.alien_lock_lines`` above 0, slab_dynamics.slub_view()), an alien lock
+    (:func:`alien_section`)."""
+    is_alien = _f(alien_lock_lines) > 0
+    hold, lines = alien_section(alien_lock_lines, c)
+    return (jnp.where(is_alien, hold, c.barn_lock_hold_ns),
+            jnp.where(is_alien, lines, c.barn_lock_lines))
 
 
 def coupling(workload):

@@ -762,6 +762,13 @@ def _simulate_batch(seeds, cfgs, steps):
 PRICED_AS: dict[str, str] = {"sheaf_refill": "objects_moved", "barn_get_fail": "alien_lock"}
 
 
+#: Cross-node lines a SLAB remote free moves outside any lock: none.  An alien free
+#: (cache_free_alien()) writes only the local alien array and reads the slab's node id; a
+#: direct one (no alien arrays) frees under the object's node's list_lock.  Its cross-node
+#: lines are that list_lock's section, priced there (``SimConfig.remote_free_lines``).
+REMOTE_FREE_LINES = 0.0
+
+
 def slub_view(c: SlabCounters, cfg: SlabSimConfig):
     """SLAB counters and configuration in the SLUB model's types, so that
     :func:`slabtune.model.metrics.compute` prices them unchanged: returns
@@ -802,7 +809,8 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         rep_mem_node=cfg.rep_mem_node, rep_memoryless=cfg.rep_memoryless,
         node_has_memory=cfg.node_has_memory, node_weight=cfg.node_weight,
         workload=cfg.workload, ops_per_step=z + 1,
-        remote_free_lines=jnp.zeros_like(jnp.asarray(cfg.objs_per_slab, jnp.float32)),
+        remote_free_lines=jnp.zeros_like(jnp.asarray(cfg.objs_per_slab, jnp.float32))
+        + REMOTE_FREE_LINES,
         alien_lock_lines=jnp.asarray(slab.alien_section_lines(
             jnp.asarray(cfg.alien_limit)), jnp.float32))
     # SLUB-only switches with a default (era rules of SLUB's paths): that default, in the

@@ -227,3 +227,50 @@ def test_order_grid_of_a_slab_policy():
     g3 = objectives.order_grid(prof, {"slab_max_order": 3}, [4], [1536])
     assert (g0["order"], g0["objs_per_slab"]) == ([0], [2])
     assert (g3["order"], g3["objs_per_slab"]) == ([1], [5])
+
+
+def test_structural_alien_frees_are_priced_as_the_dynamics_set_prices_them():
+    """The structural set's SLAB rates price a free of another node's object as
+    cache_free_alien() does it (the dynamics set's rule, slab_dynamics.slub_view): no
+    cross-node line outside the remote list_lock (remote_free priced 0), and alien lock
+    sections of one push (free_fast_ns) on the alien array's 1 + 7/12 lines.  On 2 nodes
+    with half the frees foreign (an alien lock per 4 ops), SLUB's barn section (40 ns, 3
+    lines) would price each of them dearer; given SLUB's own barn section the barn
+    argument is exactly the SLUB path; on one node (no alien arrays) the alien pricing
+    changes nothing."""
+    import jax.numpy as jnp
+
+    from slabtune.model import metrics
+    from slabtune.tuner import fleet as fleet_mod
+    from slabtune.tuner import objectives, slab_objectives
+
+    times = {}
+    for topo in ({"name": "numa", "cpus": 8, "nodes": 2, "weight": 1.0},
+                 {"name": "one", "cpus": 8, "weight": 1.0}):
+        doc = _spec({"set": "structural"})
+        doc["fleet"]["topology"] = [topo]
+        doc["fleet"]["workload"][0]["foreign_free"] = 0.5
+        spec = studies.parse_spec(tomli_w.dumps(doc), topo["name"])
+        cost = spec.cost()
+        fl = spec.fleet
+        fa = fleet_mod.fleet_arrays(fl)
+        pol = {"slab_max_order": np.array([0]), "limit": np.array([16]),
+               "batchcount": np.array([8]), "shared": np.array([4])}
+        sa = slab_objectives.structure_arrays(slab_objectives.policy_structures(fl, pol), fl)
+        sa.pop("valid")
+        reps = [slab_objectives.slab_rates(sa, fa, m, False) for m in (False, True)]
+        rates, _, alien_acq = reps[0]
+        assert float(jnp.max(rates.remote_free)) == 0.0
+        order = jnp.broadcast_to(jnp.asarray(sa["order"])[:, :, None, :], reps[0][1].shape)
+        objs = jnp.broadcast_to(jnp.asarray(sa["objs_per_slab"])[:, :, None, :], order.shape)
+        lines = slab.alien_section_lines(jnp.asarray(sa["alien_limit"], jnp.float32)
+                                         [:, :, None, :])
+        barns = (None, (cost.barn_lock_hold_ns, cost.barn_lock_lines),
+                 metrics.alien_section(lines, cost))
+        times[topo["name"]] = tuple(
+            float(objectives.priced_time(reps, order, objs, fa, cost, 3, barn=b)[0, 0])
+            for b in barns) + (float(jnp.max(alien_acq)),)
+    numa, one = times["numa"], times["one"]
+    assert numa[3] == pytest.approx(0.25)          # half the frees, half the ops
+    assert numa[0] == numa[1] and numa[2] < numa[0]
+    assert one[3] == 0.0 and one[0] == one[1] == one[2]

@@ -140,13 +140,15 @@ def solve_reps(base, acq, line, weight, mult, hold, cost: cost_model.CostParams,
 
 
 def priced_time(reps, order, objs_per_slab, fa: FleetArrays, cost: cost_model.CostParams,
-                pcp_max: int) -> jnp.ndarray:
+                pcp_max: int, barn=None) -> jnp.ndarray:
     """(B, T) modelled ns per op of structural event rates: ``reps`` holds, for the two
     representative CPUs (node with memory, memoryless node), ``(OpRates, list_lock,
     barn_lock)`` acquisitions per op, each (B, T, W, K); priced by the cost model
     (base_ns_per_op, then the closed-queue contention of :func:`solve_reps`), CPU-weighted
     per point, weighted by the caches' op shares and the workloads' weights.  Shared by the
-    SLUB structural set and SLAB's (:mod:`slabtune.tuner.slab_objectives`)."""
+    SLUB structural set and SLAB's (:mod:`slabtune.tuner.slab_objectives`), which passes
+    ``barn``: the ``(hold, lines)`` of its alien lock sections (metrics.alien_section(),
+    lines broadcastable to (B, T, W, K)) for the barn lock class."""
     shape = reps[0][1].shape
     order = jnp.asarray(order, _F32)
     objs = jnp.asarray(objs_per_slab, _F32)
@@ -167,12 +169,17 @@ def priced_time(reps, order, objs_per_slab, fa: FleetArrays, cost: cost_model.Co
     moved = jnp.vectorize(cost_model.foreign_holder_fraction,
                           signature="(r,l),(r),(l),(r)->(r,l)")(
         acq, weight, mult, jnp.ones_like(weight))
-    line = line * cost_model.lock_line_counts(cost) * moved
+    counts = cost_model.lock_line_counts(cost)
+    if barn is not None:
+        counts = jnp.where(jnp.arange(3) == 1, jnp.asarray(barn[1], _F32)[..., None, None],
+                           counts)
+    line = line * counts * moved
     # the zone lock's hold depends on the order (a pcp batch or one block): it goes with
     # the per-point service in ``line``, and the class's shared hold is 0
     zone_hold = cost_model.zone_hold_ns(order, pcp_max, cost)[..., None]     # (..., 1)
     line = line.at[..., 2].add(zone_hold)
-    hold = jnp.stack([cost.list_lock_hold_ns, cost.barn_lock_hold_ns, jnp.float32(0.0)])
+    barn_hold = cost.barn_lock_hold_ns if barn is None else barn[0]
+    hold = jnp.stack([cost.list_lock_hold_ns, barn_hold, jnp.float32(0.0)])
     t_rep = solve_reps(base, acq, line, weight, mult, hold, cost,
                        np.asarray(fa.cpus_ml) > 0)
     wsum = jnp.maximum(weight.sum(-1), 1.0)

@@ -223,11 +223,15 @@ def slab_rates(sa, fa: FleetArrays, memoryless: bool, fallback: bool):
       topology has more than one memory node; every free of a memoryless CPU without the
       fix) takes the alien array's lock and drains it (remote list_lock) once per
       ``alien_limit`` such frees, or without alien arrays goes to free_block() under the
-      remote list_lock each time (cache_free_alien());
+      remote list_lock each time (cache_free_alien()); neither moves a cross-node line
+      outside that list_lock (``slab_dynamics.REMOTE_FREE_LINES``), and the alien lock's
+      sections are pushes (metrics.alien_section(), as the dynamics set prices them);
     * every object passing through an array moves in a batch (``sheaf_objects_moved``, as
       :func:`slabtune.model.slab_dynamics.slub_view` prices SLAB's objects moved);
     * slab allocations per alloc: churn / objects per slab, and as many slab frees.
     """
+    from slabtune.model import slab_dynamics
+
     f = lambda x: jnp.asarray(x, _F32)  # noqa: E731
     s = lambda x: f(x)[:, :, None, :]  # noqa: E731
     bc = s(sa["batchcount"])
@@ -254,7 +258,8 @@ def slab_rates(sa, fa: FleetArrays, memoryless: bool, fallback: bool):
         alloc_fast=0.5 * (1.0 - jnp.minimum(a_slow, 1.0)),
         free_fast=0.5 * (1.0 - jnp.minimum(f_slow, 1.0)),
         alloc_slow=0.5 * a_slow, free_slow=0.5 * f_slow,
-        remote_free=0.5 * jnp.broadcast_to(cross, shape), sheaf_swap=zero,
+        remote_free=0.5 * slab_dynamics.REMOTE_FREE_LINES * jnp.broadcast_to(cross, shape),
+        sheaf_swap=zero,
         sheaf_objects_moved=jnp.broadcast_to(0.5 * (a_moved + f_moved), shape),
         cpu_partial_drain=zero, slab_alloc=0.5 * slab_alloc, slab_free=0.5 * slab_alloc)
     return rates, 0.5 * (a_slow + f_slow), 0.5 * alien_lock
@@ -282,6 +287,7 @@ class SlabStructuralObjectives:
 
 
 def _structural(sa, *, fa, cost, pcp_max, fallback):
+    from slabtune.model import metrics
     from slabtune.tuner.objectives import priced_time
 
     overhead, live = slab_memory(sa, fa)
@@ -290,7 +296,9 @@ def _structural(sa, *, fa, cost, pcp_max, fallback):
     reps = [slab_rates(sa, fa, m, fallback) for m in (False, True)]
     order = jnp.broadcast_to(jnp.asarray(sa["order"])[:, :, None, :], reps[0][1].shape)
     objs = jnp.broadcast_to(jnp.asarray(sa["objs_per_slab"])[:, :, None, :], order.shape)
-    return memory, priced_time(reps, order, objs, fa, cost, pcp_max)
+    lines = slab.alien_section_lines(jnp.asarray(sa["alien_limit"], _F32)[:, :, None, :])
+    return memory, priced_time(reps, order, objs, fa, cost, pcp_max,
+                               barn=metrics.alien_section(lines, cost))
 
 
 class SlabDynamicsObjectives:

@@ -710,8 +710,10 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     rfe, E, t_pg = _cpu_slab_alloc(cx, k, a_cs, na, Cj, cnt)
 
     # -- bulk allocation from node m: sheaf refills (cap objects each) or direct ones
-    _bulk_take(cx, k.m, rfl * k.cap + nd)
-    cx.lock(k.m, rfl + nd)
+    n_b, y_b, rem = _bulk_take(cx, k.m, rfl * k.cap + nd)
+    single = cfg.slab_alloc_single > 0
+    cx.lock(k.m, jnp.where(single, _refill_locks(n_b, y_b, rfl, k.cap, rem, cx.d["max_run"]),
+                           rfl) + nd)
 
     _count_allocs(cx, na, cnt, sh_slow, rfe, E, nd, t_pg)
 
@@ -1500,6 +1502,38 @@ def _bulk_take(cx: _Ctx, m, t):
     cx.nset("hu", jnp.where(t > 0, jnp.where(rem > 0, objs - y_at + rem, 0), hu))
     cx.nset("full_slabs", cx.nget("full_slabs") + sum(full))
     cx.bump("slab_alloc", taken[-1])
+    return n, y, rem
+
+
+def _refill_locks(n, y, rfl, cap, rem, max_run):
+    """The list_locks of ``rfl`` sheaf refills of ``cap`` objects each taken one after
+    another from the blocks ``n``, ``y`` of :func:`_bulk_take` (head slab, partial slabs,
+    new slabs; ``rem`` the objects the whole take left in a partly used slab).  Per refill
+    (7.2.13 refill_objects()): one in get_partial_node_bulk() when the node's partial list
+    is not empty, one when the refill ends in a partly used slab (a partial slab's surplus
+    returned by __slab_try_return_freelist(), or a new slab put on the list by
+    alloc_from_new_slab()).  Refill i ends on a slab end when ``i * cap`` is a block
+    boundary; the list is empty at its start when the partial slabs' free objects ``P``
+    are used up and refill i - 1 ended on a slab end.  So the locks are
+    ``min(rfl, ceil(P / cap))`` plus, over i = 1..rfl, ``e_i`` (refill i ends inside a
+    slab) plus ``e_i`` again for i < rfl with ``i * cap > P``.  ``e_rfl`` is ``rem > 0``;
+    the inner ends are walked one by one (a loop of at most ceil(b / cap) - 1 rounds,
+    none where every run refills at most once, as at b = 1)."""
+    P = sum(nj * yj for nj, yj in zip(n[:-1], y[:-1]))
+    capm = jnp.maximum(cap, 1)
+    locks = jnp.minimum(rfl, ceil_div(P, capm)) + _i((rfl > 0) & (rem > 0))
+    if max_run == 1:
+        return locks
+
+    def inner(c):
+        i, acc = c
+        x = i * cap
+        _, o_before, _, y_at = _block_walk(n, y, x)
+        e = _i((i < rfl) & ((x - o_before) % jnp.maximum(y_at, 1) != 0))
+        return i + 1, acc + e * (1 + _i(x > P))
+
+    _, acc = lax.while_loop(lambda c: c[0] < jnp.max(rfl), inner, (_i(1), locks * 0))
+    return locks + acc
 
 
 def _bulk_free(cx: _Ctx, m, k):

@@ -213,6 +213,24 @@ class RefSim:
                 self.hs[m], self.hu[m] = 0, 0
                 self.F[m] += 1
 
+    def _refill(self, r: int, m: int):
+        """refill_sheaf() of ``cap`` objects from node ``m`` (7.2.13 refill_objects()):
+        __refill_objects_node() takes the list_lock once in get_partial_node_bulk() when
+        the node's partial list is not empty; a last partial slab with more free objects
+        than the sheaf needs goes back under the lock (__slab_try_return_freelist()), and
+        a last new slab left partly used is put on the list under it
+        (alloc_from_new_slab(): ``needs_add_partial``).  Both leave a partly used slab,
+        which the model keeps as the head slab (``hs``).  v6.18's opt-in caches refill
+        through __kmem_cache_alloc_bulk() instead: one list_lock per refill here."""
+        if not self.single:
+            self._bulk_take(r, m, self.cap)
+            self._lock(r, m)
+            return
+        locks = int(self._node_slabs(m) > 0)
+        self._bulk_take(r, m, self.cap)
+        for _ in range(locks + self.hs[m]):
+            self._lock(r, m)
+
     def _bulk_free(self, r: int, m: int, k: int):
         """Free ``k`` objects (a run's flushed sheaves) into node ``m``'s slabs: split
         over the partial slabs by their objects (points at 0, k/U, 2k/U, ...: head, then
@@ -437,8 +455,7 @@ class RefSim:
                     if self.has_barn[r]:
                         self._bump("barn_get_fail", r)
                     self._bump("sheaf_refill", r)
-                    self._bulk_take(r, m, self.cap)
-                    self._lock(r, m)
+                    self._refill(r, m)
                     self.main[r] = self.cap - 1
         elif not self.alloc_local[r]:
             self._bump("alloc_slow", r)

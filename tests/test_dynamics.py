@@ -371,3 +371,73 @@ def test_v72_sheaf_flush_locks_once_per_slab_that_changes_state():
     assert flush(1, partial=(1,))[:2] == (1, 1)             # emptied, discarded
     locks, freed, sim = flush(objs + 1, full=2)             # one emptied, one partial
     assert (locks, freed, sim.F[0], sum(sim.ns[0])) == (2, 1, 0, 1)
+
+
+def _v72_refill(cap, objs_free=(), head_free=0):
+    """RefSim of v7.1 (7.2's rules) with sheaf capacity ``cap``, node 0's partial list
+    holding slabs with ``objs_free`` free objects each and a head slab with ``head_free``;
+    returns the list_locks and new slabs of one refill, and the sim."""
+    from slabtune.model import reference_sim
+    prof = profiles.get_profile("v7.1")
+    cfg = dynamics.config_from(_struct("v7.1", 256, ONE_NODE), prof, ONE_NODE,
+                               {"kind": "local", "live": 64}, min_partial=0,
+                               sheaf_capacity=cap)
+    sim = reference_sim.RefSim(cfg)
+    for f in objs_free:
+        h = sim.objs - f
+        sim.ns[0][sim._level(h)] += 1
+        sim.nu[0][sim._level(h)] += h
+    if head_free:
+        sim.hs[0], sim.hu[0] = 1, sim.objs - head_free
+    sim._refill(0, 0)
+    return sim.counts["list_lock"][0], sim.counts["slab_alloc"][0], sim
+
+
+def test_v72_sheaf_refill_locks_bulk_take_surplus_and_new_partial_slab():
+    """7.2.13 refill_objects(): one list_lock in get_partial_node_bulk() when the node's
+    partial list is not empty, one for a partial slab's surplus returned
+    (__slab_try_return_freelist()), one for a new slab left partly used
+    (alloc_from_new_slab() puts it on the list); none for an empty list and new slabs
+    used up."""
+    objs = _v72_refill(1)[2].objs
+    assert objs >= 8
+    assert _v72_refill(objs)[:2] == (0, 1)                       # one new slab, used up
+    assert _v72_refill(objs - 1)[:2] == (1, 1)                   # new slab partly used
+    assert _v72_refill(3, objs_free=(5,))[:2] == (2, 0)          # take, return surplus
+    assert _v72_refill(5, objs_free=(5,))[:2] == (1, 0)          # take exactly one slab
+    assert _v72_refill(7, objs_free=(5,))[:2] == (2, 1)          # take all, new partial
+    assert _v72_refill(10, objs_free=(5, 5))[:2] == (1, 0)       # two slabs used up
+    locks, new, sim = _v72_refill(3, head_free=5)                # the head slab's surplus
+    assert (locks, new, sim.hs[0], sim.hu[0]) == (2, 0, 1, objs - 2)
+
+
+@pytest.mark.parametrize("cap,head_free,want", [
+    # 32 objects per slab, cap 12, a head slab with 20 free: every refill finds the list
+    # (4) and ends inside a slab (8 of the head's free left, then a new slab at 4, 16 and
+    # 28 used): 8
+    (12, 20, 8),
+    # cap 16, no partial slab: refills 1 and 3 start a new slab (no list, one add), 2 and
+    # 4 find it on the list and use it up: 4
+    (16, 0, 4),
+])
+def test_v72_refill_locks_of_a_run_of_refills(cap, head_free, want):
+    """Several refills in one run (b > 1): dynamics._refill_locks over the blocks of one
+    bulk take (head slab, no partial slabs, new slabs) equals RefSim playing the refills
+    one at a time, and the values worked out by hand above."""
+    import jax.numpy as jnp
+    rfl = 4
+    locks, _, sim = _v72_refill(cap, head_free=head_free)
+    objs = sim.objs
+    assert objs == 32
+    for _ in range(rfl - 1):
+        sim._refill(0, 0)
+    assert sim.counts["list_lock"][0] == want
+    t = rfl * cap
+    n = [jnp.int32(int(head_free > 0)), jnp.int32(0), jnp.int32(t)]
+    y = [jnp.int32(head_free), jnp.int32(objs), jnp.int32(objs)]
+    got = dynamics._refill_locks(n, y, jnp.int32(rfl), jnp.int32(cap),
+                                 jnp.int32((t - head_free) % objs), dynamics.MAX_OPS_PER_STEP)
+    assert int(got) == want
+    one = dynamics._refill_locks(n, y, jnp.int32(1), jnp.int32(cap),
+                                 jnp.int32(cap if cap < head_free else (cap - head_free) % objs), 1)
+    assert int(one) == locks

@@ -1843,12 +1843,15 @@ def _pool(p: int):
 #: Most configurations one scan steps at a time (:func:`_simulate_batch`): a larger batch
 #: is run as equal chunks of at most this many, one after the other, so the step's working
 #: set (2.1 KB of state and 0.6 KB of config per configuration, read and written R times
-#: a step: 2.7 MB a chunk, against 27 MB for 10^4 in one scan) stays in the CPU caches.
-#: At 10^4 configurations, b = 1, 100 steps, in one run against one scan: 1.38-1.48x ops
-#: per CPU second where XLA ran the scan on one core (load 4-6, or pinned to one core),
-#: 0.87-0.92x where it spread the large scan's fusions over both (load 2); in two threads
-#: (:func:`_parts`) 2.13x wall against 1.64x for two unchunked halves.
-CHUNK = 1024
+#: a step: 0.7 MB a chunk of 256, against 2.7 MB at 1024 and 27 MB for 10^4 in one scan)
+#: stays in a core's L2 cache (1 MiB here).  At 1024 configurations, b = 1, 40 steps, one
+#: thread pinned to one core, in one run (load 8): chunks of 256 gave 1.36-1.39x the ops per
+#: CPU second of chunks of 1024; 128 gave 0.92x and 512 0.88x of 256 (128 pays the ~0.3 us
+#: a fusion costs to launch on fewer configurations).  Earlier, at 1024 against one scan
+#: of 10^4: 1.38-1.48x where XLA ran the scan on one core, 0.87-0.92x where it spread the
+#: large scan's fusions over both (load 2); in two threads (:func:`_parts`) 2.13x wall
+#: against 1.64x for two unchunked halves.
+CHUNK = 256
 
 
 def _chunks(n: int, chunk: int = CHUNK) -> tuple[int, int]:

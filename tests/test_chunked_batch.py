@@ -34,9 +34,10 @@ def _configs():
 def test_chunks_are_equal_and_cover_the_batch():
     from slabtune.model import dynamics
 
-    assert dynamics._chunks(1000) == (1, 1000)
-    assert dynamics._chunks(10_000) == (10, 1000)
-    assert dynamics._chunks(1025) == (2, 513)
+    assert dynamics._chunks(1000, 1024) == (1, 1000)
+    assert dynamics._chunks(10_000, 1024) == (10, 1000)
+    assert dynamics._chunks(1025, 1024) == (2, 513)
+    assert dynamics._chunks(10_000, 256) == (40, 250)
     for n in (1, 7, 1024, 1025, 4097, 100_000):
         k, c = dynamics._chunks(n)
         assert c <= dynamics.CHUNK and k * c >= n > (k - 1) * c

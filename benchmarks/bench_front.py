@@ -28,7 +28,11 @@ budget, the ratios against ``optuna``, final hypervolumes, and (enumerable space
 method's hypervolume as a share of the exact front's and the exact front points it found.
 
     .venv/bin/python benchmarks/bench_front.py [--sets structural,dynamics]
-        [--budget-structural 60] [--budget-dynamics 120] [--json]
+        [--budget-structural 60] [--budget-dynamics 120] [--allocator slub|slab] [--json]
+
+``--allocator slab`` searches SLAB policies instead, on ``tune_slab_quick``'s fleet (its
+objectives set to each set in turn): the spec's own space (576 points) is the enumerable
+one, and the searched space widens its knobs to :data:`SLAB_WIDE_KNOBS`.
 
 ``--json`` prints one object: ``structural`` and ``dynamics`` each hold
 ``seconds_to_99pct`` per method (null: not reached within the budget) and
@@ -72,6 +76,13 @@ min_partial_lo = { low = 0, high = 10, step = 2 }
 cpu_partial_small = { low = 0, high = 240, step = 24 }
 """,
 }
+#: ``--allocator slab``: the SLAB spec, and its knobs widened (about 9.4e7 points).
+SLAB_SPEC = "tune_slab_quick"
+SLAB_WIDE_KNOBS = """slab_max_order = { low = 0, high = 10 }
+limit = { low = 1, high = 512 }
+batchcount = { low = 1, high = 256 }
+shared = { low = 0, high = 64 }
+"""
 METHODS = ("optuna", "tune", "exhaustive", "population", "population_warm")
 #: Methods the headline speedup picks from (population_warm is reported beside it).
 COLD = ("tune", "exhaustive", "population")
@@ -80,13 +91,27 @@ REF = 1.2
 READ_EVERY = {"structural": 0.25, "dynamics": 2.0}
 
 
-def enum_spec(name: str, knobs: str) -> studies.TuneSpec:
-    """The built-in spec with its [search.knobs] table replaced by ``knobs``."""
+def enum_spec(name: str, knobs: str | None, objectives: str | None = None,
+              suffix: str = "enumerable") -> studies.TuneSpec:
+    """The built-in spec with its [search.knobs] table replaced by ``knobs`` (None: kept)
+    and, given ``objectives``, its [objectives] table (the spec's last) by that set."""
     path = studies.spec_file(name)
     text = path.read_text()
-    text = re.sub(r"\[search\.knobs\]\n(.*?)\n\[objectives\]",
-                  lambda _: f"[search.knobs]\n{knobs}\n[objectives]", text, flags=re.S)
-    return studies.parse_spec(text, f"{name}-enumerable")
+    if knobs is not None:
+        text = re.sub(r"\[search\.knobs\]\n(.*?)\n\[objectives\]",
+                      lambda _: f"[search.knobs]\n{knobs}\n[objectives]", text, flags=re.S)
+    if objectives is not None:
+        text = text[:text.index("[objectives]")] + f'[objectives]\nset = "{objectives}"\n'
+    return studies.parse_spec(text, f"{name}-{suffix}")
+
+
+def specs_for(allocator: str, set_name: str) -> tuple[studies.TuneSpec, studies.TuneSpec]:
+    """(the searched spec, the enumerable spec on its fleet) of an objective set."""
+    if allocator == "slab":
+        return (enum_spec(SLAB_SPEC, SLAB_WIDE_KNOBS, set_name, "wide"),
+                enum_spec(SLAB_SPEC, None, set_name))
+    return (studies.load_spec(SPECS[set_name]),
+            enum_spec(SPECS[set_name], ENUM_KNOBS[set_name]))
 
 
 class Clock:
@@ -338,9 +363,12 @@ def main(argv=None) -> int:
     ap.add_argument("--population", type=int, default=None,
                     help="population size (default: the set's, "
                          + ", ".join(f"{k} {v}" for k, v in population.POPULATION.items()) + ")")
+    ap.add_argument("--allocator", choices=("slub", "slab"), default="slub",
+                    help="slab: SLAB policies on tune_slab_quick's fleet (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    optuna.logging.set_verbosity(logging.WARNING)
+    # SLAB: Optuna's loop logs a warning for every failed trial (batchcount above limit)
+    optuna.logging.set_verbosity(logging.ERROR if args.allocator == "slab" else logging.WARNING)
     import atexit
     import shutil
     import tempfile
@@ -357,10 +385,10 @@ def main(argv=None) -> int:
     result = {}
     for set_name in args.sets.split(","):
         budget = getattr(args, f"budget_{set_name}")
-        entry = bench_space(studies.load_spec(SPECS[set_name]), budget, args, set_name, False)
+        searched, enumerable = specs_for(args.allocator, set_name)
+        entry = bench_space(searched, budget, args, set_name, False)
         eb = args.budget_enumerable or budget / 2
-        entry["exact"] = bench_space(enum_spec(SPECS[set_name], ENUM_KNOBS[set_name]), eb,
-                                     args, set_name, True)
+        entry["exact"] = bench_space(enumerable, eb, args, set_name, True)
         result[set_name] = entry
     print(f"load at the end {os.getloadavg()[0]:.2f}", flush=True)
     if args.json:

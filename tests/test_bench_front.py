@@ -64,3 +64,20 @@ def test_hypervolume_of_a_study_counts_only_feasible_trials():
     curve.read(1.0, study)
     # only (2, 2) counts: normalised (1, 1) against the reference (1.2, 1.2)
     assert abs(curve.final - 0.04) < 1e-12
+
+
+def test_slab_allocator_searches_tune_slab_quick_and_a_wider_space():
+    """``--allocator slab``: the enumerable space is tune_slab_quick's own (4 x 6 x 6 x 4
+    points), the searched one its knobs widened, both on its fleet with the set asked for."""
+    bench = _bench()
+    from slabtune.model import profiles
+    from slabtune.tuner.grid import grid_of
+
+    for set_name in ("structural", "dynamics"):
+        searched, enumerable = bench.specs_for("slab", set_name)
+        for spec in (searched, enumerable):
+            assert profiles.is_slab(spec.fleet.profile)
+            assert spec.objectives.name == set_name
+        assert grid_of(enumerable.space).size == 4 * 6 * 6 * 4
+        assert grid_of(searched.space).size == 11 * 512 * 256 * 65
+        assert searched.fleet == enumerable.fleet

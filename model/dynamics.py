@@ -123,6 +123,9 @@ class SimConfig(NamedTuple):
     #: section being one pointer push on an alien array that touches this many lines on
     #: average (slab.alien_section_lines()).
     alien_lock_lines: Any = np.float32(0.0)
+    #: SLAB's view only, per rep (R,) or 0: drains of an alien array done under its lock
+    #: (a full array's, reap_alien()'s) per alien lock acquisition (metrics.lock_sections).
+    alien_drains: Any = np.float32(0.0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).

@@ -114,6 +114,11 @@ def op_rates(counters, sheaf_capacity, remote_free_lines=1.0) -> cost.OpRates:
 
 
 def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
+    """:func:`lock_sections` without the nested drains: ``(acq, line, hold, mult)``."""
+    return lock_sections(counters, cfg, pcp_max, c)[:4]
+
+
+def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     """Acquisitions per op of every lock class by every rep, and what each costs to reach.
 
     Lock classes are ``(kind, node class)`` for kind in :data:`LOCK_KINDS` (3N classes):
@@ -134,7 +139,17 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     The objects a sheaf refill or flush moves are priced outside the lock
     (:func:`slabtune.model.cost.base_ns_per_op`).
 
-    Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``.
+    SLAB's alien locks (the barn classes of slab_dynamics.slub_view()) also hold the drains
+    done under them: 6.1 __cache_free_alien() and reap_alien() (3.1 cache_free_alien(),
+    reap_alien()) call __drain_alien_cache() with ``alien->lock`` held, which takes the
+    object's node's list_lock inside.  Each section of rep r is longer by
+    ``cfg.alien_drains`` (drains per alien lock acquisition) times r's mean service (hold
+    and lines) of another node's list_lock; the list_lock wait inside is left out.  That
+    time is the holder's own already (its list_lock acquisitions), so it is returned apart,
+    as ``nested (R,)``: ns per op that :func:`compute` takes off the base time.
+
+    Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``,
+    ``nested (R,)``.
     """
     n_nodes = cfg.node_weight.shape[-1]
     nodes = jnp.arange(n_nodes)
@@ -167,7 +182,14 @@ def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
                             jnp.full((n_nodes,), barn_hold),
                             jnp.full((n_nodes,), cost.zone_hold_ns(cfg.order, pcp_max, c))])
-    return acq, line, hold, mult
+    far = _f(~own)
+    far_acq = list_acq * far
+    far_service = _safe_div(jnp.sum(far_acq * (hold[None, :n_nodes] + line[:, :n_nodes]),
+                                    axis=1), jnp.sum(far_acq, axis=1))
+    drain = _f(cfg.alien_drains) * far_service                              # (R,)
+    line = line.at[:, n_nodes:2 * n_nodes].add(drain[:, None] * _f(barn_acq > 0))
+    nested = jnp.sum(barn_acq, axis=1) * drain
+    return acq, line, hold, mult, nested
 
 
 def alien_section(lines, c: cost.CostParams):
@@ -253,9 +275,10 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     rates = op_rates(counters, cfg.sheaf_capacity, cfg.remote_free_lines)
     alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
-    acq, line, hold, mult = lock_classes(counters, cfg, pcp_max, c)
+    acq, line, hold, mult, nested = lock_sections(counters, cfg, pcp_max, c)
     duty = ops / jnp.maximum(_f(steps), 1.0)
-    sol = cost.solve(alloc_ns + other, acq, hold, line, w, mult, c.queueing, duty=duty,
+    sol = cost.solve(alloc_ns - nested + other, acq, hold, line, w, mult, c.queueing,
+                     duty=duty,
                      coupling=coupling(cfg.workload))
     alloc_t = sol.t - other
     n_nodes = cfg.node_weight.shape[-1]

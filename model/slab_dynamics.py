@@ -769,6 +769,15 @@ PRICED_AS: dict[str, str] = {"sheaf_refill": "objects_moved", "barn_get_fail": "
 REMOTE_FREE_LINES = 0.0
 
 
+def alien_drains(c: SlabCounters):
+    """Per rep, the drains done under an alien lock per acquisition of it: a full array's
+    (``alien_flush``, cache_free_alien()) and reap_alien()'s (``reap_alien``, which count
+    as acquisitions too), over ``alien_lock``; 0 for a rep that takes none."""
+    n = jnp.asarray(c.alien_flush, jnp.float32) + jnp.asarray(c.reap_alien, jnp.float32)
+    a = jnp.asarray(c.alien_lock, jnp.float32)
+    return jnp.where(a > 0, n / jnp.maximum(a, 1.0), 0.0)
+
+
 def slub_view(c: SlabCounters, cfg: SlabSimConfig):
     """SLAB counters and configuration in the SLUB model's types, so that
     :func:`slabtune.model.metrics.compute` prices them unchanged: returns
@@ -782,12 +791,13 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
     per-CPU partial list, ``min_partial`` 0 (SLAB has none), ``remote_free_lines`` 0 (an
     alien free writes only its local alien array and reads the slab's node id; the
     cross-node lines move in the drain, under the remote list_lock, which is priced there;
-    a direct remote free without alien arrays is all under that list_lock too) and
-    ``alien_lock_lines`` :func:`slabtune.model.slab.alien_section_lines` of the alien
-    arrays' entries.  list_locks keep their
-    node classes; metrics puts a memoryless rep's on its memory node, where its objects
-    come from.  What this prices with SLUB's constants and what it misses is in
-    docs/MODEL.md ("SLAB: dynamics", pricing)."""
+    a direct remote free without alien arrays is all under that list_lock too),
+    ``alien_lock_lines`` (:func:`slabtune.model.slab.alien_section_lines` of the alien
+    arrays' entries) and ``alien_drains`` (:func:`alien_drains`: the drains each alien
+    section does under the lock, which metrics.lock_sections() adds to its service).
+    list_locks keep their node classes; metrics puts a memoryless rep's on its memory
+    node, where its objects come from.  What this prices with SLUB's constants and what
+    it misses is in docs/MODEL.md ("SLAB: dynamics", pricing)."""
     from slabtune.model import dynamics
 
     zero = jnp.zeros_like(jnp.asarray(c.ops))
@@ -812,7 +822,8 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         remote_free_lines=jnp.zeros_like(jnp.asarray(cfg.objs_per_slab, jnp.float32))
         + REMOTE_FREE_LINES,
         alien_lock_lines=jnp.asarray(slab.alien_section_lines(
-            jnp.asarray(cfg.alien_limit)), jnp.float32))
+            jnp.asarray(cfg.alien_limit)), jnp.float32),
+        alien_drains=alien_drains(c))
     # SLUB-only switches with a default (era rules of SLUB's paths): that default, in the
     # batch's shape, so the view vmaps like a stacked SLUB config.
     rest = {f: z + jnp.asarray(d).astype(z.dtype) for f, d in

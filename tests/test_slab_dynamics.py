@@ -415,3 +415,50 @@ def test_an_alien_free_is_a_push_under_the_alien_lock_and_moves_no_remote_line()
         metrics.op_rates(cnt, k.sheaf_capacity, k.remote_free_lines), k.order,
         k.objs_per_slab, 3, table))[0] for k in (slub_cfg, scfg)]
     assert base[0] - base[1] == pytest.approx(0.2 * float(table.line_remote_ns), rel=1e-5)
+
+
+def test_a_drain_under_the_alien_lock_lengthens_its_section_not_the_holders_time():
+    """__drain_alien_cache() runs with ``alien->lock`` held (cache_free_alien() on a full
+    array, reap_alien()) and takes the object's node's list_lock inside, so the alien
+    section of a CPU that drains is longer by that list_lock's service, once per drain.
+    Hand-built: two CPUs of node 0 (4 CPUs on 2 nodes), 1000 ops each, 200 alien frees,
+    20 drains (alien_flush), each on node 1's list_lock, which only these two take.  A
+    list_lock section there: hold 50 + 3 lines x 150 ns x 1/2 (the other CPU held it last
+    half the time) = 275 ns; 0.1 drains per alien section: 27.5 ns more per section, 5.5
+    ns per op, which the holder already pays through its list_lock acquisitions, so
+    without queueing its time per op is the same as with no nested drain."""
+    from importlib import resources
+
+    from slabtune.model import cost as cost_model
+    from slabtune.model import metrics
+
+    text = resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
+    table, _ = cost_model.parse_cost_toml(text, "cost_default.toml")
+    assert (float(table.list_lock_hold_ns), float(table.list_lock_lines),
+            float(table.line_remote_ns)) == (50.0, 3.0, 150.0)
+    cfg = _cfg("slab-v3.1", Topology.uniform(4, 2), {"kind": "local", "live": 40})
+    two = np.array([1000, 1000] + [0] * (sd.R - 2), np.int32)
+    alien = np.array([200, 200] + [0] * (sd.R - 2), np.int32)
+    drains = np.array([20, 20] + [0] * (sd.R - 2), np.int32)
+    c = _slab_counters(ops=two, allocs=two // 2, frees=two // 2, free_slow=alien,
+                       remote_free=alien, alien_lock=alien, alien_flush=drains,
+                       list_lock=drains, list_lock_remote=drains,
+                       list_lock_node=np.array([0, 40] + [0] * (sd.N - 2), np.int32))
+    cnt, scfg = sd.slub_view(c, cfg)
+    np.testing.assert_allclose(np.asarray(scfg.alien_drains)[:2], [0.1, 0.1])
+    acq, line, hold, mult, nested = metrics.lock_sections(cnt, scfg, 3, table)
+    n = sd.N
+    acq, line, nested = np.asarray(acq), np.asarray(line), np.asarray(nested)
+    assert acq[0, 1] == pytest.approx(0.02)
+    assert line[0, 1] == pytest.approx(225.0, rel=1e-5)
+    push = (1 + 7 / 12) * 0.5 * float(table.line_local_ns)
+    assert line[0, n] == pytest.approx(push + 27.5, rel=1e-5)
+    assert nested[:2] == pytest.approx([5.5, 5.5], rel=1e-5)
+    # no queueing: the holder's time per op is the same with or without the nested drain
+    flat = scfg._replace(alien_drains=np.float32(0.0))
+    t = []
+    for k in (scfg, flat):
+        a, ln, h, m, nst = metrics.lock_sections(cnt, k, 3, table)
+        base = np.full(sd.R, 100.0, np.float32) - np.asarray(nst)
+        t.append(np.asarray(cost_model.solve(base, a, h, ln, k.rep_weight, m, 0.0).t)[:2])
+    np.testing.assert_allclose(t[0], t[1], rtol=1e-5)

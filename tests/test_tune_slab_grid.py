@@ -116,6 +116,18 @@ def test_slab_exhaustive_front_is_the_brute_force_front(tmp_path):
     p = t.params
     assert dict(cand.slabinfo) == {c: (p["limit"], p["batchcount"], p["shared"])
                                    for c in ("kmalloc-256", "kmalloc-1k")}
+    # validate's candidates: slab_max_order as a boot parameter where it is not the
+    # default 1, the tunables as knobs
+    from slabtune.validate import candidates
+
+    by_number = {t.number: t.params for t in study.best_trials}
+    picked = candidates.candidates_from_study(study, len(by_number))
+    assert len(picked) == len(by_number)
+    for c in picked:
+        p = by_number[int(c.id.removeprefix("trial-"))]
+        mo = p["slab_max_order"]
+        assert c.boot == ({} if mo == 1 else {"slab_max_order": mo})
+        assert c.knobs == {k: p[k] for k in ("limit", "batchcount", "shared")}
 
 
 def test_slab_exhaustive_boot_subspace_and_dynamics_set():

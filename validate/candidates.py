@@ -261,12 +261,13 @@ def _trial_candidates(study, points: Sequence[dict]) -> list[Candidate]:
 
     spec = studies.study_spec(study)
     defaults = space.baseline_values(spec.fleet.profile)
+    table = space.knobs_for(spec.fleet.profile)
     out = []
     for p in points:
         eff = studies.effective_params(p["params"], spec)
         boot = {k: int(v) for k, v in eff.items()
-                if space.KNOBS[k].reach == "boot" and int(v) != defaults[k]}
-        knobs = {k: int(v) for k, v in p["params"].items() if space.KNOBS[k].reach != "boot"}
+                if table[k].reach == "boot" and int(v) != defaults[k]}
+        knobs = {k: int(v) for k, v in p["params"].items() if table[k].reach != "boot"}
         out.append(Candidate(f"trial-{p['trial']}", boot, knobs,
                              f"study {study.study_name} trial {p['trial']}"))
     return out

@@ -233,7 +233,8 @@ def guest_cmdline(params: Mapping[str, object], topology: Topology, profile) -> 
     validated slab parameters, and ``maxcpus`` when fewer CPUs should come online than are
     present."""
     parts = ["console=ttyS0", "panic=-1"]
-    parts += [f"{k}={int(v)}" for k, v in validate_boot_params(params, profile).items()]
+    parts += [bootparams.cmdline_arg(k, v)
+              for k, v in validate_boot_params(params, profile).items()]
     if topology.online < topology.present:
         parts.append(f"maxcpus={int(topology.online)}")
     return " ".join(parts)

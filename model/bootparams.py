@@ -29,6 +29,15 @@ PARAM_RANGES: dict[str, tuple[int, int]] = {
     "max_order": (0, profiles.MAX_PAGE_ORDER),
     "min_objects": (0, 32767),
 }
+#: Boot flags (no value), by suffix.  ``slub_nomerge`` / ``slab_nomerge`` set slab_nomerge
+#: (setup_slab_nomerge(), mm/slab_common.c of 6.1, 6.12, 7.2): no cache is merged into
+#: another (model/merging.py).  ``slub_merge`` / ``slab_merge`` clear it again.
+FLAG_SUFFIXES: tuple[str, ...] = ("nomerge",)
+#: First kernel that takes the ``slab_`` spelling of nomerge (v3.18, "mm/slab_common:
+#: commonize slab merge logic"; ``slub_nomerge`` is SLUB's own, as old as SLUB).
+SLAB_NOMERGE_SINCE = (3, 18)
+#: First kernel with ``slub_merge`` / ``slab_merge`` (v4.13, with CONFIG_SLAB_MERGE_DEFAULT).
+MERGE_FLAG_SINCE = (4, 13)
 #: Canonical key prefix of a validated dict (the spelling every kernel accepts).
 CANONICAL_PREFIX = "slub"
 #: First kernel whose setup_slub_min_order/max_order keep min <= max (a 2023 patch by Feng
@@ -51,6 +60,13 @@ def allowed_names(profile: profiles.KernelProfile) -> dict[str, str]:
     prefix (v6.8 on)."""
     return {f"{prefix}_{suffix}": suffix
             for prefix in profile.boot_param_prefixes for suffix in PARAM_SUFFIXES}
+
+
+def allowed_flags(profile: profiles.KernelProfile) -> dict[str, str]:
+    """Every boot flag name the profile's kernel accepts, mapped to its suffix:
+    ``slub_nomerge``, and ``slab_nomerge`` from v3.18."""
+    prefixes = ("slub", "slab") if profile.version >= SLAB_NOMERGE_SINCE else ("slub",)
+    return {f"{prefix}_{suffix}": suffix for prefix in prefixes for suffix in FLAG_SUFFIXES}
 
 
 def _normalise(name: str) -> str:
@@ -156,6 +172,34 @@ def parse_cmdline(cmdline: str, profile: profiles.KernelProfile) -> SlubParams:
     return params
 
 
+def parse_nomerge(cmdline: str, profile: profiles.KernelProfile) -> bool:
+    """Whether a boot with this command line runs with slab_nomerge, as the kernel decides:
+    obsolete_checksetup() (init/main.c) runs the first ``__setup`` whose string is a prefix
+    of the argument (dashes and underscores alike, parameqn()), so ``slub_nomerge=1`` and
+    ``slab_nomerge`` both set it; ``slub_merge`` / ``slab_merge`` (v4.13 on) clear it; the
+    last one wins.  The default is merging (CONFIG_SLAB_MERGE_DEFAULT=y)."""
+    sets = tuple(allowed_flags(profile))
+    clears = (("slub_merge", "slab_merge") if profile.version >= MERGE_FLAG_SINCE else ())
+    nomerge = False
+    for arg in split_cmdline(cmdline):
+        if any(_normalise(arg[:len(s)]) == s for s in sets):
+            nomerge = True
+        elif any(_normalise(arg[:len(s)]) == s for s in clears):
+            nomerge = False
+    return nomerge
+
+
+def _flag(name: str, value: object) -> int:
+    """A boot flag's value from a user: True/1 (given), False/0 (not given), None (a bare
+    ``--param NAME``).  A string is refused: a flag takes no value (``slub_nomerge=1``)."""
+    if value is None or value is True or (type(value) is int and value == 1):
+        return 1
+    if value is False or (type(value) is int and value == 0):
+        return 0
+    raise SlabtuneError(f"boot parameter {name}: a flag that takes no value "
+                        f"(got {name}={value}); give it as {name}")
+
+
 def _strict_int(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise SlabtuneError(f"boot parameter {name}: {value!r} is not an integer")
@@ -176,16 +220,26 @@ def validate_params(params: Mapping[str, object],
     a value that is not a decimal integer, a value outside its range (orders 0..10,
     min_objects 0..32767), the same parameter given twice under two spellings, and
     min_order above max_order when both are given (the kernel would silently move one).
+    A flag (``slub_nomerge``, ``slab_nomerge`` from v3.18) is true/1, false/0 or None
+    (given bare); a string value is refused; it is kept as ``{"slub_nomerge": 1}`` when set.
     """
     names = allowed_names(profile)
+    flags = allowed_flags(profile)
     out: dict[str, int] = {}
     for name, value in params.items():
+        if str(name) in flags:
+            key = f"{CANONICAL_PREFIX}_{flags[str(name)]}"
+            if key in out:
+                raise SlabtuneError(f"boot parameter {name}: {flags[str(name)]} is given twice")
+            if _flag(str(name), value):
+                out[key] = 1
+            continue
         suffix = names.get(str(name))
         if suffix is None:
             from slabtune.model import slab  # slab imports this module
 
             foreign = slab.foreign_knob(str(name), profile)
-            allowed = ", ".join(names)
+            allowed = ", ".join([*names, *flags])
             raise SlabtuneError(
                 f"boot parameter {name!r} is not allowed for kernel profile {profile.name}"
                 f"{': ' + foreign if foreign else ''} (allowed: {allowed})")
@@ -209,7 +263,7 @@ def validate_params_any_profile(params: Mapping[str, object]) -> dict[str, int]:
     in some spelling (``slub_*``, or ``slab_*`` from v6.8), a value in its range.  The
     target kernel's profile is checked again once it is known."""
     widest = max(profiles.PROFILES.values(), key=lambda p: len(p.boot_param_prefixes))
-    names = allowed_names(widest)
+    names = [*allowed_names(widest), *allowed_flags(widest)]
     for name in params:
         if str(name) not in names:
             raise SlabtuneError(f"boot parameter {name!r} is not allowed by any kernel "
@@ -222,8 +276,21 @@ def validate_cmdline(cmdline: str, profile: profiles.KernelProfile) -> dict[str,
     are the kernel's business and ignored.  Returns ``{"slub_<suffix>": last value}`` (the
     kernel's in-order parsing lets the last one win).  A value that is not a decimal
     integer in range raises SlabtuneError naming the parameter as written and its range;
-    min_order above max_order is left to :func:`parse_cmdline`'s kernel semantics."""
+    min_order above max_order is left to :func:`parse_cmdline`'s kernel semantics.  A flag
+    (``slub_nomerge``) given a value (``slub_nomerge=1``) is refused, as is a spelling of it
+    the profile's kernel does not take (``slab_nomerge`` before v3.18, ``slab_no_merge``)."""
     out: dict[str, int] = {}
+    flags = allowed_flags(profile)
+    for arg in split_cmdline(cmdline):
+        name, eq, value = arg.partition("=")
+        norm = _normalise(name)
+        if norm in flags:
+            if eq:
+                raise SlabtuneError(f"cmdline {arg}: {name} is a flag that takes no value")
+            out[f"{CANONICAL_PREFIX}_{flags[norm]}"] = 1
+        elif norm.replace("_", "") in ("slabnomerge", "slubnomerge"):
+            raise SlabtuneError(f"cmdline {arg}: not a nomerge spelling kernel profile "
+                                f"{profile.name} takes (it takes: {', '.join(flags)})")
     for name, suffix, value in slub_args(cmdline, profile):
         lo, hi = PARAM_RANGES[suffix]
         try:
@@ -234,6 +301,14 @@ def validate_cmdline(cmdline: str, profile: profiles.KernelProfile) -> dict[str,
             raise SlabtuneError(f"cmdline {name}={value}: must be an integer in {lo}..{hi}")
         out[f"{CANONICAL_PREFIX}_{suffix}"] = v
     return out
+
+
+def cmdline_arg(key: str, value: int) -> str:
+    """One argument of a validated dict as a command line takes it: ``slub_min_order=2``,
+    a flag bare (``slub_nomerge``)."""
+    if key.startswith(f"{CANONICAL_PREFIX}_") and key[len(CANONICAL_PREFIX) + 1:] in FLAG_SUFFIXES:
+        return key
+    return f"{key}={int(value)}"
 
 
 def params_from_validated(validated: Mapping[str, int]) -> SlubParams:
@@ -263,4 +338,9 @@ def render(validated: Mapping[str, int], profile: profiles.KernelProfile,
         key = f"{CANONICAL_PREFIX}_{suffix}"
         if key in checked:
             parts.append(f"{prefix}_{suffix}={checked[key]}")
+    flags = allowed_flags(profile)
+    for suffix in FLAG_SUFFIXES:
+        if checked.get(f"{CANONICAL_PREFIX}_{suffix}"):
+            name = f"{prefix}_{suffix}"
+            parts.append(name if name in flags else f"{CANONICAL_PREFIX}_{suffix}")
     return " ".join(parts)

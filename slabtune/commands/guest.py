@@ -39,7 +39,8 @@ def register(subparsers) -> None:
                    help="nodes without memory")
     b.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="slab boot parameter (slub_min_order, slub_max_order, "
-                        "slub_min_objects; slab_* from 6.8); repeatable")
+                        "slub_min_objects; slab_* from 6.8), or the flag slub_nomerge "
+                        "(slab_nomerge) without a value; repeatable")
     b.add_argument("--kernel", metavar="BZIMAGE|NAME",
                    help="boot this bzImage instead, or a lab kernel by name (6.1, 6.1-slab, "
                         "6.12, 7.2: scripts/build-kernels.sh)")
@@ -80,13 +81,17 @@ def _int_list(text: str, field: str) -> tuple[int, ...]:
                             "integers") from None
 
 
-def _params(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _params(items: list[str]) -> dict[str, str | None]:
+    """--param NAME=VALUE, or a bare flag NAME (slub_nomerge, slab_nomerge): None."""
+    from slabtune.model import bootparams, profiles
+
+    flags = {n for p in profiles.PROFILES.values() for n in bootparams.allowed_flags(p)}
+    out: dict[str, str | None] = {}
     for item in items:
         name, eq, value = item.partition("=")
-        if not eq or not name:
+        if not name or not (eq or name in flags):
             raise SlabtuneError(f"--param: {item!r} is not NAME=VALUE")
-        out[name] = value
+        out[name] = value if eq else None
     return out
 
 

@@ -64,6 +64,10 @@ LEVELS = 2
 #: (per node class) by level, and their objects (level 0 holds none).
 PCS = tuple(f"pc{k}" for k in range(LEVELS))
 PCU = (None,) + tuple(f"pcu{k}" for k in range(1, LEVELS))
+#: The same for a rep's per-CPU partial slabs of the other memory node class (item 5b:
+#: __slab_free() puts a full slab made partial on the freeing CPU's list, whatever its node).
+RPS = tuple(f"rp{k}" for k in range(LEVELS))
+RPU = (None,) + tuple(f"rpu{k}" for k in range(1, LEVELS))
 NS = tuple(f"ns{k}" for k in range(LEVELS))
 NU = (None,) + tuple(f"nu{k}" for k in range(1, LEVELS))
 #: Gauge sums are kept as (sum >> GAUGE_SHIFT, sum mod 2**GAUGE_SHIFT) int32 pairs.
@@ -191,7 +195,9 @@ class Counters(NamedTuple):
 #: allocated from its CPU slab, freed into it by other CPUs; ``pc0``, ``pc1``, ... (R,,
 #: :data:`PCS`) slabs on r's per-CPU partial list by fill level and ``pcu1``, ... (R,,
 #: :data:`PCU`) their allocated objects; ``pd`` (R,) the objects of r's draining per-CPU
-#: partial slab (0: none; :func:`_pc_walk`); ``main``, ``spare`` (R,) objects in r's sheaves;
+#: partial slab (0: none; :func:`_pc_walk`); ``rp0``, ..., ``rpu1``, ..., ``rpd`` (R,,
+#: :data:`RPS`, :data:`RPU`) the same for r's per-CPU partial slabs of the other memory
+#: node class (``1 - rep_mem_node``); ``main``, ``spare`` (R,) objects in r's sheaves;
 #: ``phase``, ``phase_left`` (R,) burst phase (0 allocating, 1 freeing) and ops left in it;
 #: ``ns0``, ... and ``nu1``, ... (N,, :data:`NS`, :data:`NU`) the node's partial list by
 #: fill level; ``hs``, ``hu`` (N,) 1 when a bulk take left a partly used slab at the
@@ -204,7 +210,8 @@ class Counters(NamedTuple):
 #: overflow int32).
 STATE_FIELDS = (
     "pend", "pend_cs", "cs_tracked", "out", "pend_tot", "cs_free", "cs_inuse", "cs_rfree",
-    *PCS, *PCU[1:], "pd", "main", "spare", "phase", "phase_left", *NS, *NU[1:], "hs", "hu",
+    *PCS, *PCU[1:], "pd", *RPS, *RPU[1:], "rpd", "main", "spare", "phase", "phase_left",
+    *NS, *NU[1:], "hs", "hu",
     "full_slabs", "barn_full", "barn_empty", "counts", "lock_node", "gsum_rep",
     "gsum_node", "ghi_rep", "ghi_node",
 )
@@ -1127,8 +1134,9 @@ class _Layout(NamedTuple):
 
 
 #: Segments per rep in a free run's split: its CPU slab, its per-CPU partial list (the
-#: draining slab and every level: its frees go to one slab at a time, :func:`_pc_walk`).
-SEG = 2
+#: draining slab and every level: its frees go to one slab at a time, :func:`_pc_walk`),
+#: its per-CPU partial slabs of the other memory node class (the same way).
+SEG = 3
 
 
 def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
@@ -1145,9 +1153,10 @@ def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
     # the single pick, the one-op model's choice of node (the others get no picks).
     zc = cx.whole("cs_inuse") - cx.whole("cs_tracked")
     zp = cx.whole("pd") + sum(cx.whole(PCU[lv]) for lv in range(1, LEVELS))
-    z = jnp.stack([zc, zp], axis=1).reshape((SEG * R,) + zc.shape[1:])
+    zr = cx.whole("rpd") + sum(cx.whole(RPU[lv]) for lv in range(1, LEVELS))
+    z = jnp.stack([zc, zp, zr], axis=1).reshape((SEG * R,) + zc.shape[1:])
     cls, on_cls, from_cls = _pick_classes(d["mem_node"], k_ot, d["max_run"])
-    on_seg = jnp.repeat(d["mem_node"], SEG, axis=0)[None] == cls[:, None]  # (C, SEG*R, B)
+    on_seg = d["seg_node"][None] == cls[:, None]                        # (C, SEG*R, B)
     cum_n = _cumsum(jnp.where(on_seg, z[None], 0), axis=1)
     z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (SEG*R, B)
     z_tot = cum_n[:, -1]                                                 # (C, B)
@@ -1210,8 +1219,8 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     from the object's slab: an object still in its origin's CPU slab goes there; the
     others, per node class, by systematic points (offset from ``w2``) over the slabs as
     the run starts (:class:`_Layout`): a slab takes frees in proportion to its allocated
-    objects.  Returns per rep (R, B) the frees into its CPU slab ``c_cs`` and into its
-    per-CPU partial list ``c_pc``, and per node
+    objects.  Returns per rep (R, B) the frees into its CPU slab ``c_cs``, (R, 2, B) into
+    its per-CPU partial slabs of its memory node and of the other class ``c_pc``, and per node
     class (N, B) those into its head slab ``xH``, per level into its partial list ``xU``
     (a list by level) and into full slabs ``xF``."""
     d, w2 = cx.d, k.w2
@@ -1236,7 +1245,7 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     cz = (below(z_end, xs, us, ts) - below(z_end - z, xs, us, ts)).reshape(
         (R, SEG) + z.shape[1:])
     c_cs = kcs + cz[:, 0]
-    c_pc = cz[:, 1]
+    c_pc = cz[:, 1:]                     # (R, 2, B): its memory node's, the other class's
     ends = [below(e, x, un, tot) for e in [z_tot] + p_end]
     xH = from_cls(ends[1] - ends[0])
     xU = [None] + [from_cls(ends[LEVELS + 1 - lv] - ends[LEVELS - lv])
@@ -1296,27 +1305,31 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     """Frees into CPU slabs and per-CPU partial slabs: into this CPU's own CPU slab,
     slab_free()'s fast path onto its freelist; into another CPU's, __slab_free() onto the
     frozen slab's freelist (``cs_rfree``, which its owner takes on its next slow path);
-    into per-CPU partial slabs (``c_pc`` per rep, :func:`_pc_walk`), __slab_free()
+    into per-CPU partial slabs (``c_pc`` per rep, of its memory node and of the other
+    memory class, each list by :func:`_pc_walk`), __slab_free()
     without the lock while they are frozen (v3.2 to v6.7); from v6.8 (``pc_empty_locks``,
     folded into ``d["pc_lock_onehot"]``) a free that empties one takes the list_lock of
-    its node and leaves it on the per-CPU list (6.12 mm/slub.c __slab_free(): not on the
-    node's partial list).  Returns the fast frees."""
+    its node (the slab's, remote ones included) and leaves it on the per-CPU list (6.12
+    mm/slub.c __slab_free(): not on the node's partial list).  Returns the fast frees."""
     st, r = cx.st, cx.r
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
-    s = [cx.whole(f) for f in PCS]
-    u = [_i(0)] + [cx.whole(f) for f in PCU[1:]]
     walk = _pc_walk_one if cx.d["max_run"] == 1 else _pc_walk
-    s, u, pd, emptied = walk(s, u, cx.whole("pd"), c_pc)
-    out = _materialize(s + u[1:] + [pd, emptied], cx.d["zero"])
-    for lv in range(LEVELS):
-        st[PCS[lv]] = out[lv]
-        if lv:
-            st[PCU[lv]] = out[LEVELS - 1 + lv]
-    st["pd"] = out[-2]
-    # per node class: the reps' memory nodes as a one-hot (N, R) selecting the counts
-    cx.lock_nodes(jnp.sum(jnp.where(cx.d["pc_lock_onehot"] > 0, out[-1][None], 0), axis=1))
+    for fs, fu, fd, c, onehot in ((PCS, PCU, "pd", c_pc[:, 0], "pc_lock_onehot"),
+                                  (RPS, RPU, "rpd", c_pc[:, 1], "rpc_lock_onehot")):
+        s = [cx.whole(f) for f in fs]
+        u = [_i(0)] + [cx.whole(f) for f in fu[1:]]
+        s, u, pd, emptied = walk(s, u, cx.whole(fd), c)
+        out = _materialize(s + u[1:] + [pd, emptied], cx.d["zero"])
+        for lv in range(LEVELS):
+            st[fs[lv]] = out[lv]
+            if lv:
+                st[fu[lv]] = out[LEVELS - 1 + lv]
+        st[fd] = out[-2]
+        # per node class: the reps' (memory, other) nodes as a one-hot (N, R) selecting
+        # the counts
+        cx.lock_nodes(jnp.sum(jnp.where(cx.d[onehot] > 0, out[-1][None], 0), axis=1))
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
     return own_fast
@@ -1324,22 +1337,24 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
 
 def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
     """``xF[n]`` frees (N, B) into full slabs of node class n: __slab_free() makes each
-    slab partial, frozen onto this CPU's per-CPU partial list (put_cpu_partial(), v3.2 to
-    v6.18, for a slab of its memory node: :func:`_full_to_cpu_partial`), else added to
-    the tail of the node's partial list under its list_lock (add_partial(...,
-    DEACTIVATE_TO_TAIL), 6.1; ADD_TO_TAIL, 7.2), at the top fill level (``objs - 1``
-    objects; with one object per slab the now empty slab is freed, discard_slab(), once
-    the node keeps min_partial).  Frees beyond the node's full slabs go into the slabs the
-    run has just made partial, at the top level: this CPU's per-CPU partial list while it
-    holds objects (:func:`_pc_walk`), else the node's list (:func:`_part_frees`); with
-    one op per run there are none."""
+    slab partial, frozen onto this CPU's per-CPU partial list whatever the slab's node and
+    without a list_lock (put_cpu_partial(), v3.2 to v6.18: 6.1 mm/slub.c __slab_free(),
+    ``kmem_cache_has_cpu_partial(s) && !prior``; 6.12 the same without freezing):
+    :func:`_full_to_cpu_partial`, node class 0's frees before node class 1's; without a
+    per-CPU partial list the slab is added to the tail of the node's partial list under
+    its list_lock (add_partial(..., DEACTIVATE_TO_TAIL), 6.1; ADD_TO_TAIL, 7.2), at the
+    top fill level (``objs - 1`` objects; with one object per slab the now empty slab is
+    freed, discard_slab(), once the node keeps min_partial).  Frees beyond a node's full
+    slabs go into the slabs the run has just made partial, at the top level: this CPU's
+    per-CPU partial slabs of that node while they hold objects (:func:`_pc_walk`), else
+    the node's list (:func:`_part_frees`); with one op per run there are none."""
     st, objs, cps, mp, m = cx.st, k.objs, k.cps, k.mp, k.m
     on_cls, from_cls = lay.on_cls, lay.from_cls
     top = cx.d["top"]
     F = st["full_slabs"]
     xF1 = jnp.minimum(xF, jnp.maximum(F, 0))
     xF2 = xF - xF1
-    cpp = (cps > 0) & (cfg.cpu_slab > 0) & (_NODES == m)                 # (N, B)
+    cpp = (cps > 0) & (cfg.cpu_slab > 0)                                # (B,)
     xnp = jnp.where(cpp, 0, xF1)
     st["full_slabs"] = F - xF1
     S = _node_total(st)
@@ -1350,25 +1365,38 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
             st[NU[lv]] = st[NU[lv]] + jnp.where(top == lv, keep * (objs - 1), 0)
     cx.bump("slab_free", jnp.sum(xnp - keep, axis=0))
     cx.lock_nodes(xnp)
-    _full_to_cpu_partial(cx, m, jnp.sum(jnp.where(cpp, xF1, 0), axis=0))
     if cx.d["max_run"] == 1:
+        # one free at most: into a full slab of its memory node or of the other class
+        x = jnp.where(cpp, jnp.sum(xF1, axis=0), 0)
+        rem = jnp.sum(jnp.where(_NODES != m, xF1, 0), axis=0) > 0
+        _full_to_cpu_partial(cx, m, x, rem)
         return
-    xm2 = jnp.sum(jnp.where(cpp, xF2, 0), axis=0)
-    s = [cx.row(f) for f in PCS]
-    u = [_i(0)] + [cx.row(f) for f in PCU[1:]]
-    pd = cx.row("pd")
-    into_pc = jnp.minimum(xm2, pd + sum(u[1:]))
-    s, u, pd, emptied = _pc_walk(s, u, pd, into_pc)
-    cx.rset("pd", pd)
-    for lv in range(LEVELS):
-        cx.rset(PCS[lv], s[lv])
-        if lv:
-            cx.rset(PCU[lv], u[lv])
-    cx.lock(m, jnp.where(cx.d["pc_empty_locks"], emptied, 0))
-    cx.nflush()
-    rest = jnp.where(cpp, xm2 - into_pc, xF2)
-    _part_frees(cx, _i(0) * rest, [None] + [jnp.where(top == lv, rest, 0)
-                                           for lv in range(1, LEVELS)], on_cls, from_cls)
+    o = cx.d["other"][cx.r]
+    for c in (0, 1):                     # slabs come from memory node classes 0 and 1
+        rem = m != c
+        _full_to_cpu_partial(cx, m, jnp.where(cpp, xF1[c], 0), rem)
+        xm2 = jnp.where(cpp, xF2[c], 0)
+        ls = [jnp.where(rem, cx.row(b), cx.row(a)) for a, b in zip(PCS, RPS)]
+        lu = [_i(0)] + [jnp.where(rem, cx.row(b), cx.row(a))
+                        for a, b in zip(PCU[1:], RPU[1:])]
+        lpd = jnp.where(rem, cx.row("rpd"), cx.row("pd"))
+        into_pc = jnp.minimum(xm2, lpd + sum(lu[1:]))
+        s, u, pd, emptied = _pc_walk(ls, lu, lpd, into_pc)
+        cx.rset("pd", pd, ~rem)
+        cx.rset("rpd", pd, rem)
+        for lv in range(LEVELS):
+            cx.rset(PCS[lv], s[lv], ~rem)
+            cx.rset(RPS[lv], s[lv], rem)
+            if lv:
+                cx.rset(PCU[lv], u[lv], ~rem)
+                cx.rset(RPU[lv], u[lv], rem)
+        lk = jnp.where(cx.d["pc_empty_locks"], emptied, 0)
+        cx.lock(m, jnp.where(rem, 0, lk))
+        cx.lock(o, jnp.where(rem, lk, 0))
+        cx.nflush()
+        rest = jnp.where(_NODES == c, jnp.where(cpp, xm2 - into_pc, xF2[c]), 0)  # (N, B)
+        _part_frees(cx, _i(0) * rest, [None] + [jnp.where(top == lv, rest, 0)
+                                               for lv in range(1, LEVELS)], on_cls, from_cls)
 
 
 def _write_counters(cx: _Ctx, shape):
@@ -1426,59 +1454,90 @@ def _bc(*xs):
             for x in xs]
 
 
-def _full_to_cpu_partial(cx: _Ctx, m, x):
-    """``x`` frees, each into a full slab of node ``m``, which then goes on this rep's
-    per-CPU partial list at the top fill level (put_cpu_partial(), 6.1 mm/slub.c); a list
-    already holding cpu_partial_slabs is first drained to the node (unfreeze_partials():
-    its slabs onto the node's list, the draining slab among them at its level, empty ones
-    kept up to min_partial), so drains come every cpu_partial_slabs frees after the
-    first."""
-    objs, mp, lo = cx.d["objs"], cx.d["min_partial"], cx.d["lo"]
+def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
+    """``x`` frees, each into a full slab of one node class, which then goes on this rep's
+    per-CPU partial list at the top fill level (put_cpu_partial(), 6.1 and 6.12
+    mm/slub.c): of its memory node ``m``, or where ``rem`` of the other memory class
+    (``d["other"]``, item 5b).  A list already holding cpu_partial_slabs slabs, of either
+    node, is first drained (unfreeze_partials(): each slab onto its own node's list under
+    that node's list_lock, the draining slabs among them at their levels, empty ones kept
+    up to min_partial; one lock per node class on the list, :meth:`RefSim._drain`), so
+    drains come every cpu_partial_slabs frees after the first."""
+    st, objs, mp, lo = cx.st, cx.d["objs"], cx.d["min_partial"], cx.d["lo"]
     top = cx.d["top"]
     cps = _i(cx.d["cps"])
-    ps = [cx.row(f) for f in PCS]
-    pu = [_i(0)] + [cx.row(f) for f in PCU[1:]]
-    pd = cx.row("pd")
-    on_pd = [(pd > 0) & (_level_of(pd, lo) == lv) for lv in range(LEVELS)]
-    p = sum(ps) + _i(pd > 0)
+    o = cx.d["other"][cx.r]
+    parts = []                           # (slabs, objects, draining slab) of each part
+    for fs, fu, fd in ((PCS, PCU, "pd"), (RPS, RPU, "rpd")):
+        parts.append(([cx.row(f) for f in fs], [_i(0)] + [cx.row(f) for f in fu[1:]],
+                      cx.row(fd)))
+    p = sum(sum(s) + _i(pd > 0) for s, _, pd in parts)
     t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
     D = jnp.where(x >= t1, 1 + floor_div(x - t1, jnp.maximum(cps, 1)), 0)
     drained = D > 0
     on_top = [top == lv for lv in range(LEVELS)]
-    # the list the first drain moves: as the run found it (its draining slab at its
-    # level) plus t1 - 1 top-level slabs
-    s1 = [ps[lv] + _i(on_pd[lv]) + jnp.where(on_top[lv], t1 - 1, 0) for lv in range(LEVELS)]
-    u1 = [None] + [pu[lv] + jnp.where(on_pd[lv], pd, 0)
-                   + jnp.where(on_top[lv], (t1 - 1) * (objs - 1), 0)
-                   for lv in range(1, LEVELS)]
-    e1 = s1[0]
-    ne1 = sum(s1[1:])
-    S = sum(cx.nget(f) for f in NS) + cx.nget("hs")
-    keep1 = jnp.clip(mp - (S + ne1), 0, e1)
+
+    def first(part, mine):
+        """A part of the list the first drain moves: as the run found it (its draining
+        slab at its level), plus t1 - 1 top-level slabs where the pushes are of its node."""
+        s, u, pd = part
+        on_pd = [(pd > 0) & (_level_of(pd, lo) == lv) for lv in range(LEVELS)]
+        add = jnp.where(mine, t1 - 1, 0)
+        s1 = [s[lv] + _i(on_pd[lv]) + jnp.where(on_top[lv], add, 0) for lv in range(LEVELS)]
+        u1 = [None] + [u[lv] + jnp.where(on_pd[lv], pd, 0)
+                       + jnp.where(on_top[lv], add * (objs - 1), 0) for lv in range(1, LEVELS)]
+        return s1, u1
+
+    (sL, uL), (sR, uR) = first(parts[0], ~rem), first(parts[1], rem)
+    S_m = sum(cx.nget(f) for f in NS) + cx.nget("hs")
+    S_o = _get(_node_total(st), o)
+    neL, neR = sum(sL[1:]), sum(sR[1:])
+    keepL = jnp.clip(mp - (S_m + neL), 0, sL[0])
+    keepR = jnp.clip(mp - (S_o + neR), 0, sR[0])
     ne_s = jnp.where(top > 0, cps, 0)                # later drains: cps top slabs each
     e_s = cps - ne_s
-    S2 = S + ne1 + keep1
+    S2 = jnp.where(rem, S_o + neR + keepR, S_m + neL + keepL)
     keep_s = jnp.clip(mp - (S2 + (D - 1) * ne_s), 0, (D - 1) * e_s)
     later = (D - 1) * cps
     left = jnp.where(drained, 1 + x - t1 - (D - 1) * cps, x)
-    D, keep1, keep_s, later, e1, left, t1 = _materialize(
-        [D, keep1, keep_s, later, e1, left, t1], cx.d["zero"])
+    lockL = _i(drained & (neL + sL[0] > 0)) + jnp.where(drained & ~rem, D - 1, 0)
+    lockR = _i(drained & (neR + sR[0] > 0)) + jnp.where(drained & rem, D - 1, 0)
+    D, keepL, keepR, keep_s, later, left, lockL, lockR = _materialize(
+        [D, keepL, keepR, keep_s, later, left, lockL, lockR], cx.d["zero"])
     drained = D > 0
-    cx.nset(NS[0], cx.nget(NS[0]) + jnp.where(drained, keep1 + keep_s, 0))
-    for lv in range(1, LEVELS):
-        cx.nset(NS[lv], cx.nget(NS[lv]) + jnp.where(
-            drained, s1[lv] + jnp.where(on_top[lv], later, 0), 0))
-        cx.nset(NU[lv], cx.nget(NU[lv]) + jnp.where(drained, u1[lv] + jnp.where(
-            on_top[lv], later * (objs - 1), 0), 0))
-    cx.bump("slab_free", jnp.where(drained, e1 - keep1 + (D - 1) * e_s - keep_s, 0))
+    # node m takes the first drain's local part and the later drains of local pushes;
+    # the other class the remote part and the later drains of remote pushes
+    for node_m, s1, u1, keep1, mine in ((True, sL, uL, keepL, ~rem),
+                                        (False, sR, uR, keepR, rem)):
+        later_x = jnp.where(mine, later, 0)
+        add = [jnp.where(drained, keep1 + jnp.where(mine, keep_s, 0), 0)]
+        add += [jnp.where(drained, s1[lv] + jnp.where(on_top[lv], later_x, 0), 0)
+                for lv in range(1, LEVELS)]
+        addu = [None] + [jnp.where(drained, u1[lv] + jnp.where(
+            on_top[lv], later_x * (objs - 1), 0), 0) for lv in range(1, LEVELS)]
+        for lv in range(LEVELS):
+            if node_m:
+                cx.nset(NS[lv], cx.nget(NS[lv]) + add[lv])
+                if lv:
+                    cx.nset(NU[lv], cx.nget(NU[lv]) + addu[lv])
+            else:
+                st[NS[lv]] = _add(st[NS[lv]], o, add[lv])
+                if lv:
+                    st[NU[lv]] = _add(st[NU[lv]], o, addu[lv])
+    cx.bump("slab_free", jnp.where(drained, sL[0] - keepL + sR[0] - keepR
+                                   + (D - 1) * e_s - keep_s, 0))
     cx.bump("cpu_partial_drain", D)
-    cx.lock(m, D)
+    cx.lock(m, lockL)
+    cx.lock(o, lockR)
     cx.rset("pd", 0, drained)
+    cx.rset("rpd", 0, drained)
     for lv in range(LEVELS):
-        add = jnp.where(on_top[lv], left, 0)
-        cx.rset(PCS[lv], jnp.where(drained, add, ps[lv] + add))
-        if lv:
-            cx.rset(PCU[lv], jnp.where(drained, add * (objs - 1), pu[lv] + add * (objs - 1)))
+        for fs, fu, (ps, pu, _), mine in ((PCS, PCU, parts[0], ~rem),
+                                          (RPS, RPU, parts[1], rem)):
+            add = jnp.where(on_top[lv] & mine, left, 0)
+            cx.rset(fs[lv], jnp.where(drained, add, ps[lv] + add))
+            if lv:
+                cx.rset(fu[lv], jnp.where(drained, add * (objs - 1), pu[lv] + add * (objs - 1)))
 
 
 def _bulk_take(cx: _Ctx, m, t):
@@ -1615,9 +1674,15 @@ def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
         alloc_local=_i(~memless | (cfg.memoryless_fallback > 0)),
         has_barn=jnp.any((node[None] == _NODES[:, :, None]) & barn_at[:, None], axis=0)
         & (cfg.sheaf_capacity > 0),
-        # (N, R) one-hot of each rep's memory node class, zero where frees that empty a
-        # per-CPU partial slab take no lock (before v6.8): see _frozen_frees
+        # slabs come from memory node classes 0 and 1: a rep's remote slabs are the other's
+        other=1 - mem,
+        # the node class of each rep segment of a free run's split (:data:`SEG`)
+        seg_node=jnp.stack([mem, mem, 1 - mem], axis=1).reshape((SEG * R,) + mem.shape[1:]),
+        # (N, R) one-hot of each rep's memory node class (of the other memory class), zero
+        # where frees that empty a per-CPU partial slab take no lock (before v6.8): see
+        # _frozen_frees
         pc_lock_onehot=_i((mem[None] == _NODES[:, :, None]) & (cfg.pc_empty_locks > 0)),
+        rpc_lock_onehot=_i(((1 - mem)[None] == _NODES[:, :, None]) & (cfg.pc_empty_locks > 0)),
     )
 
 
@@ -1630,9 +1695,11 @@ def _levels(objs):
 def _gauges(st, d, cfg):
     """Per-step gauge values: rows (R,) and rows (N,)."""
     pc = sum(st[f] for f in PCS) + _i(st["pd"] > 0)
+    rpc = sum(st[f] for f in RPS) + _i(st["rpd"] > 0)
     cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + pc
-    held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None], cs_held[:, None], 0),
-                   axis=0)
+    held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None], cs_held[:, None], 0)
+                   + jnp.where(d["other"][:, None] == _NODES[None], rpc[:, None], 0), axis=0)
+    pc = pc + rpc
     rep = jnp.stack([st["out"], pc, st["main"] + st["spare"]])
     node = jnp.stack([_node_total(st) + st["full_slabs"] + held, st[NS[0]],
                       st["barn_full"] * _i(cfg.sheaf_capacity)])
@@ -1676,7 +1743,8 @@ def init_state(cfg: SimConfig) -> State:
 
     return State(
         pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R),
-        cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:]}, pd=z(R), main=z(R),
+        cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:] + RPS + RPU[1:]}, pd=z(R),
+        rpd=z(R), main=z(R),
         spare=z(R), phase=z(R), phase_left=jnp.asarray(cfg.workload.burst, _I32),
         **{f: z(N) for f in NS + NU[1:] + ("hs", "hu")}, full_slabs=z(N), barn_full=z(N),
         barn_empty=z(N),

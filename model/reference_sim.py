@@ -51,6 +51,8 @@ class RefSim:
         self.max_empty = int(c["barn_max_empty"])
         self.node = [int(x) for x in c["rep_node"]]
         self.mem = [int(x) for x in c["rep_mem_node"]]
+        # slabs come from memory node classes 0 and 1: a rep's remote slabs are the other's
+        self.other = [1 - m for m in self.mem]
         memless = [int(x) > 0 for x in c["rep_memoryless"]]
         use_sh = int(c["memoryless_cpus_use_sheaves"]) > 0
         fallback = int(c["memoryless_fallback"]) > 0
@@ -82,6 +84,10 @@ class RefSim:
         self.pcs = [[0] * LEVELS for _ in range(R)]    # per-CPU partial slabs by level
         self.pcu = [[0] * LEVELS for _ in range(R)]    # their allocated objects
         self.pd = [0] * R                              # the draining per-CPU slab's objects
+        # the per-CPU partial slabs of the other memory node class (item 5b), the same way
+        self.rps = [[0] * LEVELS for _ in range(R)]
+        self.rpu = [[0] * LEVELS for _ in range(R)]
+        self.rpd = [0] * R
         self.main = [0] * R
         self.spare = [0] * R
         self.phase = [0] * R
@@ -174,9 +180,18 @@ class RefSim:
             return h
         return self._take_emptiest(self.ns[n], self.nu[n])
 
-    def _pc_slabs(self, r: int) -> int:
-        """Slabs on rep ``r``'s per-CPU partial list, the draining slab included."""
+    def _pc_local(self, r: int) -> int:
+        """Slabs of rep ``r``'s memory node on its per-CPU partial list, the draining slab
+        included."""
         return sum(self.pcs[r]) + int(self.pd[r] > 0)
+
+    def _pc_remote(self, r: int) -> int:
+        """Slabs of the other memory node class on rep ``r``'s per-CPU partial list."""
+        return sum(self.rps[r]) + int(self.rpd[r] > 0)
+
+    def _pc_slabs(self, r: int) -> int:
+        """Slabs on rep ``r``'s per-CPU partial list, whatever their node."""
+        return self._pc_local(r) + self._pc_remote(r)
 
     def _take_pc(self, r: int) -> int:
         """___slab_alloc() takes a slab off the per-CPU partial list: an empty one first,
@@ -186,10 +201,11 @@ class RefSim:
             return h
         return self._take_emptiest(self.pcs[r], self.pcu[r])
 
-    def _add_pc(self, r: int, h: int):
+    def _add_pc(self, r: int, h: int, remote: bool = False):
         k = self._level(h)
-        self.pcs[r][k] += 1
-        self.pcu[r][k] += h
+        s, u = (self.rps[r], self.rpu[r]) if remote else (self.pcs[r], self.pcu[r])
+        s[k] += 1
+        u[k] += h
 
     # ------------------------------------------------------------------ node lists
 
@@ -277,25 +293,33 @@ class RefSim:
         for _ in range(chg + g):
             self._lock(r, m)
 
-    def _drain(self, r: int, m: int):
-        """unfreeze_partials(): the whole per-CPU partial list to node ``m``'s list, empty
-        slabs kept up to min_partial."""
-        e = self.pcs[r][0]
-        for k in range(1, LEVELS):
-            self.ns[m][k] += self.pcs[r][k]
-            self.nu[m][k] += self.pcu[r][k]
-        if self.pd[r] > 0:
-            lv = self._level(self.pd[r])
-            self.ns[m][lv] += 1
-            self.nu[m][lv] += self.pd[r]
-            self.pd[r] = 0
-        keep = max(0, min(self.min_partial - self._node_slabs(m), e))
-        self.ns[m][0] += keep
-        self.pcs[r] = [0] * LEVELS
-        self.pcu[r] = [0] * LEVELS
-        self._bump("slab_free", r, e - keep)
+    def _drain(self, r: int):
+        """The whole per-CPU partial list to the node lists (6.1 __unfreeze_partials(),
+        6.12 __put_partials()): each slab onto its own node's list under that node's
+        list_lock, empty slabs kept up to the node's min_partial.  The kernel takes a
+        node's lock again each time the node changes along the list; the model keeps no
+        order between the two node classes' slabs and takes each node's lock once (as if
+        the list were grouped by node)."""
+        parts = [(self.mem[r], self.pcs[r], self.pcu[r], self.pd[r]),
+                 (self.other[r], self.rps[r], self.rpu[r], self.rpd[r])]
+        for m, s, u, pd in parts:
+            if sum(s) + int(pd > 0) == 0:
+                continue
+            e = s[0]
+            for k in range(1, LEVELS):
+                self.ns[m][k] += s[k]
+                self.nu[m][k] += u[k]
+            if pd > 0:
+                lv = self._level(pd)
+                self.ns[m][lv] += 1
+                self.nu[m][lv] += pd
+            keep = max(0, min(self.min_partial - self._node_slabs(m), e))
+            self.ns[m][0] += keep
+            self._bump("slab_free", r, e - keep)
+            self._lock(r, m)
+        self.pcs[r], self.pcu[r], self.pd[r] = [0] * LEVELS, [0] * LEVELS, 0
+        self.rps[r], self.rpu[r], self.rpd[r] = [0] * LEVELS, [0] * LEVELS, 0
         self._bump("cpu_partial_drain", r)
-        self._lock(r, m)
 
     # ------------------------------------------------------------------ operations
 
@@ -391,12 +415,14 @@ class RefSim:
             else:                         # another CPU's CPU slab: into the frozen slab
                 self.cs_rfree[origin] += 1
                 self._bump("free_slow", r)
+        dests = {}
         for nn in range(N):
             x = other[nn]
             if x == 0:
                 continue
             tot = max(sum(size for _, size in sizes[nn]), 1)
             un = (w2 >> 1) % tot
+            dests[nn] = []
             for q in range(x):
                 p = (un + q * tot) // x
                 acc, dest = 0, sizes[nn][-1][0]
@@ -405,18 +431,29 @@ class RefSim:
                         dest = where
                         break
                     acc += size
-                self._slab_free(r, nn, dest)
+                dests[nn].append(dest)
+        # the frees into slabs that are not full, every node class, then those into full
+        # slabs, node class by node class (a full slab made partial can drain the per-CPU
+        # list, whose slabs may be of either node class)
+        for full in (False, True):
+            for nn, ds in dests.items():
+                for dest in ds:
+                    if (dest[0] == "full") == full:
+                        self._slab_free(r, nn, dest)
 
     def _slab_sizes(self, n: int) -> list:
         """Allocated objects on node ``n`` by the slab that holds them, in destination
         order: rep by rep its CPU slab (untracked objects) and its per-CPU partial list
-        (the draining slab and the levels, one segment); the node's head slab and partial
+        (the draining slab and the levels, one segment) and its per-CPU partial slabs of
+        the other memory node class (one segment); the node's head slab and partial
         slabs by level, fullest first; its full slabs."""
         out = []
         for k in range(R):
             on = self.mem[k] == n
             out.append((("cs", k, 0), (self.cs_inuse[k] - self.cs_tracked[k]) if on else 0))
             out.append((("pc", k, 0), (self.pd[k] + sum(self.pcu[k])) if on else 0))
+            rem = self.other[k] == n
+            out.append((("rpc", k, 0), (self.rpd[k] + sum(self.rpu[k])) if rem else 0))
         out.append((("head", None, 0), self.hu[n] if self.hs[n] else 0))
         for lv in range(LEVELS - 1, 0, -1):
             out.append((("part", None, lv), self.nu[n][lv]))
@@ -474,7 +511,7 @@ class RefSim:
                         self.F[m] += 1          # the exhausted CPU slab is full
                     self.pend_cs[r] = [0] * R   # old slab's objects leave the CPU slab
                     self.cs_tracked[r] = 0
-                    if self._pc_slabs(r) > 0:
+                    if self._pc_local(r) > 0:
                         h = self._take_pc(r)
                     elif self._node_slabs(m) > 0:
                         h = self._take_node_slab(m)
@@ -523,7 +560,7 @@ class RefSim:
             self._flushed += self.cap
         self.main[r] = 1
 
-    def _pc_free(self, r: int, k: int):
+    def _pc_free(self, r: int, k: int, remote: bool = False):
         """One free by rep ``r`` into rep ``k``'s per-CPU partial slabs.  The frees of a
         per-CPU list go to one slab at a time, the draining slab (``pd``), until it is
         empty: the kernel's consumers free a slab's objects one after another, so slabs
@@ -532,14 +569,19 @@ class RefSim:
         ``prior && !on_node_partial``, leaves it on the per-CPU list).  An emptied slab
         counts on level 0, where the list's drain discards it (__unfreeze_partials(), 6.1;
         __put_partials(), 6.12).  With no draining slab the free starts the least used
-        partial slab of the list."""
-        if self.pd[k] == 0:
-            self.pd[k] = self._take_least_used(self.pcs[k], self.pcu[k])
-        self.pd[k] -= 1
-        if self.pd[k] == 0:
-            self.pcs[k][0] += 1
+        partial slab of the list.  ``remote``: into rep ``k``'s slabs of the other memory
+        node class (the same rules, that node's lock)."""
+        if remote:
+            s, u, pd, node = self.rps[k], self.rpu[k], self.rpd, self.other[k]
+        else:
+            s, u, pd, node = self.pcs[k], self.pcu[k], self.pd, self.mem[k]
+        if pd[k] == 0:
+            pd[k] = self._take_least_used(s, u)
+        pd[k] -= 1
+        if pd[k] == 0:
+            s[0] += 1
             if self.pc_empty_locks:
-                self._lock(r, self.mem[k])
+                self._lock(r, node)
 
     def _node_free(self, r: int, n: int, lv: int):
         """One free into node ``n``'s partial slabs at level ``lv``."""
@@ -560,8 +602,8 @@ class RefSim:
             self._bump("free_slow", r)
             return
         self._bump("free_slow", r)
-        if kind == "pc":
-            self._pc_free(r, k)
+        if kind in ("pc", "rpc"):
+            self._pc_free(r, k, kind == "rpc")
             return
         if kind == "head":
             self.hu[n] -= 1
@@ -573,21 +615,27 @@ class RefSim:
         if kind == "part":
             self._node_free(r, n, lv)
             return
+        cpu_partial = self.cpu_partial_slabs > 0 and self.cpu_slab
+        remote = n != m
         if self.F[n] <= 0:
             # the run's earlier frees have made every full slab partial: the object is in
             # one of those (top level), on this CPU's partial list or the node's
-            if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m \
-                    and self.pd[r] + sum(self.pcu[r]) > 0:
-                self._pc_free(r, r)
+            held = (self.rpd[r] + sum(self.rpu[r])) if remote \
+                else (self.pd[r] + sum(self.pcu[r]))
+            if cpu_partial and held > 0:
+                self._pc_free(r, r, remote)
             else:
                 self._node_free(r, n, self.top)
             return
-        # a full slab becomes partial
+        # a full slab becomes partial: frozen onto this CPU's per-CPU partial list
+        # whatever its node, no list_lock (6.1 __slab_free(): ``!prior`` with
+        # kmem_cache_has_cpu_partial() sets new.frozen, then put_cpu_partial(s, slab, 1);
+        # 6.12 the same without freezing)
         self.F[n] -= 1
-        if self.cpu_partial_slabs > 0 and self.cpu_slab and n == m:
+        if cpu_partial:
             if self._pc_slabs(r) >= self.cpu_partial_slabs:
-                self._drain(r, m)
-            self._add_pc(r, self.objs - 1)
+                self._drain(r)
+            self._add_pc(r, self.objs - 1, remote)
             return
         self._lock(r, n)
         if self.objs == 1 and self._node_slabs(n) >= self.min_partial:
@@ -615,7 +663,8 @@ class RefSim:
             self.g_rep[2][r] += self.main[r] + self.spare[r]
         for n in range(N):
             held = sum(int(self.cs_free[k] + self.cs_inuse[k] + self.cs_rfree[k] > 0)
-                       + self._pc_slabs(k) for k in range(R) if self.mem[k] == n)
+                       + self._pc_local(k) for k in range(R) if self.mem[k] == n)
+            held += sum(self._pc_remote(k) for k in range(R) if self.other[k] == n)
             self.g_node[0][n] += self._node_slabs(n) + self.F[n] + held
             self.g_node[1][n] += self.ns[n][0]
             self.g_node[2][n] += self.barn_full[n] * self.cap

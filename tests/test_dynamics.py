@@ -311,7 +311,7 @@ def test_a_per_cpu_partial_slab_empties_and_its_drain_discards_it(unfrozen, lock
     assert sim.counts["list_lock"][0] == locks
     sim._pc_free(0, 0)                        # the next slab starts draining
     assert sim.pd[0] == 2 and sum(sim.pcu[0]) == 3 and sim._pc_slabs(0) == 3
-    sim._drain(0, 0)
+    sim._drain(0)
     assert sim.counts["slab_free"][0] == 1    # the empty slab, discarded
     assert sum(sim.ns[0]) == 2 and sum(sim.nu[0]) == 5 and sim.ns[0][0] == 0
     assert sim._pc_slabs(0) == 0 and sim.counts["list_lock"][0] == locks + 1
@@ -343,6 +343,47 @@ def test_pc_walk_is_the_frees_one_at_a_time(slabs, pd):
                 [np.int32(v) for v in s0], [np.int32(v) for v in u0], np.int32(pd), np.int32(x))
             assert [int(v) for v in (*s1, *u1[1:], pd1, e1)] == \
                 [int(v) for v in (*s, *u[1:], got_pd, emptied)], x
+
+
+TWO_MEM = Topology.uniform(16, 2)
+
+
+@pytest.mark.parametrize("unfrozen", [False, True])
+def test_remote_full_slab_free_goes_to_the_freeing_cpus_partial_list(unfrozen):
+    """Item 5b.  Before 7.0, __slab_free() of an object into a full slab (not frozen,
+    prior freelist NULL) with per-CPU partial lists puts the slab on the FREEING CPU's
+    per-CPU partial list whatever node the slab is on (6.1: freezes it, put_cpu_partial(s,
+    slab, 1); 6.12: the same without freezing), taking no list_lock.  A later push onto
+    a list of cpu_partial_slabs slabs drains it (6.1 __unfreeze_partials(), 6.12
+    __put_partials()): each slab goes to its own node's list under that node's list_lock,
+    so a list holding slabs of both nodes takes both locks, the remote one counted as a
+    remote acquisition.  v6.8+ (``unfrozen``): a free that empties the remote slab on the
+    list takes the remote node's list_lock."""
+    from slabtune.model import reference_sim
+    prof = profiles.get_profile("v6.1")
+    cfg = dynamics.config_from(_struct("v6.1", 256, TWO_MEM), prof, TWO_MEM,
+                               {"kind": "producer_consumer", "depth": 64},
+                               cpu_partial_slabs=2, min_partial=5)
+    sim = reference_sim.RefSim(cfg._replace(pc_empty_locks=np.int32(int(unfrozen))))
+    r = next(k for k in range(dynamics.R) if sim.mem[k] == 1 and sim.node[k] == 1)
+    objs = sim.objs
+    sim.F[0] = 3
+    sim._slab_free(r, 0, ("full", None, 0))              # a node-0 slab, freed on node 1
+    assert sim.counts["list_lock"][r] == 0 and sim.F[0] == 2
+    assert sim._pc_remote(r) == 1 and sum(sim.rpu[r]) == objs - 1
+    assert sim._pc_local(r) == 0 and sum(sim.ns[0]) == 0
+    sim._add_pc(r, 3)                                    # a node-1 slab on the list: full
+    sim._slab_free(r, 0, ("full", None, 0))              # the next push drains it first
+    c = sim.counts
+    assert (c["cpu_partial_drain"][r], c["list_lock"][r], c["list_lock_remote"][r]) == (1, 2, 1)
+    assert (sum(sim.ns[0]), sum(sim.nu[0])) == (1, objs - 1)     # the remote slab, home
+    assert (sum(sim.ns[1]), sum(sim.nu[1])) == (1, 3)            # the local one
+    assert sim._pc_remote(r) == 1 and sim._pc_local(r) == 0
+    for _ in range(objs - 1):                            # its objects freed one by one
+        sim._slab_free(r, 0, ("rpc", r, 0))
+    assert sim.rps[r][0] == 1 and sim.rpd[r] == 0        # empty, still listed
+    assert c["list_lock"][r] == 2 + int(unfrozen)
+    assert sim.lock_node[0] == 1 + int(unfrozen)
 
 
 def test_v72_sheaf_flush_locks_once_per_slab_that_changes_state():

@@ -24,6 +24,7 @@ TOPOS = {
     "1node16": Topology.uniform(16, 1),
     "2node_memless": Topology.uniform(64, 2, memoryless_nodes=(1,)),
     "3node": Topology.uniform(24, 3, memoryless_nodes=(2,)),
+    "2mem": Topology.uniform(16, 2),
 }
 WORKLOADS = {
     "local": {"kind": "local", "live": 40},
@@ -175,6 +176,32 @@ def test_runs_equal_reference_random_configs(b, profile, size, topo, wl, min_par
     _assert_equal(cfg, seed)
 
 
+@pytest.mark.parametrize("b", [1, 7, 64])
+@pytest.mark.parametrize("profile,size,wl,kw", [
+    ("v6.1", 4096, "producer_consumer", dict(cross_node=0.5)),
+    ("v6.1", 4096, "block_io", dict()),
+    ("v5.10", 1024, "producer_consumer", dict(cross_node=0.5)),
+    ("v6.18", 4096, "request_response", dict()),
+])
+@pytest.mark.parametrize("cps,mp", [(None, None), (1, 2), (3, 0)])
+def test_remote_slabs_on_per_cpu_partial_lists_equal_reference(b, profile, size, wl, kw,
+                                                               cps, mp):
+    """Two memory nodes, frees across them (item 5b): full slabs of the other node made
+    partial by a free go on the freeing CPU's per-CPU partial list, and the list's drains
+    move them home; the JAX model equals the reference, which really holds such slabs."""
+    over = {} if cps is None else dict(cpu_partial_slabs=cps, min_partial=mp)
+    cfg = _cfg(profile, TOPOS["2mem"], dict(WORKLOADS[wl], **kw), size=size,
+               ops_per_step=b, **over)
+    _assert_equal(cfg, seed=b + 17)
+    sim = reference_sim.RefSim(cfg)
+    w = np.asarray(dynamics.draws(jax.random.key(b + 17), STEPS))
+    held = 0
+    for t in range(STEPS):
+        sim.step(w[t])
+        held += sum(sim._pc_remote(r) for r in range(dynamics.R))
+    assert held > 0
+
+
 def test_run_of_one_is_the_single_op_model():
     """b = 1 spelled out: every rep does at most one op per step."""
     cfg = _cfg("v6.1", TOPOS["2node_memless"], WORKLOADS["request_response"])
@@ -200,7 +227,7 @@ def test_simulate_from_key_equals_its_draws():
 
 def _slab_inuse(sim: reference_sim.RefSim) -> int:
     cs = sum(sim.cs_inuse)
-    pc = sum(map(sum, sim.pcu)) + sum(sim.pd)
+    pc = sum(map(sum, sim.pcu)) + sum(sim.pd) + sum(map(sum, sim.rpu)) + sum(sim.rpd)
     node = sum(map(sum, sim.nu)) + sum(sim.hu)
     return cs + pc + node + sum(sim.F) * sim.objs
 
@@ -217,13 +244,14 @@ def _held(sim: reference_sim.RefSim) -> int:
     ("v7.0", "block_io", dict(sheaf_capacity=4)),
     ("v7.1", "producer_consumer", dict(sheaf_capacity=6, barn_max_full=1)),
 ])
-def test_invariants_every_step(profile, wl, kw, b):
+@pytest.mark.parametrize("topo", ["2node_memless", "2mem"])
+def test_invariants_every_step(profile, wl, kw, b, topo):
     """After every step: objects allocated from slabs = objects in flight + objects parked
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
     per slab; every fill level's objects lie within its bounds; a head slab is partly
     used; a draining per-CPU slab is partly used; a node never keeps more than
     min_partial empty slabs; nothing negative."""
-    cfg = _cfg(profile, TOPOS["2node_memless"], WORKLOADS[wl], ops_per_step=b, **kw)
+    cfg = _cfg(profile, TOPOS[topo], WORKLOADS[wl], ops_per_step=b, **kw)
     sim = reference_sim.RefSim(cfg)
     w = np.asarray(dynamics.draws(jax.random.key(3), 600))
     for t in range(w.shape[0]):
@@ -235,9 +263,10 @@ def test_invariants_every_step(profile, wl, kw, b):
             assert tot in (0, sim.objs), (t, r)
             assert sim.cs_tracked[r] == sum(sim.pend_cs[r]) <= sim.cs_inuse[r]
             assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(dynamics.R))
-            assert 0 <= sim.pd[r] < sim.objs, (t, r)
+            assert 0 <= sim.pd[r] < sim.objs and 0 <= sim.rpd[r] < sim.objs, (t, r)
         lo = sim.lo + [sim.objs]
         for s, u in [(sim.pcs[r], sim.pcu[r]) for r in range(dynamics.R)] + \
+                [(sim.rps[r], sim.rpu[r]) for r in range(dynamics.R)] + \
                 [(sim.ns[n], sim.nu[n]) for n in range(dynamics.N)]:
             for lv in range(dynamics.LEVELS):
                 hi = min(lo[lv + 1] - 1, sim.objs - 1)

@@ -257,7 +257,9 @@ class Search:
     def initial(self) -> State:
         """Generation 0, not evaluated: ``N`` uniform index vectors, the first the grid
         point nearest the baseline policy, all ranked last (worst infeasible), so the first
-        generation's children, drawn from them, replace them all."""
+        generation's children, drawn from them, replace them all.  (A SLAB baseline's
+        tunables are each cache's own, which no grid point holds: nearest to their stand-in
+        :data:`~slabtune.tuner.space.SLAB_CACHE_DEFAULT` is each tunable's smallest value.)"""
         key = jax.random.fold_in(self.root, 0)
         k = len(self.grid.names)
         pop = jax.random.randint(key, (self.n, k), 0, self.sizes)

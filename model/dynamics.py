@@ -1316,20 +1316,25 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
     walk = _pc_walk_one if cx.d["max_run"] == 1 else _pc_walk
-    for fs, fu, fd, c, onehot in ((PCS, PCU, "pd", c_pc[:, 0], "pc_lock_onehot"),
-                                  (RPS, RPU, "rpd", c_pc[:, 1], "rpc_lock_onehot")):
+    lists = ((PCS, PCU, "pd", c_pc[:, 0]), (RPS, RPU, "rpd", c_pc[:, 1]))
+    vals = []
+    for fs, fu, fd, c in lists:
         s = [cx.whole(f) for f in fs]
         u = [_i(0)] + [cx.whole(f) for f in fu[1:]]
         s, u, pd, emptied = walk(s, u, cx.whole(fd), c)
-        out = _materialize(s + u[1:] + [pd, emptied], cx.d["zero"])
+        vals += s + u[1:] + [pd, emptied]
+    out = _materialize(vals, cx.d["zero"])         # one barrier for both lists
+    w = len(vals) // 2
+    for (fs, fu, fd, _), o in zip(lists, (out[:w], out[w:])):
         for lv in range(LEVELS):
-            st[fs[lv]] = out[lv]
+            st[fs[lv]] = o[lv]
             if lv:
-                st[fu[lv]] = out[LEVELS - 1 + lv]
-        st[fd] = out[-2]
-        # per node class: the reps' (memory, other) nodes as a one-hot (N, R) selecting
-        # the counts
-        cx.lock_nodes(jnp.sum(jnp.where(cx.d[onehot] > 0, out[-1][None], 0), axis=1))
+                st[fu[lv]] = o[LEVELS - 1 + lv]
+        st[fd] = o[-2]
+    # per node class: the reps' memory (other memory) nodes as a one-hot (N, R) selecting
+    # the counts of their own (remote) slabs
+    cx.lock_nodes(jnp.sum(jnp.where(cx.d["pc_lock_onehot"] > 0, out[w - 1][None], 0)
+                          + jnp.where(cx.d["rpc_lock_onehot"] > 0, out[-1][None], 0), axis=1))
     own_fast = jnp.sum(jnp.where(mine, c_cs, 0), axis=0)
     cx.radd("cs_free", own_fast)
     return own_fast

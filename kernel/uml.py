@@ -49,6 +49,7 @@ from typing import Any
 
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import build, lab_boot, labmod
+from slabtune.model import bootparams
 from slabtune.native import cache_dir
 
 #: The kernel of kernels.tsv this runner boots.
@@ -118,7 +119,7 @@ def uml_argv(kernel: Path | str, initrd: Path | str, uml_dir: Path | str, *, cpu
     for k, v in (boot_params or {}).items():
         if not isinstance(k, str) or not _PARAM_NAME_RE.match(k):
             raise UmlError(f"boot parameter {k!r}: not a slab boot parameter name")
-        words.append(f"{k}={_int(k, v, 0, (1 << 31) - 1)}")
+        words.append(bootparams.cmdline_arg(k, _int(k, v, 0, (1 << 31) - 1)))
     _int("memory_mib", memory_mib, 32, 1 << 16)
     if not isinstance(umid, str) or not _UMID_RE.match(umid):
         raise UmlError(f"umid: {umid!r} is not 1-32 letters, digits, _ or -")

@@ -96,7 +96,7 @@ def bound_by_traffic(per_cpu, node, objs_per_slab, traffic):
 
 
 def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_where,
-                      state: str = "steady", traffic=None, cpu_slab=True):
+                      state: str = "steady", traffic=None, cpu_slab=True, shared=None):
     """Overhead bytes and live bytes per (B, T, W, K) point (see the module docstring).
 
     Retention, in slabs of ``slab_bytes(order)``: every CPU holds
@@ -107,7 +107,10 @@ def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_whe
     churns; None: every cache churned) bounds both (:func:`bound_by_traffic`); the tuner's
     steady fleet passes none.  ``cpu_slab``: whether the profile's caches have a CPU slab
     (:attr:`~slabtune.model.profiles.KernelProfile.has_cpu_slab`; v7.x: none, the sheaves
-    hold what it held).  Live objects pay their slabs' ``leftover`` share.
+    hold what it held).  Live objects pay their slabs' ``leftover`` share.  ``shared``
+    (bool, broadcastable to (B, T, W, K); None: none): caches merged into another
+    (model/merging.py), whose objects live in that cache's slabs: they pay their leftover
+    share, and the retained slabs, sheaves and barns are the other cache's, counted there.
     """
     f = lambda x: jnp.asarray(x, _F32)  # noqa: E731
     t = lambda x: x[None, :, None, None]  # noqa: E731
@@ -135,5 +138,7 @@ def structural_memory(st: policy.Structure, fa, barn_full, barn_empty, barns_whe
     be = f(barn_empty)[:, None, None, None]
     barns = barn_nodes * (bf / 2.0 * (sheaf_struct + cap * size) + be / 2.0 * sheaf_struct)
     barns = jnp.where(cap > 0, barns, 0.0)
-    overhead = leftover + cpu_retained + node_empty + per_cpu_sheaves + barns
-    return overhead, live_objs * size
+    retained = cpu_retained + node_empty + per_cpu_sheaves + barns
+    if shared is not None:
+        retained = jnp.where(shared, 0.0, retained)
+    return leftover + retained, live_objs * size

@@ -101,3 +101,73 @@ def test_guest_boot_refuses_bad_flags(tmp_path, monkeypatch, param, needle):
     assert "not found" in error_line(rc, err) and "--param" not in err
     rc, _, err = run("guest", "boot", "--param", param, "--workload", "none")
     error_line(rc, err, "--param:", needle)
+
+
+# --------------------------------------------------------------------------- the knob
+
+
+def _quick_spec(profile: str, kernel_config: str):
+    from slabtune.tuner import study
+
+    text = (Path(__file__).parents[1] / "sweeps" / "tune_quick.toml").read_text()
+    text = text.replace('profile = "v6.18"',
+                        f'profile = "{profile}"\nkernel_config = "{kernel_config}"')
+    return study.parse_spec(text, "quick")
+
+
+def test_fleet_merge_roots_follow_the_merge_model():
+    """The lab configuration on 6.1 merges skbuff_head_cache and maple_node (no ctor, no
+    SLAB_NO_MERGE there; usercopy ignored) into kmalloc-256; a distribution kernel merges
+    no two of these caches; 6.18 (sheaf request, SLAB_NO_MERGE skb heads) neither."""
+    from slabtune.model import merging
+    from slabtune.tuner import fleet
+
+    for profile, kc in (("v6.1", "lab"), ("v6.1", "distro"), ("v6.18", "lab")):
+        fl = _quick_spec(profile, kc).fleet
+        roots = fleet.merge_roots(fl)
+        usercopy, memcg = fleet.KERNEL_CONFIGS[kc]
+        cfg = merging.MergeConfig(usercopy, memcg, fl.profile.version[:2])
+        facts = merging.captured_facts([c.name for c in fl.caches], cfg,
+                                       {c.name: c.size for c in fl.caches})
+        for i in range(len(fl.caches)):
+            j = roots[i]
+            if j != i:      # merged: same flags and aligned size, both mergeable
+                a, b = facts[i], facts[j]
+                assert fl.caches[j].is_kmalloc or j < i
+                assert (a.flags, a.size) == (b.flags, b.size)
+                assert not merging.unmergeable(a, cfg, False)
+                assert not merging.unmergeable(b, cfg, False)
+        merged = {fl.caches[i].name for i in range(len(roots)) if roots[i] != i}
+        lab61 = (profile, kc) == ("v6.1", "lab")
+        assert merged == ({"skbuff_head_cache", "maple_node"} if lab61 else set())
+
+
+def test_structural_objectives_share_a_merged_cache():
+    from slabtune.tuner.objectives import FleetEvaluator
+
+    lab = _quick_spec("v6.1", "lab")
+    distro = _quick_spec("v6.1", "distro")
+    pols = [{}, {"slub_nomerge": 1}, {"slub_max_order": 1}, {"slub_max_order": 1,
+                                                              "slub_nomerge": 1}]
+    e_lab = FleetEvaluator(lab.fleet, lab.objectives).evaluate(pols)
+    e_dis = FleetEvaluator(distro.fleet, distro.objectives).evaluate(pols)
+    # nothing merges on the distribution kernel: the flag changes nothing
+    assert e_dis.memory[0] == e_dis.memory[1] and e_dis.time[0] == e_dis.time[1]
+    # slub_nomerge on the lab kernel is the distribution kernel's fleet
+    np = pytest.importorskip("numpy")
+    np.testing.assert_allclose(e_lab.memory[[1, 3]], e_dis.memory[[1, 3]], rtol=1e-6)
+    np.testing.assert_allclose(e_lab.time[[1, 3]], e_dis.time[[1, 3]], rtol=1e-5)
+    # merged caches keep one set of per-CPU and node retention: less memory
+    assert e_lab.memory[0] < e_lab.memory[1] and e_lab.memory[2] < e_lab.memory[3]
+
+
+def test_export_renders_the_flag():
+    from slabtune.results import export
+
+    c = export.ExportedPolicy(study="s", trial=0, profile=V618, memory=1.0, time=1.0,
+                              baseline={"memory": 1.0, "time": 1.0},
+                              boot={"slub_nomerge": 1, "slub_max_order": 2}, sysfs={},
+                              kernel_change=(), gains={}, params={"slub_nomerge": 1})
+    assert export.render(c, "cmdline") == "slab_max_order=2 slab_nomerge\n"
+    assert export.render(c, "cmdline", "slub") == "slub_max_order=2 slub_nomerge\n"
+    assert export.report(c)["boot_params"] == {"slub_nomerge": 1, "slub_max_order": 2}

@@ -54,6 +54,8 @@ class Fleet:
     topologies: tuple[FleetTopology, ...]
     caches: tuple[CacheInfo, ...]
     workloads: tuple[FleetWorkload, ...]
+    #: The kernel configuration that decides which caches merge (:data:`KERNEL_CONFIGS`).
+    kernel_config: str = "distro"
 
     @property
     def topology_names(self) -> tuple[str, ...]:
@@ -125,7 +127,8 @@ def parse_fleet(table, sweep=None) -> Fleet:
     """
     if not isinstance(table, Mapping):
         raise SlabtuneError("fleet: expected a [fleet] table")
-    unknown = set(table) - {"profile", "topology", "workload", "sweep", "topology_weight"}
+    unknown = set(table) - {"profile", "topology", "workload", "sweep", "topology_weight",
+                            "kernel_config"}
     if unknown:
         raise SlabtuneError(f"fleet.{sorted(unknown)[0]}: unknown field")
     if "sweep" in table:
@@ -160,7 +163,39 @@ def parse_fleet(table, sweep=None) -> Fleet:
         caches, workloads = sweep_default_workload(sweep)
     else:
         caches, workloads = _parse_workloads(wl_t)
-    return Fleet(profile, topos, caches, workloads)
+    kcfg = table.get("kernel_config", "distro")
+    if kcfg not in KERNEL_CONFIGS:
+        raise SlabtuneError(f"fleet.kernel_config: {kcfg!r} is not one of "
+                            f"{', '.join(KERNEL_CONFIGS)}")
+    return Fleet(profile, topos, caches, workloads, kcfg)
+
+
+#: ``[fleet] kernel_config``: the configuration facts cache merging depends on
+#: (model/merging.py): ``distro`` (CONFIG_MEMCG and CONFIG_HARDENED_USERCOPY, as Debian's
+#: kernels: no kmalloc cache merges) or ``lab`` (neither, as the lab's own builds).
+KERNEL_CONFIGS: dict[str, tuple[bool, bool]] = {"distro": (True, True), "lab": (False, False)}
+
+
+def merge_roots(fleet: Fleet) -> np.ndarray:
+    """(K,) the index of the fleet cache whose kmem_cache each cache shares when caches
+    merge (its own index when it has its own): :func:`slabtune.model.merging.merge_roots`
+    over the fleet's caches, kmalloc caches first (kmem_cache_init() creates them before
+    any other), the rest in fleet order, with the captured per-cache facts, the fleet
+    cache's stride as its size and :data:`KERNEL_CONFIGS`.  A cache the capture does not
+    know (``size-N``) is kept apart.  Only merges between fleet caches show: a fleet cache
+    merged with one outside the fleet is modelled as on its own."""
+    from slabtune.model import merging
+
+    usercopy, memcg = KERNEL_CONFIGS[fleet.kernel_config]
+    config = merging.MergeConfig(usercopy, memcg, tuple(fleet.profile.version[:2]))
+    order = sorted(range(len(fleet.caches)), key=lambda i: not fleet.caches[i].is_kmalloc)
+    names = [fleet.caches[i].name for i in order]
+    facts = merging.captured_facts(names, config, {c.name: c.size for c in fleet.caches})
+    facts = [f if f is not None else merging.CacheMergeFacts(n, 0, never=True)
+             for n, f in zip(names, facts)]
+    roots = merging.merge_roots(facts, config, nomerge=False)
+    index = {c.name: i for i, c in enumerate(fleet.caches)}
+    return np.array([index[roots[c.name]] for c in fleet.caches], np.int32)
 
 
 def _parse_workloads(wl_t) -> tuple[tuple[CacheInfo, ...], tuple[FleetWorkload, ...]]:
@@ -371,6 +406,8 @@ class FleetArrays(NamedTuple):
     foreign_free: jnp.ndarray    # (W,)
     churn: jnp.ndarray           # (W,)
     w_weight: jnp.ndarray        # (W,), normalised
+    #: (K,) numpy: the cache whose kmem_cache each shares when merging (:func:`merge_roots`)
+    merge_root: np.ndarray | None = None
 
 
 def fleet_arrays(fleet: Fleet) -> FleetArrays:
@@ -397,4 +434,5 @@ def fleet_arrays(fleet: Fleet) -> FleetArrays:
         foreign_free=jnp.asarray([w.foreign_free for w in fleet.workloads], _F32),
         churn=jnp.asarray([w.churn for w in fleet.workloads], _F32),
         w_weight=jnp.asarray(ww / ww.sum()),
+        merge_root=None if profiles.is_slab(fleet.profile) else merge_roots(fleet),
     )

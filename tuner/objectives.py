@@ -188,14 +188,59 @@ def priced_time(reps, order, objs_per_slab, fa: FleetArrays, cost: cost_model.Co
     return (t_w * fa.w_weight[None, None, :]).sum(-1)
 
 
+def merged_structure(st: policy.Structure, values, fa: FleetArrays):
+    """Cache merging in the structural set: ``(st, alias, in_group)``.
+
+    Without ``slub_nomerge`` (``values["slub_nomerge"]`` 0) a cache that
+    :func:`~slabtune.tuner.fleet.merge_roots` merges into another fleet cache has that
+    cache's kmem_cache (``__kmem_cache_alias()``, mm/slab_common.c): its structure is the
+    owner's and it keeps no slabs, per-CPU slabs or sheaves, partial lists or barns of its
+    own.  ``alias``: (B, 1, K) such caches, per policy; ``in_group``: (B, 1, K) the caches
+    of a merged kmem_cache, owner included, whose list_lock and barn traffic is one
+    (:func:`merged_lock_rate`).  Both None where no fleet caches merge."""
+    root = fa.merge_root
+    if root is None or "slub_nomerge" not in values:
+        return st, None, None
+    k = np.arange(len(root))
+    aliased = root != k
+    if not aliased.any():
+        return st, None, None
+    grouped = np.bincount(root, minlength=len(root))[root] > 1
+    merging = jnp.asarray(values["slub_nomerge"], _I32)[:, None, None] == 0     # (B, 1, 1)
+    alias = merging & jnp.asarray(aliased)[None, None, :]
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in st))
+
+    def owner(x):
+        x = jnp.broadcast_to(x, shape)
+        return jnp.where(alias, jnp.take(x, jnp.asarray(root), axis=-1), x)
+    st = policy.Structure(*(owner(x) for x in st))
+    return st, alias, merging & jnp.asarray(grouped)[None, None, :]
+
+
+def merged_lock_rate(rate, fa: FleetArrays, in_group):
+    """(B, T, W, K) list_lock (or barn lock) acquisitions per op where merged caches share
+    one lock: each member's rate becomes its kmem_cache's, the op-weighted mean over the
+    members (the group priced as one cache whose ops are theirs, as :func:`priced_time`
+    prices each cache's lock on its own).  Caches outside a group keep theirs."""
+    root = np.asarray(fa.merge_root)
+    same = jnp.asarray((root[:, None] == root[None, :]).astype(np.float32))   # (K, K)
+    ops = fa.ops                                                            # (W, K)
+    num = jnp.einsum("btwj,wj,kj->btwk", rate, ops, same)
+    den = jnp.einsum("wj,kj->wk", ops, same)[None, None]
+    mean = jnp.where(den > 0, num / jnp.maximum(den, 1e-30), rate)
+    return jnp.where(in_group[:, :, None, :], mean, rate)
+
+
 def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
                           cost: cost_model.CostParams, pcp_max: int) -> PerTopology:
     """The ``structural`` objective set: (B, T) memory overhead ratio and ns per op."""
     st, prof_b = policy_structure(values, prof, fa)
+    st, alias, in_group = merged_structure(st, values, fa)
     bfull = jnp.asarray(values["barn_max_full"], _F32)
     bempty = jnp.asarray(values["barn_max_empty"], _F32)
     overhead, live = structural_memory(st, fa, bfull, bempty, prof.barns,
-                                       cpu_slab=policy.has_cpu_slab(prof))
+                                       cpu_slab=policy.has_cpu_slab(prof),
+                                       shared=None if alias is None else alias[:, :, None, :])
     # memory: per workload, all caches together; then workloads weighted.
     mem_w = overhead.sum(-1) / jnp.maximum(live.sum(-1), 1.0)          # (B, T, W)
     memory = (mem_w * fa.w_weight[None, None, :]).sum(-1)
@@ -215,7 +260,10 @@ def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
     reps = []
     for m in (False, True):
         r, ll, bl = structural_rates(stw, prof4, bf4, ff, ch, memoryless=m)
-        reps.append((cost_model.OpRates(*(bs(x) for x in r)), bs(ll), bs(bl)))
+        ll, bl = bs(ll), bs(bl)
+        if alias is not None:
+            ll, bl = (merged_lock_rate(x, fa, in_group) for x in (ll, bl))
+        reps.append((cost_model.OpRates(*(bs(x) for x in r)), ll, bl))
     time = priced_time(reps, stw.order, stw.objs_per_slab, fa, cost, pcp_max)
     return PerTopology(memory=memory, time=time)
 

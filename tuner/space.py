@@ -4,7 +4,8 @@ each knob reaches a running kernel.
 A knob is one integer the model reads.  Each is marked with its *reach*:
 
 * ``boot``: a kernel command-line parameter (``slub_min_order``, ``slub_max_order``,
-  ``slub_min_objects``; ``slab_*`` aliases from v6.8);
+  ``slub_min_objects``; ``slab_*`` aliases from v6.8) or flag (``slub_nomerge``: 0 or 1,
+  rendered bare as ``slab_nomerge`` / ``slub_nomerge``);
 * ``sysfs``: a per-cache value writable at run time under ``/sys/kernel/slab/<cache>/``
   (``min_partial``, and ``cpu_partial`` in eras with per-CPU partial lists).  The min_partial
   clamp and divisor are the kernel's formula for the initial value; a policy that changes
@@ -73,6 +74,9 @@ KNOBS: dict[str, KnobDef] = {k.name: k for k in (
             "largest slab order calculate_order() tries (min(value, MAX_PAGE_ORDER) at boot)"),
     KnobDef("slub_min_objects", "boot", 0, 1024, None,
             "objects a slab should hold; 0 keeps the 4 * (fls(nr_cpus) + 1) heuristic"),
+    KnobDef("slub_nomerge", "boot", 0, 1, None,
+            "1: boot with slub_nomerge, so no cache is merged into another "
+            "(find_mergeable(); model/merging.py)"),
     KnobDef("order_objects_mul", "kernel", 1, 32, None,
             "the 4 in min_objects = 4 * (fls(nr_cpus) + 1)"),
     KnobDef("order_objects_add", "kernel", 0, 8, None,
@@ -157,6 +161,7 @@ def baseline_values(profile: profiles.KernelProfile) -> dict[str, int]:
         "slub_min_order": 0,
         "slub_max_order": profiles.DEFAULT_MAX_ORDER,
         "slub_min_objects": 0,
+        "slub_nomerge": 0,
         "order_objects_mul": 4,
         "order_objects_add": 1,
         "min_partial_divisor": profile.min_partial_divisor,

@@ -130,6 +130,9 @@ class SimConfig(NamedTuple):
     #: SLAB's view only, per rep (R,) or 0: drains of an alien array done under its lock
     #: (a full array's, reap_alien()'s) per alien lock acquisition (metrics.lock_sections).
     alien_drains: Any = np.float32(0.0)
+    #: SLAB's view only, 1: the objects a refill, flush or drain moves are moved under
+    #: the list_lock (SLUB moves a sheaf's outside it).
+    objects_under_list_lock: Any = np.float32(0.0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).

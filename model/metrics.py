@@ -139,14 +139,20 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     The objects a sheaf refill or flush moves are priced outside the lock
     (:func:`slabtune.model.cost.base_ns_per_op`).
 
+    SLAB (``cfg.objects_under_list_lock``) moves the objects of a refill, flush or drain
+    under the list_lock (cache_alloc_refill(), cache_flusharray(), __drain_alien_cache(),
+    drain_array(): transfer_objects() or free_block() with ``n->list_lock`` held), so each
+    of rep r's list_lock sections is longer by ``sheaf_object_ns`` times the objects it
+    moves per acquisition; that time is also returned in ``nested``.
     SLAB's alien locks (the barn classes of slab_dynamics.slub_view()) also hold the drains
     done under them: 6.1 __cache_free_alien() and reap_alien() (3.1 cache_free_alien(),
     reap_alien()) call __drain_alien_cache() with ``alien->lock`` held, which takes the
     object's node's list_lock inside.  Each section of rep r is longer by
     ``cfg.alien_drains`` (drains per alien lock acquisition) times r's mean service (hold
     and lines) of another node's list_lock; the list_lock wait inside is left out.  That
-    time is the holder's own already (its list_lock acquisitions), so it is returned apart,
-    as ``nested (R,)``: ns per op that :func:`compute` takes off the base time.
+    time is the holder's own already (its list_lock acquisitions; the objects in
+    base_ns_per_op), so it is returned apart, as ``nested (R,)``: ns per op that
+    :func:`compute` takes off the base time.
 
     Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``,
     ``nested (R,)``.
@@ -182,13 +188,18 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
                             jnp.full((n_nodes,), barn_hold),
                             jnp.full((n_nodes,), cost.zone_hold_ns(cfg.order, pcp_max, c))])
+    # SLAB moves its batches under the list_lock (refill, flush, alien and reap drains)
+    moved_ns = _f(cfg.objects_under_list_lock) * c.sheaf_object_ns * _safe_div(
+        (per_op(counters, "sheaf_refill") + per_op(counters, "sheaf_flush"))
+        * _f(cfg.sheaf_capacity), ll[:, 0])                                  # (R,)
+    line = line.at[:, :n_nodes].add(moved_ns[:, None] * _f(list_acq > 0))
     far = _f(~own)
     far_acq = list_acq * far
     far_service = _safe_div(jnp.sum(far_acq * (hold[None, :n_nodes] + line[:, :n_nodes]),
                                     axis=1), jnp.sum(far_acq, axis=1))
     drain = _f(cfg.alien_drains) * far_service                              # (R,)
     line = line.at[:, n_nodes:2 * n_nodes].add(drain[:, None] * _f(barn_acq > 0))
-    nested = jnp.sum(barn_acq, axis=1) * drain
+    nested = jnp.sum(barn_acq, axis=1) * drain + jnp.sum(list_acq, axis=1) * moved_ns
     return acq, line, hold, mult, nested
 
 

@@ -794,7 +794,8 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
     a direct remote free without alien arrays is all under that list_lock too),
     ``alien_lock_lines`` (:func:`slabtune.model.slab.alien_section_lines` of the alien
     arrays' entries) and ``alien_drains`` (:func:`alien_drains`: the drains each alien
-    section does under the lock, which metrics.lock_sections() adds to its service).
+    section does under the lock, which metrics.lock_sections() adds to its service), and
+    ``objects_under_list_lock`` 1 (every batch SLAB moves, it moves under the list_lock).
     list_locks keep their node classes; metrics puts a memoryless rep's on its memory
     node, where its objects come from.  What this prices with SLUB's constants and what
     it misses is in docs/MODEL.md ("SLAB: dynamics", pricing)."""
@@ -823,7 +824,8 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         + REMOTE_FREE_LINES,
         alien_lock_lines=jnp.asarray(slab.alien_section_lines(
             jnp.asarray(cfg.alien_limit)), jnp.float32),
-        alien_drains=alien_drains(c))
+        alien_drains=alien_drains(c),
+        objects_under_list_lock=jnp.ones_like(jnp.asarray(cfg.objs_per_slab, jnp.float32)))
     # SLUB-only switches with a default (era rules of SLUB's paths): that default, in the
     # batch's shape, so the view vmaps like a stacked SLUB config.
     rest = {f: z + jnp.asarray(d).astype(z.dtype) for f, d in

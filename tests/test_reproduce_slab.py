@@ -23,8 +23,9 @@ SLAB_SCENARIOS = (scenarios.SLAB_NETIO_2008, scenarios.SLAB_NETPERF_2011,
 #: tests/test_reproduce.py test_every_direction_agrees, which checks every row).  None:
 #: the netperf rows at 160 threads agree since SLAB's alien free is priced as mm/slab.c
 #: does it (a pointer push under the alien lock, no cross-node line until the drain, the
-#: drain's list_lock service inside the alien section): SLAB 0.88/0.74/0.85x SLUB for
-#: kmalloc-256/1k/4k on the seed's 16-CPU 4-node client.
+#: drain's list_lock service inside the alien section, the batches moved under the
+#: list_lock): SLAB 0.89/0.75/0.86x SLUB for kmalloc-256/1k/4k on the seed's 16-CPU
+#: 4-node client.
 OPEN: dict[str, str] = {}
 
 

@@ -60,10 +60,14 @@ SHEAF_NO_MERGE = (6, 18)
 #: Caches SLUB creates with create_boot_cache() and a refcount of -1: never merge targets,
 #: and never merged (they are made before any other cache).
 BOOTSTRAP_CACHES = ("kmem_cache", "kmem_cache_node")
-#: skb_init() (net/core/skbuff.c) creates skbuff_head_cache with FLAG_SKB_NO_MERGE
-#: (SLAB_NO_MERGE unless CONFIG_SLUB_TINY): in the 6.12.117 and 7.2.13 trees, not in 6.1.192's
-#: (the first version between is not pinned down here; 6.12 is the earliest read).
-SKB_NO_MERGE = (6, 12)
+#: Creators that pass SLAB_NO_MERGE themselves, by the first version taken to have it:
+#: skb_init() (net/core/skbuff.c) gives skbuff_head_cache FLAG_SKB_NO_MERGE (SLAB_NO_MERGE
+#: unless CONFIG_SLUB_TINY) in the 6.12.117 and 7.2.13 trees, not in 6.1.192's; key_init()
+#: (security/keys/key.c) gives key_jar SLAB_NO_MERGE in 7.2.13, not in 6.12.117, and the
+#: 6.18 capture has it merged.  The first version in between is not pinned down: the one
+#: after the last tree seen without it is used.
+NO_MERGE_CREATORS: dict[str, tuple[int, int]] = {"skbuff_head_cache": (6, 12),
+                                                 "key_jar": (6, 19)}
 #: kmem_buckets_create() (mm/slab_common.c, v6.11 on) makes SLAB_NO_MERGE caches named
 #: "<prefix>-<kmalloc size>" for these callers (mm/util.c, ipc/msgutil.c), and
 #: kmem_buckets_cache itself ("kmalloc_buckets", SLAB_NO_MERGE).
@@ -188,13 +192,13 @@ def kmalloc_kind(name: str) -> str | None:
 
 def source_never(name: str, config: MergeConfig) -> bool:
     """Unmergeability sysfs does not show: bootstrap caches (refcount -1), a sheaf request
-    from v6.18, skbuff_head_cache's SLAB_NO_MERGE (:data:`SKB_NO_MERGE`), the caches of
+    from v6.18, SLAB_NO_MERGE creators (:data:`NO_MERGE_CREATORS`), the caches of
     kmem_buckets_create(), KMALLOC_NORMAL caches under CONFIG_MEMCG from v7.0."""
     if name in BOOTSTRAP_CACHES:
         return True
     if name in SHEAF_CACHES and config.version >= SHEAF_NO_MERGE:
         return True
-    if name == "skbuff_head_cache" and config.version >= SKB_NO_MERGE:
+    if name in NO_MERGE_CREATORS and config.version >= NO_MERGE_CREATORS[name]:
         return True
     if name == BUCKETS_CACHE or name.startswith(BUCKET_PREFIXES):
         return True

@@ -149,3 +149,19 @@ def test_find_mergeable_states_the_kernel_conditions():
     assert m.find_mergeable(cred, [m.CacheMergeFacts("y", 192, usersize=8)], m.DISTRO,
                             False) is None
     assert m.find_mergeable(cred, [k192], cfg, True) is None
+
+
+@pytest.mark.parametrize("fixture", ["guest-v6.1-4cpu-2node.csv", "guest-v6.12-4cpu-2node.csv",
+                                     "guest-v7.2-cloud-4cpu-2node-memoryless.csv",
+                                     "host_snapshot_6.18.csv"])
+def test_distro_boots_keep_apart_what_the_model_keeps_apart(fixture):
+    """In Debian's merged boots (6.1, 6.12, 7.2 cloud kernels and the 6.18 host) every cache
+    under its own name, where the capture knows it, is one the model finds unmergeable at
+    that version (e.g. key_jar, SLAB_NO_MERGE in 7.2 but merged on the 6.18 host)."""
+    rows = _rows(fixture)
+    version = tuple(int(x) for x in rows[0]["kernel_release"].split(".")[:2])
+    config = m.MergeConfig(True, True, version)
+    own = [r["cache"] for r in rows if m.parse_unique_id(r["cache"]) is None]
+    facts = [f for f in m.captured_facts(own, config) if f is not None]
+    assert len(facts) > 80
+    assert [f.name for f in facts if not m.unmergeable(f, config, False)] == []

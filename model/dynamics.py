@@ -1878,7 +1878,7 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     leaves = jax.tree_util.tree_leaves((keys, cfgs))
     n = len(keys)
     if not _on_cpu():
-        return _simulate_batch(keys, cfgs, steps, bound, max(n, 1))
+        return _simulate_batch(keys, cfgs, steps, bound, max(n, 1), False)
     p = 1 if any(isinstance(x, jax.core.Tracer) for x in leaves) else _parts(n)
     if p == 1:
         return _simulate_batch(keys, cfgs, steps, bound)
@@ -1920,32 +1920,46 @@ def _pool(p: int):
 
 
 #: Most configurations one scan steps at a time (:func:`_simulate_batch`): a larger batch
-#: is run as equal chunks of at most this many, one after the other, so the step's working
-#: set (2.1 KB of state and 0.6 KB of config per configuration, read and written R times
-#: a step: 0.7 MB a chunk of 256, against 2.7 MB at 1024 and 27 MB for 10^4 in one scan)
-#: stays in a core's L2 cache (1 MiB here).  At 1024 configurations, b = 1, 40 steps, one
-#: thread pinned to one core, in one run (load 8): chunks of 256 gave 1.36-1.39x the ops per
-#: CPU second of chunks of 1024; 128 gave 0.92x and 512 0.88x of 256 (128 pays the ~0.3 us
-#: a fusion costs to launch on fewer configurations).  Earlier, at 1024 against one scan
+#: is run as equal chunks of at most about this many, one after the other, so the step's
+#: working set (2.1 KB of state and 0.6 KB of config per configuration, read and written R
+#: times a step: 2.6 MB a chunk, against 27 MB for 10^4 in one scan) stays in the caches.
+#: Sizes from 240 to 1200 that are no multiple of :data:`ALIAS` ran alike (one thread pinned
+#: to one core, 4800 configurations, b = 1, 20 steps, 5 interleaved rounds, load 8, 23:34
+#: UTC 2026-11-24: 0.27-0.30 CPU s each, 960 the fastest).  Earlier, chunks against one scan
 #: of 10^4: 1.38-1.48x where XLA ran the scan on one core, 0.87-0.92x where it spread the
 #: large scan's fusions over both (load 2); in two threads (:func:`_parts`) 2.13x wall
 #: against 1.64x for two unchunked halves.
-CHUNK = 256
+CHUNK = 960
+#: A chunk's size is rounded up to a multiple of this many configurations (whole vectors).
+ALIGN = 16
+#: A chunk of a multiple of this many configurations is one :data:`ALIGN` larger: every
+#: (R, c) or (N, c) int32 field then has rows 1 KiB apart or a multiple of it, and the
+#: fusions' many operands fall into the same sets of the set-associative caches.  One
+#: thread pinned to one core, b = 1, 20 steps, CPU us per configuration and step, medians of
+#: 5 interleaved rounds (load 8, 23:43 UTC 2026-11-24): c = 1024 5.52, 512 4.28, 256 3.45,
+#: 768 and 1280 3.37; c = 960, 992, 1000, 1008 2.60-2.77, 520 2.77, 264 2.90.
+ALIAS = 256
 
 
-def _chunks(n: int, chunk: int = CHUNK) -> tuple[int, int]:
+def _chunks(n: int, chunk: int = CHUNK, spread: bool = True) -> tuple[int, int]:
     """(chunks, size) for ``n`` configurations: the fewest chunks of at most ``chunk``,
-    equal in size (the last padded)."""
+    equal in size (the last padded); with ``spread`` (the CPU) the size is rounded up to a
+    multiple of :data:`ALIGN` and kept off multiples of :data:`ALIAS`, so it can exceed
+    ``n`` or ``chunk`` by up to 2 ALIGN - 1."""
     k = -(-n // chunk)
-    return k, -(-n // k)
+    c = -(-n // k)
+    if spread:
+        c = -(-c // ALIGN) * ALIGN
+        c += ALIGN * (c % ALIAS == 0)
+    return k, c
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _simulate_batch(keys, cfgs, steps, max_run, chunk=CHUNK):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _simulate_batch(keys, cfgs, steps, max_run, chunk=CHUNK, spread=True):
     seeds = jax.vmap(seed_of)(keys)
     n = seeds.shape[0]
-    k, c = _chunks(n, chunk)
-    if k == 1:
+    k, c = _chunks(n, chunk, spread)
+    if k * c == n == c:
         return _finish(run_state(seeds, cfgs, steps, False, max_run), steps)
     # configurations are independent: pad with copies of the last one, run the chunks in
     # order (lax.map, one compiled body), drop the padding

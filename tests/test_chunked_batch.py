@@ -34,13 +34,18 @@ def _configs():
 def test_chunks_are_equal_and_cover_the_batch():
     from slabtune.model import dynamics
 
-    assert dynamics._chunks(1000, 1024) == (1, 1000)
-    assert dynamics._chunks(10_000, 1024) == (10, 1000)
-    assert dynamics._chunks(1025, 1024) == (2, 513)
-    assert dynamics._chunks(10_000, 256) == (40, 250)
-    for n in (1, 7, 1024, 1025, 4097, 100_000):
+    assert dynamics._chunks(1000, 1024, False) == (1, 1000)
+    assert dynamics._chunks(10_000, 1024, False) == (10, 1000)
+    assert dynamics._chunks(1025, 1024, False) == (2, 513)
+    # on the CPU a size is a whole number of vectors and never a multiple of 256
+    assert dynamics._chunks(1000, 1024) == (1, 1008)
+    assert dynamics._chunks(1024, 1024) == (1, 1040)
+    assert dynamics._chunks(1025, 1024) == (2, 528)
+    assert dynamics._chunks(10_000, 256) == (40, 272)
+    for n in (1, 7, 512, 1024, 1025, 4096, 4097, 5000, 100_000):
         k, c = dynamics._chunks(n)
         assert c <= dynamics.CHUNK and k * c >= n > (k - 1) * c
+        assert c % dynamics.ALIGN == 0 and c % dynamics.ALIAS != 0
 
 
 def test_chunked_batch_gives_the_counters_of_one_scan():

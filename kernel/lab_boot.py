@@ -6,7 +6,9 @@ arguments, the command line, the qemu argv, the newc cpio writer) around an /ini
 own (busybox sh) that
 
 1. mounts proc and sysfs and sets the console log level to 1 (kernel messages stay in the
-   log buffer, off the serial console),
+   log buffer, off the serial console), and writes the run's knobs to the cache: SLUB's
+   sysfs files (``min_partial``, ``cpu_partial``) or, on the SLAB kernel, the tunables
+   line ``<cache> <limit> <batchcount> <shared>`` to /proc/slabinfo,
 2. dumps every readable file of ``/sys/kernel/slab/<cache>/`` (``warm``, discarded: it
    instantiates the sysfs inodes; then ``base``),
 3. loads and unloads the module once without running it and reads the log, as the run
@@ -20,7 +22,7 @@ own (busybox sh) that
 
 Every line the host reads starts with ``@@LAB``; the dumps use the shell's ``read``
 builtin, so they fork nothing.  Nothing a caller types reaches the shell unchecked: module
-parameters are ``key=value`` words of a fixed alphabet.
+parameters are ``key=value`` words of a fixed alphabet, knob values checked ints.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import build, guest, labmod
-from slabtune.model import profiles
+from slabtune.model import profiles, slab
 from slabtune.model.topology import Topology
 
 MARK = "@@LAB"
@@ -161,6 +163,45 @@ def counter_per_cpu(raw: str | None) -> dict[int, int]:
 #: Per-cache sysfs files a lab run may set before it starts (simulation knobs of the same
 #: names, sweeps/simconfig.py SIM_KNOBS); cpu_partial exists only with per-CPU partial lists.
 SYSFS_KNOBS = ("min_partial", "cpu_partial")
+#: The /proc/slabinfo tunables a lab run on the SLAB kernel writes before it starts, in the
+#: order of the line slabinfo_write() parses (``name limit batchcount shared``).
+SLABINFO_TUNABLES = slab.SLAB_TUNABLES
+
+
+def check_slabinfo(tunables: Mapping[str, int]) -> tuple[int, int, int]:
+    """The ``(limit, batchcount, shared)`` of a SLAB lab run's /proc/slabinfo write,
+    checked.  slabinfo_write() (6.1 mm/slab.c) takes one line of all three: it returns
+    -EINVAL for a cache name it does not find, and for a line it does not accept
+    (:func:`slabtune.tuner.slab_objectives.tunables_accepted`: ``limit >= 1``,
+    ``1 <= batchcount <= limit``, ``shared >= 0``) it returns success and changes nothing,
+    so such a line is refused here rather than run with the kernel's defaults; a limit
+    above :data:`slabtune.tuner.space.SLAB_LIMIT_MAX` fails in __alloc_percpu()
+    (do_tune_cpucache(), -ENOMEM).  Every value is an int (never a string for the shell);
+    one error line names the field."""
+    from slabtune.tuner.slab_objectives import tunables_accepted
+    from slabtune.tuner.space import SLAB_LIMIT_MAX
+
+    missing = [k for k in SLABINFO_TUNABLES if k not in tunables]
+    extra = [k for k in tunables if k not in SLABINFO_TUNABLES]
+    if extra:
+        raise LabBootError(f"policy.params.{extra[0]}: not a /proc/slabinfo tunable (the "
+                           f"lab writes {', '.join(SLABINFO_TUNABLES)})")
+    if missing:
+        raise LabBootError(f"policy.params.{missing[0]}: slabinfo_write() takes limit, "
+                           "batchcount and shared in one line; give all three")
+    for k in SLABINFO_TUNABLES:
+        v = tunables[k]
+        if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 31) <= v < 1 << 31:
+            raise LabBootError(f"policy.params.{k}: {v!r} is not an integer")
+    lim, bc, sh = (int(tunables[k]) for k in SLABINFO_TUNABLES)
+    if not tunables_accepted(lim, bc, sh):
+        raise LabBootError(f"policy.params.batchcount: limit {lim}, batchcount {bc}, shared "
+                           f"{sh}: slabinfo_write() ignores the line (it needs limit >= 1, "
+                           "1 <= batchcount <= limit, shared >= 0)")
+    if lim > SLAB_LIMIT_MAX:
+        raise LabBootError(f"policy.params.limit: {lim} is above {SLAB_LIMIT_MAX} (the per-CPU "
+                           "array would exceed __alloc_percpu()'s 32 KiB)")
+    return lim, bc, sh
 
 
 def _slub_probe() -> list[str]:
@@ -202,17 +243,28 @@ def _slab_probe() -> list[str]:
 
 def init_script(token: str, cache: str, params: Sequence[str],
                 sample_s: float = SAMPLE_INTERVAL_S,
-                sysfs: Mapping[str, int] | None = None, allocator: str = "slub") -> str:
+                sysfs: Mapping[str, int] | None = None, allocator: str = "slub",
+                slabinfo: Mapping[str, int] | None = None) -> str:
     """The guest's /init for one lab run on /sys/kernel/slab/``cache`` (``allocator``
     ``slub``) or on the cache's /proc/slabinfo line (``slab``: SLAB has no sysfs
-    directory); ``sysfs`` values (:data:`SYSFS_KNOBS`, SLUB's) are written to the cache's
-    files before anything is dumped."""
+    directory).  Before anything is dumped, ``sysfs`` values (:data:`SYSFS_KNOBS`, SLUB's)
+    are written to the cache's files, or on SLAB the ``slabinfo`` tunables
+    (:func:`check_slabinfo`) as the line ``<cache> <limit> <batchcount> <shared>`` to
+    /proc/slabinfo (slabinfo_write() -> do_tune_cpucache(), 6.1 mm/slab.c: the per-CPU
+    arrays are replaced and their objects freed to the node lists, the node's shared array
+    is re-made with shared * batchcount entries and free_limit recomputed; the alien
+    arrays stay as enable_cpucache() made them, setup_kmem_cache_node() keeps an existing
+    one)."""
     if allocator not in ("slub", "slab"):
         raise LabBootError(f"allocator: {allocator!r} is not slub or slab")
     sysfs = dict(sysfs or {})
     if sysfs and allocator == "slab":
         raise LabBootError(f"policy.params.{next(iter(sysfs))}: a SLUB sysfs file; SLAB "
                            "has no /sys/kernel/slab")
+    if slabinfo and allocator != "slab":
+        raise LabBootError(f"policy.params.{next(iter(slabinfo))}: a SLAB /proc/slabinfo "
+                           "tunable; a SLUB kernel takes none")
+    tune = check_slabinfo(slabinfo) if slabinfo else None
     for k, v in sysfs.items():
         if k not in SYSFS_KNOBS:
             raise LabBootError(f"policy.params.{k}: the lab sets only {', '.join(SYSFS_KNOBS)}")
@@ -238,6 +290,8 @@ def init_script(token: str, cache: str, params: Sequence[str],
         '{ read v < /sys/devices/system/node/has_memory; }; echo "$M I has_memory $v"',
         *(_slab_probe() if allocator == "slab" else _slub_probe()),
         *[f'echo {v} > "$D/{k}"; echo "$M R set_{k} $?"' for k, v in sysfs.items()],
+        *([f'echo "$C {tune[0]} {tune[1]} {tune[2]}" > /proc/slabinfo; '
+           'echo "$M R set_slabinfo $?"'] if tune else []),
         "dump warm > /dev/null",
         "dump base",
         f"insmod /{_KO_PATH} autorun=0",
@@ -374,7 +428,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
              timeout_s: float = DEFAULT_TIMEOUT_S, accel: str = "auto",
              extra_params: Sequence[str] = (), boot_params: Mapping[str, int] | None = None,
              sysfs: Mapping[str, int] | None = None,
-             attempts: int = BOOT_ATTEMPTS, warmup: int = 0) -> LabBootResult:
+             attempts: int = BOOT_ATTEMPTS, warmup: int = 0,
+             slabinfo: Mapping[str, int] | None = None) -> LabBootResult:
     """Build the module for ``kernel_name``, boot that kernel on ``topology`` and run the
     ``[workload]`` table ``workload_doc`` on the ``[cache]`` table ``cache_doc`` (default
     kmalloc-512); the counters of that cache before and after, its slab count sampled
@@ -384,7 +439,9 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     ``extra_params`` (``key=value``) go after the generated module parameters and so
     override them; ``boot_params`` (slab boot parameters) go on the kernel command line,
     checked against the kernel's profile; ``sysfs`` values are written to the cache's
-    sysfs files before the run (a kmalloc cache: an own cache does not exist until then).
+    sysfs files before the run (a kmalloc cache: an own cache does not exist until then),
+    on the SLAB kernel the ``slabinfo`` tunables (limit, batchcount, shared) to
+    /proc/slabinfo (:func:`init_script`; a kmalloc cache likewise).
     ``warmup``: ops per allocating worker before the counted window (the module parks its
     workers there and the /init dumps ``window``; see :func:`measure`).
     A boot that fails before the run reports (timeout, no start or end marker) is retried
@@ -408,11 +465,16 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
         raise LabBootError(f"policy.params.{next(iter(sysfs))}: a cache of the module's own "
                            "exists only during the run; the lab sets sysfs values on kmalloc "
                            "caches only")
+    if slabinfo and own:
+        raise LabBootError(f"policy.params.{next(iter(slabinfo))}: a cache of the module's "
+                           "own exists only during the run; the lab writes /proc/slabinfo "
+                           "tunables of kmalloc caches only")
     # the lab's SLAB build is checked against its SLAB profile (slab_max_order=) and read
     # through /proc/slabinfo
     profile = guest.boot_profile(kernel)
     allocator = "slab" if profiles.is_slab(profile) else "slub"
-    init_script("x", cache, params, sysfs=sysfs, allocator=allocator)   # checked before a boot
+    init_script("x", cache, params, sysfs=sysfs, allocator=allocator,   # checked before a boot
+                slabinfo=slabinfo)
     ko = labmod.build_module(tree_name)
     # find_assets checks qemu, the kernel and busybox; the module stands in for the
     # workload binary, which this guest does not use.
@@ -427,7 +489,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     result = None
     for n in range(1, attempts + 1):
         result = _boot_once(assets, ko, kernel, cache, params, cmdline, topology, memory_mib,
-                            timeout_s, accel, dict(sysfs or {}), allocator)
+                            timeout_s, accel, dict(sysfs or {}), allocator,
+                            dict(slabinfo or {}))
         result.attempts = n
         if result.ok or not _is_boot_flake(result.error):
             break
@@ -475,10 +538,12 @@ def _is_boot_flake(error: str) -> bool:
 
 def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cmdline: str,
                topology: Topology, memory_mib: int, timeout_s: float, accel: str,
-               sysfs: dict[str, int], allocator: str = "slub") -> LabBootResult:
+               sysfs: dict[str, int], allocator: str = "slub",
+               slabinfo: dict[str, int] | None = None) -> LabBootResult:
     """One boot of a lab guest; see :func:`boot_lab`."""
     token = secrets.token_hex(6)
-    script = init_script(token, cache, params, sysfs=sysfs, allocator=allocator)
+    script = init_script(token, cache, params, sysfs=sysfs, allocator=allocator,
+                         slabinfo=slabinfo)
     with tempfile.TemporaryDirectory(prefix="slabtune-lab-") as tmp:
         tmpd = Path(tmp)
         initrd = tmpd / "initrd.cpio"
@@ -491,18 +556,21 @@ def _boot_once(assets, ko: Path, kernel: Path, cache: str, params: list[str], cm
         stderr = qerr.read_text(errors="replace") if qerr.exists() else ""
     return console_result(text, stderr, token, rc, timed_out, seconds, kernel=kernel,
                           cache=cache, params=params, argv=argv, accel=accel,
-                          cmdline=cmdline, sysfs=sysfs)
+                          cmdline=cmdline, sysfs=sysfs, slabinfo=slabinfo)
 
 
 def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out: bool,
                    seconds: float, *, kernel: Path, cache: str, params: list[str],
                    argv: list[str], accel: str, cmdline: str, sysfs: Mapping[str, int],
-                   runner: str = "qemu") -> LabBootResult:
+                   runner: str = "qemu", slabinfo: Mapping[str, int] | None = None
+                   ) -> LabBootResult:
     """The result of one boot of :func:`init_script`'s /init from what it printed: the
     console ``text`` (its ``@@LAB`` records), the ``runner``'s stderr and exit status
     ``rc``, whether it was killed at its deadline; ``ok=False`` with one line in ``error``
-    when the run did not report.  qemu boots (:func:`boot_lab`) and User Mode Linux boots
-    (kernel/uml.py, ``runner="uml"``) share it."""
+    when the run did not report, or when the ``slabinfo`` tunables written do not show in
+    the cache's /proc/slabinfo line at ``base`` (:func:`slabinfo_mismatch`).  qemu boots
+    (:func:`boot_lab`) and User Mode Linux boots (kernel/uml.py, ``runner="uml"``) share
+    it."""
     parsed = parse_console(text, token)
     try:
         records = labmod.parse_printk(parsed["log"])
@@ -520,6 +588,13 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
     elif any(parsed["rc"].get(f"set_{k}") != 0 for k in sysfs):
         k = next(k for k in sysfs if parsed["rc"].get(f"set_{k}") != 0)
         error = f"policy.params.{k}: writing {sysfs[k]} to /sys/kernel/slab/{cache}/{k} failed"
+    elif slabinfo and parsed["rc"].get("set_slabinfo") != 0:
+        error = (f"policy.params.limit: writing '{cache} "
+                 + " ".join(str(slabinfo[k]) for k in SLABINFO_TUNABLES)
+                 + "' to /proc/slabinfo failed")
+    elif slabinfo and slabinfo_mismatch(parsed["dumps"]["base"].get("slabinfo"), cache,
+                                        slabinfo):
+        error = slabinfo_mismatch(parsed["dumps"]["base"].get("slabinfo"), cache, slabinfo)
     elif parsed["rc"].get("insmod") != 0:
         why = records["errors"][0] if records["errors"] else {}
         error = f"insmod exited with {parsed['rc'].get('insmod')}" + (
@@ -544,6 +619,26 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
         console_tail=(text + (f"\n[{runner} stderr]\n" + stderr if stderr.strip() else "")
                       )[-guest.CONSOLE_TAIL_CHARS:],
     )
+
+
+def slabinfo_mismatch(raw: str | None, cache: str, tunables: Mapping[str, int]
+                      ) -> str | None:
+    """Why the cache's /proc/slabinfo line ``raw`` (after its name) does not show the
+    tunables written (limit, batchcount and sharedfactor columns of cache_show()), or None
+    when it does."""
+    from slabtune.kernel import snapshot
+
+    if not raw:
+        return f"cache {cache} has no /proc/slabinfo line after the tunables were written"
+    got = snapshot.parse_slabinfo_line(f"{cache} {raw}")
+    shown = {"limit": got["limit"], "batchcount": got["batchcount"],
+             "shared": got["sharedfactor"]}
+    bad = [k for k in SLABINFO_TUNABLES if int(shown[k]) != int(tunables[k])]
+    if not bad:
+        return None
+    return (f"policy.params.{bad[0]}: /proc/slabinfo shows {cache} with limit "
+            f"{shown['limit']} batchcount {shown['batchcount']} shared {shown['shared']}, "
+            "not the " + " ".join(str(tunables[k]) for k in SLABINFO_TUNABLES) + " written")
 
 
 # --------------------------------------------------------------------------- figures

@@ -352,6 +352,67 @@ def test_slab_init_reads_the_caches_slabinfo_line(tmp_path):
                              allocator="slab")
 
 
+def test_slab_init_writes_the_tunables_line_before_the_first_dump(tmp_path):
+    """On SLAB the /init writes ``<cache> <limit> <batchcount> <shared>`` to /proc/slabinfo
+    (slabinfo_write(), 6.1 mm/slab.c) before ``dump base``, from checked ints: the three
+    together (the kernel parses one line of all three), a line the kernel would ignore
+    (batchcount above limit, limit 0, shared < 0) or a non-integer is refused in one line
+    naming the field; a SLUB kernel takes none, and SLAB no sysfs file."""
+    s = lab_boot.init_script("abc123", "kmalloc-512", [], allocator="slab",
+                             slabinfo={"limit": 12, "batchcount": 4, "shared": 2})
+    line = 'echo "$C 12 4 2" > /proc/slabinfo; echo "$M R set_slabinfo $?"'
+    assert line in s and s.index(line) < s.index("dump base")
+    assert "/proc/slabinfo; " not in lab_boot.init_script("abc123", "kmalloc-512", [],
+                                                           allocator="slab")
+    # the line the shell writes, run on a file standing in for /proc/slabinfo
+    sh = shutil.which("sh")
+    if sh is not None:
+        out = tmp_path / "slabinfo"
+        body = f'M=@@LAB; C=kmalloc-512; {line.replace("/proc/slabinfo", str(out))}\n'
+        r = subprocess.run([sh, "-c", body], capture_output=True, text=True)
+        assert r.stdout == "@@LAB R set_slabinfo 0\n"
+        assert out.read_text() == "kmalloc-512 12 4 2\n"
+    for bad, field in (({"limit": 12, "batchcount": 4}, "shared"),
+                       ({"limit": 4, "batchcount": 12, "shared": 0}, "batchcount"),
+                       ({"limit": 0, "batchcount": 0, "shared": 0}, "batchcount"),
+                       ({"limit": 4, "batchcount": 2, "shared": -1}, "batchcount"),
+                       ({"limit": 5000, "batchcount": 2, "shared": 0}, "limit"),
+                       ({"limit": "4; reboot", "batchcount": 2, "shared": 0}, "limit"),
+                       ({"limit": 4, "batchcount": True, "shared": 0}, "batchcount"),
+                       ({"limit": 4, "batchcount": 2, "shared": 0, "order": 1}, "order")):
+        with pytest.raises(lab_boot.LabBootError, match=f"^policy.params.{field}: "):
+            lab_boot.init_script("abc123", "kmalloc-512", [], allocator="slab", slabinfo=bad)
+    with pytest.raises(lab_boot.LabBootError, match="^policy.params.limit: a SLAB "
+                                                    "/proc/slabinfo tunable; a SLUB kernel"):
+        lab_boot.init_script("abc123", "kmalloc-512", [],
+                             slabinfo={"limit": 12, "batchcount": 4, "shared": 2})
+
+
+def test_a_tunables_line_the_guest_does_not_show_fails_the_run():
+    """The run fails in one line when the write failed (no such cache: -EINVAL) or the
+    cache's /proc/slabinfo line at ``base`` does not show the three values written."""
+    tun = {"limit": 12, "batchcount": 4, "shared": 2}
+    shown = "60 64 512 8 1 : tunables {} {} {} : slabdata 8 8 0"
+    assert lab_boot.slabinfo_mismatch(shown.format(12, 4, 2), "kmalloc-512", tun) is None
+    why = lab_boot.slabinfo_mismatch(shown.format(54, 27, 8), "kmalloc-512", tun)
+    assert why == ("policy.params.limit: /proc/slabinfo shows kmalloc-512 with limit 54 "
+                   "batchcount 27 shared 8, not the 12 4 2 written")
+    assert "shared 8" in lab_boot.slabinfo_mismatch(shown.format(12, 4, 8), "kmalloc-512",
+                                                    tun)
+    text = "\n".join(["@@LAB S t1", "@@LAB R set_slabinfo 1", "@@LAB E t1"])
+    r = lab_boot.console_result(text, "", "t1", 0, False, 1.0, kernel="k",
+                                cache="kmalloc-512", params=[], argv=[], accel="tcg",
+                                cmdline="", sysfs={}, slabinfo=tun)
+    assert not r.ok and r.error == ("policy.params.limit: writing 'kmalloc-512 12 4 2' to "
+                                    "/proc/slabinfo failed")
+    text = "\n".join(["@@LAB S t1", "@@LAB R set_slabinfo 0",
+                      "@@LAB C base slabinfo " + shown.format(54, 27, 8), "@@LAB E t1"])
+    r = lab_boot.console_result(text, "", "t1", 0, False, 1.0, kernel="k",
+                                cache="kmalloc-512", params=[], argv=[], accel="tcg",
+                                cmdline="", sysfs={}, slabinfo=tun)
+    assert not r.ok and r.error.startswith("policy.params.limit: /proc/slabinfo shows")
+
+
 def test_parse_console_and_counters():
     text = "\n".join([
         "[    0.5] some kernel line",

@@ -306,6 +306,56 @@ def test_other_lab_refusals():
         lab_boot.resolve_kernel(str(ROOT / "README.md"))
 
 
+def test_a_slab_config_takes_the_slabinfo_tunables_of_a_kmalloc_cache():
+    """A SLAB config's limit, batchcount, shared are what the lab writes: all three, the
+    ones it leaves out at the cache's own enable_cpucache() values (kmalloc-512 on 2 CPUs:
+    54, 27, 8), as the model's config_from() takes them.  On an own cache (it exists only
+    during the run), with a SLUB knob, and a config the kernel would ignore: one line
+    naming the field."""
+    cfg = lab.parse_config(SLAB_TUNED_CONFIG, "t")
+    args = lab.boot_args(cfg.doc)
+    assert args["slabinfo"] == {"limit": 12, "batchcount": 4, "shared": 2}
+    assert args["sysfs"] == {}
+    only = lab.parse_config(SLAB_TUNED_CONFIG.replace("limit = 12\nbatchcount = 4\n", ""),
+                            "t")
+    assert lab.boot_args(only.doc)["slabinfo"] == {"limit": 54, "batchcount": 27, "shared": 2}
+    plain = SLAB_TUNED_CONFIG.replace("limit = 12\nbatchcount = 4\nshared = 2\n", "")
+    assert lab.boot_args(lab.parse_config(plain, "t").doc)["slabinfo"] == {}
+    for text, msg in (
+            (SLAB_TUNED_CONFIG.replace('name = "kmalloc-512"', "size = 300"),
+             "policy.params.limit: the lab sets /proc/slabinfo tunables on kmalloc caches"),
+            (SLAB_TUNED_CONFIG.replace("shared = 2", "shared = 2\nmin_partial = 3"),
+             "policy.params.min_partial: min_partial is a SLUB knob .*profile slab-v6.1"),
+            (SLAB_TUNED_CONFIG.replace("shared = 2", "shared = 2\nmemoryless_fallback = true"),
+             "policy.params.memoryless_fallback: a model knob the real kernel has no setting"),
+            (SLAB_TUNED_CONFIG.replace("limit = 12\n", "").replace("batchcount = 4",
+                                                                    "batchcount = 60"),
+             "policy.params.batchcount: batchcount 60 is above limit 54"),
+            (CONFIG.replace('profile = "v6.1"', 'profile = "v6.1"\n[policy.params]\nlimit = 4'),
+             "policy.params.limit: limit is a SLAB knob .*profile v6.1 is SLUB")):
+        with pytest.raises(SlabtuneError, match=f"^t: {msg}"):
+            lab.parse_config(text, "t")
+
+
+def test_a_config_of_the_other_allocator_than_the_kernel_is_refused_up_front():
+    """``lab run`` of a SLAB config with tunables on a SLUB kernel, or of a SLUB config with
+    sysfs knobs on the SLAB kernel, is refused before anything runs, naming the knob and
+    the kernel's profile."""
+    from slabtune.model import profiles
+
+    slab_cfg = lab.parse_config(SLAB_TUNED_CONFIG, "t")
+    with pytest.raises(SlabtuneError, match="^t on --kernel 6.1: policy.params.limit: limit "
+                                            "is a SLAB knob .*; profile v6.1 is SLUB$"):
+        lab.check_allocator(slab_cfg, "6.1", profiles.get_profile("v6.1"))
+    slub_cfg = lab.parse_config(CONFIG.replace(
+        'profile = "v6.1"', 'profile = "v6.1"\n[policy.params]\nmin_partial = 3'), "u")
+    with pytest.raises(SlabtuneError, match="^u on --kernel 6.1-slab: "
+                                            "policy.params.min_partial: min_partial is a "
+                                            "SLUB knob .*; profile slab-v6.1 is SLAB$"):
+        lab.check_allocator(slub_cfg, "6.1-slab", profiles.SLAB_PROFILES["slab-v6.1"])
+    lab.check_allocator(slab_cfg, "6.1-slab", profiles.SLAB_PROFILES["slab-v6.1"])
+
+
 def test_every_example_config_is_runnable_on_the_lab():
     files = sorted(EXAMPLES.glob("*.toml"))
     assert len(files) == 12
@@ -484,6 +534,84 @@ def test_lab_run_on_the_slab_kernel_reads_slabinfo_against_the_model(tmp_path):
     struct = rows.filter(pl.col("field").str.starts_with("slabinfo."))
     assert struct.height == 5 and (struct["measured"] == struct["predicted"]).all()
     assert rows.filter(pl.col("field") == "active_objects")["comparable"].to_list() == [True]
+
+
+#: kmalloc-512 on 2 CPUs of one node with non-default /proc/slabinfo tunables: limit 12,
+#: batchcount 4, shared 2 (enable_cpucache() of 6.1 gives 54, 27, 8 for 512 bytes on SMP);
+#: paced (other_ns) so that /proc/slabinfo is sampled in the window.
+SLAB_TUNED_CONFIG = """
+[topology]
+cpus = 2
+
+[cache]
+name = "kmalloc-512"
+
+[policy]
+profile = "slab-v6.1"
+
+[policy.params]
+limit = 12
+batchcount = 4
+shared = 2
+
+[workload]
+kind = "local"
+live = 64
+burst = 32
+other_ns = 50000.0
+
+[run]
+steps = 2000
+seed = 1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_lab_run_writes_the_slab_tunables_and_the_model_runs_them(tmp_path):
+    """``lab run --kernel 6.1-slab`` of a kmalloc-512 config with tunables 12 / 4 / 2: the
+    guest writes ``kmalloc-512 12 4 2`` to /proc/slabinfo before the run
+    (slabinfo_write() -> do_tune_cpucache()), so the cache's dumped line shows limit 12,
+    batchcount 4, sharedfactor 2, and the model's structure and dynamics run the same
+    three (its refills per 1000 ops are those of batchcount 4, not of the default 27)."""
+    _need(("6.1-slab",))
+    cfg = tmp_path / "tuned.toml"
+    cfg.write_text(SLAB_TUNED_CONFIG)
+    r = _cli("lab", "run", str(cfg), "--kernel", "6.1-slab", "--json", "--accel", "tcg",
+             "--out", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["ok"], rec["error"]
+    assert rec["slabinfo"] == {"limit": 12, "batchcount": 4, "shared": 2}
+    m, p = rec["measured"], rec["predicted"]
+    assert p["structure"] == {"order": 0, "objs_per_slab": 8, "limit": 12, "batchcount": 4,
+                              "shared": 2}
+    assert m["structure"] == {"order": 0, "objs_per_slab": 8, "limit": 12, "batchcount": 4,
+                              "sharedfactor": 2}
+    for phase in ("window", "after"):
+        info = m["slabinfo"][phase]
+        assert (info["limit"], info["batchcount"], info["sharedfactor"]) == (12, 4, 2)
+    assert m["active_objects"] is not None and m["memory_bytes"] is not None
+    print(f"tuned 12/4/2: active objects predicted {p['active_objects']:.1f} measured "
+          f"{m['active_objects']:.1f}; memory predicted {p['memory_bytes']:.0f} measured "
+          f"{m['memory_bytes']:.0f}; {rec['seconds']:.0f} s boot")
+    # the model's side of the same document without the tunables refills 27 at a time
+    doc = json.loads(json.dumps(rec["config"]["doc"]))
+    doc["policy"]["params"] = {}
+    (base,) = lab.predict([(doc, lab.kernel_profile("6.1-slab"))])
+    assert base["structure"]["batchcount"] == 27
+    refills = ("refill_shared", "refill_slabs", "refill_grow")
+    tuned = sum(p["counters_per_kop"][k] for k in refills)
+    default = sum(base["counters_per_kop"][k] for k in refills)
+    assert tuned > default
+    from slabtune.results import store
+
+    rows = store.open_run(next((tmp_path / "runs").iterdir())).collect()
+    struct = rows.filter(pl.col("field").str.starts_with("slabinfo."))
+    assert struct.height == 5 and (struct["measured"] == struct["predicted"]).all()
+    applied = json.loads(rows["applied"][0])
+    assert applied["slabinfo"] == {"limit": 12, "batchcount": 4, "shared": 2}
+    assert applied["sysfs"] == {}
 
 
 @pytest.mark.slow

@@ -162,6 +162,70 @@ def test_the_lab_pair_of_a_slab_candidate_is_a_slab_simulation():
     assert args["boot_params"] == {"slab_max_order": 1} and args["sysfs"] == {}
 
 
+def test_slab_candidates_take_the_slabinfo_tunables():
+    """A SLAB candidate's knobs are the /proc/slabinfo tunables (limit, batchcount, shared,
+    in the tuner's ranges); what validation applies of them is
+    slab_objectives.tunables_of()'s rule with the cache's own values left to the cache: a
+    limit alone brings batchcount (limit + 1) / 2, the -1 a study stores for "the cache's
+    own" applies nothing.  The lab document carries them on a kmalloc cache, the lab
+    writes all three (the cache's own shared, 8 on 2 CPUs) and the model runs the same."""
+    spec = validate_spec.parse_spec(SLAB_SPEC, "s")
+    prof = spec.fleet.profile
+    (c,) = candidates.parse_candidates(
+        {"candidate": [{"id": "t", "boot": {"slab_max_order": 1}, "knobs": {"limit": 20}}]},
+        "f", prof)
+    assert dict(c.knobs) == {"limit": 20}
+    assert candidates.applied_values(spec, c, None) == {"slab_max_order": 1, "limit": 20,
+                                                        "batchcount": 10}
+    assert candidates.slab_applied_tunables({"limit": -1, "batchcount": -1,
+                                             "shared": -1}) == {}
+    assert candidates.slab_applied_tunables({"limit": -1, "batchcount": 6,
+                                             "shared": 0}) == {"batchcount": 6, "shared": 0}
+    assert candidates.slab_applied_tunables({"limit": 7, "batchcount": 3,
+                                             "shared": -1}) == {"limit": 7, "batchcount": 3}
+    key = json.loads(candidates.validated_key(spec, c))
+    assert key["caches"]["kmalloc-512"] == {"slab_max_order": 1, "limit": 20, "batchcount": 10}
+    doc = lab.validate_doc(spec, c, "smp-2", prof)
+    assert doc["policy"]["params"] == {"slab_max_order": 1, "limit": 20, "batchcount": 10}
+    args = lab.boot_args(doc, prof)
+    assert args["slabinfo"] == {"limit": 20, "batchcount": 10, "shared": 8}
+    assert args["sysfs"] == {} and args["boot_params"] == {"slab_max_order": 1}
+    (pred,) = lab.predict([(doc, prof)])
+    assert pred["structure"] == {"order": 0, "objs_per_slab": 8, "limit": 20,
+                                 "batchcount": 10, "shared": 8}
+    # a baseline writes nothing
+    base = lab.validate_doc(spec, candidates.BASELINE, "smp-2", prof)
+    assert base["policy"]["params"] == {} and lab.boot_args(base, prof)["slabinfo"] == {}
+    for entry, where, text in (
+            ({"knobs": {"batchcount": 30, "limit": 20}}, "knobs.batchcount", "above limit 20"),
+            ({"knobs": {"limit": 0}}, "knobs.limit", "outside 1.."),
+            ({"knobs": {"shared": "8"}}, "knobs.shared", "not an integer"),
+            ({"knobs": {"slab_max_order": 1}}, "knobs.slab_max_order", "put it under boot"),
+            ({"knobs": {"cpu_partial": 4}}, "knobs.cpu_partial",
+             "cpu_partial is a SLUB knob")):
+        with pytest.raises(SlabtuneError) as err:
+            candidates.parse_candidates({"candidate": [{"id": "x", **entry}]}, "f", prof)
+        msg = str(err.value)
+        assert f"candidate[0].{where}" in msg and text in msg and "\n" not in msg
+    # the reverse: a SLAB tunable on a SLUB spec names the knob and the profile
+    with pytest.raises(SlabtuneError, match=r"candidate\[0\]\.knobs\.limit: limit is a SLAB "
+                                            "knob .*; profile v6.1 is SLUB"):
+        candidates.parse_candidates({"candidate": [{"knobs": {"limit": 4}}]}, "f",
+                                    profiles.get_profile("v6.1"))
+
+
+def test_cli_slab_tunable_on_a_slub_spec_is_one_line_exit_2(tmp_path, capsys):
+    spec = tmp_path / "slub.toml"
+    spec.write_text(SLAB_SPEC.replace("slab-v6.1", "v6.1"))
+    f = tmp_path / "c.toml"
+    f.write_text('[[candidate]]\nid = "c"\nknobs = { limit = 6 }\n')
+    rc, _, err = _cli(["validate", "--candidate", str(f), "--topologies", str(spec),
+                       "--target", "lab", "--out", str(tmp_path / "runs")], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "knobs.limit" in err and "profile v6.1 is SLUB" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def _slab_rows() -> pl.DataFrame:
     """Lab rows of one SLAB pair as lab.rows_of writes them: memory and active objects
     measured, the fast paths and slab allocations None (no DEBUG_SLAB statistics)."""

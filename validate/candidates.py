@@ -51,12 +51,18 @@ BASELINE = Candidate(BASELINE_ID, {}, {}, "the kernel's defaults")
 _SPELLING_PROFILE = "v7.1"
 
 
-def _check_knobs(where: str, knobs: Mapping) -> dict[str, int]:
+def _check_knobs(where: str, knobs: Mapping, profile=None) -> dict[str, int]:
+    """A SLUB candidate's search knobs checked against :data:`slabtune.tuner.space.KNOBS`;
+    a SLAB tunable is a one-line error naming the knob and the spec's profile."""
+    from slabtune.model import slab
     from slabtune.tuner.space import KNOBS
 
     out = {}
     for name, value in knobs.items():
         k = KNOBS.get(str(name))
+        why = slab.foreign_knob(str(name), profile) if profile is not None else None
+        if k is None and why is not None:
+            raise SlabtuneError(f"{where}.knobs.{name}: {why}")
         if k is None:
             raise SlabtuneError(f"{where}.knobs.{name}: unknown knob (known: {', '.join(KNOBS)})")
         if k.reach == "boot":
@@ -69,19 +75,45 @@ def _check_knobs(where: str, knobs: Mapping) -> dict[str, int]:
     return out
 
 
-def _slab_boot(where: str, boot: Mapping, knobs: Mapping, profile) -> dict[str, int]:
+def _slab_knobs(where: str, knobs: Mapping, profile) -> dict[str, int]:
+    """A candidate's /proc/slabinfo tunables on a SLAB profile (``knobs = { limit = 60,
+    batchcount = 30, shared = 4 }``, any of the three; an omitted one keeps the cache's own
+    value, a limit without batchcount takes ``(limit + 1) / 2``:
+    :func:`slab_applied_tunables`), each in the range of
+    :data:`slabtune.tuner.space.SLAB_KNOBS`.  A SLUB knob is a one-line error naming the
+    knob and the profile; so is a SLAB boot parameter (it goes under boot)."""
+    from slabtune.model import slab
+    from slabtune.tuner.space import SLAB_KNOBS
+
+    out: dict[str, int] = {}
+    for name, value in knobs.items():
+        why = slab.foreign_knob(str(name), profile)
+        if why is not None or name not in slab.SLAB_TUNABLES:
+            if name in SLAB_KNOBS:
+                why = (f"{name} is a boot parameter of SLAB profile {profile.name}; put it "
+                       "under boot")
+            raise SlabtuneError(f"{where}.knobs.{name}: "
+                                + (why or f"{name} is a SLUB search knob (tuner/space.py); "
+                                          f"profile {profile.name} is SLAB"))
+        k = SLAB_KNOBS[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SlabtuneError(f"{where}.knobs.{name}: {value!r} is not an integer")
+        if not k.low <= value <= k.high:
+            raise SlabtuneError(f"{where}.knobs.{name}: {value} is outside {k.low}..{k.high}")
+        out[name] = int(value)
+    if "limit" in out and out.get("batchcount", 0) > out["limit"]:
+        raise SlabtuneError(f"{where}.knobs.batchcount: {out['batchcount']} is above limit "
+                            f"{out['limit']} (slabinfo_write() ignores such a line)")
+    return out
+
+
+def _slab_boot(where: str, boot: Mapping, profile) -> dict[str, int]:
     """A candidate's boot parameters on a SLAB profile, by their SLAB names (mm/slab.c of
-    6.1 takes ``slab_max_order=`` only, slab_max_order_setup()).  A SLUB boot parameter or
-    any search knob of tuner/space.py (all of them SLUB's: partial lists, sheaves, barns,
-    the order formula) is a one-line error naming the knob and the profile; so is a
-    /proc/slabinfo tunable (limit, batchcount, shared), which no boot sets."""
+    6.1 takes ``slab_max_order=`` only, slab_max_order_setup()).  A SLUB boot parameter is
+    a one-line error naming the knob and the profile; so is a /proc/slabinfo tunable
+    (limit, batchcount, shared), which no boot sets (it goes under knobs)."""
     from slabtune.model import slab
 
-    for name in knobs:
-        why = slab.foreign_knob(str(name), profile)
-        raise SlabtuneError(f"{where}.knobs.{name}: "
-                            + (why or f"{name} is a SLUB search knob (tuner/space.py); "
-                                      f"profile {profile.name} is SLAB"))
     for name in boot:
         why = slab.foreign_knob(str(name), profile)
         if why is not None:
@@ -106,12 +138,14 @@ def parse_candidates(doc: Any, source: str, profile=None) -> list[Candidate]:
         id = "order1"                               # unique; "baseline" is reserved
         boot = { slub_max_order = 1 }               # slub_*/slab_* boot parameters
         knobs = { min_partial_lo = 3 }              # other knobs of tuner/space.py
+                                                    # (SLAB: limit, batchcount, shared)
 
     JSON may also be a bare list of such tables.  Boot parameters are checked against the
     allow-list here (every spelling) and again against the target kernel's profile before
     anything boots.  Every error names the field.  With a SLAB ``profile`` (the spec's
-    fleet profile) the boot parameters keep their SLAB names and SLUB knobs are refused
-    (:func:`_slab_boot`).
+    fleet profile) the boot parameters keep their SLAB names, the knobs are the
+    /proc/slabinfo tunables and SLUB knobs are refused (:func:`_slab_boot`,
+    :func:`_slab_knobs`).
     """
     if isinstance(doc, list):
         doc = {"candidate": doc}
@@ -147,13 +181,14 @@ def parse_candidates(doc: Any, source: str, profile=None) -> list[Candidate]:
             if not isinstance(val, Mapping):
                 raise SlabtuneError(f"{where}.{name}: expected a table")
         if profiles.is_slab(profile):
-            out.append(Candidate(cid, _slab_boot(where, boot, knobs, profile), {}, source))
+            out.append(Candidate(cid, _slab_boot(where, boot, profile),
+                                 _slab_knobs(where, knobs, profile), source))
             continue
         try:
             canon = bootparams.validate_params(dict(boot), profiles.get_profile(_SPELLING_PROFILE))
         except SlabtuneError as err:
             raise SlabtuneError(f"{where}.boot: {err}") from None
-        out.append(Candidate(cid, canon, _check_knobs(where, knobs), source))
+        out.append(Candidate(cid, canon, _check_knobs(where, knobs, profile), source))
     return out
 
 
@@ -301,10 +336,14 @@ def validated_key(spec: ValidateSpec, cand: Candidate) -> str:
     """What validating a candidate runs, as a string: its boot parameters and, for every
     cache of the spec's workload, the per-cache values the validation applies
     (:func:`applied_values`; a guest applies the boot parameters only).  Knobs that reach
-    nothing the validation runs leave it unchanged."""
+    nothing the validation runs leave it unchanged.  On a SLAB spec the per-cache values
+    are the candidate's tunables (SLUB's cache_values() has no SLAB structure)."""
     from slabtune.tuner import objectives
 
-    per = objectives.cache_values(spec.fleet, cand.params())
+    if profiles.is_slab(spec.fleet.profile):
+        per: Mapping[str, Any] = {c.name: None for c in spec.fleet.caches}
+    else:
+        per = objectives.cache_values(spec.fleet, cand.params())
     return json.dumps({"boot": {k: int(v) for k, v in cand.boot.items()},
                        "caches": {c.name: applied_values(spec, cand, per[c.name])
                                   for c in spec.fleet.caches}}, sort_keys=True)
@@ -321,11 +360,14 @@ def applied_values(spec: ValidateSpec, cand: Candidate,
     and that cache's ``min_partial`` and ``cpu_partial`` (``per_cache``, from
     :func:`slabtune.tuner.objectives.cache_values`) when the candidate searches the knobs
     behind them (the sysfs files a kernel would take them from; cpu_partial only where the
-    profile has per-CPU partial lists).  On a SLAB spec, the boot parameters only."""
+    profile has per-CPU partial lists).  On a SLAB spec, the boot parameters and the
+    /proc/slabinfo tunables the candidate sets (:func:`slab_applied_tunables`, the same
+    for every cache)."""
     params: dict[str, int] = {k: int(v) for k, v in cand.boot.items()}
     searched = set(cand.knobs)
     if profiles.is_slab(spec.fleet.profile):
-        # SLAB has no min_partial or cpu_partial: only the boot parameters apply
+        # SLAB has no min_partial or cpu_partial: its tunables are written to every cache
+        params.update(slab_applied_tunables(cand.knobs))
         return params
     if per_cache is not None:
         if searched & {"min_partial_divisor", "min_partial_lo", "min_partial_hi"}:
@@ -334,3 +376,25 @@ def applied_values(spec: ValidateSpec, cand: Candidate,
                 "cpu_partial_page", "cpu_partial_1k", "cpu_partial_256", "cpu_partial_small"}:
             params["cpu_partial"] = int(per_cache["cpu_partial"])
     return params
+
+
+def slab_applied_tunables(knobs: Mapping[str, int]) -> dict[str, int]:
+    """The /proc/slabinfo tunables a SLAB candidate sets on a cache, by
+    :func:`slabtune.tuner.slab_objectives.tunables_of` (the tuner's one rule: a tunable at
+    :data:`~slabtune.tuner.space.SLAB_CACHE_DEFAULT` or absent keeps the cache's
+    enable_cpucache() value, an unset batchcount under a set limit is ``(limit + 1) /
+    2``), with the cache's own values left unresolved: only the tunables the candidate
+    decides come back (limit and shared where it sets them, batchcount where it sets it
+    or a limit), so the result is the same for every cache and topology, and what it
+    leaves out both the lab's write and the model take from the cache
+    (:func:`slabtune.validate.lab.slab_tunables`)."""
+    from slabtune.model import slab
+    from slabtune.tuner.space import SLAB_CACHE_DEFAULT as D
+
+    raw = [int(knobs.get(k, D)) for k in slab.SLAB_TUNABLES]
+    if all(v == D for v in raw):
+        return {}
+    from slabtune.tuner.slab_objectives import tunables_of
+
+    got = tunables_of(*raw, D, D, D)
+    return {k: int(v) for k, v in zip(slab.SLAB_TUNABLES, got) if int(v) != D}

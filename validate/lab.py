@@ -4,8 +4,9 @@ set beside the model's prediction of the same config.
 
 One config drives both sides.  The kernel side boots the config's topology under qemu with
 the config's slab boot parameters, writes its sysfs knobs (``min_partial``, ``cpu_partial``)
-to the cache, runs its ``[workload]`` on its ``[cache]`` with ``steps * ops_per_step`` ops
-per allocating worker (:func:`slabtune.kernel.labmod.config_params`) and reads the cache's
+to the cache, or on the SLAB kernel its /proc/slabinfo tunables (:func:`slab_tunables`),
+runs its ``[workload]`` on its ``[cache]`` with ``steps * ops_per_step`` ops per allocating
+worker (:func:`slabtune.kernel.labmod.config_params`) and reads the cache's
 counters (:func:`slabtune.kernel.lab_boot.measure`).  The model side simulates the same
 config under the profile of the booted kernel (the config's own ``profile`` names the
 machine it was written for; the lab kernel decides what runs), so one config on 6.1, 6.12
@@ -97,6 +98,7 @@ def parse_config(text: str, name: str, path: str = "") -> LabConfig:
     (:func:`slabtune.kernel.labmod.config_params`) and the knobs the lab can apply.  Every
     error is one line naming the file and the field."""
     from slabtune.kernel import lab_boot, labmod
+    from slabtune.model import profiles
     from slabtune.sweeps import simconfig
 
     where = path or name
@@ -109,14 +111,17 @@ def parse_config(text: str, name: str, path: str = "") -> LabConfig:
         labmod.config_params(doc)
     except SlabtuneError as err:
         raise SlabtuneError(f"{where}: {err}") from None
+    slab_run = profiles.is_slab(spec.profile)
+    settable = lab_boot.SLABINFO_TUNABLES if slab_run else lab_boot.SYSFS_KNOBS
     for k in spec.knobs:
-        if k not in lab_boot.SYSFS_KNOBS:
+        if k not in settable:
             raise SlabtuneError(f"{where}: policy.params.{k}: a model knob the real kernel "
                                 f"has no setting for (the lab applies boot parameters and "
-                                f"{', '.join(lab_boot.SYSFS_KNOBS)})")
+                                f"{', '.join(settable)}; profile {spec.profile.name})")
     if spec.knobs and "name" not in doc["cache"]:
         raise SlabtuneError(f"{where}: policy.params.{next(iter(spec.knobs))}: the lab sets "
-                            "sysfs values on kmalloc caches only")
+                            + ("/proc/slabinfo tunables" if slab_run else "sysfs values")
+                            + " on kmalloc caches only")
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
     return LabConfig(name, path, text, doc, digest)
 
@@ -322,14 +327,36 @@ def _predicted(specs, structs, cfgs, counters, cost) -> list[dict]:
 # --------------------------------------------------------------------------- the kernel
 
 
-def boot_args(doc: Mapping[str, Any]) -> dict:
+def slab_tunables(spec) -> dict[str, int]:
+    """The /proc/slabinfo line a SLAB spec's lab run writes, as the model runs it: the
+    spec's tunables over the cache's own enable_cpucache() values on its topology
+    (:func:`slabtune.sweeps.simulate.slab_structure_of`; the rule of
+    :func:`slabtune.model.slab_dynamics.config_from` and of the result row's structure);
+    all three, since slabinfo_write() takes one line of all three (6.1 mm/slab.c).  Empty
+    when the spec sets none (the kernel keeps its own; nothing is written)."""
+    from slabtune.model import slab
+    from slabtune.sweeps import simulate
+
+    given = {k: int(spec.knobs[k]) for k in slab.SLAB_TUNABLES if k in spec.knobs}
+    if not given or not simulate.is_slab_spec(spec):
+        return {}
+    st = simulate.slab_structure_of(spec)
+    own = {"limit": int(st.limit), "batchcount": int(st.batchcount), "shared": int(st.shared)}
+    return {k: given.get(k, own[k]) for k in slab.SLAB_TUNABLES}
+
+
+def boot_args(doc: Mapping[str, Any], profile=None) -> dict:
     """:func:`slabtune.kernel.lab_boot.boot_lab` keyword arguments of a config document:
     the config's ``steps * ops_per_step`` ops per allocating worker in the counted window,
-    after a warm-up (:func:`slabtune.kernel.labmod.warmup_steps`)."""
+    after a warm-up (:func:`slabtune.kernel.labmod.warmup_steps`); its SLUB knobs as
+    ``sysfs`` values, or under a SLAB profile its tunables as the ``slabinfo`` line
+    (:func:`slab_tunables`, the cache's own values resolved under ``profile``, the booted
+    kernel's, as :func:`predict` resolves them)."""
     from slabtune.kernel import labmod
     from slabtune.sweeps import simconfig
 
     spec = simconfig.parse_doc(copy.deepcopy(dict(doc)))
+    tunables = slab_tunables(spec_for(doc, profile) if profile is not None else spec)
     run = doc.get("run", {})
     return {"workload_doc": dict(doc["workload"]), "topology": spec.topology,
             "cache_doc": dict(doc["cache"]),
@@ -337,7 +364,7 @@ def boot_args(doc: Mapping[str, Any]) -> dict:
             "warmup": labmod.warmup_steps(int(run.get("steps", 2000)))
             * int(run.get("ops_per_step", 1)),
             "seed": int(run.get("seed", 0)), "boot_params": dict(spec.boot_given),
-            "sysfs": dict(spec.knobs)}
+            "sysfs": {} if tunables else dict(spec.knobs), "slabinfo": tunables}
 
 
 def blank_record(index: int, kernel: str, **kw) -> dict:
@@ -359,7 +386,7 @@ def run_boot(task: Mapping[str, Any]) -> dict:
     t0 = time.monotonic()
     rec = blank_record(task["index"], task["kernel"])
     try:
-        args = boot_args(task["doc"])
+        args = boot_args(task["doc"], kernel_profile(task["kernel"]))
         r = lab_boot.boot_lab(task["kernel"], accel=task.get("accel", "auto"),
                               timeout_s=float(task.get("timeout_s") or
                                               lab_boot.DEFAULT_TIMEOUT_S), **args)
@@ -368,7 +395,7 @@ def run_boot(task: Mapping[str, Any]) -> dict:
         return rec
     rec.update(ok=r.ok, error=r.error, release=r.release, accelerator=f"lab-{r.accel}",
                attempts=r.attempts, seconds=r.seconds, cmdline=r.cmdline,
-               sysfs=dict(args["sysfs"]),
+               sysfs=dict(args["sysfs"]), slabinfo=dict(args["slabinfo"]),
                module_params=r.params, console_tail="" if r.ok else r.console_tail,
                measured=lab_boot.measure(r) if r.ok else None)
     return rec
@@ -401,7 +428,7 @@ def combine(rec: Mapping[str, Any], cfg: LabConfig, predicted: Mapping[str, Any]
                    "doc": cfg.doc},
         "profile": predicted["profile"], "attempts": rec.get("attempts", 0),
         "seconds": rec.get("seconds", 0.0), "cmdline": rec.get("cmdline", ""),
-        "sysfs": dict(rec.get("sysfs") or {}),
+        "sysfs": dict(rec.get("sysfs") or {}), "slabinfo": dict(rec.get("slabinfo") or {}),
         "module_params": list(rec.get("module_params", [])),
         "measured": measured, "predicted": pred,
         "console_tail": rec.get("console_tail", ""),
@@ -433,7 +460,9 @@ def rows_of(record: Mapping[str, Any], base: Mapping[str, Any]) -> list[dict]:
                   config_hash=record["config"]["hash"], attempts=record["attempts"],
                   seconds=record["seconds"], applied=json.dumps(
                       {"cmdline": record["cmdline"], "module": record["module_params"],
-                       "sysfs": record.get("sysfs", {})}),
+                       "sysfs": record.get("sysfs", {}),
+                       **({"slabinfo": record["slabinfo"]} if record.get("slabinfo")
+                          else {})}),
                   target="lab")
     if not record["ok"]:
         return [{**common, "status": "failed", "field": TASK_FIELD,
@@ -506,6 +535,21 @@ def stored_run(run, repredict: bool = False) -> LabRun:
     return LabRun(run.path, recs)
 
 
+def check_allocator(cfg: LabConfig, kernel: str, profile) -> None:
+    """Refuse, before anything runs, a config whose policy params belong to the other
+    allocator than the booted kernel's: a SLUB knob (min_partial, cpu_partial, a slub_*
+    boot parameter) on the SLAB kernel, or a /proc/slabinfo tunable or slab_max_order on a
+    SLUB kernel that has no such thing.  One line naming the config, the knob and the
+    kernel's profile (:func:`slabtune.model.slab.foreign_knob`)."""
+    from slabtune.model import slab
+
+    for name in cfg.doc["policy"].get("params", {}):
+        why = slab.foreign_knob(str(name), profile)
+        if why is not None:
+            raise SlabtuneError(f"{cfg.path or cfg.name} on --kernel {kernel}: "
+                                f"policy.params.{name}: {why}")
+
+
 def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
             out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
             timeout_s: float | None = None, accel: str = "auto",
@@ -528,6 +572,8 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
         accel = run.manifest["spec"]["accel"]
     pairs = [(c, k) for c in configs for k in kernels]
     profiles = {k: kernel_profile(k) for k in kernels}
+    for c, k in pairs:
+        check_allocator(c, k, profiles[k])
     preds = predict([(c.doc, profiles[k]) for c, k in pairs])
     meta = {"name": "lab", "evaluator": "lab", "chunk_size": 1,
             "configs": [c.to_json() for c in configs], "kernels": list(kernels),
@@ -706,7 +752,8 @@ def lab_cache_values(spec, cand) -> dict[str, int]:
     """The candidate's per-cache values of the spec's native cache (min_partial,
     cpu_partial, ...; :func:`slabtune.tuner.objectives.cache_values`), the same for every
     topology and kernel: compute once per candidate.  Empty on a SLAB fleet (SLAB has no
-    such values)."""
+    such values; its tunables are the candidate's own, see
+    :func:`slabtune.validate.candidates.slab_applied_tunables`)."""
     from slabtune.model import profiles
     from slabtune.tuner import objectives
 
@@ -723,20 +770,25 @@ def validate_doc(spec, cand, topology_name: str, profile=None,
     applied_values`): its boot parameters, and the cache's ``min_partial`` and
     ``cpu_partial`` where it searches the knobs behind them, written to sysfs by the lab.
     Those two only for a kmalloc cache (an own cache exists only during the run), and
-    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x); neither on
-    the SLAB kernel (no /sys/kernel/slab: only the candidate's boot parameters,
-    ``slab_max_order``).  ``per_cache``: :func:`lab_cache_values` when the caller has it
-    already."""
+    ``cpu_partial`` only where the kernel has per-CPU partial lists (not 7.x).  On the
+    SLAB kernel (no /sys/kernel/slab): the boot parameter ``slab_max_order`` and the
+    /proc/slabinfo tunables the candidate sets (limit, batchcount, shared; a kmalloc
+    cache's only, likewise), which the lab writes (:func:`boot_args`) and the model runs
+    with (:func:`predict`).  ``per_cache``: :func:`lab_cache_values` when the caller has
+    it already."""
     from slabtune.kernel import labmod
-    from slabtune.model import profiles
-    from slabtune.validate.native_tasks import native_doc
+    from slabtune.model import profiles, slab
+    from slabtune.validate.candidates import applied_values
+    from slabtune.validate.native_tasks import native_policy_doc
 
     cache = spec.native["cache"]
     if per_cache is None:
         per_cache = lab_cache_values(spec, cand)
-    doc, _ = native_doc(spec, cand, topology_name, per_cache)
+    doc = native_policy_doc(spec, topology_name, applied_values(spec, cand, per_cache))
     keep = set(dict(cand.boot))
-    if cache in labmod.KMALLOC_NAMES and not profiles.is_slab(profile):
+    if cache in labmod.KMALLOC_NAMES and profiles.is_slab(spec.fleet.profile):
+        keep.update(slab.SLAB_TUNABLES)
+    elif cache in labmod.KMALLOC_NAMES and not profiles.is_slab(profile):
         keep.add("min_partial")
         if profile is None or profile.has_cpu_partial:
             keep.add("cpu_partial")

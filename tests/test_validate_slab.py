@@ -281,13 +281,14 @@ def test_report_labels_slab_rows_with_what_they_compare():
 @pytest.mark.guest
 @pytest.mark.ray
 def test_validate_target_lab_boots_the_slab_kernel(tmp_path, capsys, ray_local):
-    """``validate --target lab`` of one candidate (slab_max_order=1) on a 2-CPU SLAB spec
-    boots 6.1-slab twice (baseline and candidate) and stores SLAB rows: kmalloc-512's
-    /proc/slabinfo structure is the model's (order 0, 8 objects, limit 54, batchcount 27,
-    sharedfactor 8: enable_cpucache() of 6.1 for a 512-byte cache on SMP), the candidate's
-    boot parameter is on the command line, and the memory and active objects sampled in
-    the window are near the model's (local churn on a UMA topology, where the lab card's
-    SLAB rows agree within a few percent)."""
+    """``validate --target lab`` of one candidate (slab_max_order=1, limit 20, shared 4) on
+    a 2-CPU SLAB spec boots 6.1-slab twice (baseline and candidate) and stores SLAB rows:
+    kmalloc-512's /proc/slabinfo structure is the model's (baseline: order 0, 8 objects,
+    limit 54, batchcount 27, sharedfactor 8, enable_cpucache() of 6.1 for a 512-byte cache
+    on SMP; the candidate's line ``kmalloc-512 20 10 4`` written before its run, batchcount
+    (limit + 1) / 2), the candidate's boot parameter is on the command line, and the memory
+    and active objects sampled in the window are near the model's (local churn on a UMA
+    topology, where the lab card's SLAB rows agree within a few percent)."""
     from slabtune.kernel import build
 
     if build.kernel_path("6.1-slab") is None:
@@ -297,7 +298,8 @@ def test_validate_target_lab_boots_the_slab_kernel(tmp_path, capsys, ray_local):
     spec = tmp_path / "slab.toml"
     spec.write_text(SLAB_SPEC)
     cand = tmp_path / "c.toml"
-    cand.write_text('[[candidate]]\nid = "o1"\nboot = { slab_max_order = 1 }\n')
+    cand.write_text('[[candidate]]\nid = "o1"\nboot = { slab_max_order = 1 }\n'
+                    'knobs = { limit = 20, shared = 4 }\n')
     out = tmp_path / "runs"
     rc, stdout, err = _cli(["validate", "--candidate", str(cand), "--topologies", str(spec),
                             "--target", "lab,native", "--out", str(out), "--json"], capsys)
@@ -327,6 +329,13 @@ def test_validate_target_lab_boots_the_slab_kernel(tmp_path, capsys, ray_local):
     assert applied["o1"]["cmdline"].split()[-1] == "slab_max_order=1"
     assert "slab_max_order" not in applied["baseline"]["cmdline"]
     assert applied["o1"]["sysfs"] == {}
+    assert applied["o1"]["slabinfo"] == {"limit": 20, "batchcount": 10, "shared": 4}
+    assert "slabinfo" not in applied["baseline"]
+    o1 = rows.filter((pl.col("candidate") == "o1") & pl.col("field").str.starts_with(
+        "slabinfo."))
+    assert dict(zip(o1["field"], o1["measured"])) == {
+        "slabinfo.order": 0, "slabinfo.objs_per_slab": 8, "slabinfo.limit": 20,
+        "slabinfo.batchcount": 10, "slabinfo.sharedfactor": 4}
     rc, text, _ = _cli(["validate", "report", run_dir, "--out", str(out)], capsys)
     assert "target native skipped: the native allocator is a userspace twin" in text
     assert "6.1-slab (allocator SLAB, profile slab-v6.1, 2 runs): compared memory_bytes" in text

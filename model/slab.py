@@ -301,11 +301,16 @@ def _alien_entries(limit: int) -> int:
 
 
 def retuned_alien_limit(alien: int, limit: int) -> int:
-    """Entries of a cache's alien arrays once its limit is set to ``limit`` (a
-    /proc/slabinfo write: do_tune_cpucache() -> setup_kmem_cache_nodes() sizes them from
-    the new limit); none where the cache has none (``alien`` 0: one possible node, or
-    ``noaliencache``)."""
-    return 0 if alien == 0 else _alien_entries(limit)
+    """Entries of a cache's alien arrays once its limit is set to ``limit`` by a
+    /proc/slabinfo write: unchanged, ``alien`` (0 where the cache has none).
+    do_tune_cpucache() -> setup_kmem_cache_nodes() -> setup_kmem_cache_node() (6.1
+    mm/slab.c) does allocate alien arrays from the new limit, but installs them only where
+    the node has none (``if (!n->alien)``) and frees them otherwise; a cache's arrays exist
+    from its first enable_cpucache(), so they keep the entries of its default limit (12,
+    or 1 for a cache whose default limit is 1).  ``limit`` is taken for the callers'
+    sake and does not change the result."""
+    del limit
+    return int(alien)
 
 
 #: Bytes of an alien array before its entries, on x86-64: 6.1's struct alien_cache

@@ -337,6 +337,29 @@ def test_a_slab_config_takes_the_slabinfo_tunables_of_a_kmalloc_cache():
             lab.parse_config(text, "t")
 
 
+def test_a_retuned_limit_keeps_the_alien_arrays_enable_cpucache_made():
+    """A /proc/slabinfo write re-sizes the per-CPU and shared arrays but not the alien ones:
+    setup_kmem_cache_node() (6.1 mm/slab.c) installs the alien arrays it allocates only on
+    a node without any, and every node of a live cache has them since its first
+    enable_cpucache().  So on two nodes kmalloc-512 keeps 12-entry alien arrays at limit 1
+    (alloc_alien_cache() would make 1-entry ones), in the lab's model side too."""
+    from slabtune.model import slab
+    from slabtune.sweeps import simconfig, simulate
+
+    assert slab.retuned_alien_limit(12, 1) == 12
+    assert slab.retuned_alien_limit(1, 54) == 1
+    assert slab.retuned_alien_limit(0, 54) == 0
+    doc = lab.parse_config(SLAB_TUNED_CONFIG.replace("cpus = 2", "cpus = 4\nnodes = 2")
+                           .replace("limit = 12\nbatchcount = 4", "limit = 1\nbatchcount = 1"),
+                           "t").doc
+    spec = simconfig.parse_doc(doc)
+    st = simulate.structure_of(spec)
+    assert st.alien_limit == 12
+    assert simulate.structure_row(spec, st)["alien_limit"] == 12
+    assert int(simulate.sim_config(spec, st).alien_limit) == 12
+    assert lab.boot_args(doc)["slabinfo"] == {"limit": 1, "batchcount": 1, "shared": 2}
+
+
 def test_a_config_of_the_other_allocator_than_the_kernel_is_refused_up_front():
     """``lab run`` of a SLAB config with tunables on a SLUB kernel, or of a SLUB config with
     sysfs knobs on the SLAB kernel, is refused before anything runs, naming the knob and

@@ -15,7 +15,8 @@ What do_tune_cpucache() (6.1 mm/slab.c) changes when a tunables line is written:
 per-CPU arrays hold ``limit`` objects and move ``batchcount`` per refill or flush; the
 node's shared array holds ``shared * batchcount``; setup_kmem_cache_nodes() re-runs
 init_cache_node(), so ``free_limit = (1 + nr_cpus_node) * batchcount + num``; the alien
-arrays are re-made by alloc_alien_cache() from the new limit (12 entries, or 1 at limit 1).
+arrays keep the entries enable_cpucache() gave them (setup_kmem_cache_node() installs new
+ones only on a node that has none: ``slab.retuned_alien_limit``).
 """
 
 from __future__ import annotations

@@ -214,6 +214,42 @@ def test_slab_candidates_take_the_slabinfo_tunables():
                                     profiles.get_profile("v6.1"))
 
 
+def test_candidates_of_a_slab_study_carry_their_trials_tunables(tmp_path):
+    """A SLAB study's front points (slab_max_order and the tunables searched) become lab
+    pairs whose documents and /proc/slabinfo lines are the trials' values; ``--spread``
+    with the spec picks distinct validated configurations (validated_key on a SLAB spec)."""
+    import tomli_w
+
+    from slabtune.tuner import study as studies
+
+    doc = {"fleet": {"profile": "slab-v6.1",
+                     "topology": [{"name": "smp-2", "cpus": 2, "weight": 1.0}],
+                     "workload": [{"name": "w", "weight": 1.0, "foreign_free": 0.0,
+                                   "churn": 0.0, "caches": {"kmalloc-512": {
+                                       "live_per_cpu": 64, "ops": 1.0}}}]},
+           "search": {"sampler": "nsga2", "seed": 1, "knobs": {
+               "slab_max_order": {"low": 0, "high": 2}, "limit": {"choices": [4, 16, 54]},
+               "batchcount": {"choices": [1, 8, 27]}, "shared": {"choices": [0, 8]}}},
+           "objectives": {"set": "structural"}}
+    tspec = studies.parse_spec(tomli_w.dumps(doc), "s")
+    runner, _ = studies.create_or_resume(tspec, "s", f"journal:{tmp_path / 's.log'}")
+    runner.run(16, 16)
+    spec = validate_spec.parse_spec(SLAB_SPEC, "v")
+    picked, n = candidates.spread_candidates(runner.study, 3, spec)
+    assert n >= 2 and len(picked) == min(3, n)
+    keys = [candidates.validated_key(spec, c) for c in picked]
+    assert len(set(keys)) == len(keys)
+    by_trial = {t.number: t.params for t in runner.study.trials}
+    for c in picked:
+        p = by_trial[int(c.id.split("-")[1])]
+        tun = {k: p[k] for k in ("limit", "batchcount", "shared")}
+        d = lab.validate_doc(spec, c, "smp-2", spec.fleet.profile)
+        assert {k: d["policy"]["params"][k] for k in tun} == tun
+        assert lab.boot_args(d, spec.fleet.profile)["slabinfo"] == tun
+        (pred,) = lab.predict([(d, spec.fleet.profile)])
+        assert {k: pred["structure"][k] for k in tun} == tun
+
+
 def test_cli_slab_tunable_on_a_slub_spec_is_one_line_exit_2(tmp_path, capsys):
     spec = tmp_path / "slub.toml"
     spec.write_text(SLAB_SPEC.replace("slab-v6.1", "v6.1"))

@@ -201,8 +201,9 @@ def config_from(structure: slab.SlabStructure, profile: profiles.SlabProfile,
     ``memoryless_fallback`` (the numa_mem_id() switch, default the profile's), the
     /proc/slabinfo tunables ``limit``, ``batchcount``, ``shared`` (the factor; as
     do_tune_cpucache() takes them: the shared array holds shared * batchcount objects, the
-    alien arrays are resized from the new limit), ``reap_interval`` (steps between
-    cache_reap() runs, 0 none), ``free_limit`` (an int or N ints).
+    alien arrays keep the size enable_cpucache() gave them, slab.retuned_alien_limit),
+    ``reap_interval`` (steps between cache_reap() runs, 0 none), ``free_limit`` (an int or
+    N ints).
 
     By default a node class's free_limit is init_cache_node()'s rule applied to the CPUs
     the model has there: ``(1 + reps on the node class) * batchcount + num``.  The node's

@@ -120,7 +120,8 @@ def test_boot_parameter_validation_names_the_allocator():
     assert str(err.value) == (
         "boot parameter 'slab_max_order' is not allowed for kernel profile v6.1: "
         "slab_max_order is a SLAB knob (SLAB's slab order cap, a boot parameter); profile "
-        "v6.1 is SLUB (allowed: slub_min_order, slub_max_order, slub_min_objects)")
+        "v6.1 is SLUB (allowed: slub_min_order, slub_max_order, slub_min_objects, slub_nomerge, "
+        "slab_nomerge)")
 
 
 @pytest.mark.parametrize("knob", ["limit", "batchcount", "shared", "slab_max_order"])

@@ -172,14 +172,14 @@ def check_slabinfo(tunables: Mapping[str, int]) -> tuple[int, int, int]:
     """The ``(limit, batchcount, shared)`` of a SLAB lab run's /proc/slabinfo write,
     checked.  slabinfo_write() (6.1 mm/slab.c) takes one line of all three: it returns
     -EINVAL for a cache name it does not find, and for a line it does not accept
-    (:func:`slabtune.tuner.slab_objectives.tunables_accepted`: ``limit >= 1``,
+    (:func:`slabtune.model.slab.tunables_accepted`: ``limit >= 1``,
     ``1 <= batchcount <= limit``, ``shared >= 0``) it returns success and changes nothing,
     so such a line is refused here rather than run with the kernel's defaults; a limit
-    above :data:`slabtune.tuner.space.SLAB_LIMIT_MAX` fails in __alloc_percpu()
+    above :data:`slabtune.model.slab.LIMIT_MAX` fails in __alloc_percpu()
     (do_tune_cpucache(), -ENOMEM).  Every value is an int (never a string for the shell);
     one error line names the field."""
-    from slabtune.tuner.slab_objectives import tunables_accepted
-    from slabtune.tuner.space import SLAB_LIMIT_MAX
+    from slabtune.model.slab import LIMIT_MAX as SLAB_LIMIT_MAX
+    from slabtune.model.slab import tunables_accepted
 
     missing = [k for k in SLABINFO_TUNABLES if k not in tunables]
     extra = [k for k in tunables if k not in SLABINFO_TUNABLES]

@@ -300,6 +300,21 @@ def _alien_entries(limit: int) -> int:
     return ALIEN_LIMIT if limit > 1 else limit
 
 
+#: do_tune_cpucache() allocates the per-CPU arrays with __alloc_percpu(), which refuses
+#: more than PCPU_MIN_UNIT_SIZE (32 KiB): 8-byte pointers after the 16-byte struct
+#: array_cache (avail, limit, batchcount, touched) leave room for 4094 (6.1 mm/slab.c
+#: alloc_kmem_cache_cpus(), mm/percpu.c pcpu_alloc()).
+LIMIT_MAX = (32768 - 16) // 8
+
+
+def tunables_accepted(limit, batchcount, shared):
+    """Whether slabinfo_write() applies a tunables line (6.1 mm/slab.c): it calls
+    do_tune_cpucache() only when ``limit >= 1``, ``1 <= batchcount <= limit`` and
+    ``shared >= 0``; any other line is skipped (the write returns its length and the cache
+    keeps its tunables).  Elementwise on numpy arrays."""
+    return (limit >= 1) & (batchcount >= 1) & (batchcount <= limit) & (shared >= 0)
+
+
 def retuned_alien_limit(alien: int, limit: int) -> int:
     """Entries of a cache's alien arrays once its limit is set to ``limit`` by a
     /proc/slabinfo write: unchanged, ``alien`` (0 where the cache has none).

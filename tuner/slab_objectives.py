@@ -46,12 +46,9 @@ _F32 = jnp.float32
 ARRAY_FILL = 0.5
 
 
-def tunables_accepted(limit, batchcount, shared):
-    """Whether slabinfo_write() applies a tunables line (6.1 mm/slab.c): it calls
-    do_tune_cpucache() only when ``limit >= 1``, ``1 <= batchcount <= limit`` and
-    ``shared >= 0``; any other line is skipped (the write returns its length and the cache
-    keeps its tunables).  Elementwise on numpy arrays."""
-    return (limit >= 1) & (batchcount >= 1) & (batchcount <= limit) & (shared >= 0)
+#: slabinfo_write()'s test of a tunables line, a kernel fact kept in model/slab.py (the lab's
+#: guest script checks a line with it too).
+tunables_accepted = slab.tunables_accepted
 
 
 def tunables_of(limit, batchcount, shared, d_limit, d_batchcount, d_shared):

@@ -113,11 +113,8 @@ PROFILE_FIELD_KNOBS: tuple[str, ...] = (
 )
 
 
-#: do_tune_cpucache() allocates the per-CPU arrays with __alloc_percpu(), which refuses
-#: more than PCPU_MIN_UNIT_SIZE (32 KiB): 8-byte pointers after the 16-byte struct
-#: array_cache (avail, limit, batchcount, touched) leave room for 4094 (6.1 mm/slab.c
-#: alloc_kmem_cache_cpus(), mm/percpu.c pcpu_alloc()).
-SLAB_LIMIT_MAX = (32768 - 16) // 8
+#: Largest array limit do_tune_cpucache() can allocate (:data:`slabtune.model.slab.LIMIT_MAX`).
+SLAB_LIMIT_MAX = slab.LIMIT_MAX
 #: Search cap of the shared factor: slabinfo_write() takes any shared >= 0 and the shared
 #: array (shared * batchcount pointers) is kmalloc'ed per node; 64 is eight times
 #: enable_cpucache()'s 8, far past where holding objects pays.

@@ -1886,12 +1886,18 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     # configuration, so one compiled shape), run at once, the padding dropped
     c = -(-n // p)
     idx = np.minimum(np.arange(p * c), n - 1).reshape(p, c)
-    futs = [_pool(p).submit(lambda i: jax.block_until_ready(_simulate_batch(
-        jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
-            lambda x: jnp.take(jnp.asarray(x), i, axis=0), cfgs), steps, bound)), i)
-            for i in idx]
+
+    def part(i):
+        return _simulate_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
+            lambda x: jnp.take(jnp.asarray(x), i, axis=0), cfgs), steps, bound)
+
+    # the first part is compiled (and dispatched, asynchronously) here, so the threads
+    # reuse one executable instead of each compiling it and writing it to the persistent
+    # compilation cache at the same time
+    first = part(idx[0])
+    futs = [_pool(p).submit(lambda i: jax.block_until_ready(part(i)), i) for i in idx[1:]]
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs)[:n],
-                                  *[f.result() for f in futs])
+                                  first, *[f.result() for f in futs])
 
 
 def _parts(n: int) -> int:

@@ -57,12 +57,12 @@ class Grid:
 
     def ignored_points(self) -> int | None:
         """Points of a SLAB grid whose searched limit and batchcount slabinfo_write()
-        ignores for every cache (:func:`slabtune.tuner.slab_objectives.tunables_accepted`),
+        ignores for every cache (:func:`slabtune.model.slab.tunables_accepted`),
         counted from the two knobs' tables; None unless both are searched (with one at
         each cache's default, which points the kernel ignores depends on the cache)."""
         if not self.slab or not {"limit", "batchcount"} <= set(self.names):
             return None
-        from slabtune.tuner.slab_objectives import tunables_accepted
+        from slabtune.model.slab import tunables_accepted
 
         col = {n: self.tables[i, :int(s)] for i, (n, s) in
                enumerate(zip(self.names, self.sizes))}

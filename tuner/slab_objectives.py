@@ -9,7 +9,7 @@ cache of the fleet; a tunable at :data:`~slabtune.tuner.space.SLAB_CACHE_DEFAULT
 the cache's enable_cpucache() value, except that an unset batchcount under a set limit is
 ``(limit + 1) / 2``, enable_cpucache()'s rule.  A policy whose batchcount exceeds a
 cache's limit is one the kernel does not apply (slabinfo_write() skips the line:
-:func:`tunables_accepted`): its objectives are NaN, so the trial fails.
+:func:`slabtune.model.slab.tunables_accepted`): its objectives are NaN, so the trial fails.
 
 What do_tune_cpucache() (6.1 mm/slab.c) changes when a tunables line is written: the
 per-CPU arrays hold ``limit`` objects and move ``batchcount`` per refill or flush; the
@@ -44,11 +44,6 @@ _F32 = jnp.float32
 #: on average; the shared and alien arrays and the node's free objects (up to
 #: ``free_limit``) likewise.
 ARRAY_FILL = 0.5
-
-
-#: slabinfo_write()'s test of a tunables line, a kernel fact kept in model/slab.py (the lab's
-#: guest script checks a line with it too).
-tunables_accepted = slab.tunables_accepted
 
 
 def tunables_of(limit, batchcount, shared, d_limit, d_batchcount, d_shared):
@@ -97,7 +92,7 @@ def _base_structure(size: int, name: str, possible: int, node_cpus: tuple[int, .
 def policy_structures(fleet: Fleet, values) -> list[list[list[slab.SlabStructure | None]]]:
     """SLAB's structure of every (policy b, topology t, cache k) point under the batch's
     knob ``values`` (every SLAB knob as a (B,) array); None where the kernel does not apply
-    the policy's tunables to that cache (:func:`tunables_accepted`: batchcount above
+    the policy's tunables to that cache (``slab.tunables_accepted``: batchcount above
     limit)."""
     B = len(np.asarray(values["slab_max_order"]))
     out = []
@@ -113,7 +108,7 @@ def policy_structures(fleet: Fleet, values) -> list[list[list[slab.SlabStructure
                 st = _base_structure(c.size, c.name, t.possible, nc, fleet.profile, mo)
                 tun = cache_tunables(lim, bc, sh, slab.CpuCache(st.limit, st.batchcount,
                                                                 st.shared))
-                ok = tunables_accepted(tun.limit, tun.batchcount, tun.shared)
+                ok = slab.tunables_accepted(tun.limit, tun.batchcount, tun.shared)
                 row.append(tuned_structure(st, tun, nc) if ok else None)
             rows.append(row)
         out.append(rows)
@@ -155,7 +150,7 @@ def policy_structure_arrays(fleet: Fleet, values) -> dict[str, np.ndarray]:
     structure of each distinct ``slab_max_order`` in the batch is built once per (topology,
     cache), and the tunables are applied to all policies at once by the same rules
     (:func:`tunables_of`, :func:`shared_entries`, ``slab.retuned_alien_limit``,
-    ``slab.free_limit``; :func:`tunables_accepted` for ``valid``).  Equal to the per-point
+    ``slab.free_limit``; ``slab.tunables_accepted`` for ``valid``).  Equal to the per-point
     path on every valid policy; an invalid policy's entries are whatever the rules give."""
     mo = np.asarray(values["slab_max_order"]).astype(np.int64)
     orders, inv = np.unique(mo, return_inverse=True)
@@ -185,7 +180,7 @@ def policy_structure_arrays(fleet: Fleet, values) -> dict[str, np.ndarray]:
            "shared_entries": shared_entries(sh, bc),
            "alien_limit": alien[where.reshape(-1)].reshape(lim.shape), "free_limit": free}
     out = {f: out[f].astype(np.float32) for f in STRUCTURE_FIELDS}
-    out["valid"] = tunables_accepted(lim, bc, sh).all(axis=(1, 2))
+    out["valid"] = slab.tunables_accepted(lim, bc, sh).all(axis=(1, 2))
     return out
 
 

@@ -27,26 +27,6 @@ VENV_BIN = Path(sys.executable).parent
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
-def pytest_configure(config):
-    """Keep this process off JAX's persistent compilation cache.
-
-    Three clean-clone runs of the whole suite, and one run of the 1,406 non-guest tests
-    before it, segfaulted inside XLA:CPU's ``executable.serialize()`` while JAX wrote a
-    freshly compiled ``slab_dynamics`` batch to the cache, each time about 1,400 tests
-    into the one process (a Ray session and thousands of executables in).  The same
-    compiles and writes pass in a short process, with a fresh cache and with writes
-    forced, so the fault follows the long process's history, not one executable; its
-    root cause in jaxlib is not found.  (``SLABTUNE_JAX_CACHE=off`` did not avoid it:
-    test_bench_front runs bench_front's ``main`` here, which points the cache at a temp
-    directory of its own for the rest of the process.)  The suite's own process
-    therefore neither reads nor writes the cache; the CLI subprocesses and Ray workers
-    it starts use it as a user's processes do.
-    """
-    import jax
-
-    jax.config.update("jax_enable_compilation_cache", False)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

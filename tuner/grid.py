@@ -23,7 +23,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from slabtune.model import bootparams, profiles
+from slabtune.model import bootparams, profiles, slab
 from slabtune.tuner.space import SearchSpace, baseline_values
 
 
@@ -62,11 +62,9 @@ class Grid:
         each cache's default, which points the kernel ignores depends on the cache)."""
         if not self.slab or not {"limit", "batchcount"} <= set(self.names):
             return None
-        from slabtune.model.slab import tunables_accepted
-
         col = {n: self.tables[i, :int(s)] for i, (n, s) in
                enumerate(zip(self.names, self.sizes))}
-        pairs = tunables_accepted(col["limit"][:, None], col["batchcount"][None, :], 0)
+        pairs = slab.tunables_accepted(col["limit"][:, None], col["batchcount"][None, :], 0)
         rest = self.size // (len(col["limit"]) * len(col["batchcount"]))
         return int((~pairs).sum()) * rest
 

@@ -1,0 +1,170 @@
+"""The dynamics model played event by event in C (``native/dynsim.c``), for the CPU.
+
+:func:`simulate_batch` takes what :func:`slabtune.model.dynamics.simulate_batch` takes
+(keys, batch-major :class:`~slabtune.model.dynamics.SimConfig`, steps) and returns the
+same :class:`~slabtune.model.dynamics.Counters`, equal exactly: the C code plays the
+rules of :mod:`slabtune.model.reference_sim` one operation at a time over the same random
+words.  The JAX model stays the model (it runs inside jit, under vmap and on GPUs); this
+is an executor for the CPU, where XLA:CPU is bound by the memory traffic of the batched
+step (benchmarks/README.md, ``bench_dynamics.py``).  SLUB configurations only.
+
+The shared library is compiled on first use into the user cache, like the native
+allocator (:func:`build`; gcc and a C library are all it needs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from slabtune import native as native_sources
+from slabtune.errors import SlabtuneError
+from slabtune.model import dynamics, workloads
+
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread", "-ffp-contract=off")
+
+#: One configuration's row of int32 values, in the order dynsim.c reads them (its
+#: ``F_*`` enum): (SimConfig or Workload field, length).
+CFG_FIELDS = (
+    ("objs_per_slab", 1), ("sheaf_capacity", 1), ("cpu_slab", 1), ("min_partial", 1),
+    ("cpu_partial_slabs", 1), ("remote_free_bypasses_sheaf", 1), ("slab_alloc_single", 1),
+    ("pc_empty_locks", 1), ("barn_max_full", 1), ("barn_max_empty", 1),
+    ("memoryless_cpus_use_sheaves", 1), ("memoryless_fallback", 1), ("barns", 1),
+    ("ops_per_step", 1), ("rep_node", dynamics.R), ("rep_mem_node", dynamics.R),
+    ("rep_memoryless", dynamics.R), ("node_has_memory", dynamics.N),
+    ("alloc_p", dynamics.R), ("free_cum", dynamics.R * dynamics.R),
+    ("live_target", dynamics.R), ("burst", dynamics.R), ("active", dynamics.R),
+)
+NCFG = sum(n for _, n in CFG_FIELDS)
+_WORKLOAD = set(workloads.Workload._fields)
+
+
+class DynsimError(SlabtuneError):
+    """The native dynamics engine failed to build or run; the message names the step."""
+
+
+def _lib_path() -> Path:
+    return native_sources.build_dir() / "libdynsim.so"
+
+
+def build(force: bool = False) -> Path:
+    """Compile the packaged dynsim.c into the user cache (:func:`slabtune.native.build_dir`)
+    unless the library there was built from the same source and flags (a stamp records
+    their hash); written to a temporary name and renamed, so concurrent builds are safe."""
+    out = _lib_path()
+    src = native_sources.source("dynsim.c")
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
+    if cc is None:
+        raise DynsimError("dynsim build: gcc is not installed")
+    h = hashlib.sha256(src.read_bytes())
+    h.update(" ".join((Path(cc).name,) + CFLAGS).encode())
+    stamp, want = out.with_suffix(".stamp"), h.hexdigest()
+    if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(src)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        tail = " / ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip())
+        raise DynsimError(f"dynsim build: gcc failed on dynsim.c: {tail[-600:]}")
+    os.replace(tmp, out)
+    stamp.write_text(want)
+    return out
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    """The loaded library (built on first use), its constants checked against the model's."""
+    global _LIB
+    if _LIB is None:
+        lib = ctypes.CDLL(str(build()))
+        abi = np.zeros(8, np.int32)
+        lib.dynsim_abi(abi.ctypes.data_as(ctypes.c_void_p))
+        want = [dynamics.R, dynamics.N, dynamics.K, dynamics.LEVELS,
+                len(dynamics.COUNTER_FIELDS), NCFG]
+        if list(abi[:6]) != want:
+            raise DynsimError(f"dynsim: library constants {list(abi[:6])} are not the "
+                              f"model's {want} (R, N, K, LEVELS, counters, config row)")
+        lib.dynsim_run.restype = ctypes.c_int
+        lib.dynsim_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + \
+            [ctypes.c_void_p] * 7
+        _LIB = lib
+    return _LIB
+
+
+def config_rows(cfgs: dynamics.SimConfig) -> np.ndarray:
+    """The batch-major configurations as (B, NCFG) int32 rows (:data:`CFG_FIELDS`)."""
+    cols = []
+    for name, n in CFG_FIELDS:
+        a = np.asarray(getattr(cfgs.workload if name in _WORKLOAD else cfgs, name))
+        if a.ndim == 0 or a.size != a.shape[0] * n:
+            raise DynsimError(f"dynsim: {name} has shape {a.shape}, not (B,) + {n} values "
+                              "per configuration (stack_configs() makes a batch)")
+        cols.append(a.reshape(a.shape[0], n))
+    if len({c.shape[0] for c in cols}) != 1:
+        raise DynsimError("dynsim: the fields of the batch differ in length")
+    return np.ascontiguousarray(np.concatenate(cols, axis=1), np.int32)
+
+
+def seeds_of(keys) -> np.ndarray:
+    """The (B,) uint32 stream seeds of jax.random keys (:func:`dynamics.seed_of`)."""
+    import jax
+
+    return np.asarray(jax.vmap(dynamics.seed_of)(keys), np.uint32)
+
+
+def simulate_batch(keys, cfgs: dynamics.SimConfig, steps: int,
+                   threads: int | None = None) -> dynamics.Counters:
+    """What :func:`slabtune.model.dynamics.simulate_batch` returns for the same keys,
+    configurations and steps (NumPy arrays, batch-major), computed by dynsim.c on
+    ``threads`` threads (default: the CPUs this process may use)."""
+    seeds = np.ascontiguousarray(seeds_of(keys))
+    rows = config_rows(cfgs)
+    B, R, N = len(seeds), dynamics.R, dynamics.N
+    if rows.shape[0] != B:
+        raise DynsimError(f"dynsim: {rows.shape[0]} configurations for {B} keys")
+    b = rows[:, [i for i, (f, _) in enumerate(CFG_FIELDS) if f == "ops_per_step"][0]]
+    for x in b:
+        dynamics.check_ops_per_step(int(x))
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    nc = len(dynamics.COUNTER_FIELDS)
+    counts = np.zeros((B, nc, R), np.int32)
+    lock_node = np.zeros((B, N), np.int32)
+    out = np.zeros((B, R), np.int32)
+    g_rep = np.zeros((B, 3, R), np.int64)
+    g_node = np.zeros((B, 3, N), np.int64)
+    ptr = [x.ctypes.data_as(ctypes.c_void_p)
+           for x in (seeds, rows, counts, lock_node, out, g_rep, g_node)]
+    if _lib().dynsim_run(B, int(steps), int(threads), *ptr) != 0:
+        raise DynsimError("dynsim: a worker thread could not allocate its scratch memory")
+    return _counters(counts, lock_node, out, g_rep, g_node, steps)
+
+
+def _gauge(sums: np.ndarray, steps: int) -> np.ndarray:
+    """Time averages as the model computes them (dynamics._finish: float32 of the high and
+    low parts of the sum, split at GAUGE_SHIFT, over the steps)."""
+    hi, lo = np.divmod(sums, 1 << dynamics.GAUGE_SHIFT)
+    scale = np.float32(1 << dynamics.GAUGE_SHIFT)
+    return (hi.astype(np.float32) * scale + lo.astype(np.float32)) / np.float32(max(steps, 1))
+
+
+def _counters(counts, lock_node, out, g_rep, g_node, steps) -> dynamics.Counters:
+    c = {name: counts[:, k] for k, name in enumerate(dynamics.COUNTER_FIELDS)}
+    g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
+    return dynamics.Counters(
+        **c, list_lock_node=lock_node,
+        slabs_total=gn[:, 0], objects_inuse=g[:, 0], empty_slabs_kept=gn[:, 1],
+        cpu_partial_slabs_held=g[:, 1], sheaf_objects_held=g[:, 2],
+        barn_objects_held=gn[:, 2], outstanding=out)

@@ -12,6 +12,11 @@ event by event, so its rate is measured per b too.
 Rates are given per wall-clock second and per CPU second of this process (``process_time``,
 all its threads): on a shared machine the second is the steadier figure.
 
+The C engine (``native/dynsim.c`` through :mod:`slabtune.native.dynsim`, what
+``simulate_batch`` callers get on the CPU by default) runs the same batches interleaved with
+the JAX model, its rate printed beside it and its counters compared with the JAX model's on
+every repeat (``--no-native`` skips it).
+
 At b = 1 the one-op body the runs replaced (``git show 42784f4:model/dynamics.py``, loaded
 from git when the checkout has it; ``--no-old-body`` skips it) is timed on the same batches
 in the same run, interleaved repeat by repeat, and the ratio new / old of the CPU rates is
@@ -23,7 +28,7 @@ fast-path fractions (percentage points) and the memory held (``metrics.memory`` 
 relative) are compared with b = 1; median and max over configurations are printed.
 
     .venv/bin/python benchmarks/bench_dynamics.py [--steps 200] [--repeat 3] \
-        [--ops-per-step 1,16,64,256] [--fid-steps 2000] [--no-old-body]
+        [--ops-per-step 1,16,64,256] [--fid-steps 2000] [--no-old-body] [--no-native]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import numpy as np
 
 from slabtune.model import dynamics, metrics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
+from slabtune.native import dynsim
 
 PROFILES = ("v3.1", "v6.1", "v6.18", "v7.0", "v7.1")
 SIZES = (64, 256, 1024, 4096)
@@ -107,30 +113,55 @@ def batch_of(cfgs, n):
     return dynamics.stack_configs([cfgs[i % len(cfgs)] for i in range(n)])
 
 
-def time_jax(cfgs, n, steps, repeat, old=None):
-    """(ops, median wall s, median CPU s, first-call s) of ``simulate_batch``; with the
-    one-op module ``old`` the same for it too, its repeats interleaved with ours."""
+def same_counters(a, b, steps) -> bool:
+    """Whether two Counters are equal: every event counter, and every gauge's integer sum
+    (gauge * steps), as test_reference_sim compares them."""
+    gauges = {name for name, _ in dynamics.GAUGE_FIELDS}
+    for f in dynamics.Counters._fields:
+        x, y = np.asarray(getattr(a, f)), np.asarray(getattr(b, f))
+        if f in gauges:
+            x, y = np.rint(x * steps), np.rint(y * steps)
+        if not np.array_equal(x, y):
+            return False
+    return True
+
+
+def time_jax(cfgs, n, steps, repeat, old=None, native=True):
+    """Per engine, (ops, median wall s, median CPU s, first-call s) of ``simulate_batch``:
+    the JAX model; with the one-op module ``old`` the same for it; with ``native`` the C
+    engine (:mod:`slabtune.native.dynsim`); their repeats interleaved.  Also whether the C
+    engine's counters equaled the JAX model's on every repeat (None without it)."""
     batch = batch_of(cfgs, n)
-    runs = [(dynamics, batch)]
+    runs = [("jax", dynamics.simulate_batch, batch)]
     if old is not None:
-        runs.append((old, old.SimConfig(*batch[:len(old.SimConfig._fields)])))
-    out = []
-    for mod, b in runs:
+        runs.append(("old", old.simulate_batch,
+                     old.SimConfig(*batch[:len(old.SimConfig._fields)])))
+    if native:
+        runs.append(("native", dynsim.simulate_batch, batch))
+    out = {}
+    for name, fn, b in runs:
         keys = jax.random.split(jax.random.key(0), n)
         t0 = time.perf_counter()
-        jax.block_until_ready(mod.simulate_batch(keys, b, steps))
-        out.append(([], [], time.perf_counter() - t0))
+        jax.block_until_ready(fn(keys, b, steps))
+        out[name] = ([], [], time.perf_counter() - t0, [0])
+    same = True if native else None
     for i in range(repeat):
         keys = jax.random.split(jax.random.key(i + 1), n)
         jax.block_until_ready(keys)
-        for (mod, b), (times, cpu, _) in zip(runs, out):
+        got = {}
+        for name, fn, b in runs:
+            times, cpu, _, ops = out[name]
             t0, c0 = time.perf_counter(), time.process_time()
-            c = mod.simulate_batch(keys, b, steps)
+            c = fn(keys, b, steps)
             jax.block_until_ready(c)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-            ops = int(np.asarray(c.ops, np.int64).sum())
-    return [(ops, statistics.median(t), statistics.median(c), f) for t, c, f in out]
+            ops[0] = int(np.asarray(c.ops, np.int64).sum())
+            got[name] = c
+        if native:
+            same = same and same_counters(got["jax"], got["native"], steps)
+    return {name: (o[0], statistics.median(t), statistics.median(c), f)
+            for name, (t, c, f, o) in out.items()}, same
 
 
 def time_reference(cfgs, steps, sample):
@@ -157,6 +188,8 @@ def main(argv=None):
                     help="steps of the fidelity runs (0: skip them)")
     ap.add_argument("--no-old-body", action="store_true",
                     help=f"at b = 1, do not time the one-op body of {OLD_BODY} alongside")
+    ap.add_argument("--no-native", action="store_true",
+                    help="do not time the C engine (native/dynsim.c) alongside")
     ap.add_argument("--old-body", default=OLD_BODY, metavar="REV",
                     help="the commit whose model/dynamics.py is timed alongside at b = 1 "
                          f"(default {OLD_BODY}; e.g. HEAD for a change not yet committed)")
@@ -174,16 +207,23 @@ def main(argv=None):
               f"{'ops/s':>14} {'x ref':>6} {'ops/CPU-s':>14} {'x ref':>6}")
         old = old_body(args.old_body) if b == 1 and not args.no_old_body else None
         for n in (int(x) for x in args.sizes.split(",")):
-            res = time_jax(cfgs, n, args.steps, args.repeat, old)
-            for name, (ops, med, cpu, first) in zip(("", f"{args.old_body} body"), res):
+            res, same = time_jax(cfgs, n, args.steps, args.repeat, old, not args.no_native)
+            label = {"jax": "", "old": f"{args.old_body} body", "native": "native (C)"}
+            for name, (ops, med, cpu, first) in res.items():
                 rate, crate = ops / med, ops / max(cpu, 1e-9)
                 print(f"{n:>8} {ops:>13,} {med:>9.3f} {cpu:>7.3f} {first:>8.1f} "
                       f"{rate:>14,.0f} {rate / ref:>6.1f} {crate:>14,.0f} {crate / ref_cpu:>6.1f}"
-                      + (f"  {name}" if name else ""))
-            if len(res) == 2:
+                      + (f"  {label[name]}" if label[name] else ""))
+            if "old" in res:
                 print(f"{'':>8} b = 1 now / {args.old_body} body, CPU rate: "
-                      f"{res[1][2] / res[0][2]:.2f}x wall rate: {res[1][1] / res[0][1]:.2f}x "
-                      f"(same ops: {res[0][0] == res[1][0]})")
+                      f"{res['old'][2] / res['jax'][2]:.2f}x wall rate: "
+                      f"{res['old'][1] / res['jax'][1]:.2f}x "
+                      f"(same ops: {res['jax'][0] == res['old'][0]})")
+            if "native" in res:
+                print(f"{'':>8} native (C) / JAX model, wall rate: "
+                      f"{res['jax'][1] / res['native'][1]:.1f}x CPU rate: "
+                      f"{res['jax'][2] / res['native'][2]:.1f}x; counters equal on every "
+                      f"repeat: {same}")
     if args.fid_steps <= 0:
         return
     base = fidelity(distinct_configs(1), args.fid_steps)

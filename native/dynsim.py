@@ -168,3 +168,50 @@ def _counters(counts, lock_node, out, g_rep, g_node, steps) -> dynamics.Counters
         slabs_total=gn[:, 0], objects_inuse=g[:, 0], empty_slabs_kept=gn[:, 1],
         cpu_partial_slabs_held=g[:, 1], sheaf_objects_held=g[:, 2],
         barn_objects_held=gn[:, 2], outstanding=out)
+
+
+# --------------------------------------------------------------------------- engines
+
+#: Which executor runs a SLUB dynamics batch: ``auto`` (this module on the CPU, the JAX
+#: model on an accelerator), ``jax`` (always the JAX model) or ``native`` (always this
+#: module).  Chosen by ``SLABTUNE_DYNAMICS_ENGINE``; the counters are the same either way.
+ENGINES = ("auto", "jax", "native")
+ENGINE_ENV = "SLABTUNE_DYNAMICS_ENGINE"
+_FELL_BACK: list[str] = []
+
+
+def engine(choice: str | None = None) -> str:
+    """``jax`` or ``native`` for ``choice`` (default ``$SLABTUNE_DYNAMICS_ENGINE``, else
+    ``auto``).  ``auto`` takes ``native`` when JAX's default backend is the CPU and the
+    library builds (a failed build falls back to ``jax`` once, with a warning); an unknown
+    name is a one-line error naming the variable."""
+    name = (choice if choice is not None else os.environ.get(ENGINE_ENV, "auto")).strip()
+    if name not in ENGINES:
+        raise DynsimError(f"{ENGINE_ENV}: {name!r} is not one of {', '.join(ENGINES)}")
+    if name != "auto":
+        return name
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return "jax"
+    if _FELL_BACK:
+        return "jax"
+    try:
+        _lib()
+    except (DynsimError, OSError) as e:
+        import warnings
+
+        _FELL_BACK.append(str(e))
+        warnings.warn(f"dynamics runs on the JAX model: the native engine failed ({e})",
+                      RuntimeWarning, stacklevel=2)
+        return "jax"
+    return "native"
+
+
+def run_batch(keys, cfgs: dynamics.SimConfig, steps: int,
+              engine_name: str | None = None) -> dynamics.Counters:
+    """Counters of a SLUB batch (what :func:`slabtune.model.dynamics.simulate_batch`
+    returns) from the engine :func:`engine` picks; callers outside jit use this."""
+    if engine(engine_name) == "native":
+        return simulate_batch(keys, cfgs, steps)
+    return dynamics.simulate_batch(keys, cfgs, steps)

@@ -392,6 +392,7 @@ class Dynamics(Evaluator):
 
     def _slub(self, spec, chunk, res, rows):
         from slabtune.model import dynamics, policy
+        from slabtune.native import dynsim
 
         cols = chunk.columns
         prof_names = spec.axis("profile").values
@@ -402,7 +403,7 @@ class Dynamics(Evaluator):
             cfgs.append(dynamics.config_from(s_r, prof, t, wl, ops_per_step=spec.ops_per_step))
         stacked = dynamics.stack_configs(cfgs)
         index = (chunk.start + rows).astype(np.uint32)
-        fn = _dynamics_fn(spec.steps, dynamics.run_bound(stacked))
+        fn = _dynamics_fn(spec.steps, dynamics.run_bound(stacked), dynsim.engine())
         out = fn(np.uint32(spec.seed), index, stacked, _default_cost(),
                  self._pcp(spec, cols, rows),
                  _object_sizes(spec, cols)[rows].astype(np.float32))
@@ -482,23 +483,40 @@ def _default_cost():
 
 
 @functools.lru_cache(maxsize=8)
-def _dynamics_fn(steps: int, max_run: int):
-    """The jitted dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static
-    run bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick)."""
+def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
+    """The dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static run
+    bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick).  With
+    the ``jax`` engine one jitted function; with ``native`` (:mod:`slabtune.native.dynsim`,
+    the same counters) the keys and the metrics are jitted and the counters come from C."""
     import jax
 
     from slabtune.model import dynamics
     from slabtune.model import metrics as model_metrics
+    from slabtune.native import dynsim
 
     configure_jax()
 
-    def run(seed, index, cfgs, cost, pcp, object_size):
+    def keys_of(seed, index):
         base = jax.random.key(seed)
-        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
-        counters = dynamics.simulate_batch(keys, cfgs, steps, max_run)
+        return jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
+
+    def metrics_of(counters, cfgs, cost, pcp, object_size):
         return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
             cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
                 counters, cfgs, pcp, object_size)
+
+    if engine == "native":
+        jkeys, jmetrics = jax.jit(keys_of), jax.jit(metrics_of)
+
+        def run_native(seed, index, cfgs, cost, pcp, object_size):
+            counters = dynsim.simulate_batch(jkeys(seed, index), cfgs, steps)
+            return jmetrics(counters, cfgs, cost, pcp, object_size)
+
+        return run_native
+
+    def run(seed, index, cfgs, cost, pcp, object_size):
+        counters = dynamics.simulate_batch(keys_of(seed, index), cfgs, steps, max_run)
+        return metrics_of(counters, cfgs, cost, pcp, object_size)
 
     return jax.jit(run)
 

@@ -111,3 +111,36 @@ def test_build_is_cached(tmp_path, monkeypatch):
     mtime = lib.stat().st_mtime_ns
     assert dynsim.build() == lib and lib.stat().st_mtime_ns == mtime
     assert len(stamp) == 64
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def test_engine_choice(monkeypatch):
+    monkeypatch.delenv(dynsim.ENGINE_ENV, raising=False)
+    assert dynsim.engine() == ("native" if jax.default_backend() == "cpu" else "jax")
+    assert dynsim.engine("jax") == "jax"
+    monkeypatch.setenv(dynsim.ENGINE_ENV, "native")
+    assert dynsim.engine() == "native"
+    monkeypatch.setenv(dynsim.ENGINE_ENV, "xla")
+    with pytest.raises(dynsim.DynsimError, match=dynsim.ENGINE_ENV):
+        dynsim.engine()
+
+
+def test_sweep_evaluation_same_metrics_either_engine():
+    """The sweep evaluator's metrics (jitted over counters) are the same from either engine."""
+    from slabtune.sweeps import evaluators
+
+    cfgs = _grid(1)[::9]
+    batch = dynamics.stack_configs(cfgs)
+    index = np.arange(len(cfgs), dtype=np.uint32)
+    pcp = np.full(len(cfgs), 3, np.int32)
+    osz = np.full(len(cfgs), 256.0, np.float32)
+    cost = evaluators._default_cost()
+    bound = dynamics.run_bound(batch)
+    a = evaluators._dynamics_fn(120, bound, "jax")(np.uint32(7), index, batch, cost, pcp, osz)
+    b = evaluators._dynamics_fn(120, bound, "native")(np.uint32(7), index, batch, cost, pcp,
+                                                      osz)
+    for f in a._fields:
+        np.testing.assert_allclose(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)),
+                                   rtol=1e-6, err_msg=f)

@@ -394,12 +394,12 @@ class DynamicsObjectives:
                             barn_max_empty=rep("barn_max_empty"))
 
     def __call__(self, values) -> PerTopology:
-        from slabtune.model import dynamics
+        from slabtune.native import dynsim
 
         cfg = self.configs(values)
         B = len(np.asarray(values["barn_max_full"]))
         keys = jax.vmap(jax.random.key)(np.tile(self.seeds, B))
-        counters = dynamics.simulate_batch(keys, cfg, self.steps)
+        counters = dynsim.run_batch(keys, cfg, self.steps)
         return self._metrics(counters, cfg, np.tile(self.object_size, B))
 
 

@@ -12,7 +12,7 @@ event by event, so its rate is measured per b too.
 Rates are given per wall-clock second and per CPU second of this process (``process_time``,
 all its threads): on a shared machine the second is the steadier figure.
 
-The C engine (``native/dynsim.c`` through :mod:`slabtune.native.dynsim`, what
+The C engine (``native/dynsim.c`` through :mod:`slabtune.sweeps.dynsim`, what
 ``simulate_batch`` callers get on the CPU by default) runs the same batches interleaved with
 the JAX model, its rate printed beside it and its counters compared with the JAX model's on
 every repeat (``--no-native`` skips it).
@@ -46,7 +46,7 @@ import numpy as np
 
 from slabtune.model import dynamics, metrics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
-from slabtune.native import dynsim
+from slabtune.sweeps import dynsim
 
 PROFILES = ("v3.1", "v6.1", "v6.18", "v7.0", "v7.1")
 SIZES = (64, 256, 1024, 4096)
@@ -129,7 +129,7 @@ def same_counters(a, b, steps) -> bool:
 def time_jax(cfgs, n, steps, repeat, old=None, native=True):
     """Per engine, (ops, median wall s, median CPU s, first-call s) of ``simulate_batch``:
     the JAX model; with the one-op module ``old`` the same for it; with ``native`` the C
-    engine (:mod:`slabtune.native.dynsim`); their repeats interleaved.  Also whether the C
+    engine (:mod:`slabtune.sweeps.dynsim`); their repeats interleaved.  Also whether the C
     engine's counters equaled the JAX model's on every repeat (None without it)."""
     batch = batch_of(cfgs, n)
     runs = [("jax", dynamics.simulate_batch, batch)]

@@ -10,7 +10,7 @@
  * op (benchmarks/README.md); one configuration's whole state here is about 2 KiB and stays
  * in L1 for all its steps.
  *
- * Built by native/dynsim.py (gcc -O2 -shared -fPIC -pthread); the layout of the config
+ * Built by sweeps/dynsim.py (gcc -O2 -shared -fPIC -pthread); the layout of the config
  * rows and of the outputs is defined there (CFG_FIELDS) and checked by dynsim_abi().
  */
 #include <pthread.h>
@@ -33,7 +33,7 @@ enum { C_OPS, C_ALLOCS, C_FREES, C_ALLOC_FAST, C_ALLOC_SLOW, C_FREE_FAST, C_FREE
        C_BARN_PUT, C_BARN_GET_FAIL, C_BARN_PUT_FAIL, C_CPU_PARTIAL_DRAIN,
        C_SHEAF_ALLOC_REPLACE, C_SHEAF_FREE_REPLACE };
 
-/* config row: scalars, then per-rep and per-node arrays (native/dynsim.py CFG_FIELDS) */
+/* config row: scalars, then per-rep and per-node arrays (sweeps/dynsim.py CFG_FIELDS) */
 enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SINGLE,
        F_PC_EMPTY_LOCKS, F_MAX_FULL, F_MAX_EMPTY, F_USE_SH, F_FALLBACK, F_BARNS, F_B,
        F_REP_NODE, F_REP_MEM = F_REP_NODE + R, F_REP_MEMLESS = F_REP_MEM + R,

@@ -392,7 +392,7 @@ class Dynamics(Evaluator):
 
     def _slub(self, spec, chunk, res, rows):
         from slabtune.model import dynamics, policy
-        from slabtune.native import dynsim
+        from slabtune.sweeps import dynsim
 
         cols = chunk.columns
         prof_names = spec.axis("profile").values
@@ -486,13 +486,13 @@ def _default_cost():
 def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
     """The dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static run
     bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick).  With
-    the ``jax`` engine one jitted function; with ``native`` (:mod:`slabtune.native.dynsim`,
+    the ``jax`` engine one jitted function; with ``native`` (:mod:`slabtune.sweeps.dynsim`,
     the same counters) the keys and the metrics are jitted and the counters come from C."""
     import jax
 
     from slabtune.model import dynamics
     from slabtune.model import metrics as model_metrics
-    from slabtune.native import dynsim
+    from slabtune.sweeps import dynsim
 
     configure_jax()
 

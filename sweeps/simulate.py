@@ -118,7 +118,7 @@ def simulate_specs(specs: list[SimSpec]):
 
     configure_jax()
     from slabtune.model import dynamics, slab_dynamics
-    from slabtune.native import dynsim
+    from slabtune.sweeps import dynsim
 
     structs = [structure_of(s) for s in specs]
     cfgs = [sim_config(s, st) for s, st in zip(specs, structs)]

@@ -16,7 +16,7 @@ import pytest
 
 from slabtune.model import dynamics, policy, profiles, reference_sim
 from slabtune.model.topology import Topology
-from slabtune.native import dynsim
+from slabtune.sweeps import dynsim
 
 GAUGES = {name for name, _ in dynamics.GAUGE_FIELDS}
 PROFILES = tuple(profiles.PROFILES)

@@ -22,7 +22,7 @@ ALLOWED = {
     "native": set(),
     "results": {"errors", "model"},
     "kernel": {"errors", "model", "native", "results"},
-    "sweeps": {"errors", "model", "results"},
+    "sweeps": {"errors", "model", "native", "results"},
     "tuner": {"errors", "model", "results", "sweeps"},
     "calibrate": {"errors", "model", "sweeps", "results"},
     "validate": {"errors", "model", "results", "sweeps", "kernel", "native", "tuner",

@@ -394,7 +394,7 @@ class DynamicsObjectives:
                             barn_max_empty=rep("barn_max_empty"))
 
     def __call__(self, values) -> PerTopology:
-        from slabtune.native import dynsim
+        from slabtune.sweeps import dynsim
 
         cfg = self.configs(values)
         B = len(np.asarray(values["barn_max_full"]))

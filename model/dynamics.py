@@ -1816,9 +1816,14 @@ def run_bound(cfgs: SimConfig) -> int:
     b = cfgs.ops_per_step
     if isinstance(b, jax.core.Tracer):
         return MAX_OPS_PER_STEP
+    return MAX_OPS_PER_STEP if np.any(_general(cfgs)) else 1
+
+
+def _general(cfgs: SimConfig) -> np.ndarray:
+    """Per configuration (concrete, batch-major), whether it needs the general run form:
+    ``ops_per_step`` > 1, or a v6.18 opt-in cache (sheaves and a CPU slab)."""
     cs_sheaf = (np.asarray(cfgs.sheaf_capacity) > 0) & (np.asarray(cfgs.cpu_slab) > 0)
-    one = int(np.max(np.asarray(b))) <= 1 and not np.any(cs_sheaf)
-    return 1 if one else MAX_OPS_PER_STEP
+    return (np.asarray(cfgs.ops_per_step) > 1) | cs_sheaf
 
 
 def _bound(cfgs: SimConfig, max_run) -> int:
@@ -1898,13 +1903,26 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit).  On the
     CPU, outside jit, a batch of more than :data:`CHUNK` runs as equal parts, one per usable
     CPU, each in its own thread (:func:`_parts`); on an accelerator the batch runs as one
-    scan (:func:`_on_cpu`)."""
+    scan (:func:`_on_cpu`).  Without ``max_run``, a batch that mixes configurations of
+    both run forms (:func:`_general`) runs as two batches, so that the one-op ones keep
+    the one-op form."""
     bound = _bound(cfgs, max_run)
     leaves = jax.tree_util.tree_leaves((keys, cfgs))
     n = len(keys)
+    traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
+    if max_run is None and bound != 1 and not traced:
+        gen = _general(cfgs)
+        if not gen.all():
+            parts = [np.nonzero(~gen)[0], np.nonzero(gen)[0]]
+            outs = [simulate_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
+                lambda x, i=i: np.take(np.asarray(x), i, axis=0), cfgs), steps)
+                for i in parts]
+            back = np.argsort(np.concatenate(parts))
+            return jax.tree_util.tree_map(
+                lambda *xs: jnp.take(jnp.concatenate(xs), back, axis=0), *outs)
     if not _on_cpu():
         return _simulate_batch(keys, cfgs, steps, bound, max(n, 1), False)
-    p = 1 if any(isinstance(x, jax.core.Tracer) for x in leaves) else _parts(n)
+    p = 1 if traced else _parts(n)
     if p == 1:
         return _simulate_batch(keys, cfgs, steps, bound)
     # configurations are independent: equal parts (the last padded with copies of the last

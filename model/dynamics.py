@@ -82,7 +82,8 @@ class SimConfig(NamedTuple):
 
     Scalars: ``objs_per_slab``, ``order``, ``min_partial``, ``cpu_partial_slabs`` (0: no
     per-CPU partial list), ``sheaf_capacity`` (0: no sheaves), ``cpu_slab`` (1: the cache
-    allocates through a per-CPU slab when it has no sheaf), ``barns`` (0 none, 1 on nodes
+    has a per-CPU slab: every cache without sheaves, and v6.18's opt-in caches beside
+    their sheaves, which refill and flush through it), ``barns`` (0 none, 1 on nodes
     with memory, 2 on every node), ``remote_free_bypasses_sheaf``,
     ``memoryless_cpus_use_sheaves``, ``memoryless_fallback``, ``barn_max_full``,
     ``barn_max_empty``.  Per rep (R,): ``rep_weight`` (float), ``rep_node``,
@@ -272,7 +273,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         min_partial=_scalar(mp),
         cpu_partial_slabs=_scalar(cps),
         sheaf_capacity=_scalar(cap),
-        cpu_slab=_scalar(1 if cap == 0 else 0),
+        cpu_slab=_scalar(int(cap == 0 or profile.has_cpu_slab)),
         barns=_scalar(profiles.BARN_NODES.index(barn_name)),
         remote_free_bypasses_sheaf=_scalar(int(profile.remote_free_bypasses_sheaf)),
         memoryless_cpus_use_sheaves=_scalar(int(profile.memoryless_cpus_use_sheaves)),
@@ -709,9 +710,14 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     (v2.6.27, or the ``memoryless_fallback`` override), which takes every object from its
     memory node's partial list; then the bulk take of the sheaf refills and those direct
     allocations from node ``m`` (:func:`_bulk_take`) and the bookkeeping
-    (:func:`_count_allocs`)."""
+    (:func:`_count_allocs`).  A v6.18 opt-in cache (sheaves beside the CPU slab,
+    ``cs_sheaf``) refills through the CPU slab instead (6.18 refill_sheaf() calls
+    __kmem_cache_alloc_bulk(): ``cap`` objects each from the CPU freelist, then the slow
+    paths of ___slab_alloc()); those objects stay untracked in the CPU slab, and
+    SLUB_STATS counts each as a fast or slow path, as the model does."""
     Cj, cnt = _alloc_freers(cx, cfg.workload, na, k.w1)
     sh_slow, rfl, ndir = _sheaf_alloc(cx, k, cfg, na)
+    cs_sheaf = k.sheaves & (cfg.cpu_slab > 0)
 
     # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
     #    "local": every object comes from the node's partial list under its lock; so does
@@ -720,15 +726,17 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     nd = jnp.where(direct, na, 0) + ndir
 
     a_cs = do_a & ~k.sheaves & ~direct
-    rfe, E, t_pg = _cpu_slab_alloc(cx, k, a_cs, na, Cj, cnt)
+    n_rc = jnp.where(cs_sheaf, rfl * k.cap, 0)        # refilled through the CPU slab
+    nc = jnp.where(a_cs, na, n_rc)
+    rfe, E, t_pg = _cpu_slab_alloc(cx, k, a_cs | (n_rc > 0), nc, Cj, cnt, a_cs)
 
     # -- bulk allocation from node m: sheaf refills (cap objects each) or direct ones
-    n_b, y_b, rem = _bulk_take(cx, k.m, rfl * k.cap + nd)
+    n_b, y_b, rem = _bulk_take(cx, k.m, rfl * k.cap - n_rc + nd)
     single = cfg.slab_alloc_single > 0
     cx.lock(k.m, jnp.where(single, _refill_locks(n_b, y_b, rfl, k.cap, rem, cx.d["max_run"]),
-                           rfl) + nd)
+                           jnp.where(cs_sheaf, 0, rfl)) + nd)
 
-    _count_allocs(cx, na, cnt, sh_slow, rfe, E, nd, t_pg)
+    _count_allocs(cx, na, n_rc, cnt, sh_slow, rfe, E, nd, t_pg)
 
 
 def _alloc_freers(cx: _Ctx, wl: workloads.Workload, na, w1):
@@ -785,25 +793,27 @@ def _sheaf_alloc(cx: _Ctx, k: _Rep, cfg: SimConfig, na):
     return sh_slow, rfl, ndir
 
 
-def _cpu_slab_alloc(cx: _Ctx, k: _Rep, a_cs, na, Cj, cnt):
+def _cpu_slab_alloc(cx: _Ctx, k: _Rep, a_cs, nc, Cj, cnt, tracked):
     """A run's allocations through the CPU slab (``a_cs``: caches without sheaves, CPUs
     whose CPU slab counts as local): slab_alloc()'s fast path on the CPU freelist, then
     the slow paths of ___slab_alloc() in their order (:func:`_cpu_freelist`), new
     CPU slabs from the per-CPU partial list (v3.2 to v6.18), the node's partial list
     (get_partial_node()) and the page allocator (new_slab()): :func:`_partial_lists`,
     :func:`_new_cpu_slabs`, :func:`_take_partial_slabs`, :func:`_install_cpu_slab`.
-    Returns ``rfe`` (the remotely freed objects were taken), ``E`` (new CPU slabs) and
-    ``t_pg`` (of them, new slabs from the page allocator)."""
+    ``nc`` objects (``a_cs``: any), for the reps ``Cj``/``cnt`` where ``tracked`` (the
+    run's own allocations), else for a v6.18 sheaf refill (untracked).  Returns ``rfe``
+    (the remotely freed objects were taken), ``E`` (new CPU slabs) and ``t_pg`` (of them,
+    new slabs from the page allocator)."""
     # -- CPU slab (slab_alloc fast path, ___slab_alloc): the freelist, the remotely freed
     #    objects, then new CPU slabs, each a slow path, in the order ___slab_alloc takes
     #    them: per-CPU partial slabs, node partial slabs (get_partial_node moving up to
     #    cpu_partial_slabs / 2 + 1 more to the per-CPU list), new slabs
-    nc = jnp.where(a_cs, na, 0)
+    nc = jnp.where(a_cs, nc, 0)
     fl = _cpu_freelist(cx, nc)
     pl = _partial_lists(cx, k)
     ns = _new_cpu_slabs(k, pl, fl.n2)
     _take_partial_slabs(cx, k, pl, ns)
-    _install_cpu_slab(cx, k, a_cs, nc, fl, ns, Cj, cnt)
+    _install_cpu_slab(cx, k, nc, fl, ns, Cj, cnt, tracked)
     return fl.rfe, ns.E, ns.t_pg
 
 
@@ -1009,13 +1019,14 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
     cx.lock(m, takes)
 
 
-def _install_cpu_slab(cx: _Ctx, k: _Rep, a_cs, nc, fl: _Freelist, ns: _NewSlabs, Cj, cnt):
+def _install_cpu_slab(cx: _Ctx, k: _Rep, nc, fl: _Freelist, ns: _NewSlabs, Cj, cnt, tracked):
     """The CPU slab after a CPU-slab allocation run: each new CPU slab deactivates the
     old one (deactivate_slab(): an exhausted CPU slab is full and on no list, unless it
     held nothing), the last one keeps its free objects on the CPU freelist; else the
     freelist and the remotely freed objects are what the run left.  Which of the run's
     objects are still in the CPU slab (``pend_cs``, ``cs_tracked``): the last ``L`` of
-    the run when it took a new CPU slab (its objects are in freeing-rep order)."""
+    the run when it took a new CPU slab (its objects are in freeing-rep order); none of a
+    sheaf refill's (not ``tracked``)."""
     st, r, objs = cx.st, cx.r, k.objs
     f0, i0, r0, a0, a1, n1, rfe = fl.f0, fl.i0, fl.r0, fl.a0, fl.a1, fl.n1, fl.rfe
     E, L, y_last = ns.E, ns.L, ns.y_last
@@ -1026,22 +1037,25 @@ def _install_cpu_slab(cx: _Ctx, k: _Rep, a_cs, nc, fl: _Freelist, ns: _NewSlabs,
     cx.rset("cs_rfree", 0, n1 > 0)
     # objects still in the CPU slab: the last L of the run (its objects are in j order)
     suffix = _counts(jnp.maximum(Cj - (nc - L), 0))
-    pcs_row = jnp.where(E > 0, suffix, st["pend_cs"][r] + jnp.where(a_cs, cnt, 0))
+    pcs_row = jnp.where(E > 0, jnp.where(tracked, suffix, 0),
+                        st["pend_cs"][r] + jnp.where(tracked, cnt, 0))
     st["pend_cs"] = st["pend_cs"].at[r].set(pcs_row)
-    cx.rset("cs_tracked", jnp.where(E > 0, L, cx.row("cs_tracked") + nc))
+    cx.rset("cs_tracked", jnp.where(E > 0, jnp.where(tracked, L, 0),
+                                    cx.row("cs_tracked") + jnp.where(tracked, nc, 0)))
 
 
-def _count_allocs(cx: _Ctx, na, cnt, sh_slow, rfe, E, nd, t_pg):
+def _count_allocs(cx: _Ctx, na, n_rc, cnt, sh_slow, rfe, E, nd, t_pg):
     """The allocation run's bookkeeping: fast and slow paths as SLUB_STATS counts them
     (ALLOC_SLOWPATH is ___slab_alloc(): taking the remotely freed objects, a new CPU slab,
     a direct node-list allocation; every object alloc_from_pcs() hands out is
     ALLOC_FASTPATH, v6.18/v7.x, also right after __pcs_replace_empty_main() swapped in the
     spare or a barn sheaf or refilled one: those replacements are ``sheaf_alloc_replace``),
     new slabs from the page allocator, and the objects now in flight (``pend`` by freeing
-    rep, ``out``, the freeing reps' ``pend_tot``)."""
+    rep, ``out``, the freeing reps' ``pend_tot``).  ``n_rc`` objects a v6.18 sheaf refill
+    took through the CPU slab count as fast or slow paths too (SLUB_STATS does)."""
     st, r = cx.st, cx.r
     slow = _i(rfe) + E + nd
-    cx.bump("alloc_fast", na - slow)
+    cx.bump("alloc_fast", na + n_rc - slow)
     cx.bump("alloc_slow", slow)
     cx.bump("sheaf_alloc_replace", sh_slow)
     cx.bump("slab_alloc", t_pg)
@@ -1082,18 +1096,19 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     k_cs, k_ot, k_all, rem = _pick_pending(cx, k, nf)
     lay = _slab_layout(cx, k, k_ot)
     _unpend(cx, k_cs, k_all, nf)
-    sh, nsh, full_main = _sheaf_free(cx, k, cfg, rem, k_all)
+    sh, nsh, full_main, xm = _sheaf_free(cx, k, cfg, rem, k_all)
     cx.nflush()
-    c_cs, c_pc, xH, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot)
+    c_cs, c_pc, xH, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot, xm)
     own_fast = _frozen_frees(cx, c_cs, c_pc)
     _part_frees(cx, xH, xU, lay.on_cls, lay.from_cls)
     _full_slab_frees(cx, k, cfg, lay, xF)
 
     # FREE_FASTPATH counts every free_to_pcs(), also one that first replaced a full main
-    # sheaf (__pcs_replace_full_main(): ``sheaf_free_replace``)
+    # sheaf (__pcs_replace_full_main(): ``sheaf_free_replace``); a v6.18 flush's objects
+    # (``xm``) count as the slab frees they are (do_slab_free(), __slab_free())
     ffast = nsh + own_fast
     cx.bump("free_fast", ffast)
-    cx.bump("free_slow", nf - ffast)
+    cx.bump("free_slow", nf + xm - ffast)
     cx.bump("sheaf_free_replace", full_main)
 
 
@@ -1189,9 +1204,12 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
     sheaf while it has room; each time it is full, __pcs_replace_full_main() swaps it
     with an empty spare, else puts it into the barn while the barn holds fewer than
     ``barn_max_full`` full sheaves, else flushes its ``cap`` objects to node ``m``'s slabs
-    (:func:`_bulk_free`: a list_lock per slab that changes state).  Returns ``sh`` (R,
-    B), the origins whose objects go to the sheaves, the sheaf frees ``nsh`` and
-    ``full_main``, the frees that found the main sheaf full (each a slow path)."""
+    (:func:`_bulk_free`: a list_lock per slab that changes state; 7.x).  A v6.18 opt-in
+    cache's flush (6.18 __kmem_cache_free_bulk(): do_slab_free() per slab, the CPU
+    slab's freelist or __slab_free()) frees them as the run's slab frees into node ``m``
+    (returned as ``xm``, :func:`_split_slab_frees`).  Returns ``sh`` (R, B), the origins
+    whose objects go to the sheaves, the sheaf frees ``nsh``, ``full_main``, the frees
+    that found the main sheaf full (each a slow path), and ``xm``."""
     st, cap, capm, sheaves = cx.st, k.cap, k.capm, k.sheaves
     m, own, has_barn = k.m, k.own, k.has_barn
     # -- sheaf frees first (free_to_pcs, __pcs_replace_full_main): the main sheaf, then
@@ -1213,19 +1231,21 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
     cx.rset("spare", cap, fswap)
     cx.nadd("barn_empty", own, -jnp.minimum(puts, _get(st["barn_empty"], own)))
     cx.nadd("barn_full", own, puts)
-    _bulk_free(cx, m, fl * cap)
-    return sh, nsh, full_main
+    cs_sheaf = cfg.cpu_slab > 0
+    _bulk_free(cx, m, jnp.where(cs_sheaf, 0, fl * cap))
+    return sh, nsh, full_main, jnp.where(cs_sheaf, fl * cap, 0)
 
 
-def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
+def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot, xm):
     """Where a free run's objects that skip the sheaves land, which __slab_free() finds
     from the object's slab: an object still in its origin's CPU slab goes there; the
     others, per node class, by systematic points (offset from ``w2``) over the slabs as
     the run starts (:class:`_Layout`): a slab takes frees in proportion to its allocated
-    objects.  Returns per rep (R, B) the frees into its CPU slab ``c_cs``, (R, 2, B) into
-    its per-CPU partial slabs of its memory node and of the other class ``c_pc``, and per node
-    class (N, B) those into its head slab ``xH``, per level into its partial list ``xU``
-    (a list by level) and into full slabs ``xF``."""
+    objects; ``xm`` more (a v6.18 flush) go into node ``m``'s slabs with them.  Returns
+    per rep (R, B) the frees into its CPU slab ``c_cs``, (R, 2, B) into its per-CPU
+    partial slabs of its memory node and of the other class ``c_pc``, and per node class
+    (N, B) those into its head slab ``xH``, per level into its partial list ``xU`` (a list
+    by level) and into full slabs ``xF``."""
     d, w2 = cx.d, k.w2
     z, cls, from_cls, on_seg = lay.z, lay.cls, lay.from_cls, lay.on_seg
     z_end, z_tot, p_end, tot = lay.z_end, lay.z_tot, lay.p_end, lay.tot
@@ -1235,7 +1255,7 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot):
     kot = jnp.where(sh, 0, k_ot)
     # -- the other slab frees, per node class: systematic points over the sizes
     on = d["mem_node"][None] == cls[:, None]                             # (C, R, B)
-    x = jnp.sum(jnp.where(on, kot[None], 0), axis=1)                    # (C, B)
+    x = jnp.sum(jnp.where(on, kot[None], 0), axis=1) + jnp.where(cls == k.m, xm, 0)
     un = _i(w2 >> 1) % tot
 
     def below(end, n_, u_, t_):          # points of a node's run below a segment end
@@ -1790,11 +1810,20 @@ def run_bound(cfgs: SimConfig) -> int:
     ``ops_per_step``: 1 when no configuration runs more than one op per step (the run
     closed forms then trace as the one-op model's single pick, see :func:`_below`), else
     :data:`MAX_OPS_PER_STEP` (the general runs; one compiled form for every b > 1).  A
-    traced ``ops_per_step`` (a caller's own jit) gets the general bound."""
+    v6.18 opt-in cache (sheaves and a CPU slab) needs the general form at b = 1 too: one
+    free that flushes a sheaf frees ``cap`` objects into slabs.  A traced
+    ``ops_per_step`` (a caller's own jit) gets the general bound."""
     b = cfgs.ops_per_step
     if isinstance(b, jax.core.Tracer):
         return MAX_OPS_PER_STEP
-    return 1 if int(np.max(np.asarray(b))) <= 1 else MAX_OPS_PER_STEP
+    return MAX_OPS_PER_STEP if np.any(_general(cfgs)) else 1
+
+
+def _general(cfgs: SimConfig) -> np.ndarray:
+    """Per configuration (concrete, batch-major), whether it needs the general run form:
+    ``ops_per_step`` > 1, or a v6.18 opt-in cache (sheaves and a CPU slab)."""
+    cs_sheaf = (np.asarray(cfgs.sheaf_capacity) > 0) & (np.asarray(cfgs.cpu_slab) > 0)
+    return (np.asarray(cfgs.ops_per_step) > 1) | cs_sheaf
 
 
 def _bound(cfgs: SimConfig, max_run) -> int:
@@ -1807,7 +1836,8 @@ def _bound(cfgs: SimConfig, max_run) -> int:
         raise SlabtuneError(f"max_run: {max_run!r} is not a positive integer")
     if max_run == 1 and run_bound(cfgs) != 1 \
             and not isinstance(cfgs.ops_per_step, jax.core.Tracer):
-        raise SlabtuneError("max_run: 1 but some configuration has ops_per_step > 1")
+        raise SlabtuneError("max_run: 1 but some configuration has ops_per_step > 1 or is "
+                            "a v6.18 opt-in cache (sheaves beside a CPU slab)")
     return 1 if max_run == 1 else MAX_OPS_PER_STEP
 
 
@@ -1873,13 +1903,26 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit).  On the
     CPU, outside jit, a batch of more than :data:`CHUNK` runs as equal parts, one per usable
     CPU, each in its own thread (:func:`_parts`); on an accelerator the batch runs as one
-    scan (:func:`_on_cpu`)."""
+    scan (:func:`_on_cpu`).  Without ``max_run``, a batch that mixes configurations of
+    both run forms (:func:`_general`) runs as two batches, so that the one-op ones keep
+    the one-op form."""
     bound = _bound(cfgs, max_run)
     leaves = jax.tree_util.tree_leaves((keys, cfgs))
     n = len(keys)
+    traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
+    if max_run is None and bound != 1 and not traced:
+        gen = _general(cfgs)
+        if not gen.all():
+            parts = [np.nonzero(~gen)[0], np.nonzero(gen)[0]]
+            outs = [simulate_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
+                lambda x, i=i: np.take(np.asarray(x), i, axis=0), cfgs), steps)
+                for i in parts]
+            back = np.argsort(np.concatenate(parts))
+            return jax.tree_util.tree_map(
+                lambda *xs: jnp.take(jnp.concatenate(xs), back, axis=0), *outs)
     if not _on_cpu():
         return _simulate_batch(keys, cfgs, steps, bound, max(n, 1), False)
-    p = 1 if any(isinstance(x, jax.core.Tracer) for x in leaves) else _parts(n)
+    p = 1 if traced else _parts(n)
     if p == 1:
         return _simulate_batch(keys, cfgs, steps, bound)
     # configurations are independent: equal parts (the last padded with copies of the last

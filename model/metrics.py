@@ -303,8 +303,13 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
         counters, cfg, object_size)
     zone_calls = per_op(counters, "slab_alloc") + per_op(counters, "slab_free")
     return Metrics(
-        alloc_fastpath_frac=_safe_div(wsum(counters.alloc_fast), wsum(counters.allocs)),
-        free_fastpath_frac=_safe_div(wsum(counters.free_fast), wsum(counters.frees)),
+        # of the fast and slow paths (SLUB_STATS' ratio): the callers' operations, and
+        # on v6.18 opt-in caches also the objects sheaf refills and flushes take through
+        # the CPU slab (dynamics._count_allocs, _free_run)
+        alloc_fastpath_frac=_safe_div(wsum(counters.alloc_fast),
+                                      wsum(counters.alloc_fast + counters.alloc_slow)),
+        free_fastpath_frac=_safe_div(wsum(counters.free_fast),
+                                     wsum(counters.free_fast + counters.free_slow)),
         alloc_slowpath_per_kop=kop(counters.alloc_slow),
         free_slowpath_per_kop=kop(counters.free_slow),
         remote_frees_per_kop=kop(counters.remote_free),

@@ -46,6 +46,8 @@ class RefSim:
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
         self.bypass = int(c["remote_free_bypasses_sheaf"]) > 0
         self.single = int(c["slab_alloc_single"]) > 0
+        # v6.18 opt-in caches: sheaves beside the CPU slab, refilled and flushed through it
+        self.cs_sheaf = self.cap > 0 and self.cpu_slab
         self.pc_empty_locks = int(c["pc_empty_locks"]) > 0
         self.max_full = int(c["barn_max_full"])
         self.max_empty = int(c["barn_max_empty"])
@@ -237,10 +239,12 @@ class RefSim:
         a last new slab left partly used is put on the list under it
         (alloc_from_new_slab(): ``needs_add_partial``).  Both leave a partly used slab,
         which the model keeps as the head slab (``hs``).  v6.18's opt-in caches refill
-        through __kmem_cache_alloc_bulk() instead: one list_lock per refill here."""
-        if not self.single:
-            self._bulk_take(r, m, self.cap)
-            self._lock(r, m)
+        through __kmem_cache_alloc_bulk() instead (6.18 refill_sheaf()): ``cap``
+        allocations through the CPU slab, its freelist then ___slab_alloc()'s slow paths
+        (:meth:`_cs_alloc`)."""
+        if self.cs_sheaf:
+            for _ in range(self.cap):
+                self._cs_alloc(r, m, None)
             return
         locks = int(self._node_slabs(m) > 0)
         self._bulk_take(r, m, self.cap)
@@ -381,8 +385,9 @@ class RefSim:
                 acc += size
             picks.append(pick)
         # the slab sizes as the run starts, of the node classes its objects come from
-        sizes = {nn: self._slab_sizes(nn) for nn in {self.mem[i] for i, cs in picks if not cs}}
         m = self.mem[r]
+        nodes = {self.mem[i] for i, cs in picks if not cs} | ({m} if self.cs_sheaf else set())
+        sizes = {nn: self._slab_sizes(nn) for nn in nodes}
         sheaf, in_cs, other = [], [], [0] * N
         for origin, cs in picks:
             n_o = self.mem[origin]
@@ -405,8 +410,14 @@ class RefSim:
         self._flushed = 0
         for _ in sheaf:
             self._sheaf_free(r, m)
-        # a run's flushed sheaves go back to their slabs as one bulk free
-        self._bulk_free(r, m, self._flushed)
+        # a run's flushed sheaves go back to their slabs as one bulk free (7.x); v6.18's
+        # opt-in caches free each object as slab_free() would (6.18
+        # __kmem_cache_free_bulk(): do_slab_free(), the CPU slab's freelist or
+        # __slab_free()), with the run's other frees into node m's slabs
+        if self.cs_sheaf:
+            other[m] += self._flushed
+        else:
+            self._bulk_free(r, m, self._flushed)
         for origin in in_cs:
             self.cs_inuse[origin] -= 1
             if origin == r:               # this CPU's own CPU slab: its freelist
@@ -499,41 +510,50 @@ class RefSim:
             self._bulk_take(r, m, 1)
             self._lock(r, m)
         else:
-            if self.cs_free[r] > 0:
-                self._bump("alloc_fast", r)
-            else:
-                self._bump("alloc_slow", r)
-                if self.cs_rfree[r] > 0:
-                    self.cs_free[r] = self.cs_rfree[r]
-                    self.cs_rfree[r] = 0
-                else:
-                    if self.cs_inuse[r] > 0:
-                        self.F[m] += 1          # the exhausted CPU slab is full
-                    self.pend_cs[r] = [0] * R   # old slab's objects leave the CPU slab
-                    self.cs_tracked[r] = 0
-                    if self._pc_local(r) > 0:
-                        h = self._take_pc(r)
-                    elif self._node_slabs(m) > 0:
-                        h = self._take_node_slab(m)
-                        self._lock(r, m)
-                        if self.cpu_partial_slabs > 0:
-                            # get_partial_node() fills the (empty) per-CPU partial list
-                            # until it holds more than cpu_partial_slabs / 2 slabs
-                            k = min(self._node_slabs(m), self.cpu_partial_slabs // 2 + 1)
-                            for _ in range(k):
-                                self._add_pc(r, self._take_node_slab(m))
-                    else:
-                        h = 0
-                        self._bump("slab_alloc", r)
-                    self.cs_free[r] = self.objs - h
-                    self.cs_inuse[r] = h
-            self.cs_free[r] -= 1
-            self.cs_inuse[r] += 1
-            self.pend_cs[r][j] += 1
-            self.cs_tracked[r] += 1
+            self._cs_alloc(r, m, j)
         self.pend[r][j] += 1
         self.out[r] += 1
         self.pend_tot[j] += 1
+
+    def _cs_alloc(self, r: int, m: int, j):
+        """One object from rep ``r``'s CPU slab (slab_alloc() fast path, else
+        ___slab_alloc()), for rep ``j`` to free, or for a v6.18 sheaf refill (``j`` None:
+        the object stays untracked in the CPU slab; 6.18 __kmem_cache_alloc_bulk() counts
+        ALLOC_FASTPATH per freelist object and ___slab_alloc() ALLOC_SLOWPATH, so the
+        refill's objects count as fast and slow paths too)."""
+        if self.cs_free[r] > 0:
+            self._bump("alloc_fast", r)
+        else:
+            self._bump("alloc_slow", r)
+            if self.cs_rfree[r] > 0:
+                self.cs_free[r] = self.cs_rfree[r]
+                self.cs_rfree[r] = 0
+            else:
+                if self.cs_inuse[r] > 0:
+                    self.F[m] += 1          # the exhausted CPU slab is full
+                self.pend_cs[r] = [0] * R   # old slab's objects leave the CPU slab
+                self.cs_tracked[r] = 0
+                if self._pc_local(r) > 0:
+                    h = self._take_pc(r)
+                elif self._node_slabs(m) > 0:
+                    h = self._take_node_slab(m)
+                    self._lock(r, m)
+                    if self.cpu_partial_slabs > 0:
+                        # get_partial_node() fills the (empty) per-CPU partial list
+                        # until it holds more than cpu_partial_slabs / 2 slabs
+                        k = min(self._node_slabs(m), self.cpu_partial_slabs // 2 + 1)
+                        for _ in range(k):
+                            self._add_pc(r, self._take_node_slab(m))
+                else:
+                    h = 0
+                    self._bump("slab_alloc", r)
+                self.cs_free[r] = self.objs - h
+                self.cs_inuse[r] = h
+        self.cs_free[r] -= 1
+        self.cs_inuse[r] += 1
+        if j is not None:
+            self.pend_cs[r][j] += 1
+            self.cs_tracked[r] += 1
 
     def _sheaf_free(self, r: int, m: int):
         """free_to_pcs(): into the main sheaf, else __pcs_replace_full_main()."""

@@ -51,7 +51,7 @@ typedef struct { int8_t kind, k, lv; int64_t size; } seg_t;
 typedef struct {
     /* configuration */
     int objs, cap, cpu_slab, min_partial, cpu_partial_slabs, bypass, single;
-    int pc_empty_locks, max_full, max_empty, b;
+    int pc_empty_locks, max_full, max_empty, b, cs_sheaf;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R];
     int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
     int lo[LEVELS], top;
@@ -236,8 +236,15 @@ static void bulk_take(sim_t *S, int r, int m, int t)
 }
 
 /* RefSim._refill */
+static void cs_alloc(sim_t *S, int r, int m, int j);
+
 static void refill(sim_t *S, int r, int m)
 {
+    if (S->cs_sheaf) {
+        for (int i = 0; i < S->cap; i++)
+            cs_alloc(S, r, m, -1);
+        return;
+    }
     if (!S->single) {
         bulk_take(S, r, m, S->cap);
         lock_(S, r, m);
@@ -480,6 +487,51 @@ static void slab_sizes(const sim_t *S, int n, seg_t *out)
     out[i++] = (seg_t){D_FULL, -1, 0, (int64_t)S->F[n] * S->objs};
 }
 
+/* RefSim._cs_alloc: one object from rep r's CPU slab, for rep j to free, or (j < 0) for
+ * a v6.18 sheaf refill, whose objects stay untracked in the CPU slab */
+static void cs_alloc(sim_t *S, int r, int m, int j)
+{
+    if (S->cs_free[r] > 0) {
+        bump(S, C_ALLOC_FAST, r, 1);
+    } else {
+        bump(S, C_ALLOC_SLOW, r, 1);
+        if (S->cs_rfree[r] > 0) {
+            S->cs_free[r] = S->cs_rfree[r];
+            S->cs_rfree[r] = 0;
+        } else {
+            int h;
+            if (S->cs_inuse[r] > 0)
+                S->F[m] += 1;
+            memset(S->pend_cs[r], 0, sizeof S->pend_cs[r]);
+            S->cs_tracked[r] = 0;
+            if (pc_local(S, r) > 0) {
+                h = take_pc(S, r);
+            } else if (node_slabs(S, m) > 0) {
+                h = take_node_slab(S, m);
+                lock_(S, r, m);
+                if (S->cpu_partial_slabs > 0) {
+                    int k = node_slabs(S, m);
+                    if (k > S->cpu_partial_slabs / 2 + 1)
+                        k = S->cpu_partial_slabs / 2 + 1;
+                    for (int i = 0; i < k; i++)
+                        add_pc(S, r, take_node_slab(S, m), 0);
+                }
+            } else {
+                h = 0;
+                bump(S, C_SLAB_ALLOC, r, 1);
+            }
+            S->cs_free[r] = S->objs - h;
+            S->cs_inuse[r] = h;
+        }
+    }
+    S->cs_free[r] -= 1;
+    S->cs_inuse[r] += 1;
+    if (j >= 0) {
+        S->pend_cs[r][j] += 1;
+        S->cs_tracked[r] += 1;
+    }
+}
+
 /* RefSim.alloc */
 static void alloc_one(sim_t *S, int r, int j)
 {
@@ -520,43 +572,7 @@ static void alloc_one(sim_t *S, int r, int j)
         bulk_take(S, r, m, 1);
         lock_(S, r, m);
     } else {
-        if (S->cs_free[r] > 0) {
-            bump(S, C_ALLOC_FAST, r, 1);
-        } else {
-            bump(S, C_ALLOC_SLOW, r, 1);
-            if (S->cs_rfree[r] > 0) {
-                S->cs_free[r] = S->cs_rfree[r];
-                S->cs_rfree[r] = 0;
-            } else {
-                int h;
-                if (S->cs_inuse[r] > 0)
-                    S->F[m] += 1;
-                memset(S->pend_cs[r], 0, sizeof S->pend_cs[r]);
-                S->cs_tracked[r] = 0;
-                if (pc_local(S, r) > 0) {
-                    h = take_pc(S, r);
-                } else if (node_slabs(S, m) > 0) {
-                    h = take_node_slab(S, m);
-                    lock_(S, r, m);
-                    if (S->cpu_partial_slabs > 0) {
-                        int k = node_slabs(S, m);
-                        if (k > S->cpu_partial_slabs / 2 + 1)
-                            k = S->cpu_partial_slabs / 2 + 1;
-                        for (int i = 0; i < k; i++)
-                            add_pc(S, r, take_node_slab(S, m), 0);
-                    }
-                } else {
-                    h = 0;
-                    bump(S, C_SLAB_ALLOC, r, 1);
-                }
-                S->cs_free[r] = S->objs - h;
-                S->cs_inuse[r] = h;
-            }
-        }
-        S->cs_free[r] -= 1;
-        S->cs_inuse[r] += 1;
-        S->pend_cs[r][j] += 1;
-        S->cs_tracked[r] += 1;
+        cs_alloc(S, r, m, j);
     }
     S->pend[r][j] += 1;
     S->out[r] += 1;
@@ -605,6 +621,8 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
             used[S->mem[po]] = 1;
     }
     /* the slab sizes as the run starts, of the node classes its objects come from */
+    if (S->cs_sheaf)
+        used[S->mem[r]] = 1;
     seg_t sizes[N][SEGS];
     for (int nn = 0; nn < N; nn++)
         if (used[nn])
@@ -637,7 +655,12 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
     S->flushed = 0;
     for (int i = 0; i < nsheaf; i++)
         sheaf_free(S, r);
-    bulk_free(S, r, m, S->flushed);
+    /* 7.x: a run's flushed sheaves go back as one bulk free; v6.18's opt-in caches free
+     * each object as slab_free() would, with the run's other frees into node m's slabs */
+    if (S->cs_sheaf)
+        other[m] += S->flushed;
+    else
+        bulk_free(S, r, m, S->flushed);
     for (int i = 0; i < ncs; i++) {
         int origin = in_cs[i];
         S->cs_inuse[origin] -= 1;
@@ -756,6 +779,8 @@ static void init(sim_t *S, const int32_t *c)
     S->max_full = c[F_MAX_FULL];
     S->max_empty = c[F_MAX_EMPTY];
     S->b = c[F_B];
+    /* v6.18 opt-in caches: sheaves beside the CPU slab, refilled and flushed through it */
+    S->cs_sheaf = S->cap > 0 && S->cpu_slab;
     int use_sh = c[F_USE_SH] > 0, fallback = c[F_FALLBACK] > 0, barns = c[F_BARNS];
     int barn_at[N];
     for (int n = 0; n < N; n++)
@@ -798,13 +823,19 @@ static void *run_part(void *arg)
 {
     job_t *J = arg;
     sim_t *S = malloc(sizeof *S);
-    int bmax = 1;
-    for (int i = J->lo; i < J->hi; i++)
-        if (J->cfg[(int64_t)i * NCFG + F_B] > bmax)
-            bmax = J->cfg[(int64_t)i * NCFG + F_B];
+    int bmax = 1, capmax = 0;
+    for (int i = J->lo; i < J->hi; i++) {
+        const int32_t *c = J->cfg + (int64_t)i * NCFG;
+        if (c[F_B] > bmax)
+            bmax = c[F_B];
+        if (c[F_CAP] > capmax)
+            capmax = c[F_CAP];
+    }
     int *pick_o = malloc(sizeof(int) * 2 * (size_t)bmax);
     int8_t *pick_cs = malloc((size_t)bmax);
-    seg_t *dd = malloc(sizeof(seg_t) * (size_t)bmax);
+    /* a run's slab frees: its own, and (v6.18) the objects of the sheaves it flushed, at
+     * most one per cap sheaf frees plus the first: n + 2 cap */
+    seg_t *dd = malloc(sizeof(seg_t) * ((size_t)bmax + 2 * (size_t)capmax));
     if (!S || !pick_o || !pick_cs || !dd) {
         J->err = 1;
         goto out;

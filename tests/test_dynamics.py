@@ -482,3 +482,57 @@ def test_v72_refill_locks_of_a_run_of_refills(cap, head_free, want):
     one = dynamics._refill_locks(n, y, jnp.int32(1), jnp.int32(cap),
                                  jnp.int32(cap if cap < head_free else (cap - head_free) % objs), 1)
     assert int(one) == locks
+
+
+def test_v618_opt_in_caches_keep_the_cpu_slab_beside_the_sheaves():
+    """v6.18 caches that ask for sheaves keep struct kmem_cache_cpu (config cpu_slab 1);
+    v7.x caches have sheaves and no CPU slab; caches without sheaves have one."""
+    cfgs = {(name, sheaf): dynamics.config_from(
+        _struct(name, 256, ONE_NODE, explicit_sheaf=sheaf), profiles.get_profile(name),
+        ONE_NODE, {"kind": "local", "live": 64}) for name in ("v6.18", "v7.1") for sheaf in (0, 8)}
+    got = {key: (int(c.sheaf_capacity) > 0, int(c.cpu_slab)) for key, c in cfgs.items()}
+    assert got == {("v6.18", 0): (False, 1), ("v6.18", 8): (True, 1),
+                   ("v7.1", 0): (True, 0), ("v7.1", 8): (True, 0)}
+    # a v6.18 opt-in batch compiles the general runs even at b = 1 (a flush frees cap
+    # objects in one op); a v7.1 one the single pick
+    assert dynamics.run_bound(dynamics.stack_configs([cfgs["v6.18", 8]])) > 1
+    assert dynamics.run_bound(dynamics.stack_configs([cfgs["v7.1", 0]])) == 1
+
+
+def test_v618_sheaf_refill_and_flush_go_through_the_cpu_slab():
+    """6.18 refill_sheaf() -> __kmem_cache_alloc_bulk(): ``cap`` objects from the CPU
+    freelist (ALLOC_FASTPATH each) or ___slab_alloc() (ALLOC_SLOWPATH: a new CPU slab off
+    the node's list under its lock, or from the page allocator); a flush ->
+    __kmem_cache_free_bulk() -> do_slab_free(): objects of the CPU's own CPU slab go back
+    on its freelist (FREE_FASTPATH, no lock).  Values worked out by hand: 32 objects per
+    slab, capacity 8, no room in the barn."""
+    from slabtune.model import reference_sim
+    prof = profiles.get_profile("v6.18")
+    cfg = dynamics.config_from(_struct("v6.18", 256, ONE_NODE, explicit_sheaf=8), prof,
+                               ONE_NODE, {"kind": "local", "live": 64}, barn_max_full=0)
+    sim = reference_sim.RefSim(cfg)
+    assert (sim.objs, sim.cap) == (32, 8)
+    c = sim.counts
+    for _ in range(24):                  # refills at allocations 1, 9, 17
+        sim.alloc(0, 0)
+    assert [c[f][0] for f in ("allocs", "sheaf_refill", "alloc_fast", "alloc_slow",
+                              "slab_alloc", "list_lock")] == [24, 3, 24 + 23, 1, 1, 0]
+    assert (sim.cs_inuse[0], sim.cs_free[0], sim.main[0]) == (24, 8, 0)
+    # 24 frees: 8 into main, swap, 8 more, then the full main is flushed (no barn room):
+    # its 8 objects all sit in this CPU's CPU slab
+    sim.free_run(0, 24, 0, 0)
+    assert [c[f][0] for f in ("frees", "sheaf_flush", "free_fast", "free_slow",
+                              "list_lock")] == [24, 1, 24 + 8, 0, 0]
+    assert (sim.cs_inuse[0], sim.cs_free[0], sim.main[0], sim.spare[0]) == (16, 16, 8, 8)
+    # a partial slab (10 allocated) on the node's list: with the CPU slab used up, a
+    # refill takes it under the list_lock (one slow path) and 7 more from its freelist
+    sim.main[0] = sim.spare[0] = 0
+    sim.cs_free[0], sim.cs_inuse[0] = 0, 32
+    lv = sim._level(10)
+    sim.ns[0][lv] += 1
+    sim.nu[0][lv] += 10
+    before = {f: c[f][0] for f in ("alloc_fast", "alloc_slow", "list_lock", "slab_alloc")}
+    sim._refill(0, 0)
+    assert {f: c[f][0] - v for f, v in before.items()} == \
+        {"alloc_fast": 7, "alloc_slow": 1, "list_lock": 1, "slab_alloc": 0}
+    assert (sim.F[0], sim.cs_inuse[0], sim.cs_free[0]) == (1, 18, 14)

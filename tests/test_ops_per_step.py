@@ -192,6 +192,34 @@ def test_mixed_batch_takes_the_general_path():
             np.testing.assert_array_equal(got[k][i], alone[k], err_msg=f"{i} {k}")
 
 
+def test_v618_opt_in_members_run_apart_from_one_op_members():
+    """A b = 1 batch with a v6.18 opt-in cache (sheaves beside the CPU slab: a free can
+    flush ``cap`` objects, so it needs the general run form) runs that member apart:
+    every member gives the counters it gives alone."""
+    import jax
+
+    from slabtune.model import dynamics, policy, profiles
+    from slabtune.model.topology import Topology
+
+    topo = Topology.uniform(16, 1)
+    prof = profiles.get_profile("v6.18")
+    st = policy.structure(256, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof), explicit_sheaf=8)
+    opt_in = dynamics.config_from(st, prof, topo, {"kind": "producer_consumer", "depth": 40},
+                                  barn_max_full=1)
+    cfgs = _bound_configs()
+    mixed = [cfgs[0], opt_in, cfgs[1]]
+    batch = dynamics.stack_configs(mixed)
+    assert list(dynamics._general(batch)) == [False, True, False]
+    keys = jax.random.split(jax.random.key(11), 3)
+    got = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 300))
+    assert got["sheaf_flush"][1].sum() > 0
+    for i, cfg in enumerate(mixed):
+        alone = dynamics.counters_numpy(dynamics.simulate(keys[i], cfg, 300))
+        for k in alone:
+            np.testing.assert_array_equal(got[k][i], alone[k], err_msg=f"{i} {k}")
+
+
 def test_one_op_bound_refuses_longer_runs():
     import jax
 

@@ -87,6 +87,9 @@ def test_equal_every_profile_and_workload(profile, wl):
          kw=dict(sheaf_capacity=3, barn_max_full=1, barn_max_empty=1, min_partial=1)),
     dict(profile="v7.1", size=1024, topo="3node", wl="block_io",
          kw=dict(sheaf_capacity=5, barn_max_full=2)),
+    # v6.18 opt-in sheaves beside the CPU slab: refills and flushes through it, often
+    dict(profile="v6.18", size=64, topo="2node_memless", wl="producer_consumer",
+         kw=dict(barn_max_full=1, cpu_partial_slabs=2, min_partial=1), explicit_sheaf=3),
     # memoryless CPUs without the numa_mem_id() fix: direct allocations under the lock
     dict(profile="v6.1", size=192, topo="2node_memless", wl="local",
          kw=dict(memoryless_fallback=False)),
@@ -139,6 +142,9 @@ def test_runs_equal_reference(b, profile, explicit_sheaf, wl):
          kw=dict(sheaf_capacity=3, barn_max_full=1, barn_max_empty=1, min_partial=1)),
     dict(profile="v7.1", size=1024, topo="3node", wl="block_io",
          kw=dict(sheaf_capacity=5, barn_max_full=2)),
+    # v6.18 opt-in sheaves beside the CPU slab: refills and flushes through it, often
+    dict(profile="v6.18", size=64, topo="2node_memless", wl="producer_consumer",
+         kw=dict(barn_max_full=1, cpu_partial_slabs=2, min_partial=1), explicit_sheaf=3),
     # barns on every node, on memory nodes only, none
     dict(profile="v7.0", size=256, topo="2node_memless", wl="request_response",
          kw=dict(barns="all_nodes")),

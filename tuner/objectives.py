@@ -349,6 +349,7 @@ class DynamicsObjectives:
         self.template = dynamics.stack_configs(cfgs)                      # (T * P,)
         self.seeds = (seed + np.arange(T * Pn)).astype(np.uint32)
         self.has_cpu_partial = fleet.profile.has_cpu_partial
+        self.has_cpu_slab = fleet.profile.has_cpu_slab
         tk = [(t, k) for t in range(T) for _, k in self.pairs]
         self._t_idx = np.array([t for t, _ in tk])
         self._k_idx = np.array([k for _, k in tk])
@@ -370,7 +371,8 @@ class DynamicsObjectives:
     def configs(self, values) -> dynamics.SimConfig:
         """The stacked configs of a batch, laid out (b, t, p) policy-major: the template
         of every point with the policy's structural fields (config_from's rules: no
-        per-CPU partial slabs on kernels without them; a per-CPU slab iff no sheaf)."""
+        per-CPU partial slabs on kernels without them; a per-CPU slab without a sheaf, and
+        beside one where the profile keeps it, v6.18)."""
         st, _ = self._structure({k: np.asarray(v, np.int32) for k, v in values.items()},
                                 self.prof, self.fa)
         B = len(np.asarray(values["barn_max_full"]))
@@ -389,7 +391,7 @@ class DynamicsObjectives:
                             order=pick(st.order).astype(np.int32),
                             min_partial=pick(st.min_partial).astype(np.int32),
                             cpu_partial_slabs=cps, sheaf_capacity=cap,
-                            cpu_slab=(cap == 0).astype(np.int32),
+                            cpu_slab=((cap == 0) | self.has_cpu_slab).astype(np.int32),
                             barn_max_full=rep("barn_max_full"),
                             barn_max_empty=rep("barn_max_empty"))
 

@@ -27,3 +27,43 @@ def source(name: str) -> Path:
 def build_dir() -> Path:
     """Where compiled native binaries go: ``<cache_dir>/build``."""
     return cache_dir() / "build"
+
+
+class BuildFailed(RuntimeError):
+    """gcc is missing or failed; the message is one line (callers wrap it in their own
+    error type, which names the step)."""
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    """The end of a tool's stderr as one line (lines joined with ' / ')."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " / ".join(lines)[-limit:] or "(no stderr)"
+
+
+def compile_cached(src: Path, out: Path, cflags: tuple[str, ...], force: bool = False) -> Path:
+    """Compile ``src`` with ``$CC`` (default gcc) and ``cflags`` into ``out`` unless ``out``
+    was built from the same source, compiler name and flags (a ``.stamp`` file beside it
+    holds their sha256).  The output is written to a temporary name and renamed, so
+    processes building at once (Ray workers) never load a half-written file."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
+    if cc is None:
+        raise BuildFailed("gcc is not installed")
+    h = hashlib.sha256(Path(src).read_bytes())
+    h.update(" ".join((Path(cc).name,) + tuple(cflags)).encode())
+    stamp, want = out.with_suffix(".stamp"), h.hexdigest()
+    if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    proc = subprocess.run([cc, *cflags, "-o", str(tmp), str(src)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildFailed(f"gcc failed on {Path(src).name}: {_one_line(proc.stderr)}")
+    os.replace(tmp, out)
+    stamp.write_text(want)
+    return out

@@ -132,22 +132,12 @@ static int list_free(sim_t *S, int *s, int *u, int k)
     return 0;
 }
 
-/* RefSim._take_least_used */
-static int take_least_used(int *s, int *u)
+/* Take the emptiest slab of a list at level k0 or above (its lowest such level, the q
+ * slabs first); returns its allocated objects.  k0 = 0: RefSim._take_emptiest; k0 = 1:
+ * RefSim._take_least_used (the partial slab with the fewest objects). */
+static int take_lowest(int *s, int *u, int k0)
 {
-    int k = 1;
-    while (s[k] == 0)
-        k++;
-    int q = u[k] / s[k];
-    s[k] -= 1;
-    u[k] -= q;
-    return q;
-}
-
-/* RefSim._take_emptiest */
-static int take_emptiest(int *s, int *u)
-{
-    int k = 0;
+    int k = k0;
     while (s[k] == 0)
         k++;
     int q = u[k] / s[k];
@@ -177,7 +167,7 @@ static int take_node_slab(sim_t *S, int n)
         S->hu[n] = 0;
         return h;
     }
-    return take_emptiest(S->ns[n], S->nu[n]);
+    return take_lowest(S->ns[n], S->nu[n], 0);
 }
 
 static inline int pc_local(const sim_t *S, int r) { return sum_lv(S->pcs[r]) + (S->pd[r] > 0); }
@@ -192,7 +182,7 @@ static int take_pc(sim_t *S, int r)
         S->pd[r] = 0;
         return h;
     }
-    return take_emptiest(S->pcs[r], S->pcu[r]);
+    return take_lowest(S->pcs[r], S->pcu[r], 0);
 }
 
 /* RefSim._add_pc */
@@ -214,7 +204,7 @@ static void bulk_take(sim_t *S, int r, int m, int t)
         if (!S->hs[m]) {
             int h;
             if (sum_lv(S->ns[m]) > 0) {
-                h = take_emptiest(S->ns[m], S->nu[m]);
+                h = take_lowest(S->ns[m], S->nu[m], 0);
             } else {
                 h = 0;
                 bump(S, C_SLAB_ALLOC, r, 1);
@@ -395,7 +385,7 @@ static void pc_free(sim_t *S, int r, int k, int remote)
     int *pd = remote ? &S->rpd[k] : &S->pd[k];
     int node = remote ? S->other[k] : S->mem[k];
     if (*pd == 0)
-        *pd = take_least_used(s, u);
+        *pd = take_lowest(s, u, 1);
     *pd -= 1;
     if (*pd == 0) {
         s[0] += 1;

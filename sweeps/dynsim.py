@@ -15,10 +15,7 @@ allocator (:func:`build`; gcc and a C library are all it needs).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -55,29 +52,13 @@ def _lib_path() -> Path:
 
 def build(force: bool = False) -> Path:
     """Compile the packaged dynsim.c into the user cache (:func:`slabtune.native.build_dir`)
-    unless the library there was built from the same source and flags (a stamp records
-    their hash); written to a temporary name and renamed, so concurrent builds are safe."""
-    out = _lib_path()
-    src = native_sources.source("dynsim.c")
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
-    if cc is None:
-        raise DynsimError("dynsim build: gcc is not installed")
-    h = hashlib.sha256(src.read_bytes())
-    h.update(" ".join((Path(cc).name,) + CFLAGS).encode())
-    stamp, want = out.with_suffix(".stamp"), h.hexdigest()
-    if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(src)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        tail = " / ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip())
-        raise DynsimError(f"dynsim build: gcc failed on dynsim.c: {tail[-600:]}")
-    os.replace(tmp, out)
-    stamp.write_text(want)
-    return out
+    unless the library there was built from the same source and flags
+    (:func:`slabtune.native.compile_cached`)."""
+    try:
+        return native_sources.compile_cached(native_sources.source("dynsim.c"), _lib_path(),
+                                             CFLAGS, force)
+    except native_sources.BuildFailed as e:
+        raise DynsimError(f"dynsim build: {e}") from None
 
 
 _LIB: ctypes.CDLL | None = None

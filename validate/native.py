@@ -23,10 +23,7 @@ Interface for other modules:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -57,13 +54,6 @@ class NativeError(SlabtuneError):
 # --------------------------------------------------------------------------- build
 
 
-def _stamp_of(source: Path, cc: str) -> str:
-    h = hashlib.sha256()
-    h.update(source.read_bytes())
-    h.update(" ".join((cc,) + CFLAGS).encode())
-    return h.hexdigest()
-
-
 def _tail(text: str) -> str:
     """The end of a tool's stderr as one line (lines joined with ' / ')."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -76,23 +66,10 @@ def build(force: bool = False, out: Path | None = None, source: Path | None = No
     there was built from the same source and flags (a stamp file records their hash)."""
     out = Path(out) if out is not None else native_sources.build_dir() / "slubsim"
     src = Path(source) if source is not None else native_sources.source("slubsim.c")
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc")
-    if cc is None:
-        raise NativeError("native build: gcc is not installed")
-    stamp = out.with_suffix(".stamp")
-    want = _stamp_of(src, Path(cc).name)
-    if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    proc = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(src)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise NativeError(f"native build: gcc failed on {src.name}: {_tail(proc.stderr)}")
-    os.replace(tmp, out)
-    stamp.write_text(want)
-    return out
+    try:
+        return native_sources.compile_cached(src, out, CFLAGS, force)
+    except native_sources.BuildFailed as e:
+        raise NativeError(f"native build: {e}") from None
 
 
 # --------------------------------------------------------------------------- config

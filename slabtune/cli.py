@@ -85,9 +85,23 @@ class Terminated(KeyboardInterrupt):
 _received: list[int] = []
 
 
+#: True between a collection's "start" and "stop" phases (:func:`_gc_phase`).
+_collecting: list[bool] = [False]
+
+
+def _gc_phase(phase: str, info: dict) -> None:
+    """A gc callback that records whether a collection is running: the finalizers
+    (``__del__``) and weakref callbacks it runs are places where Python prints and drops
+    an exception raised, as it does in gc callbacks."""
+    _collecting[0] = phase == "start"
+
+
 def _in_gc_callback(frame) -> bool:
     """Whether ``frame`` or a caller of it runs a garbage-collector callback (JAX installs
-    one), where Python prints and drops any exception raised."""
+    one), or a collection is running its finalizers, where Python prints and drops any
+    exception raised."""
+    if _collecting[0]:
+        return True
     codes = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
         if frame.f_code in codes:
@@ -106,7 +120,8 @@ def _terminate(signum, frame) -> None:
     """Turn the signal into :class:`Terminated`; a second one while cleaning up takes the
     default action (ends the process at once).  A signal that lands in a garbage-collector
     callback is delivered again 50 ms later instead: raised there, the exception would be
-    printed and dropped and the command would run on to its end."""
+    printed and dropped and the command would run on to its end; so is one that lands
+    while a collection runs finalizers (a ``__del__`` drops it the same way)."""
     if _in_gc_callback(frame):
         threading.Timer(0.05, _redeliver, (signum,)).start()
         return
@@ -123,6 +138,8 @@ def _install_signal_handlers() -> dict:
     for sig in TERMINATING_SIGNALS:
         previous[sig] = signal.getsignal(sig)
         signal.signal(sig, _terminate)
+    if _gc_phase not in gc.callbacks:
+        gc.callbacks.insert(0, _gc_phase)
     return previous
 
 
@@ -130,6 +147,9 @@ def _restore_signal_handlers(previous: dict) -> None:
     for sig, handler in previous.items():
         if handler is not None:
             signal.signal(sig, handler)
+    if previous and _gc_phase in gc.callbacks:
+        gc.callbacks.remove(_gc_phase)
+        _collecting[0] = False
 
 
 def main(argv=None) -> int:

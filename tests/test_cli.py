@@ -87,3 +87,48 @@ def test_a_signal_landing_in_a_gc_callback_is_raised_outside_it():
     assert sent and raised is not None and raised.signum == signal.SIGHUP
     assert cli._received == [signal.SIGHUP]
     assert dropped == []
+
+
+def test_a_signal_landing_in_a_finalizer_during_a_collection_is_raised_outside_it():
+    """A SIGTERM handled while a collection runs a ``__del__`` (Python prints and drops what
+    a finalizer raises) is delivered again after the collection: the command still ends as
+    terminated, and nothing was dropped."""
+    import gc
+    import signal
+    import time
+
+    from slabtune import cli
+
+    dropped, sent = [], []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            if not sent:
+                sent.append(1)
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(100))      # bytecode inside the finalizer: the handler runs here
+
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = dropped.append
+    cli._received.clear()
+    previous = cli._install_signal_handlers()
+    try:
+        raised = None
+        try:
+            Cycle()
+            gc.collect()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except cli.Terminated as err:
+            raised = err
+    finally:
+        cli._restore_signal_handlers(previous)
+        sys.unraisablehook = old_hook
+    assert sent and raised is not None and raised.signum == signal.SIGTERM
+    assert cli._received == [signal.SIGTERM]
+    assert dropped == []
+    assert cli._gc_phase not in gc.callbacks

@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="slabtune",
         description="Sweep, tune and validate Linux SLUB slab policies with a vectorised JAX "
                     "model.",
+        epilog="environment: RAY_ADDRESS joins a Ray cluster (as --ray-address does); "
+               "SLABTUNE_CACHE holds kernels, guest files and native builds (default "
+               "~/.cache/slabtune); SLABTUNE_JAX_CACHE is JAX's persistent compilation "
+               "cache directory (default ~/.cache/slabtune/jax; off: none); "
+               "SLABTUNE_DYNAMICS_ENGINE=auto|jax|native picks what runs dynamics batches "
+               "outside jit (auto: the C engine native/dynsim.c on a CPU backend, the JAX "
+               "model on an accelerator; the counters are the same).",
     )
     parser.add_argument("--version", action="version", version=f"slabtune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,8 +1,9 @@
 """The C sources slabtune compiles on first use: ``workload.c`` (the static guest workload),
-``slubsim.c`` (the userspace allocator) and ``dynsim.c`` (the dynamics model played event by
-event, :mod:`slabtune.sweeps.dynsim`).  They ship as package data, so an install from
-a wheel finds them as well as a source checkout does; binaries go to the user cache
-(:func:`build_dir`), never beside the sources, which may be read-only."""
+``slubsim.c`` (the userspace allocator), ``dynsim.c`` and ``slabdyn.c`` (the SLUB and SLAB
+dynamics models played event by event, :mod:`slabtune.sweeps.dynsim`).  They ship as
+package data, so an install from a wheel finds them as well as a source checkout does;
+binaries go to the user cache (:func:`build_dir`), never beside the sources, which may be
+read-only."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def cache_dir() -> Path:
 
 def source(name: str) -> Path:
     """The path of the packaged C source ``name`` (``workload.c``, ``slubsim.c``,
-    ``dynsim.c``)."""
+    ``dynsim.c``, ``slabdyn.c``)."""
     return Path(str(resources.files(__name__).joinpath(name)))
 
 

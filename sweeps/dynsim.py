@@ -6,7 +6,9 @@ same :class:`~slabtune.model.dynamics.Counters`, equal exactly: the C code plays
 rules of :mod:`slabtune.model.reference_sim` one operation at a time over the same random
 words.  The JAX model stays the model (it runs inside jit, under vmap and on GPUs); this
 is an executor for the CPU, where XLA:CPU is bound by the memory traffic of the batched
-step (benchmarks/README.md, ``bench_dynamics.py``).  SLUB configurations only.
+step (benchmarks/README.md, ``bench_dynamics.py``).  SLAB has the same pair:
+:func:`simulate_slab_batch` (``native/slabdyn.c``, the rules of
+:mod:`slabtune.model.slab_reference`) and :func:`run_slab_batch`.
 
 The shared library is compiled on first use into the user cache, like the native
 allocator (:func:`build`; gcc and a C library are all it needs).
@@ -196,3 +198,123 @@ def run_batch(keys, cfgs: dynamics.SimConfig, steps: int,
     if engine(engine_name) == "native":
         return simulate_batch(keys, cfgs, steps)
     return dynamics.simulate_batch(keys, cfgs, steps)
+
+
+# --------------------------------------------------------------------------- SLAB
+
+#: One SLAB configuration's row (``native/slabdyn.c``'s ``F_*`` enum): SlabSimConfig,
+#: slab_dynamics.derived() or Workload field, and its length.
+CFG_SLAB_FIELDS = (
+    ("objs_per_slab", 1), ("limit", 1), ("batchcount", 1), ("shared_entries", 1),
+    ("alien_limit", 1), ("reap_interval", 1), ("old_locks", 1), ("free_on_empty", 1),
+    ("free_limit", dynamics.N), ("rep_node", dynamics.R), ("rep_mem_node", dynamics.R),
+    ("local", dynamics.R), ("alloc_local", dynamics.R), ("first", dynamics.R),
+    ("alloc_p", dynamics.R), ("free_cum", dynamics.R * dynamics.R),
+    ("live_target", dynamics.R), ("burst", dynamics.R), ("active", dynamics.R),
+)
+NCFG_SLAB = sum(n for _, n in CFG_SLAB_FIELDS)
+_SLAB_LIB: ctypes.CDLL | None = None
+
+
+def build_slab(force: bool = False) -> Path:
+    """Compile the packaged slabdyn.c into the user cache, as :func:`build` does dynsim.c."""
+    try:
+        return native_sources.compile_cached(native_sources.source("slabdyn.c"),
+                                             native_sources.build_dir() / "libslabdyn.so",
+                                             CFLAGS, force)
+    except native_sources.BuildFailed as e:
+        raise DynsimError(f"slabdyn build: {e}") from None
+
+
+def _slab_lib() -> ctypes.CDLL:
+    """The loaded SLAB library, its constants checked against slab_dynamics'."""
+    global _SLAB_LIB
+    if _SLAB_LIB is None:
+        from slabtune.model import slab_dynamics as sd
+
+        lib = ctypes.CDLL(str(build_slab()))
+        abi = np.zeros(8, np.int32)
+        lib.slabdyn_abi(abi.ctypes.data_as(ctypes.c_void_p))
+        want = [sd.R, sd.N, sd.K, len(sd.COUNTER_FIELDS), NCFG_SLAB,
+                len(sd.REP_GAUGES) * 10 + len(sd.NODE_GAUGES)]
+        if list(abi[:6]) != want:
+            raise DynsimError(f"slabdyn: library constants {list(abi[:6])} are not the "
+                              f"model's {want}")
+        lib.slabdyn_run.restype = ctypes.c_int
+        lib.slabdyn_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + \
+            [ctypes.c_void_p] * 7
+        _SLAB_LIB = lib
+    return _SLAB_LIB
+
+
+def slab_config_rows(cfgs) -> np.ndarray:
+    """Batch-major SLAB configurations as (B, NCFG_SLAB) int32 rows."""
+    from slabtune.model import slab_dynamics as sd
+
+    dv = sd.derived(jax_free(cfgs))
+    cols = []
+    for name, n in CFG_SLAB_FIELDS:
+        if name in dv:
+            a = np.asarray(dv[name]).T           # derived() is batch-minor for a batch
+        else:
+            a = np.asarray(getattr(cfgs.workload if name in _WORKLOAD else cfgs, name))
+        if a.ndim == 0 or a.size != a.shape[0] * n:
+            raise DynsimError(f"slabdyn: {name} has shape {a.shape}, not (B,) + {n} values "
+                              "per configuration (stack_configs() makes a batch)")
+        cols.append(a.reshape(a.shape[0], n))
+    if len({c.shape[0] for c in cols}) != 1:
+        raise DynsimError("slabdyn: the fields of the batch differ in length")
+    return np.ascontiguousarray(np.concatenate(cols, axis=1), np.int32)
+
+
+def jax_free(cfgs):
+    """The configuration's leaves as NumPy arrays, batch-minor (what slab_dynamics.derived
+    takes for a batch: the rep and node axes first)."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda x: np.moveaxis(np.asarray(x), 0, -1), cfgs)
+
+
+def simulate_slab_batch(keys_or_seeds, cfgs, steps: int, threads: int | None = None):
+    """What :func:`slabtune.model.slab_dynamics.simulate_batch` returns for the same keys
+    (or uint32 seeds), configurations and steps, computed by slabdyn.c."""
+    import jax
+
+    from slabtune.model import slab_dynamics as sd
+
+    x = np.asarray(keys_or_seeds) if not isinstance(keys_or_seeds, jax.Array) else keys_or_seeds
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        seeds = np.asarray(jax.vmap(sd.seed_of)(x), np.uint32)
+    else:
+        seeds = np.asarray(x, np.uint32)
+    seeds = np.ascontiguousarray(seeds)
+    rows = slab_config_rows(cfgs)
+    B, R, N = len(seeds), sd.R, sd.N
+    if rows.shape[0] != B:
+        raise DynsimError(f"slabdyn: {rows.shape[0]} configurations for {B} seeds")
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    counts = np.zeros((B, len(sd.COUNTER_FIELDS), R), np.int32)
+    lock_node = np.zeros((B, N), np.int32)
+    out = np.zeros((B, R), np.int32)
+    g_rep = np.zeros((B, len(sd.REP_GAUGES), R), np.int64)
+    g_node = np.zeros((B, len(sd.NODE_GAUGES), N), np.int64)
+    ptr = [a.ctypes.data_as(ctypes.c_void_p)
+           for a in (seeds, rows, counts, lock_node, out, g_rep, g_node)]
+    if _slab_lib().slabdyn_run(B, int(steps), int(threads), *ptr) != 0:
+        raise DynsimError("slabdyn: could not allocate the worker threads")
+    c = {name: counts[:, k] for k, name in enumerate(sd.COUNTER_FIELDS)}
+    g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
+    c.update({name: g[:, k] for k, name in enumerate(sd.REP_GAUGES)})
+    c.update({name: gn[:, k] for k, name in enumerate(sd.NODE_GAUGES)})
+    return sd.SlabCounters(**c, list_lock_node=lock_node, outstanding=out)
+
+
+def run_slab_batch(keys_or_seeds, cfgs, steps: int, engine_name: str | None = None):
+    """Counters of a SLAB batch from the engine :func:`engine` picks (callers outside jit)."""
+    from slabtune.model import slab_dynamics as sd
+
+    if engine(engine_name) == "native":
+        return simulate_slab_batch(keys_or_seeds, cfgs, steps)
+    return sd.simulate_batch(keys_or_seeds, cfgs, steps)

@@ -411,6 +411,7 @@ class Dynamics(Evaluator):
 
     def _slab(self, spec, chunk, res, rows):
         from slabtune.model import slab_dynamics
+        from slabtune.sweeps import dynsim
 
         cols = chunk.columns
         prof_names = spec.axis("profile").values
@@ -424,7 +425,7 @@ class Dynamics(Evaluator):
             cfgs.append(slab_dynamics.config_from(st, profiles.SLAB_PROFILES[name], t, wl))
         stacked = slab_dynamics.stack_configs(cfgs)
         index = (chunk.start + rows).astype(np.uint32)
-        out = _slab_dynamics_fn(spec.steps)(
+        out = _slab_dynamics_fn(spec.steps, dynsim.engine())(
             np.uint32(spec.seed), index, stacked, _default_cost(),
             self._pcp(spec, cols, rows), _object_sizes(spec, cols)[rows].astype(np.float32))
         return out._asdict()
@@ -522,26 +523,42 @@ def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
 
 
 @functools.lru_cache(maxsize=8)
-def _slab_dynamics_fn(steps: int):
-    """The jitted SLAB dynamics evaluation for ``steps`` steps: the same random keys per
-    grid index as :func:`_dynamics_fn`, :func:`slabtune.model.slab_dynamics.simulate_batch`,
-    then :func:`slabtune.model.metrics.compute` through
+def _slab_dynamics_fn(steps: int, engine: str = "jax"):
+    """The SLAB dynamics evaluation for ``steps`` steps: the same random keys per grid
+    index as :func:`_dynamics_fn`, :func:`slabtune.model.slab_dynamics.simulate_batch` (or,
+    with the ``native`` engine, :func:`slabtune.sweeps.dynsim.simulate_slab_batch`, the same
+    counters from C), then :func:`slabtune.model.metrics.compute` through
     :func:`slabtune.model.slab_dynamics.slub_view`."""
     import jax
 
     from slabtune.model import metrics as model_metrics
     from slabtune.model import slab_dynamics
+    from slabtune.sweeps import dynsim
 
     configure_jax()
 
-    def run(seed, index, cfgs, cost, pcp, object_size):
+    def keys_of(seed, index):
         base = jax.random.key(seed)
-        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
-        counters, view = slab_dynamics.slub_view(
-            slab_dynamics.simulate_batch(keys, cfgs, steps), cfgs)
+        return jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
+
+    def metrics_of(counters, cfgs, cost, pcp, object_size):
+        counters, view = slab_dynamics.slub_view(counters, cfgs)
         return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
             cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
                 counters, view, pcp, object_size)
+
+    if engine == "native":
+        jkeys, jmetrics = jax.jit(keys_of), jax.jit(metrics_of)
+
+        def run_native(seed, index, cfgs, cost, pcp, object_size):
+            counters = dynsim.simulate_slab_batch(jkeys(seed, index), cfgs, steps)
+            return jmetrics(counters, cfgs, cost, pcp, object_size)
+
+        return run_native
+
+    def run(seed, index, cfgs, cost, pcp, object_size):
+        counters = slab_dynamics.simulate_batch(keys_of(seed, index), cfgs, steps)
+        return metrics_of(counters, cfgs, cost, pcp, object_size)
 
     return jax.jit(run)
 

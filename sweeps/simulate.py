@@ -133,7 +133,7 @@ def simulate_specs(specs: list[SimSpec]):
             pad = chunk + [chunk[0]] * (BATCH - len(chunk))
             stacked = model.stack_configs([cfgs[i] for i in pad])
             keys = jax.vmap(jax.random.key)(np.array([specs[i].seed for i in pad], np.uint32))
-            out = (model.simulate_batch(keys, stacked, steps) if is_slab
+            out = (dynsim.run_slab_batch(keys, stacked, steps) if is_slab
                    else dynsim.run_batch(keys, stacked, steps))
             for j, i in enumerate(chunk):
                 counters[i] = jax.tree_util.tree_map(lambda x, j=j: np.asarray(x[j]), out)

@@ -366,13 +366,14 @@ class SlabDynamicsObjectives:
 
     def __call__(self, values):
         from slabtune.model import slab_dynamics
+        from slabtune.sweeps import dynsim
         from slabtune.tuner.objectives import PerTopology
 
         cfg, valid = self.configs(values)
         B = len(valid)
         keys = jax.vmap(jax.random.key)(np.tile(self.seeds, B))
         counters, view = slab_dynamics.slub_view(
-            slab_dynamics.simulate_batch(keys, cfg, self.steps), cfg)
+            dynsim.run_slab_batch(keys, cfg, self.steps), cfg)
         out = self._metrics(counters, view, np.tile(self.object_size, B))
         bad = np.where(valid, 0.0, np.nan)[:, None]
         return PerTopology(memory=np.asarray(out.memory) + bad,

@@ -43,9 +43,10 @@ def _one_line(text: str, limit: int = 600) -> str:
 
 def compile_cached(src: Path, out: Path, cflags: tuple[str, ...], force: bool = False) -> Path:
     """Compile ``src`` with ``$CC`` (default gcc) and ``cflags`` into ``out`` unless ``out``
-    was built from the same source, compiler name and flags (a ``.stamp`` file beside it
-    holds their sha256).  The output is written to a temporary name and renamed, so
-    processes building at once (Ray workers) never load a half-written file."""
+    was built from the same source, headers beside it, compiler name and flags (a
+    ``.stamp`` file beside ``out`` holds their sha256).  The output is written to a
+    temporary name and renamed, so processes building at once (Ray workers) never load a
+    half-written file."""
     import hashlib
     import shutil
     import subprocess
@@ -54,6 +55,8 @@ def compile_cached(src: Path, out: Path, cflags: tuple[str, ...], force: bool = 
     if cc is None:
         raise BuildFailed("gcc is not installed")
     h = hashlib.sha256(Path(src).read_bytes())
+    for header in sorted(Path(src).parent.glob("*.h")):
+        h.update(header.name.encode() + header.read_bytes())
     h.update(" ".join((Path(cc).name,) + tuple(cflags)).encode())
     stamp, want = out.with_suffix(".stamp"), h.hexdigest()
     if not force and out.exists() and stamp.exists() and stamp.read_text() == want:

@@ -13,10 +13,7 @@
  * Built by sweeps/dynsim.py (gcc -O2 -shared -fPIC -pthread); the layout of the config
  * rows and of the outputs is defined there (CFG_FIELDS) and checked by dynsim_abi().
  */
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "engine.h"
 
 #define R 8           /* reps: model/workloads.py R */
 #define N 4           /* node classes: model/workloads.py N */
@@ -71,15 +68,8 @@ typedef struct {
 
 /* ------------------------------------------------------------ random words */
 
-static inline uint32_t mix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    x ^= x >> 16;
-    return x;
-}
+/* dynamics._mix32 (lowbias32) */
+static inline uint32_t mix32(uint32_t x) { return xmx32(x, 0x7FEB352Du, 15, 0x846CA68Bu); }
 
 /* dynamics._draws_at(): word k of rep r at step t */
 static inline uint32_t draw(uint32_t s, uint32_t t, int r, int k)
@@ -90,15 +80,7 @@ static inline uint32_t draw(uint32_t s, uint32_t t, int r, int k)
 
 /* ------------------------------------------------------------ helpers (RefSim) */
 
-static inline void bump(sim_t *S, int c, int r, int v) { S->counts[c][r] += v; }
-
-static inline void lock_(sim_t *S, int r, int node)
-{
-    bump(S, C_LIST_LOCK, r, 1);
-    if (node != S->node[r])
-        bump(S, C_LIST_LOCK_REMOTE, r, 1);
-    S->lock_node[node] += 1;
-}
+ENGINE_COUNTING_HELPERS
 
 static inline int level_of(const sim_t *S, int h)
 {
@@ -151,7 +133,7 @@ static inline int node_slabs(const sim_t *S, int n) { return sum_lv(S->ns[n]) + 
 /* RefSim._node_empty */
 static void node_empty(sim_t *S, int r, int n)
 {
-    lock_(S, r, n);
+    lock_(S, r, n, 1);
     if (node_slabs(S, n) >= S->min_partial) {
         S->ns[n][0] -= 1;
         bump(S, C_SLAB_FREE, r, 1);
@@ -237,13 +219,13 @@ static void refill(sim_t *S, int r, int m)
     }
     if (!S->single) {
         bulk_take(S, r, m, S->cap);
-        lock_(S, r, m);
+        lock_(S, r, m, 1);
         return;
     }
     int locks = node_slabs(S, m) > 0;
     bulk_take(S, r, m, S->cap);
     for (int i = 0; i < locks + S->hs[m]; i++)
-        lock_(S, r, m);
+        lock_(S, r, m, 1);
 }
 
 /* RefSim._bulk_free */
@@ -306,7 +288,7 @@ static void bulk_free(sim_t *S, int r, int m, int k)
         bump(S, C_SLAB_FREE, r, drop);
     }
     for (int i = 0; i < chg + g; i++)
-        lock_(S, r, m);
+        lock_(S, r, m, 1);
 }
 
 /* RefSim._drain */
@@ -336,7 +318,7 @@ static void drain(sim_t *S, int r)
             keep = 0;
         S->ns[m][0] += keep;
         bump(S, C_SLAB_FREE, r, e - keep);
-        lock_(S, r, m);
+        lock_(S, r, m, 1);
     }
     memset(S->pcs[r], 0, sizeof S->pcs[r]);
     memset(S->pcu[r], 0, sizeof S->pcu[r]);
@@ -390,7 +372,7 @@ static void pc_free(sim_t *S, int r, int k, int remote)
     if (*pd == 0) {
         s[0] += 1;
         if (S->pc_empty_locks)
-            lock_(S, r, node);
+            lock_(S, r, node, 1);
     }
 }
 
@@ -452,7 +434,7 @@ static void slab_free(sim_t *S, int r, int n, const seg_t *dest)
         add_pc(S, r, S->objs - 1, remote);
         return;
     }
-    lock_(S, r, n);
+    lock_(S, r, n, 1);
     if (S->objs == 1 && node_slabs(S, n) >= S->min_partial) {
         bump(S, C_SLAB_FREE, r, 1);
     } else {
@@ -498,7 +480,7 @@ static void cs_alloc(sim_t *S, int r, int m, int j)
                 h = take_pc(S, r);
             } else if (node_slabs(S, m) > 0) {
                 h = take_node_slab(S, m);
-                lock_(S, r, m);
+                lock_(S, r, m, 1);
                 if (S->cpu_partial_slabs > 0) {
                     int k = node_slabs(S, m);
                     if (k > S->cpu_partial_slabs / 2 + 1)
@@ -535,7 +517,7 @@ static void alloc_one(sim_t *S, int r, int j)
         } else if (S->spare[r] == 0 && !S->has_barn[r] && S->single) {
             bump(S, C_ALLOC_SLOW, r, 1);
             bulk_take(S, r, m, 1);
-            lock_(S, r, m);
+            lock_(S, r, m, 1);
         } else {
             bump(S, C_SHEAF_ALLOC_REPLACE, r, 1);
             bump(S, C_ALLOC_FAST, r, 1);
@@ -560,7 +542,7 @@ static void alloc_one(sim_t *S, int r, int j)
     } else if (!S->alloc_local[r]) {
         bump(S, C_ALLOC_SLOW, r, 1);
         bulk_take(S, r, m, 1);
-        lock_(S, r, m);
+        lock_(S, r, m, 1);
     } else {
         cs_alloc(S, r, m, j);
     }
@@ -783,13 +765,7 @@ static void init(sim_t *S, const int32_t *c)
         S->local_node[r] = (memless && !use_sh) ? S->node[r] : S->mem[r];
         S->alloc_local[r] = !memless || fallback;
         S->has_barn[r] = barn_at[S->node[r]] && S->cap > 0;
-        S->alloc_p[r] = c[F_ALLOC_P + r];
-        for (int j = 0; j < R; j++)
-            S->free_cum[r][j] = c[F_FREE_CUM + r * R + j];
-        S->live[r] = c[F_LIVE + r];
-        S->burst[r] = c[F_BURST + r];
-        S->active[r] = c[F_ACTIVE + r] > 0;
-        S->phase_left[r] = S->burst[r];
+        READ_WORKLOAD(S, c, r);
     }
     /* dynamics.level_bounds() */
     S->lo[0] = 0;
@@ -799,15 +775,6 @@ static void init(sim_t *S, const int32_t *c)
     }
     S->top = level_of(S, S->objs - 1);
 }
-
-typedef struct {
-    int lo, hi, steps;
-    const uint32_t *seeds;
-    const int32_t *cfg;
-    int32_t *counts, *lock_node, *outstanding;
-    int64_t *g_rep, *g_node;
-    int err;
-} job_t;
 
 static void *run_part(void *arg)
 {
@@ -847,11 +814,7 @@ static void *run_part(void *arg)
             }
             gauge(S);
         }
-        memcpy(J->counts + (int64_t)i * NC * R, S->counts, sizeof S->counts);
-        memcpy(J->lock_node + (int64_t)i * N, S->lock_node, sizeof S->lock_node);
-        memcpy(J->outstanding + (int64_t)i * R, S->out, sizeof S->out);
-        memcpy(J->g_rep + (int64_t)i * 3 * R, S->g_rep, sizeof S->g_rep);
-        memcpy(J->g_node + (int64_t)i * 3 * N, S->g_node, sizeof S->g_node);
+        STORE_RESULTS(J, i, S);
     }
 out:
     free(S);
@@ -861,56 +824,7 @@ out:
     return NULL;
 }
 
-/* The constants the Python side checks against its own before the first call. */
-int dynsim_abi(int32_t *out)
-{
-    out[0] = R;
-    out[1] = N;
-    out[2] = K;
-    out[3] = LEVELS;
-    out[4] = NC;
-    out[5] = NCFG;
-    return 6;
-}
+/* The constants the Python side checks against the model's before the first call. */
+static const int32_t ABI[] = {R, N, K, LEVELS, NC, NCFG};
 
-/* Run B configurations for `steps` steps on `threads` threads; returns 0, or -1 when a
- * thread could not allocate its scratch. */
-int dynsim_run(int B, int steps, int threads, const uint32_t *seeds, const int32_t *cfg,
-               int32_t *counts, int32_t *lock_node, int32_t *outstanding, int64_t *g_rep,
-               int64_t *g_node)
-{
-    if (threads < 1)
-        threads = 1;
-    if (threads > B)
-        threads = B > 0 ? B : 1;
-    job_t *jobs = calloc((size_t)threads, sizeof *jobs);
-    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
-    if (!jobs || !tid) {
-        free(jobs);
-        free(tid);
-        return -1;
-    }
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = (job_t){(int)((int64_t)B * t / threads), (int)((int64_t)B * (t + 1) / threads),
-                          steps, seeds, cfg, counts, lock_node, outstanding, g_rep, g_node, 0};
-    }
-    for (int t = 1; t < threads; t++)
-        if (pthread_create(&tid[t], NULL, run_part, &jobs[t]) != 0)
-            jobs[t].err = -1;             /* not started: run below, in this thread */
-    run_part(&jobs[0]);
-    for (int t = 1; t < threads; t++) {
-        if (jobs[t].err == -1) {
-            jobs[t].err = 0;
-            run_part(&jobs[t]);
-        } else {
-            pthread_join(tid[t], NULL);
-        }
-    }
-    int rc = 0;
-    for (int t = 0; t < threads; t++)
-        if (jobs[t].err)
-            rc = -1;
-    free(jobs);
-    free(tid);
-    return rc;
-}
+ENGINE_ENTRY_POINTS(dynsim)

@@ -7,10 +7,7 @@
  * docstring names the mm/slab.c function (6.1, or the 2.6.35-3.x "old" file).  Built and
  * loaded by sweeps/dynsim.py (CFG_SLAB_FIELDS is the config row's layout).
  */
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "engine.h"
 
 #define R 8
 #define N 4
@@ -50,14 +47,7 @@ typedef struct {
 } sim_t;
 
 /* slab_dynamics._fmix32 */
-static inline uint32_t fmix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x85EBCA6Bu;
-    x ^= x >> 13;
-    x *= 0xC2B2AE35u;
-    return x ^ (x >> 16);
-}
+static inline uint32_t fmix32(uint32_t x) { return xmx32(x, 0x85EBCA6Bu, 13, 0xC2B2AE35u); }
 
 /* slab_dynamics._words_at(): word k of rep r at step t, s = fmix32(seed * .. + ..) */
 static inline uint32_t word(uint32_t s, uint32_t t, int r, int k)
@@ -66,16 +56,7 @@ static inline uint32_t word(uint32_t s, uint32_t t, int r, int k)
     return fmix32(ctr ^ s);
 }
 
-static inline void bump(sim_t *S, int c, int r, int v) { S->counts[c][r] += v; }
-
-/* SlabRefSim._lock */
-static inline void lock_(sim_t *S, int r, int n, int c)
-{
-    bump(S, C_LIST_LOCK, r, c);
-    if (n != S->node[r])
-        bump(S, C_LIST_LOCK_REMOTE, r, c);
-    S->lock_node[n] += c;
-}
+ENGINE_COUNTING_HELPERS
 
 /* SlabRefSim._destroy */
 static void destroy(sim_t *S, int r, int n)
@@ -374,23 +355,9 @@ static void init(sim_t *S, const int32_t *c)
         S->local[r] = c[F_LOCAL + r];
         S->alloc_local[r] = c[F_ALLOC_LOCAL + r] != 0;
         S->first[r] = c[F_FIRST + r] != 0;
-        S->alloc_p[r] = c[F_ALLOC_P + r];
-        for (int j = 0; j < R; j++)
-            S->free_cum[r][j] = c[F_FREE_CUM + r * R + j];
-        S->live[r] = c[F_LIVE + r];
-        S->burst[r] = c[F_BURST + r];
-        S->active[r] = c[F_ACTIVE + r] > 0;
-        S->phase_left[r] = S->burst[r];
+        READ_WORKLOAD(S, c, r);
     }
 }
-
-typedef struct {
-    int lo, hi, steps;
-    const uint32_t *seeds;
-    const int32_t *cfg;
-    int32_t *counts, *lock_node, *outstanding;
-    int64_t *g_rep, *g_node;
-} job_t;
 
 static void *run_part(void *arg)
 {
@@ -401,57 +368,12 @@ static void *run_part(void *arg)
         uint32_t s = fmix32(J->seeds[i] * 0x9E3779B1u + 0x632BE5ABu);
         for (int t = 0; t < J->steps; t++)
             step(&S, t, s);
-        memcpy(J->counts + (int64_t)i * NC * R, S.counts, sizeof S.counts);
-        memcpy(J->lock_node + (int64_t)i * N, S.lock_node, sizeof S.lock_node);
-        memcpy(J->outstanding + (int64_t)i * R, S.out, sizeof S.out);
-        memcpy(J->g_rep + (int64_t)i * NRG * R, S.g_rep, sizeof S.g_rep);
-        memcpy(J->g_node + (int64_t)i * NNG * N, S.g_node, sizeof S.g_node);
+        STORE_RESULTS(J, i, &S);
     }
     return NULL;
 }
 
-int slabdyn_abi(int32_t *out)
-{
-    out[0] = R;
-    out[1] = N;
-    out[2] = K;
-    out[3] = NC;
-    out[4] = NCFG;
-    out[5] = NRG * 10 + NNG;
-    return 6;
-}
+/* The constants the Python side checks against the model's before the first call. */
+static const int32_t ABI[] = {R, N, K, NC, NCFG, NRG * 10 + NNG};
 
-int slabdyn_run(int B, int steps, int threads, const uint32_t *seeds, const int32_t *cfg,
-                int32_t *counts, int32_t *lock_node, int32_t *outstanding, int64_t *g_rep,
-                int64_t *g_node)
-{
-    if (threads < 1)
-        threads = 1;
-    if (threads > B)
-        threads = B > 0 ? B : 1;
-    job_t *jobs = calloc((size_t)threads, sizeof *jobs);
-    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
-    int *started = calloc((size_t)threads, sizeof *started);
-    if (!jobs || !tid || !started) {
-        free(jobs);
-        free(tid);
-        free(started);
-        return -1;
-    }
-    for (int t = 0; t < threads; t++)
-        jobs[t] = (job_t){(int)((int64_t)B * t / threads), (int)((int64_t)B * (t + 1) / threads),
-                          steps, seeds, cfg, counts, lock_node, outstanding, g_rep, g_node};
-    for (int t = 1; t < threads; t++)
-        started[t] = pthread_create(&tid[t], NULL, run_part, &jobs[t]) == 0;
-    run_part(&jobs[0]);
-    for (int t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(tid[t], NULL);
-        else
-            run_part(&jobs[t]);
-    }
-    free(jobs);
-    free(tid);
-    free(started);
-    return 0;
-}
+ENGINE_ENTRY_POINTS(slabdyn)

@@ -1,24 +1,27 @@
-"""The dynamics model played event by event in C (``native/dynsim.c``), for the CPU.
+"""The dynamics models played event by event in C, for the CPU.
 
 :func:`simulate_batch` takes what :func:`slabtune.model.dynamics.simulate_batch` takes
 (keys, batch-major :class:`~slabtune.model.dynamics.SimConfig`, steps) and returns the
-same :class:`~slabtune.model.dynamics.Counters`, equal exactly: the C code plays the
-rules of :mod:`slabtune.model.reference_sim` one operation at a time over the same random
-words.  The JAX model stays the model (it runs inside jit, under vmap and on GPUs); this
-is an executor for the CPU, where XLA:CPU is bound by the memory traffic of the batched
-step (benchmarks/README.md, ``bench_dynamics.py``).  SLAB has the same pair:
-:func:`simulate_slab_batch` (``native/slabdyn.c``, the rules of
-:mod:`slabtune.model.slab_reference`) and :func:`run_slab_batch`.
+same :class:`~slabtune.model.dynamics.Counters`, equal exactly: ``native/dynsim.c`` plays
+the rules of :mod:`slabtune.model.reference_sim` one operation at a time over the same
+random words.  SLAB has the same pair: :func:`simulate_slab_batch` (``native/slabdyn.c``,
+the rules of :mod:`slabtune.model.slab_reference`).  The JAX models stay the models (they
+run inside jit, under vmap and on GPUs); these are executors for the CPU, where XLA:CPU is
+bound by the memory traffic of the batched step (benchmarks/README.md,
+``bench_dynamics.py``).  :func:`run_batch` and :func:`run_slab_batch` pick the engine
+(:func:`engine`).
 
-The shared library is compiled on first use into the user cache, like the native
-allocator (:func:`build`; gcc and a C library are all it needs).
+The shared libraries are compiled on first use into the user cache, like the native
+allocator (:func:`slabtune.native.compile_cached`; gcc and a C library are all they need).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,76 +30,166 @@ from slabtune.errors import SlabtuneError
 from slabtune.model import dynamics, workloads
 
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread", "-ffp-contract=off")
+R, N = dynamics.R, dynamics.N
 
-#: One configuration's row of int32 values, in the order dynsim.c reads them (its
+#: One SLUB configuration's row of int32 values, in the order dynsim.c reads them (its
 #: ``F_*`` enum): (SimConfig or Workload field, length).
 CFG_FIELDS = (
     ("objs_per_slab", 1), ("sheaf_capacity", 1), ("cpu_slab", 1), ("min_partial", 1),
     ("cpu_partial_slabs", 1), ("remote_free_bypasses_sheaf", 1), ("slab_alloc_single", 1),
     ("pc_empty_locks", 1), ("barn_max_full", 1), ("barn_max_empty", 1),
     ("memoryless_cpus_use_sheaves", 1), ("memoryless_fallback", 1), ("barns", 1),
-    ("ops_per_step", 1), ("rep_node", dynamics.R), ("rep_mem_node", dynamics.R),
-    ("rep_memoryless", dynamics.R), ("node_has_memory", dynamics.N),
-    ("alloc_p", dynamics.R), ("free_cum", dynamics.R * dynamics.R),
-    ("live_target", dynamics.R), ("burst", dynamics.R), ("active", dynamics.R),
+    ("ops_per_step", 1), ("rep_node", R), ("rep_mem_node", R), ("rep_memoryless", R),
+    ("node_has_memory", N), ("alloc_p", R), ("free_cum", R * R), ("live_target", R),
+    ("burst", R), ("active", R),
 )
 NCFG = sum(n for _, n in CFG_FIELDS)
+#: One SLAB configuration's row (slabdyn.c's ``F_*`` enum): SlabSimConfig,
+#: slab_dynamics.derived() or Workload field, and its length.
+CFG_SLAB_FIELDS = (
+    ("objs_per_slab", 1), ("limit", 1), ("batchcount", 1), ("shared_entries", 1),
+    ("alien_limit", 1), ("reap_interval", 1), ("old_locks", 1), ("free_on_empty", 1),
+    ("free_limit", N), ("rep_node", R), ("rep_mem_node", R), ("local", R),
+    ("alloc_local", R), ("first", R), ("alloc_p", R), ("free_cum", R * R),
+    ("live_target", R), ("burst", R), ("active", R),
+)
+NCFG_SLAB = sum(n for _, n in CFG_SLAB_FIELDS)
 _WORKLOAD = set(workloads.Workload._fields)
 
 
 class DynsimError(SlabtuneError):
-    """The native dynamics engine failed to build or run; the message names the step."""
+    """A native dynamics engine failed to build or run; the message names the step."""
 
 
-def _lib_path() -> Path:
-    return native_sources.build_dir() / "libdynsim.so"
+# --------------------------------------------------------------------------- libraries
+
+
+def _build(name: str, force: bool) -> Path:
+    """``native/<name>.c`` compiled into ``<build_dir>/lib<name>.so``."""
+    try:
+        return native_sources.compile_cached(native_sources.source(f"{name}.c"),
+                                             native_sources.build_dir() / f"lib{name}.so",
+                                             CFLAGS, force)
+    except native_sources.BuildFailed as e:
+        raise DynsimError(f"{name} build: {e}") from None
 
 
 def build(force: bool = False) -> Path:
     """Compile the packaged dynsim.c into the user cache (:func:`slabtune.native.build_dir`)
-    unless the library there was built from the same source and flags
-    (:func:`slabtune.native.compile_cached`)."""
-    try:
-        return native_sources.compile_cached(native_sources.source("dynsim.c"), _lib_path(),
-                                             CFLAGS, force)
-    except native_sources.BuildFailed as e:
-        raise DynsimError(f"dynsim build: {e}") from None
+    unless the library there was built from the same sources and flags."""
+    return _build("dynsim", force)
 
 
-_LIB: ctypes.CDLL | None = None
+def build_slab(force: bool = False) -> Path:
+    """Compile the packaged slabdyn.c, as :func:`build` does dynsim.c."""
+    return _build("slabdyn", force)
+
+
+def _abi_dynsim() -> list[int]:
+    return [R, N, dynamics.K, dynamics.LEVELS, len(dynamics.COUNTER_FIELDS), NCFG]
+
+
+def _abi_slabdyn() -> list[int]:
+    from slabtune.model import slab_dynamics as sd
+
+    return [sd.R, sd.N, sd.K, len(sd.COUNTER_FIELDS), NCFG_SLAB,
+            len(sd.REP_GAUGES) * 10 + len(sd.NODE_GAUGES)]
+
+
+_ABI: dict[str, Callable[[], list[int]]] = {"dynsim": _abi_dynsim, "slabdyn": _abi_slabdyn}
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def _load(name: str) -> ctypes.CDLL:
+    """The library ``name`` (built on first use), its constants (``<name>_abi``) checked
+    against the model's; ``<name>_run`` typed."""
+    if name not in _LIBS:
+        lib = ctypes.CDLL(str(_build(name, False)))
+        abi = np.zeros(8, np.int32)
+        getattr(lib, f"{name}_abi")(abi.ctypes.data_as(ctypes.c_void_p))
+        want = _ABI[name]()
+        if list(abi[:len(want)]) != want:
+            raise DynsimError(f"{name}: library constants {list(abi[:len(want)])} are not "
+                              f"the model's {want}")
+        run = getattr(lib, f"{name}_run")
+        run.restype = ctypes.c_int
+        run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 7
+        _LIBS[name] = lib
+    return _LIBS[name]
 
 
 def _lib() -> ctypes.CDLL:
-    """The loaded library (built on first use), its constants checked against the model's."""
-    global _LIB
-    if _LIB is None:
-        lib = ctypes.CDLL(str(build()))
-        abi = np.zeros(8, np.int32)
-        lib.dynsim_abi(abi.ctypes.data_as(ctypes.c_void_p))
-        want = [dynamics.R, dynamics.N, dynamics.K, dynamics.LEVELS,
-                len(dynamics.COUNTER_FIELDS), NCFG]
-        if list(abi[:6]) != want:
-            raise DynsimError(f"dynsim: library constants {list(abi[:6])} are not the "
-                              f"model's {want} (R, N, K, LEVELS, counters, config row)")
-        lib.dynsim_run.restype = ctypes.c_int
-        lib.dynsim_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + \
-            [ctypes.c_void_p] * 7
-        _LIB = lib
-    return _LIB
+    return _load("dynsim")
 
 
-def config_rows(cfgs: dynamics.SimConfig) -> np.ndarray:
-    """The batch-major configurations as (B, NCFG) int32 rows (:data:`CFG_FIELDS`)."""
+# --------------------------------------------------------------------------- rows and runs
+
+
+def _rows(fields, lookup: Callable[[str], Any], what: str) -> np.ndarray:
+    """(B, sum of lengths) int32 rows from ``lookup(field)`` (batch-major arrays)."""
     cols = []
-    for name, n in CFG_FIELDS:
-        a = np.asarray(getattr(cfgs.workload if name in _WORKLOAD else cfgs, name))
+    for name, n in fields:
+        a = np.asarray(lookup(name))
         if a.ndim == 0 or a.size != a.shape[0] * n:
-            raise DynsimError(f"dynsim: {name} has shape {a.shape}, not (B,) + {n} values "
+            raise DynsimError(f"{what}: {name} has shape {a.shape}, not (B,) + {n} values "
                               "per configuration (stack_configs() makes a batch)")
         cols.append(a.reshape(a.shape[0], n))
     if len({c.shape[0] for c in cols}) != 1:
-        raise DynsimError("dynsim: the fields of the batch differ in length")
+        raise DynsimError(f"{what}: the fields of the batch differ in length")
     return np.ascontiguousarray(np.concatenate(cols, axis=1), np.int32)
+
+
+def config_rows(cfgs: dynamics.SimConfig) -> np.ndarray:
+    """The batch-major SLUB configurations as (B, NCFG) int32 rows (:data:`CFG_FIELDS`)."""
+    return _rows(CFG_FIELDS, lambda f: getattr(cfgs.workload if f in _WORKLOAD else cfgs, f),
+                 "dynsim")
+
+
+def slab_config_rows(cfgs) -> np.ndarray:
+    """Batch-major SLAB configurations as (B, NCFG_SLAB) int32 rows; the derived values
+    (numa_mem_id(), the node's first rep) from :func:`slabtune.model.slab_dynamics.derived`."""
+    import jax
+
+    from slabtune.model import slab_dynamics as sd
+
+    minor = jax.tree_util.tree_map(lambda x: np.moveaxis(np.asarray(x), 0, -1), cfgs)
+    dv = {k: np.asarray(v).T for k, v in sd.derived(minor).items()}    # back to batch-major
+    return _rows(CFG_SLAB_FIELDS, lambda f: dv[f] if f in dv else
+                 getattr(cfgs.workload if f in _WORKLOAD else cfgs, f), "slabdyn")
+
+
+def _threads(threads: int | None) -> int:
+    if threads is not None:
+        return int(threads)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _run(name: str, seeds, rows, steps: int, threads, shape: tuple[int, int, int]) -> tuple:
+    """Run library ``name`` over (B,) seeds and (B, ·) rows; ``shape``: counters, rep
+    gauges, node gauges.  Returns counts (B, C, R), lock_node (B, N), outstanding (B, R) and
+    the gauge sums (B, ·, R), (B, ·, N)."""
+    seeds = np.ascontiguousarray(np.asarray(seeds, np.uint32))
+    B = len(seeds)
+    if rows.shape[0] != B:
+        raise DynsimError(f"{name}: {rows.shape[0]} configurations for {B} seeds")
+    nc, nrg, nng = shape
+    out = (np.zeros((B, nc, R), np.int32), np.zeros((B, N), np.int32),
+           np.zeros((B, R), np.int32), np.zeros((B, nrg, R), np.int64),
+           np.zeros((B, nng, N), np.int64))
+    ptr = [a.ctypes.data_as(ctypes.c_void_p) for a in (seeds, rows) + out]
+    if getattr(_load(name), f"{name}_run")(B, int(steps), _threads(threads), *ptr) != 0:
+        raise DynsimError(f"{name}: a worker thread could not allocate its scratch memory")
+    return out
+
+
+def _gauge(sums: np.ndarray, steps: int) -> np.ndarray:
+    """Time averages as the models compute them (dynamics._finish: float32 of the high and
+    low parts of the sum, split at GAUGE_SHIFT, over the steps)."""
+    hi, lo = np.divmod(sums, 1 << dynamics.GAUGE_SHIFT)
+    scale = np.float32(1 << dynamics.GAUGE_SHIFT)
+    return (hi.astype(np.float32) * scale + lo.astype(np.float32)) / np.float32(max(steps, 1))
 
 
 def seeds_of(keys) -> np.ndarray:
@@ -106,44 +199,20 @@ def seeds_of(keys) -> np.ndarray:
     return np.asarray(jax.vmap(dynamics.seed_of)(keys), np.uint32)
 
 
+# --------------------------------------------------------------------------- SLUB
+
+
 def simulate_batch(keys, cfgs: dynamics.SimConfig, steps: int,
                    threads: int | None = None) -> dynamics.Counters:
     """What :func:`slabtune.model.dynamics.simulate_batch` returns for the same keys,
     configurations and steps (NumPy arrays, batch-major), computed by dynsim.c on
     ``threads`` threads (default: the CPUs this process may use)."""
-    seeds = np.ascontiguousarray(seeds_of(keys))
     rows = config_rows(cfgs)
-    B, R, N = len(seeds), dynamics.R, dynamics.N
-    if rows.shape[0] != B:
-        raise DynsimError(f"dynsim: {rows.shape[0]} configurations for {B} keys")
-    b = rows[:, [i for i, (f, _) in enumerate(CFG_FIELDS) if f == "ops_per_step"][0]]
-    for x in b:
-        dynamics.check_ops_per_step(int(x))
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
-    nc = len(dynamics.COUNTER_FIELDS)
-    counts = np.zeros((B, nc, R), np.int32)
-    lock_node = np.zeros((B, N), np.int32)
-    out = np.zeros((B, R), np.int32)
-    g_rep = np.zeros((B, 3, R), np.int64)
-    g_node = np.zeros((B, 3, N), np.int64)
-    ptr = [x.ctypes.data_as(ctypes.c_void_p)
-           for x in (seeds, rows, counts, lock_node, out, g_rep, g_node)]
-    if _lib().dynsim_run(B, int(steps), int(threads), *ptr) != 0:
-        raise DynsimError("dynsim: a worker thread could not allocate its scratch memory")
-    return _counters(counts, lock_node, out, g_rep, g_node, steps)
-
-
-def _gauge(sums: np.ndarray, steps: int) -> np.ndarray:
-    """Time averages as the model computes them (dynamics._finish: float32 of the high and
-    low parts of the sum, split at GAUGE_SHIFT, over the steps)."""
-    hi, lo = np.divmod(sums, 1 << dynamics.GAUGE_SHIFT)
-    scale = np.float32(1 << dynamics.GAUGE_SHIFT)
-    return (hi.astype(np.float32) * scale + lo.astype(np.float32)) / np.float32(max(steps, 1))
-
-
-def _counters(counts, lock_node, out, g_rep, g_node, steps) -> dynamics.Counters:
+    for b in rows[:, [f for f, _ in CFG_FIELDS].index("ops_per_step")]:
+        dynamics.check_ops_per_step(int(b))
+    counts, lock_node, out, g_rep, g_node = _run(
+        "dynsim", seeds_of(keys), rows, steps, threads,
+        (len(dynamics.COUNTER_FIELDS), 3, 3))
     c = {name: counts[:, k] for k, name in enumerate(dynamics.COUNTER_FIELDS)}
     g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
     return dynamics.Counters(
@@ -153,11 +222,34 @@ def _counters(counts, lock_node, out, g_rep, g_node, steps) -> dynamics.Counters
         barn_objects_held=gn[:, 2], outstanding=out)
 
 
+# --------------------------------------------------------------------------- SLAB
+
+
+def simulate_slab_batch(keys_or_seeds, cfgs, steps: int, threads: int | None = None):
+    """What :func:`slabtune.model.slab_dynamics.simulate_batch` returns for the same keys
+    (or uint32 seeds), configurations and steps, computed by slabdyn.c."""
+    import jax
+
+    from slabtune.model import slab_dynamics as sd
+
+    x = keys_or_seeds if isinstance(keys_or_seeds, jax.Array) else np.asarray(keys_or_seeds)
+    seeds = jax.vmap(sd.seed_of)(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) \
+        else x
+    counts, lock_node, out, g_rep, g_node = _run(
+        "slabdyn", np.asarray(seeds, np.uint32), slab_config_rows(cfgs), steps, threads,
+        (len(sd.COUNTER_FIELDS), len(sd.REP_GAUGES), len(sd.NODE_GAUGES)))
+    c = {name: counts[:, k] for k, name in enumerate(sd.COUNTER_FIELDS)}
+    g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
+    c.update({name: g[:, k] for k, name in enumerate(sd.REP_GAUGES)})
+    c.update({name: gn[:, k] for k, name in enumerate(sd.NODE_GAUGES)})
+    return sd.SlabCounters(**c, list_lock_node=lock_node, outstanding=out)
+
+
 # --------------------------------------------------------------------------- engines
 
-#: Which executor runs a SLUB dynamics batch: ``auto`` (this module on the CPU, the JAX
-#: model on an accelerator), ``jax`` (always the JAX model) or ``native`` (always this
-#: module).  Chosen by ``SLABTUNE_DYNAMICS_ENGINE``; the counters are the same either way.
+#: Which executor runs a dynamics batch: ``auto`` (these C engines on the CPU, the JAX
+#: models on an accelerator), ``jax`` (always the JAX models) or ``native`` (always C).
+#: Chosen by ``SLABTUNE_DYNAMICS_ENGINE``; the counters are the same either way.
 ENGINES = ("auto", "jax", "native")
 ENGINE_ENV = "SLABTUNE_DYNAMICS_ENGINE"
 _FELL_BACK: list[str] = []
@@ -166,7 +258,7 @@ _FELL_BACK: list[str] = []
 def engine(choice: str | None = None) -> str:
     """``jax`` or ``native`` for ``choice`` (default ``$SLABTUNE_DYNAMICS_ENGINE``, else
     ``auto``).  ``auto`` takes ``native`` when JAX's default backend is the CPU and the
-    library builds (a failed build falls back to ``jax`` once, with a warning); an unknown
+    libraries build (a failed build falls back to ``jax`` once, with a warning); an unknown
     name is a one-line error naming the variable."""
     name = (choice if choice is not None else os.environ.get(ENGINE_ENV, "auto")).strip()
     if name not in ENGINES:
@@ -175,17 +267,16 @@ def engine(choice: str | None = None) -> str:
         return name
     import jax
 
-    if jax.default_backend() != "cpu":
-        return "jax"
-    if _FELL_BACK:
+    if jax.default_backend() != "cpu" or _FELL_BACK:
         return "jax"
     try:
-        _lib()
+        _load("dynsim")
+        _load("slabdyn")
     except (DynsimError, OSError) as e:
         import warnings
 
         _FELL_BACK.append(str(e))
-        warnings.warn(f"dynamics runs on the JAX model: the native engine failed ({e})",
+        warnings.warn(f"dynamics runs on the JAX models: the native engine failed ({e})",
                       RuntimeWarning, stacklevel=2)
         return "jax"
     return "native"
@@ -198,117 +289,6 @@ def run_batch(keys, cfgs: dynamics.SimConfig, steps: int,
     if engine(engine_name) == "native":
         return simulate_batch(keys, cfgs, steps)
     return dynamics.simulate_batch(keys, cfgs, steps)
-
-
-# --------------------------------------------------------------------------- SLAB
-
-#: One SLAB configuration's row (``native/slabdyn.c``'s ``F_*`` enum): SlabSimConfig,
-#: slab_dynamics.derived() or Workload field, and its length.
-CFG_SLAB_FIELDS = (
-    ("objs_per_slab", 1), ("limit", 1), ("batchcount", 1), ("shared_entries", 1),
-    ("alien_limit", 1), ("reap_interval", 1), ("old_locks", 1), ("free_on_empty", 1),
-    ("free_limit", dynamics.N), ("rep_node", dynamics.R), ("rep_mem_node", dynamics.R),
-    ("local", dynamics.R), ("alloc_local", dynamics.R), ("first", dynamics.R),
-    ("alloc_p", dynamics.R), ("free_cum", dynamics.R * dynamics.R),
-    ("live_target", dynamics.R), ("burst", dynamics.R), ("active", dynamics.R),
-)
-NCFG_SLAB = sum(n for _, n in CFG_SLAB_FIELDS)
-_SLAB_LIB: ctypes.CDLL | None = None
-
-
-def build_slab(force: bool = False) -> Path:
-    """Compile the packaged slabdyn.c into the user cache, as :func:`build` does dynsim.c."""
-    try:
-        return native_sources.compile_cached(native_sources.source("slabdyn.c"),
-                                             native_sources.build_dir() / "libslabdyn.so",
-                                             CFLAGS, force)
-    except native_sources.BuildFailed as e:
-        raise DynsimError(f"slabdyn build: {e}") from None
-
-
-def _slab_lib() -> ctypes.CDLL:
-    """The loaded SLAB library, its constants checked against slab_dynamics'."""
-    global _SLAB_LIB
-    if _SLAB_LIB is None:
-        from slabtune.model import slab_dynamics as sd
-
-        lib = ctypes.CDLL(str(build_slab()))
-        abi = np.zeros(8, np.int32)
-        lib.slabdyn_abi(abi.ctypes.data_as(ctypes.c_void_p))
-        want = [sd.R, sd.N, sd.K, len(sd.COUNTER_FIELDS), NCFG_SLAB,
-                len(sd.REP_GAUGES) * 10 + len(sd.NODE_GAUGES)]
-        if list(abi[:6]) != want:
-            raise DynsimError(f"slabdyn: library constants {list(abi[:6])} are not the "
-                              f"model's {want}")
-        lib.slabdyn_run.restype = ctypes.c_int
-        lib.slabdyn_run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + \
-            [ctypes.c_void_p] * 7
-        _SLAB_LIB = lib
-    return _SLAB_LIB
-
-
-def slab_config_rows(cfgs) -> np.ndarray:
-    """Batch-major SLAB configurations as (B, NCFG_SLAB) int32 rows."""
-    from slabtune.model import slab_dynamics as sd
-
-    dv = sd.derived(jax_free(cfgs))
-    cols = []
-    for name, n in CFG_SLAB_FIELDS:
-        if name in dv:
-            a = np.asarray(dv[name]).T           # derived() is batch-minor for a batch
-        else:
-            a = np.asarray(getattr(cfgs.workload if name in _WORKLOAD else cfgs, name))
-        if a.ndim == 0 or a.size != a.shape[0] * n:
-            raise DynsimError(f"slabdyn: {name} has shape {a.shape}, not (B,) + {n} values "
-                              "per configuration (stack_configs() makes a batch)")
-        cols.append(a.reshape(a.shape[0], n))
-    if len({c.shape[0] for c in cols}) != 1:
-        raise DynsimError("slabdyn: the fields of the batch differ in length")
-    return np.ascontiguousarray(np.concatenate(cols, axis=1), np.int32)
-
-
-def jax_free(cfgs):
-    """The configuration's leaves as NumPy arrays, batch-minor (what slab_dynamics.derived
-    takes for a batch: the rep and node axes first)."""
-    import jax
-
-    return jax.tree_util.tree_map(lambda x: np.moveaxis(np.asarray(x), 0, -1), cfgs)
-
-
-def simulate_slab_batch(keys_or_seeds, cfgs, steps: int, threads: int | None = None):
-    """What :func:`slabtune.model.slab_dynamics.simulate_batch` returns for the same keys
-    (or uint32 seeds), configurations and steps, computed by slabdyn.c."""
-    import jax
-
-    from slabtune.model import slab_dynamics as sd
-
-    x = np.asarray(keys_or_seeds) if not isinstance(keys_or_seeds, jax.Array) else keys_or_seeds
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        seeds = np.asarray(jax.vmap(sd.seed_of)(x), np.uint32)
-    else:
-        seeds = np.asarray(x, np.uint32)
-    seeds = np.ascontiguousarray(seeds)
-    rows = slab_config_rows(cfgs)
-    B, R, N = len(seeds), sd.R, sd.N
-    if rows.shape[0] != B:
-        raise DynsimError(f"slabdyn: {rows.shape[0]} configurations for {B} seeds")
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
-    counts = np.zeros((B, len(sd.COUNTER_FIELDS), R), np.int32)
-    lock_node = np.zeros((B, N), np.int32)
-    out = np.zeros((B, R), np.int32)
-    g_rep = np.zeros((B, len(sd.REP_GAUGES), R), np.int64)
-    g_node = np.zeros((B, len(sd.NODE_GAUGES), N), np.int64)
-    ptr = [a.ctypes.data_as(ctypes.c_void_p)
-           for a in (seeds, rows, counts, lock_node, out, g_rep, g_node)]
-    if _slab_lib().slabdyn_run(B, int(steps), int(threads), *ptr) != 0:
-        raise DynsimError("slabdyn: could not allocate the worker threads")
-    c = {name: counts[:, k] for k, name in enumerate(sd.COUNTER_FIELDS)}
-    g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
-    c.update({name: g[:, k] for k, name in enumerate(sd.REP_GAUGES)})
-    c.update({name: gn[:, k] for k, name in enumerate(sd.NODE_GAUGES)})
-    return sd.SlabCounters(**c, list_lock_node=lock_node, outstanding=out)
 
 
 def run_slab_batch(keys_or_seeds, cfgs, steps: int, engine_name: str | None = None):

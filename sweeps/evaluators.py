@@ -483,17 +483,14 @@ def _default_cost():
     return simconfig.load_cost()[0]
 
 
-@functools.lru_cache(maxsize=8)
-def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
-    """The dynamics evaluation for ``steps`` steps; ``max_run`` is the batch's static run
-    bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the one-op pick).  With
-    the ``jax`` engine one jitted function; with ``native`` (:mod:`slabtune.sweeps.dynsim`,
-    the same counters) the keys and the metrics are jitted and the counters come from C."""
+def _engine_fn(steps: int, engine: str, simulate_jax, simulate_native, metrics_of):
+    """The evaluation ``(seed, index, cfgs, cost, pcp, object_size) -> metrics`` of a
+    dynamics batch: keys folded from ``seed`` per grid index, counters, then
+    ``metrics_of(counters, cfgs, cost, pcp, object_size)``.  With the ``jax`` engine one
+    jitted function around ``simulate_jax(keys, cfgs, steps)``; with ``native`` the keys and
+    the metrics are jitted and the counters come from ``simulate_native`` (C, the same
+    counters)."""
     import jax
-
-    from slabtune.model import dynamics
-    from slabtune.model import metrics as model_metrics
-    from slabtune.sweeps import dynsim
 
     configure_jax()
 
@@ -501,33 +498,48 @@ def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
         base = jax.random.key(seed)
         return jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
 
-    def metrics_of(counters, cfgs, cost, pcp, object_size):
-        return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
-            cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
-                counters, cfgs, pcp, object_size)
-
     if engine == "native":
         jkeys, jmetrics = jax.jit(keys_of), jax.jit(metrics_of)
 
         def run_native(seed, index, cfgs, cost, pcp, object_size):
-            counters = dynsim.simulate_batch(jkeys(seed, index), cfgs, steps)
+            counters = simulate_native(jkeys(seed, index), cfgs, steps)
             return jmetrics(counters, cfgs, cost, pcp, object_size)
 
         return run_native
 
     def run(seed, index, cfgs, cost, pcp, object_size):
-        counters = dynamics.simulate_batch(keys_of(seed, index), cfgs, steps, max_run)
+        counters = simulate_jax(keys_of(seed, index), cfgs, steps)
         return metrics_of(counters, cfgs, cost, pcp, object_size)
 
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=8)
+def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
+    """The SLUB dynamics evaluation for ``steps`` steps (:func:`_engine_fn`); ``max_run`` is
+    the batch's static run bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the
+    one-op pick)."""
+    import jax
+
+    from slabtune.model import dynamics
+    from slabtune.model import metrics as model_metrics
+    from slabtune.sweeps import dynsim
+
+    def metrics_of(counters, cfgs, cost, pcp, object_size):
+        return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
+            cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
+                counters, cfgs, pcp, object_size)
+
+    return _engine_fn(steps, engine,
+                      lambda k, c, s: dynamics.simulate_batch(k, c, s, max_run),
+                      dynsim.simulate_batch, metrics_of)
+
+
+@functools.lru_cache(maxsize=8)
 def _slab_dynamics_fn(steps: int, engine: str = "jax"):
-    """The SLAB dynamics evaluation for ``steps`` steps: the same random keys per grid
-    index as :func:`_dynamics_fn`, :func:`slabtune.model.slab_dynamics.simulate_batch` (or,
-    with the ``native`` engine, :func:`slabtune.sweeps.dynsim.simulate_slab_batch`, the same
-    counters from C), then :func:`slabtune.model.metrics.compute` through
+    """The SLAB dynamics evaluation for ``steps`` steps (:func:`_engine_fn`):
+    :func:`slabtune.model.slab_dynamics.simulate_batch` (or C, the same counters), then
+    :func:`slabtune.model.metrics.compute` through
     :func:`slabtune.model.slab_dynamics.slub_view`."""
     import jax
 
@@ -535,32 +547,14 @@ def _slab_dynamics_fn(steps: int, engine: str = "jax"):
     from slabtune.model import slab_dynamics
     from slabtune.sweeps import dynsim
 
-    configure_jax()
-
-    def keys_of(seed, index):
-        base = jax.random.key(seed)
-        return jax.vmap(lambda i: jax.random.fold_in(base, i))(index)
-
     def metrics_of(counters, cfgs, cost, pcp, object_size):
         counters, view = slab_dynamics.slub_view(counters, cfgs)
         return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
             cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
                 counters, view, pcp, object_size)
 
-    if engine == "native":
-        jkeys, jmetrics = jax.jit(keys_of), jax.jit(metrics_of)
-
-        def run_native(seed, index, cfgs, cost, pcp, object_size):
-            counters = dynsim.simulate_slab_batch(jkeys(seed, index), cfgs, steps)
-            return jmetrics(counters, cfgs, cost, pcp, object_size)
-
-        return run_native
-
-    def run(seed, index, cfgs, cost, pcp, object_size):
-        counters = slab_dynamics.simulate_batch(keys_of(seed, index), cfgs, steps)
-        return metrics_of(counters, cfgs, cost, pcp, object_size)
-
-    return jax.jit(run)
+    return _engine_fn(steps, engine, slab_dynamics.simulate_batch,
+                      dynsim.simulate_slab_batch, metrics_of)
 
 
 #: Registered evaluators by name.

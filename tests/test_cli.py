@@ -48,31 +48,24 @@ def test_bad_input_still_one_line_and_exit_2():
     assert "/nonexistent/config.toml" in lines[0]
 
 
-def test_a_signal_landing_in_a_gc_callback_is_raised_outside_it():
-    """A SIGHUP handled while a garbage-collector callback runs (JAX installs one, and
-    Python prints and drops what such a callback raises) is delivered again outside it:
-    the command still ends as terminated, and nothing was dropped."""
+def _collect_under_handlers(setup, teardown=lambda: None):
+    """Install slabtune's signal handlers, run ``setup()`` (which arranges for a signal to
+    land during the next collection), collect, and wait up to 5 s for cli.Terminated.
+    Returns (the Terminated raised or None, the exceptions Python dropped as unraisable,
+    cli._received)."""
     import gc
-    import signal
     import time
 
     from slabtune import cli
 
-    dropped, sent = [], []
-
-    def send_once(phase, info):
-        if phase == "start" and not sent:
-            sent.append(1)
-            os.kill(os.getpid(), signal.SIGHUP)
-            sum(range(100))          # bytecode inside the callback: the handler runs here
-
+    dropped = []
     old_hook = sys.unraisablehook
     sys.unraisablehook = dropped.append
     cli._received.clear()
     previous = cli._install_signal_handlers()
-    gc.callbacks.append(send_once)
+    raised = None
     try:
-        raised = None
+        setup()
         try:
             gc.collect()
             deadline = time.monotonic() + 5
@@ -81,11 +74,31 @@ def test_a_signal_landing_in_a_gc_callback_is_raised_outside_it():
         except cli.Terminated as err:
             raised = err
     finally:
-        gc.callbacks.remove(send_once)
+        teardown()
         cli._restore_signal_handlers(previous)
         sys.unraisablehook = old_hook
+    return raised, dropped, list(cli._received)
+
+
+def test_a_signal_landing_in_a_gc_callback_is_raised_outside_it():
+    """A SIGHUP handled while a garbage-collector callback runs (JAX installs one, and
+    Python prints and drops what such a callback raises) is delivered again outside it:
+    the command still ends as terminated, and nothing was dropped."""
+    import gc
+    import signal
+
+    sent = []
+
+    def send_once(phase, info):
+        if phase == "start" and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGHUP)
+            sum(range(100))          # bytecode inside the callback: the handler runs here
+
+    raised, dropped, received = _collect_under_handlers(
+        lambda: gc.callbacks.append(send_once), lambda: gc.callbacks.remove(send_once))
     assert sent and raised is not None and raised.signum == signal.SIGHUP
-    assert cli._received == [signal.SIGHUP]
+    assert received == [signal.SIGHUP]
     assert dropped == []
 
 
@@ -95,11 +108,10 @@ def test_a_signal_landing_in_a_finalizer_during_a_collection_is_raised_outside_i
     terminated, and nothing was dropped."""
     import gc
     import signal
-    import time
 
     from slabtune import cli
 
-    dropped, sent = [], []
+    sent = []
 
     class Cycle:
         def __init__(self):
@@ -111,24 +123,8 @@ def test_a_signal_landing_in_a_finalizer_during_a_collection_is_raised_outside_i
                 os.kill(os.getpid(), signal.SIGTERM)
                 sum(range(100))      # bytecode inside the finalizer: the handler runs here
 
-    old_hook = sys.unraisablehook
-    sys.unraisablehook = dropped.append
-    cli._received.clear()
-    previous = cli._install_signal_handlers()
-    try:
-        raised = None
-        try:
-            Cycle()
-            gc.collect()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-        except cli.Terminated as err:
-            raised = err
-    finally:
-        cli._restore_signal_handlers(previous)
-        sys.unraisablehook = old_hook
+    raised, dropped, received = _collect_under_handlers(Cycle)
     assert sent and raised is not None and raised.signum == signal.SIGTERM
-    assert cli._received == [signal.SIGTERM]
+    assert received == [signal.SIGTERM]
     assert dropped == []
     assert cli._gc_phase not in gc.callbacks

@@ -97,10 +97,10 @@ def test_native_sources_are_package_data_and_build_into_the_cache(tmp_path, monk
     from slabtune import native
     from slabtune.validate import native as native_driver
 
-    for name in ("slubsim.c", "workload.c"):
+    for name in ("slubsim.c", "workload.c", "dynsim.c", "slabdyn.c", "engine.h"):
         assert native.source(name).is_file()
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"slabtune.native" = ["*.c", "Makefile", "lab/*.c", "lab/Kbuild"]' in text
+    assert '"slabtune.native" = ["*.c", "*.h", "Makefile", "lab/*.c", "lab/Kbuild"]' in text
     if not os.environ.get("PATH") or not any(
             (Path(d) / "gcc").exists() for d in os.environ["PATH"].split(os.pathsep)):
         pytest.skip("gcc is not installed")

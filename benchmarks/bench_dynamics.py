@@ -113,9 +113,9 @@ def batch_of(cfgs, n):
     return dynamics.stack_configs([cfgs[i % len(cfgs)] for i in range(n)])
 
 
-def same_counters(a, b, steps) -> bool:
-    """Whether two Counters of a ``steps``-step run are equal: every event counter and
-    every float32 gauge, bit for bit (tests/test_dynsim.py)."""
+def same_counters(a, b) -> bool:
+    """Whether two Counters are equal: every event counter and every float32 gauge, bit for
+    bit (tests/test_dynsim.py)."""
     return all(np.array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)))
                for f in dynamics.Counters._fields)
 
@@ -153,7 +153,7 @@ def time_jax(cfgs, n, steps, repeat, old=None, native=True):
             ops[0] = int(np.asarray(c.ops, np.int64).sum())
             got[name] = c
         if native:
-            same = same and same_counters(got["jax"], got["native"], steps)
+            same = same and same_counters(got["jax"], got["native"])
     return {name: (o[0], statistics.median(t), statistics.median(c), f)
             for name, (t, c, f, o) in out.items()}, same
 

@@ -1949,8 +1949,14 @@ def _parts(n: int) -> int:
     XLA:CPU execution of the step uses about one core (its fusions are too small to split),
     so at 10^4 configurations, b = 1, 2 cores, two threads gave 1.9-2.1x the wall rate of
     one call (6.0-6.1 M against 2.9-3.2 M ops/s, load 2, 20:50 UTC 2026-11-24)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cpus or 1, n // CHUNK))
+    return max(1, min(usable_cpus(), n // CHUNK))
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _on_cpu() -> bool:

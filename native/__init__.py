@@ -35,7 +35,7 @@ class BuildFailed(RuntimeError):
     error type, which names the step)."""
 
 
-def _one_line(text: str, limit: int = 600) -> str:
+def one_line(text: str, limit: int = 600) -> str:
     """The end of a tool's stderr as one line (lines joined with ' / ')."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return " / ".join(lines)[-limit:] or "(no stderr)"
@@ -67,7 +67,7 @@ def compile_cached(src: Path, out: Path, cflags: tuple[str, ...], force: bool = 
                           text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise BuildFailed(f"gcc failed on {Path(src).name}: {_one_line(proc.stderr)}")
+        raise BuildFailed(f"gcc failed on {Path(src).name}: {one_line(proc.stderr)}")
     os.replace(tmp, out)
     stamp.write_text(want)
     return out

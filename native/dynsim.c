@@ -569,7 +569,7 @@ static void alloc_run(sim_t *S, int r, int n, uint32_t w1)
 
 /* RefSim.free_run: picks, sheaf frees, CPU-slab frees, then slab frees by destination */
 static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
-                     int *pick_o, int8_t *pick_cs, int *dn, seg_t *dd)
+                     int *pick_o, int8_t *pick_cs, seg_t *dd)
 {
     int64_t T = S->pend_tot[r] > 1 ? S->pend_tot[r] : 1;
     int64_t u = (int64_t)(w1 >> 1) % T;
@@ -649,7 +649,6 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
     for (int nn = 0; nn < N; nn++) {
         int x = other[nn];
         off[nn] = tot_d;
-        dn[nn] = x;
         if (x == 0)
             continue;
         int64_t tot = 0;
@@ -673,7 +672,7 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
     }
     for (int full = 0; full < 2; full++)
         for (int nn = 0; nn < N; nn++)
-            for (int q = 0; q < dn[nn]; q++) {
+            for (int q = 0; q < other[nn]; q++) {
                 const seg_t *dest = &dd[off[nn] + q];
                 if ((dest->kind == D_FULL) == full)
                     slab_free(S, r, nn, dest);
@@ -806,11 +805,9 @@ static void *run_part(void *arg)
                 int op = choose(S, r, draw(s, (uint32_t)t, r, 0), &n);
                 if (op == 1)
                     alloc_run(S, r, n, draw(s, (uint32_t)t, r, 1));
-                else if (op == 2) {
-                    int dn[N];
+                else if (op == 2)
                     free_run(S, r, n, draw(s, (uint32_t)t, r, 1), draw(s, (uint32_t)t, r, 2),
-                             pick_o, pick_cs, dn, dd);
-                }
+                             pick_o, pick_cs, dd);
             }
             gauge(S);
         }

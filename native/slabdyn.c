@@ -252,16 +252,27 @@ static void free_one(sim_t *S, int r, uint32_t w1)
     S->avail[r] += 1 - k;
 }
 
-/* SlabRefSim._drain_array */
-static int drain_array(sim_t *S, int r, int n, int avail, int limit)
+/* SlabRefSim._drain_array and the test before it in _reap (6.1 drain_array(): an array
+ * touched since the last reap is only marked untouched): drain_array_locked() without
+ * free_all, (limit + 4) / 5 objects, or half (rounded up) of fewer, under node n's
+ * list_lock; counted in `counter`. */
+static void drain_array(sim_t *S, int r, int n, int *avail, int *touched, int limit,
+                        int counter)
 {
+    if (*avail <= 0)
+        return;
+    if (*touched) {
+        *touched = 0;
+        return;
+    }
     lock_(S, r, n, 1);
     int tf = (limit + 4) / 5;
-    if (tf > avail)
-        tf = (avail + 1) / 2;
+    if (tf > *avail)
+        tf = (*avail + 1) / 2;
     free_block(S, r, n, tf);
     bump(S, C_OBJECTS_MOVED, r, tf);
-    return tf;
+    *avail -= tf;
+    bump(S, counter, r, 1);
 }
 
 /* SlabRefSim._reap */
@@ -274,24 +285,10 @@ static void reap(sim_t *S, int r, int node_round)
                 bump(S, C_ALIEN_LOCK, r, 1);
                 bump(S, C_REAP_ALIEN, r, 1);
             }
-    if (S->avail[r] > 0) {
-        if (S->touched[r]) {
-            S->touched[r] = 0;
-        } else {
-            S->avail[r] -= drain_array(S, r, L, S->avail[r], S->limit);
-            bump(S, C_REAP_DRAIN, r, 1);
-        }
-    }
+    drain_array(S, r, L, &S->avail[r], &S->touched[r], S->limit, C_REAP_DRAIN);
     if (!(node_round && S->first[r]))
         return;
-    if (S->shared[L] > 0) {
-        if (S->sh_touched[L]) {
-            S->sh_touched[L] = 0;
-        } else {
-            S->shared[L] -= drain_array(S, r, L, S->shared[L], S->sh_ent);
-            bump(S, C_REAP_SHARED, r, 1);
-        }
-    }
+    drain_array(S, r, L, &S->shared[L], &S->sh_touched[L], S->sh_ent, C_REAP_SHARED);
     if (S->free_touched[L]) {
         S->free_touched[L] = 0;
         return;

@@ -118,10 +118,6 @@ def _load(name: str) -> ctypes.CDLL:
     return _LIBS[name]
 
 
-def _lib() -> ctypes.CDLL:
-    return _load("dynsim")
-
-
 # --------------------------------------------------------------------------- rows and runs
 
 
@@ -158,14 +154,6 @@ def slab_config_rows(cfgs) -> np.ndarray:
                  getattr(cfgs.workload if f in _WORKLOAD else cfgs, f), "slabdyn")
 
 
-def _threads(threads: int | None) -> int:
-    if threads is not None:
-        return int(threads)
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _run(name: str, seeds, rows, steps: int, threads, shape: tuple[int, int, int]) -> tuple:
     """Run library ``name`` over (B,) seeds and (B, ·) rows; ``shape``: counters, rep
     gauges, node gauges.  Returns counts (B, C, R), lock_node (B, N), outstanding (B, R) and
@@ -179,7 +167,8 @@ def _run(name: str, seeds, rows, steps: int, threads, shape: tuple[int, int, int
            np.zeros((B, R), np.int32), np.zeros((B, nrg, R), np.int64),
            np.zeros((B, nng, N), np.int64))
     ptr = [a.ctypes.data_as(ctypes.c_void_p) for a in (seeds, rows) + out]
-    if getattr(_load(name), f"{name}_run")(B, int(steps), _threads(threads), *ptr) != 0:
+    threads = dynamics.usable_cpus() if threads is None else int(threads)
+    if getattr(_load(name), f"{name}_run")(B, int(steps), threads, *ptr) != 0:
         raise DynsimError(f"{name}: a worker thread could not allocate its scratch memory")
     return out
 
@@ -212,7 +201,7 @@ def simulate_batch(keys, cfgs: dynamics.SimConfig, steps: int,
     configurations and steps (NumPy arrays, batch-major), computed by dynsim.c on
     ``threads`` threads (default: the CPUs this process may use)."""
     rows = config_rows(cfgs)
-    for b in rows[:, [f for f, _ in CFG_FIELDS].index("ops_per_step")]:
+    for b in np.unique(rows[:, [f for f, _ in CFG_FIELDS].index("ops_per_step")]):
         dynamics.check_ops_per_step(int(b))
     counts, lock_node, out, g_rep, g_node = _run(
         "dynsim", seeds_of(keys), rows, steps, threads,

@@ -54,12 +54,6 @@ class NativeError(SlabtuneError):
 # --------------------------------------------------------------------------- build
 
 
-def _tail(text: str) -> str:
-    """The end of a tool's stderr as one line (lines joined with ' / ')."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " / ".join(lines)[-_TAIL:] or "(no stderr)"
-
-
 def build(force: bool = False, out: Path | None = None, source: Path | None = None) -> Path:
     """Compile the packaged slubsim.c (``gcc -O2 -pthread``) into the user cache
     (:func:`slabtune.native.build_dir`) unless the binary
@@ -254,7 +248,7 @@ def run_args(args: list[str], timeout: float = 300.0, binary: Path | None = None
         raise NativeError(f"native run: slubsim exceeded its {timeout:g} s timeout") from None
     if proc.returncode != 0:
         raise NativeError(f"native run: slubsim exited {proc.returncode}: "
-                          f"{_tail(proc.stderr)}")
+                          f"{native_sources.one_line(proc.stderr, _TAIL)}")
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError as err:

@@ -591,16 +591,22 @@ def _counts(cum, axis=0):
     return jnp.concatenate([first, jnp.diff(cum, axis=axis)], axis=axis)
 
 
-def _pick_classes(mem_node, k, n_max):
+def _pick_classes(mem_node, k, n_max, flush_to=None):
     """The node classes a free run's picks can land on, as a leading axis ``cls`` (C, B),
     with ``on_cls`` taking a per-node (N, B) field to (C, B) and ``from_cls`` putting
     (C, B) counts back on (N, B) (zero elsewhere).  In general every class (C = N, both
     maps the identity).  With the static run bound ``n_max == 1`` a run is one free, the
     one-op model's pick: ``k`` (R, B) is then 1 at most at one rep, whose memory node is
-    the only class that can get it (C = 1), so the split never traces the other classes."""
+    the only class that can get it (C = 1), so the split never traces the other classes.
+    ``flush_to`` (B,): one pick of a batch with v6.18 opt-in caches, whose free either
+    goes to a slab (``k``, the picks that skip the sheaves) or into the main sheaf, whose
+    flush, if any, goes to node ``flush_to``'s slabs: still one class, that node's when
+    ``k`` is empty."""
     if n_max != 1:
         return _NODES, (lambda v: v), (lambda v: v)
     c = jnp.sum(jnp.where(k > 0, mem_node, 0), axis=0)                  # (B,)
+    if flush_to is not None:
+        c = jnp.where(jnp.any(k > 0, axis=0), c, flush_to)
     return (c[None], lambda v: _get(v, c)[None],
             lambda v: jnp.where(_NODES == c, v[0], 0))
 
@@ -717,7 +723,7 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     SLUB_STATS counts each as a fast or slow path, as the model does."""
     Cj, cnt = _alloc_freers(cx, cfg.workload, na, k.w1)
     sh_slow, rfl, ndir = _sheaf_alloc(cx, k, cfg, na)
-    cs_sheaf = k.sheaves & (cfg.cpu_slab > 0)
+    cs_sheaf = k.sheaves & (cfg.cpu_slab > 0) if cx.d["optin"] else False
 
     # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
     #    "local": every object comes from the node's partial list under its lock; so does
@@ -1094,9 +1100,12 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     (:func:`_full_slab_frees`); last the fast and slow path counts."""
     cx.bump("frees", nf)
     k_cs, k_ot, k_all, rem = _pick_pending(cx, k, nf)
-    lay = _slab_layout(cx, k, k_ot)
+    # the origins whose objects go to the sheaves (free_to_pcs(); remote objects bypass
+    # them where ``remote_free_bypasses_sheaf``, v6.18 on)
+    sh = k.sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & rem)       # (R, B)
+    lay = _slab_layout(cx, k, k_ot, sh)
     _unpend(cx, k_cs, k_all, nf)
-    sh, nsh, full_main, xm = _sheaf_free(cx, k, cfg, rem, k_all)
+    nsh, full_main, xm = _sheaf_free(cx, k, cfg, sh, k_all)
     cx.nflush()
     c_cs, c_pc, xH, xU, xF = _split_slab_frees(cx, k, lay, sh, k_cs, k_ot, xm)
     own_fast = _frozen_frees(cx, c_cs, c_pc)
@@ -1157,9 +1166,10 @@ class _Layout(NamedTuple):
 SEG = 3
 
 
-def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
+def _slab_layout(cx: _Ctx, k: _Rep, k_ot, sh) -> _Layout:
     """The :class:`_Layout` a free run's objects that are no longer in their origin's CPU
-    slab are split over (no kernel function: where the objects are)."""
+    slab are split over (no kernel function: where the objects are); ``sh`` (R, B): the
+    origins whose objects go to the sheaves."""
     st, d, objs = cx.st, cx.d, k.objs
     # the slabs on every node class as the run starts, in destination order: per rep its
     # CPU slab (objects not tracked in pend_cs) and its per-CPU partial list; then the
@@ -1173,7 +1183,11 @@ def _slab_layout(cx: _Ctx, k: _Rep, k_ot) -> _Layout:
     zp = cx.whole("pd") + sum(cx.whole(PCU[lv]) for lv in range(1, LEVELS))
     zr = cx.whole("rpd") + sum(cx.whole(RPU[lv]) for lv in range(1, LEVELS))
     z = jnp.stack([zc, zp, zr], axis=1).reshape((SEG * R,) + zc.shape[1:])
-    cls, on_cls, from_cls = _pick_classes(d["mem_node"], k_ot, d["max_run"])
+    if d["free_max"] != 1 and d["max_run"] == 1:
+        # one pick, a v6.18 flush beside it at most (RunForm(1, ..., optin))
+        cls, on_cls, from_cls = _pick_classes(d["mem_node"], jnp.where(sh, 0, k_ot), 1, k.m)
+    else:
+        cls, on_cls, from_cls = _pick_classes(d["mem_node"], k_ot, d["free_max"])
     on_seg = d["seg_node"][None] == cls[:, None]                        # (C, SEG*R, B)
     cum_n = _cumsum(jnp.where(on_seg, z[None], 0), axis=1)
     z_end = jnp.sum(jnp.where(on_seg, cum_n, 0), axis=0)                 # (SEG*R, B)
@@ -1197,7 +1211,7 @@ def _unpend(cx: _Ctx, k_cs, k_all, nf):
     cx.radd("pend_tot", -nf)
 
 
-def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
+def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, sh, k_all):
     """A free run's frees into the per-CPU sheaves, all before its slab frees (v6.18 for
     caches that ask for sheaves, every cache from v7.0; remote objects bypass the sheaf
     where ``remote_free_bypasses_sheaf``, v6.18 on): free_to_pcs() pushes onto the main
@@ -1207,14 +1221,13 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
     (:func:`_bulk_free`: a list_lock per slab that changes state; 7.x).  A v6.18 opt-in
     cache's flush (6.18 __kmem_cache_free_bulk(): do_slab_free() per slab, the CPU
     slab's freelist or __slab_free()) frees them as the run's slab frees into node ``m``
-    (returned as ``xm``, :func:`_split_slab_frees`).  Returns ``sh`` (R, B), the origins
-    whose objects go to the sheaves, the sheaf frees ``nsh``, ``full_main``, the frees
+    (returned as ``xm``, :func:`_split_slab_frees`).  ``sh`` (R, B): the origins whose
+    objects go to the sheaves.  Returns the sheaf frees ``nsh``, ``full_main``, the frees
     that found the main sheaf full (each a slow path), and ``xm``."""
-    st, cap, capm, sheaves = cx.st, k.cap, k.capm, k.sheaves
+    st, cap, capm = cx.st, k.cap, k.capm
     m, own, has_barn = k.m, k.own, k.has_barn
     # -- sheaf frees first (free_to_pcs, __pcs_replace_full_main): the main sheaf, then
     #    one slow path per cap frees: the spare swap, barn puts, flushes
-    sh = sheaves & ~((cfg.remote_free_bypasses_sheaf > 0) & rem)        # (R, B)
     nsh = jnp.sum(jnp.where(sh, k_all, 0), axis=0)
     main_r, spare_r = cx.row("main"), cx.row("spare")
     over = nsh - jnp.minimum(nsh, cap - main_r)
@@ -1231,9 +1244,9 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, rem, k_all):
     cx.rset("spare", cap, fswap)
     cx.nadd("barn_empty", own, -jnp.minimum(puts, _get(st["barn_empty"], own)))
     cx.nadd("barn_full", own, puts)
-    cs_sheaf = cfg.cpu_slab > 0
+    cs_sheaf = cfg.cpu_slab > 0 if cx.d["optin"] else False
     _bulk_free(cx, m, jnp.where(cs_sheaf, 0, fl * cap))
-    return sh, nsh, full_main, jnp.where(cs_sheaf, fl * cap, 0)
+    return nsh, full_main, jnp.where(cs_sheaf, fl * cap, 0)
 
 
 def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot, xm):
@@ -1259,7 +1272,7 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot, xm):
     un = _i(w2 >> 1) % tot
 
     def below(end, n_, u_, t_):          # points of a node's run below a segment end
-        return _below(end, n_, u_, t_, d["max_run"])
+        return _below(end, n_, u_, t_, d["free_max"])
 
     def at_seg(v):                       # a node class's value at each of its segments
         return jnp.sum(jnp.where(on_seg, v[:, None], 0), axis=0)
@@ -1338,7 +1351,7 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
-    walk = _pc_walk_one if cx.d["max_run"] == 1 else _pc_walk
+    walk = _pc_walk_one if cx.d["free_max"] == 1 else _pc_walk
     lists = ((PCS, PCU, "pd", c_pc[:, 0]), (RPS, RPU, "rpd", c_pc[:, 1]))
     vals = []
     for fs, fu, fd, c in lists:
@@ -1393,17 +1406,21 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
             st[NU[lv]] = st[NU[lv]] + jnp.where(top == lv, keep * (objs - 1), 0)
     cx.bump("slab_free", jnp.sum(xnp - keep, axis=0))
     cx.lock_nodes(xnp)
-    if cx.d["max_run"] == 1:
+    if cx.d["free_max"] == 1:
         # one free at most: into a full slab of its memory node or of the other class
         x = jnp.where(cpp, jnp.sum(xF1, axis=0), 0)
         rem = jnp.sum(jnp.where(_NODES != m, xF1, 0), axis=0) > 0
         _full_to_cpu_partial(cx, m, x, rem)
         return
     o = cx.d["other"][cx.r]
-    for c in (0, 1):                     # slabs come from memory node classes 0 and 1
+    # slabs come from memory node classes 0 and 1; one pick with a v6.18 flush beside it
+    # at most lands on the layout's one class (:func:`_pick_classes`)
+    one = cx.d["max_run"] == 1
+    for c in ([lay.cls[0]] if one else (0, 1)):
         rem = m != c
-        _full_to_cpu_partial(cx, m, jnp.where(cpp, xF1[c], 0), rem)
-        xm2 = jnp.where(cpp, xF2[c], 0)
+        at = (lambda v, c=c: _get(v, c)) if one else (lambda v, c=c: v[c])
+        _full_to_cpu_partial(cx, m, jnp.where(cpp, at(xF1), 0), rem)
+        xm2 = jnp.where(cpp, at(xF2), 0)
         ls = [jnp.where(rem, cx.row(b), cx.row(a)) for a, b in zip(PCS, RPS)]
         lu = [_i(0)] + [jnp.where(rem, cx.row(b), cx.row(a))
                         for a, b in zip(PCU[1:], RPU[1:])]
@@ -1422,7 +1439,7 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
         cx.lock(m, jnp.where(rem, 0, lk))
         cx.lock(o, jnp.where(rem, lk, 0))
         cx.nflush()
-        rest = jnp.where(_NODES == c, jnp.where(cpp, xm2 - into_pc, xF2[c]), 0)  # (N, B)
+        rest = jnp.where(_NODES == c, jnp.where(cpp, xm2 - into_pc, at(xF2)), 0)  # (N, B)
         _part_frees(cx, _i(0) * rest, [None] + [jnp.where(top == lv, rest, 0)
                                                for lv in range(1, LEVELS)], on_cls, from_cls)
 
@@ -1675,9 +1692,45 @@ def _bulk_free(cx: _Ctx, m, k):
     cx.lock(m, chg)
 
 
-def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
+class RunForm(NamedTuple):
+    """The static form a batch is compiled for (:func:`run_form`): ``alloc`` bounds a
+    run's allocations and the frees it picks (``ops_per_step``), ``free`` the slab frees
+    one run can make (a v6.18 flush adds ``cap`` to one free), ``optin`` whether any
+    configuration is a v6.18 opt-in cache (sheaves beside a CPU slab); without one the
+    refill-through-the-CPU-slab and flush-as-slab-frees terms are not traced at all."""
+
+    alloc: int
+    free: int
+    optin: bool
+
+
+def _as_form(max_run) -> RunForm:
+    """A :class:`RunForm` from a static run bound: an int ``b`` bounds both halves and
+    keeps the opt-in terms (what a caller's own jit gets)."""
+    if isinstance(max_run, RunForm):
+        return max_run
+    return RunForm(int(max_run), int(max_run), True)
+
+
+def run_form(cfgs: SimConfig) -> RunForm:
+    """The cheapest :class:`RunForm` that is exact for every configuration of the
+    concrete batch ``cfgs``: one-op runs without opt-in caches trace the one-op model
+    (:func:`_below`); a v6.18 opt-in cache at one op per step keeps one-op picks but
+    the general slab-free split (its flush frees ``cap`` objects at once); ``ops_per_step``
+    above 1 needs the general runs."""
+    gen = _general(cfgs)
+    if not gen.any():
+        return RunForm(1, 1, False)
+    if (np.asarray(cfgs.ops_per_step) > 1).any():
+        return RunForm(MAX_OPS_PER_STEP, MAX_OPS_PER_STEP, True)
+    return RunForm(1, MAX_OPS_PER_STEP, True)
+
+
+def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
     """Per-run constants of the step (computed once, outside the scan); ``max_run`` is the
-    static run bound of the batch (:func:`run_bound`), kept as a Python int."""
+    static run bound of the batch (:func:`run_bound`, an int) or its :class:`RunForm`,
+    kept as Python values."""
+    form = _as_form(max_run)
     objs = _i(cfg.objs_per_slab)
     node = _i(cfg.rep_node)
     mem = _i(cfg.rep_mem_node)
@@ -1693,7 +1746,9 @@ def _derived(cfg: SimConfig, max_run: int = MAX_OPS_PER_STEP) -> dict:
         min_partial=_i(cfg.min_partial),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),
-        max_run=int(max_run),
+        max_run=form.alloc,
+        free_max=form.free,
+        optin=form.optin,
         node=node,
         mem_node=mem,
         # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
@@ -1841,6 +1896,17 @@ def _bound(cfgs: SimConfig, max_run) -> int:
     return 1 if max_run == 1 else MAX_OPS_PER_STEP
 
 
+def _static_form(cfgs: SimConfig, max_run) -> RunForm:
+    """The :class:`RunForm` to compile for: :func:`run_form` of a concrete batch without
+    ``max_run``, else the form of :func:`_bound`."""
+    bound = _bound(cfgs, max_run)
+    if max_run is None and not isinstance(cfgs.ops_per_step, jax.core.Tracer) \
+            and not isinstance(cfgs.sheaf_capacity, jax.core.Tracer) \
+            and not isinstance(cfgs.cpu_slab, jax.core.Tracer):
+        return run_form(cfgs)
+    return _as_form(bound)
+
+
 def run_state(seeds_or_draws, cfgs: SimConfig, steps: int, pre_drawn: bool,
               max_run: int = MAX_OPS_PER_STEP) -> State:
     """The final batch-minor :class:`State` of a batch of runs (traceable; ``steps`` and
@@ -1876,7 +1942,7 @@ def simulate(key, cfg: SimConfig, steps: int, max_run: int | None = None) -> Cou
     """Run ``steps`` steps of configuration ``cfg`` from empty caches; the random stream is
     fixed by ``key`` (see :func:`draws`).  ``max_run``: the static run bound, by default
     :func:`run_bound` of ``cfg``."""
-    return _simulate(key, cfg, steps, _bound(cfg, max_run))
+    return _simulate(key, cfg, steps, _static_form(cfg, max_run))
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -1887,7 +1953,7 @@ def _simulate(key, cfg, steps, max_run):
 
 def simulate_draws(w, cfg: SimConfig, max_run: int | None = None) -> Counters:
     """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)."""
-    return _simulate_draws(w, cfg, _bound(cfg, max_run))
+    return _simulate_draws(w, cfg, _static_form(cfg, max_run))
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -1903,28 +1969,52 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit).  On the
     CPU, outside jit, a batch of more than :data:`CHUNK` runs as equal parts, one per usable
     CPU, each in its own thread (:func:`_parts`); on an accelerator the batch runs as one
-    scan (:func:`_on_cpu`).  Without ``max_run``, a batch that mixes configurations of
-    both run forms (:func:`_general`) runs as two batches, so that the one-op ones keep
-    the one-op form."""
+    scan (:func:`_on_cpu`).  Without ``max_run``, a concrete batch runs as one batch per
+    :class:`RunForm` its configurations need (:func:`_form_groups`), so that one-op
+    configurations keep the one-op form beside opt-in caches and longer runs."""
     bound = _bound(cfgs, max_run)
     leaves = jax.tree_util.tree_leaves((keys, cfgs))
-    n = len(keys)
     traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
-    if max_run is None and bound != 1 and not traced:
-        gen = _general(cfgs)
-        if not gen.all():
-            parts = [np.nonzero(~gen)[0], np.nonzero(gen)[0]]
-            outs = [simulate_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
-                lambda x, i=i: np.take(np.asarray(x), i, axis=0), cfgs), steps)
-                for i in parts]
-            back = np.argsort(np.concatenate(parts))
-            return jax.tree_util.tree_map(
-                lambda *xs: jnp.take(jnp.concatenate(xs), back, axis=0), *outs)
+    if max_run is not None or traced:
+        return _run_batch(keys, cfgs, steps, _as_form(bound), traced)
+    groups = _form_groups(cfgs)
+    if len(groups) == 1:
+        return _run_batch(keys, cfgs, steps, groups[0][0], False)
+
+    def run(group):
+        form, i = group
+        return jax.block_until_ready(_run_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
+            lambda x: np.take(np.asarray(x), i, axis=0), cfgs), steps, form, False))
+
+    # the groups run at once, each in its own thread (and its parts in theirs): one group's
+    # step costs several times another's, so one after the other would leave a core idle
+    # while the smaller group runs alone
+    outs = list(_pool(len(groups)).map(run, groups)) if _on_cpu() else [run(g) for g in groups]
+    back = np.argsort(np.concatenate([i for _, i in groups]))
+    return jax.tree_util.tree_map(
+        lambda *xs: jnp.take(jnp.concatenate(xs), back, axis=0), *outs)
+
+
+def _form_groups(cfgs: SimConfig) -> list:
+    """The concrete batch's configurations grouped by the :class:`RunForm` each needs on
+    its own (:func:`run_form`): ``[(form, indices), ...]``, the one-op group first."""
+    b = np.asarray(cfgs.ops_per_step).reshape(-1)
+    opt = _general(cfgs).reshape(-1) & (b <= 1)
+    kinds = np.where(b > 1, 2, np.where(opt, 1, 0))
+    forms = (RunForm(1, 1, False), RunForm(1, MAX_OPS_PER_STEP, True),
+             RunForm(MAX_OPS_PER_STEP, MAX_OPS_PER_STEP, True))
+    return [(forms[k], np.nonzero(kinds == k)[0]) for k in range(3) if (kinds == k).any()]
+
+
+def _run_batch(keys, cfgs: SimConfig, steps: int, form: RunForm, traced: bool) -> Counters:
+    """One compiled form over the batch: one scan on an accelerator, else equal parts in
+    threads (:func:`_parts`)."""
+    n = len(keys)
     if not _on_cpu():
-        return _simulate_batch(keys, cfgs, steps, bound, max(n, 1), False)
+        return _simulate_batch(keys, cfgs, steps, form, max(n, 1), False)
     p = 1 if traced else _parts(n)
     if p == 1:
-        return _simulate_batch(keys, cfgs, steps, bound)
+        return _simulate_batch(keys, cfgs, steps, form)
     # configurations are independent: equal parts (the last padded with copies of the last
     # configuration, so one compiled shape), run at once, the padding dropped
     c = -(-n // p)
@@ -1932,7 +2022,7 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
 
     def part(i):
         return _simulate_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
-            lambda x: jnp.take(jnp.asarray(x), i, axis=0), cfgs), steps, bound)
+            lambda x: jnp.take(jnp.asarray(x), i, axis=0), cfgs), steps, form)
 
     # the first part is compiled (and dispatched, asynchronously) here, so the threads
     # reuse one executable instead of each compiling it and writing it to the persistent

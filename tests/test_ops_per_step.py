@@ -229,3 +229,69 @@ def test_one_op_bound_refuses_longer_runs():
     cfg = _bound_configs()[0]._replace(ops_per_step=np.int32(8))
     with pytest.raises(SlabtuneError, match="max_run"):
         dynamics.simulate(jax.random.key(0), cfg, 10, max_run=1)
+
+
+def _opt_in_configs():
+    """v6.18 opt-in caches (sheaves beside the CPU slab) on one and two memory nodes,
+    with frees of every kind: local, cross-node producer/consumer, remote completions."""
+    from slabtune.model import dynamics, policy, profiles
+    from slabtune.model.topology import Topology
+
+    prof = profiles.get_profile("v6.18")
+    out = []
+    for topo, wl in ((Topology.uniform(16, 1), {"kind": "producer_consumer", "depth": 40}),
+                     (Topology.uniform(8, 2), {"kind": "producer_consumer",
+                                               "cross_node": 0.5}),
+                     (Topology.uniform(16, 4), {"kind": "block_io",
+                                                "completion_remote": True}),
+                     (Topology.uniform(64, 2, memoryless_nodes=(1,)),
+                      {"kind": "local", "live": 300, "burst": 50})):
+        st = policy.structure(256, topo.possible, topo.present, topo.online,
+                              policy.profile_arrays(prof), explicit_sheaf=8)
+        out.append(dynamics.config_from(st, prof, topo, wl, barn_max_full=1))
+    return out
+
+
+def test_run_form_is_the_cheapest_exact_one():
+    """One-op batches without opt-in caches trace neither longer runs nor the opt-in
+    terms; an opt-in cache at b = 1 keeps one-op picks with the general slab-free split;
+    b > 1 takes the general form; a mixed batch runs as one group per form."""
+    from slabtune.model import dynamics
+
+    big = dynamics.MAX_OPS_PER_STEP
+    plain, opt = _bound_configs(), _opt_in_configs()
+    assert dynamics.run_form(dynamics.stack_configs(plain)) == (1, 1, False)
+    assert dynamics.run_form(dynamics.stack_configs(opt)) == (1, big, True)
+    assert dynamics.run_form(dynamics.stack_configs(
+        opt + [plain[0]._replace(ops_per_step=np.int32(4))])) == (big, big, True)
+    mixed = [opt[0], plain[0], plain[1]._replace(ops_per_step=np.int32(4)), opt[1]]
+    groups = dynamics._form_groups(dynamics.stack_configs(mixed))
+    assert [(tuple(f), list(i)) for f, i in groups] == [
+        ((1, 1, False), [1]), ((1, big, True), [0, 3]), ((big, big, True), [2])]
+
+
+def test_opt_in_form_gives_the_general_counters_bit_for_bit():
+    """v6.18 opt-in caches at b = 1 in their own form (one-op picks, a flush's ``cap``
+    objects split over one node class) and in the general form: the same counters, every
+    field; and one-op configurations without the opt-in terms traced give what they give
+    with them."""
+    import jax
+
+    from slabtune.model import dynamics
+
+    big = dynamics.MAX_OPS_PER_STEP
+    batch = dynamics.stack_configs(_opt_in_configs())
+    keys = jax.random.split(jax.random.key(13), 4)
+    own = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 800))
+    gen = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 800, max_run=big))
+    assert (own["sheaf_flush"].sum(1) > 0).sum() >= 3 and own["remote_free"].sum() > 0
+    assert own["cpu_partial_drain"].sum() > 0
+    for k in own:
+        np.testing.assert_array_equal(own[k], gen[k], err_msg=k)
+    plain = dynamics.stack_configs(_bound_configs())
+    keys = jax.random.split(jax.random.key(17), 4)
+    lean = dynamics.counters_numpy(dynamics.simulate_batch(keys, plain, 400))
+    full = dynamics.counters_numpy(dynamics._simulate_batch(keys, plain, 400,
+                                                            dynamics.RunForm(1, 1, True)))
+    for k in lean:
+        np.testing.assert_array_equal(lean[k], full[k], err_msg=k)

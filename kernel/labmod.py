@@ -396,9 +396,13 @@ def _block_io(p: dict, lay: _Layout):
         raise LabError("workload.kind: block_io needs at least 2 CPUs")
     comp_class = NODE_MEM0
     if remote:
+        # model/workloads.py block_io(): another memory node only where class 1 is one node
+        # (or the completions do not fit on the first), else the first memory node
+        other = lay.cpus_of_class(NODE_MEM_OTHER)
         if lay.cpus_of_class(NODE_MEMLESS):
             comp_class = NODE_MEMLESS
-        elif lay.cpus_of_class(NODE_MEM_OTHER):
+        elif other and (len({lay.cpu_node[c] for c in other}) == 1
+                        or completions >= len(lay.cpus_of_class(NODE_MEM0))):
             comp_class = NODE_MEM_OTHER
     pool = lay.cpus_of_class(comp_class)
     if completions > len(pool) or total - completions < 1:

@@ -98,6 +98,19 @@ def test_block_io_completion_cpus():
     t2 = Topology.uniform(4, 2)
     got = roles(labmod.module_params({"kind": "block_io", "completion_remote": True}, t2))
     assert got["cpus_b"] == "2"
+    # three or more memory nodes: class 1 stands for several, so the completion CPU stays
+    # on the first memory node, where only its own node's objects are local (as the model
+    # places it, model/workloads.py block_io)
+    t16 = Topology.uniform(16, 4)
+    got = roles(labmod.module_params({"kind": "block_io", "completion_remote": True}, t16))
+    assert (got["cpus"], got["cpus_b"]) == ("1-15", "0")
+    _, lay = workloads.block_io(t16, completion_remote=True)
+    assert int(lay.node[0]) == workloads.NODE_MEM0 and float(lay.weight[0]) == 1.0
+    assert float(lay.weight[lay.node == workloads.NODE_MEM0].sum()) == 4.0
+    # completions that do not fit on the first node go to the other memory nodes
+    got = roles(labmod.module_params({"kind": "block_io", "completion_remote": True,
+                                      "completions": 4}, t16))
+    assert got["cpus_b"] == "4-7"
 
 
 def test_topology_table_maps_like_the_topology():

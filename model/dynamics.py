@@ -1883,10 +1883,20 @@ def _general(cfgs: SimConfig) -> np.ndarray:
 
 def _bound(cfgs: SimConfig, max_run) -> int:
     """The static run bound to compile for: :func:`run_bound` of ``cfgs``, or the caller's
-    ``max_run`` (1 or larger), refused with a one-line error when a concrete
-    ``ops_per_step`` exceeds 1 under ``max_run == 1``."""
+    ``max_run`` (1 or larger, or a :class:`RunForm`), refused with a one-line error when a
+    concrete ``ops_per_step`` exceeds 1 under ``max_run == 1`` or the configurations need
+    more than the form given."""
     if max_run is None:
         return run_bound(cfgs)
+    if isinstance(max_run, RunForm):
+        if not isinstance(cfgs.ops_per_step, jax.core.Tracer) \
+                and not isinstance(cfgs.sheaf_capacity, jax.core.Tracer):
+            need = run_form(cfgs)
+            if need.alloc > max_run.alloc or need.free > max_run.free \
+                    or (need.optin and not max_run.optin):
+                raise SlabtuneError(f"max_run: {tuple(max_run)} is narrower than the "
+                                    f"configurations need, {tuple(need)} (dynamics.run_form)")
+        return max_run
     if isinstance(max_run, bool) or not isinstance(max_run, (int, np.integer)) or max_run < 1:
         raise SlabtuneError(f"max_run: {max_run!r} is not a positive integer")
     if max_run == 1 and run_bound(cfgs) != 1 \
@@ -1966,7 +1976,8 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     """:func:`simulate` over a batch of configurations (leading axis of ``keys`` and of
     every field of ``cfgs``, see :func:`stack_configs`); the same result as vmapping
     :func:`simulate`, computed batch-minor.  ``max_run``: the static run bound, by default
-    :func:`run_bound` of ``cfgs`` (pass it when calling this inside your own jit).  On the
+    :func:`run_bound` of ``cfgs`` (pass it, or the batch's :func:`run_form`, when calling
+    this inside your own jit).  On the
     CPU, outside jit, a batch of more than :data:`CHUNK` runs as equal parts, one per usable
     CPU, each in its own thread (:func:`_parts`); on an accelerator the batch runs as one
     scan (:func:`_on_cpu`).  Without ``max_run``, a concrete batch runs as one batch per

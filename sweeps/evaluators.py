@@ -403,7 +403,7 @@ class Dynamics(Evaluator):
             cfgs.append(dynamics.config_from(s_r, prof, t, wl, ops_per_step=spec.ops_per_step))
         stacked = dynamics.stack_configs(cfgs)
         index = (chunk.start + rows).astype(np.uint32)
-        fn = _dynamics_fn(spec.steps, dynamics.run_bound(stacked), dynsim.engine())
+        fn = _dynamics_fn(spec.steps, dynamics.run_form(stacked), dynsim.engine())
         out = fn(np.uint32(spec.seed), index, stacked, _default_cost(),
                  self._pcp(spec, cols, rows),
                  _object_sizes(spec, cols)[rows].astype(np.float32))
@@ -515,10 +515,10 @@ def _engine_fn(steps: int, engine: str, simulate_jax, simulate_native, metrics_o
 
 
 @functools.lru_cache(maxsize=8)
-def _dynamics_fn(steps: int, max_run: int, engine: str = "jax"):
+def _dynamics_fn(steps: int, max_run, engine: str = "jax"):
     """The SLUB dynamics evaluation for ``steps`` steps (:func:`_engine_fn`); ``max_run`` is
-    the batch's static run bound (:func:`slabtune.model.dynamics.run_bound`: 1 compiles the
-    one-op pick)."""
+    the batch's static form (:func:`slabtune.model.dynamics.run_form`: one-op batches
+    compile the one-op pick, v6.18 opt-in caches their own form) or an int run bound."""
     import jax
 
     from slabtune.model import dynamics

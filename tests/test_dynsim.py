@@ -138,7 +138,7 @@ def test_sweep_evaluation_same_metrics_either_engine():
     pcp = np.full(len(cfgs), 3, np.int32)
     osz = np.full(len(cfgs), 256.0, np.float32)
     cost = evaluators._default_cost()
-    bound = dynamics.run_bound(batch)
+    bound = dynamics.run_form(batch)
     a = evaluators._dynamics_fn(120, bound, "jax")(np.uint32(7), index, batch, cost, pcp, osz)
     b = evaluators._dynamics_fn(120, bound, "native")(np.uint32(7), index, batch, cost, pcp,
                                                       osz)

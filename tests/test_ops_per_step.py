@@ -277,6 +277,7 @@ def test_opt_in_form_gives_the_general_counters_bit_for_bit():
     with them."""
     import jax
 
+    from slabtune.errors import SlabtuneError
     from slabtune.model import dynamics
 
     big = dynamics.MAX_OPS_PER_STEP
@@ -288,6 +289,19 @@ def test_opt_in_form_gives_the_general_counters_bit_for_bit():
     assert own["cpu_partial_drain"].sum() > 0
     for k in own:
         np.testing.assert_array_equal(own[k], gen[k], err_msg=k)
+    # the opt-in form passed by a caller (the sweep evaluator inside its jit) is exact for
+    # the plain one-op configurations beside them too
+    both = _opt_in_configs() + _bound_configs()
+    batch = dynamics.stack_configs(both)
+    keys = jax.random.split(jax.random.key(19), len(both))
+    form = dynamics.run_form(batch)
+    assert form == (1, big, True)
+    mixed = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 500, max_run=form))
+    gen = dynamics.counters_numpy(dynamics.simulate_batch(keys, batch, 500, max_run=big))
+    for k in mixed:
+        np.testing.assert_array_equal(mixed[k], gen[k], err_msg=k)
+    with pytest.raises(SlabtuneError, match="narrower"):
+        dynamics.simulate_batch(keys, batch, 10, max_run=dynamics.RunForm(1, 1, True))
     plain = dynamics.stack_configs(_bound_configs())
     keys = jax.random.split(jax.random.key(17), 4)
     lean = dynamics.counters_numpy(dynamics.simulate_batch(keys, plain, 400))

@@ -145,6 +145,22 @@ def test_bad_cost_file_through_the_real_cli(tmp_path):
     assert "cost.list_lock_hold_ns" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_bad_dynamics_engine_through_the_real_cli(tmp_path):
+    """An unknown SLABTUNE_DYNAMICS_ENGINE is bad input: one line naming the variable and
+    the engines it takes, exit 2, nothing on stdout."""
+    import os
+
+    f = tmp_path / "ok.toml"
+    f.write_text(tomli_w.dumps(BASE))
+    r = subprocess.run([sys.executable, "-m", "slabtune", "simulate", str(f), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env={**os.environ, "SLABTUNE_DYNAMICS_ENGINE": "xla"})
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slabtune: error: SLABTUNE_DYNAMICS_ENGINE")
+    assert "'xla'" in lines[0] and "native" in lines[0] and "jax" in lines[0]
+
+
 def test_invalid_toml_names_the_file(tmp_path):
     f = tmp_path / "broken.toml"
     f.write_text("[topology\ncpus = 4\n")

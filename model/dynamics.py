@@ -1712,18 +1712,32 @@ def _as_form(max_run) -> RunForm:
     return RunForm(int(max_run), int(max_run), True)
 
 
+#: The forms, narrowest first: one-op runs without opt-in caches; v6.18 opt-in caches at
+#: one op per step; runs of more than one op.
+_FORMS = (RunForm(1, 1, False), RunForm(1, MAX_OPS_PER_STEP, True),
+          RunForm(MAX_OPS_PER_STEP, MAX_OPS_PER_STEP, True))
+
+
+def _form_kinds(cfgs: SimConfig) -> np.ndarray:
+    """Per configuration (concrete, batch-major), the index into :data:`_FORMS` of the
+    narrowest form exact for it: one-op runs without opt-in caches trace the one-op model
+    (:func:`_below`); a v6.18 opt-in cache at one op per step keeps one-op picks but the
+    general slab-free split (its flush frees ``cap`` objects at once); ``ops_per_step``
+    above 1 needs the general runs."""
+    b = np.asarray(cfgs.ops_per_step).reshape(-1)
+    return np.where(b > 1, 2, np.where(_general(cfgs).reshape(-1), 1, 0))
+
+
 def run_form(cfgs: SimConfig) -> RunForm:
     """The cheapest :class:`RunForm` that is exact for every configuration of the
-    concrete batch ``cfgs``: one-op runs without opt-in caches trace the one-op model
-    (:func:`_below`); a v6.18 opt-in cache at one op per step keeps one-op picks but
-    the general slab-free split (its flush frees ``cap`` objects at once); ``ops_per_step``
-    above 1 needs the general runs."""
-    gen = _general(cfgs)
-    if not gen.any():
-        return RunForm(1, 1, False)
-    if (np.asarray(cfgs.ops_per_step) > 1).any():
-        return RunForm(MAX_OPS_PER_STEP, MAX_OPS_PER_STEP, True)
-    return RunForm(1, MAX_OPS_PER_STEP, True)
+    concrete batch ``cfgs`` (:func:`_form_kinds`)."""
+    return _FORMS[int(_form_kinds(cfgs).max())]
+
+
+def _concrete(cfgs: SimConfig) -> bool:
+    """Whether the fields :func:`run_form` reads are concrete (not traced)."""
+    return not any(isinstance(x, jax.core.Tracer)
+                   for x in (cfgs.ops_per_step, cfgs.sheaf_capacity, cfgs.cpu_slab))
 
 
 def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
@@ -1889,8 +1903,7 @@ def _bound(cfgs: SimConfig, max_run) -> int:
     if max_run is None:
         return run_bound(cfgs)
     if isinstance(max_run, RunForm):
-        if not isinstance(cfgs.ops_per_step, jax.core.Tracer) \
-                and not isinstance(cfgs.sheaf_capacity, jax.core.Tracer):
+        if _concrete(cfgs):
             need = run_form(cfgs)
             if need.alloc > max_run.alloc or need.free > max_run.free \
                     or (need.optin and not max_run.optin):
@@ -1910,9 +1923,7 @@ def _static_form(cfgs: SimConfig, max_run) -> RunForm:
     """The :class:`RunForm` to compile for: :func:`run_form` of a concrete batch without
     ``max_run``, else the form of :func:`_bound`."""
     bound = _bound(cfgs, max_run)
-    if max_run is None and not isinstance(cfgs.ops_per_step, jax.core.Tracer) \
-            and not isinstance(cfgs.sheaf_capacity, jax.core.Tracer) \
-            and not isinstance(cfgs.cpu_slab, jax.core.Tracer):
+    if max_run is None and _concrete(cfgs):
         return run_form(cfgs)
     return _as_form(bound)
 
@@ -2008,13 +2019,9 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
 
 def _form_groups(cfgs: SimConfig) -> list:
     """The concrete batch's configurations grouped by the :class:`RunForm` each needs on
-    its own (:func:`run_form`): ``[(form, indices), ...]``, the one-op group first."""
-    b = np.asarray(cfgs.ops_per_step).reshape(-1)
-    opt = _general(cfgs).reshape(-1) & (b <= 1)
-    kinds = np.where(b > 1, 2, np.where(opt, 1, 0))
-    forms = (RunForm(1, 1, False), RunForm(1, MAX_OPS_PER_STEP, True),
-             RunForm(MAX_OPS_PER_STEP, MAX_OPS_PER_STEP, True))
-    return [(forms[k], np.nonzero(kinds == k)[0]) for k in range(3) if (kinds == k).any()]
+    its own (:func:`_form_kinds`): ``[(form, indices), ...]``, the one-op group first."""
+    kinds = _form_kinds(cfgs)
+    return [(f, np.nonzero(kinds == k)[0]) for k, f in enumerate(_FORMS) if (kinds == k).any()]
 
 
 def _run_batch(keys, cfgs: SimConfig, steps: int, form: RunForm, traced: bool) -> Counters:

@@ -2002,16 +2002,13 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     groups = _form_groups(cfgs)
     if len(groups) == 1:
         return _run_batch(keys, cfgs, steps, groups[0][0], False)
-
-    def run(group):
-        form, i = group
-        return jax.block_until_ready(_run_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
-            lambda x: np.take(np.asarray(x), i, axis=0), cfgs), steps, form, False))
-
-    # the groups run at once, each in its own thread (and its parts in theirs): one group's
-    # step costs several times another's, so one after the other would leave a core idle
-    # while the smaller group runs alone
-    outs = list(_pool(len(groups)).map(run, groups)) if _on_cpu() else [run(g) for g in groups]
+    # the groups run one after the other, each over every usable CPU (:func:`_parts`):
+    # running them at once in threads of their own oversubscribed the cores and ran slower
+    # (bench_dynamics at 10^4, b = 1: 3.27 M ops/s against 3.67-3.90 M, 10:01-10:20 UTC
+    # 2026-11-25, load 0-1); one such run, with both groups split in parts, hung
+    outs = [_run_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
+        lambda x, i=i: np.take(np.asarray(x), i, axis=0), cfgs), steps, form, False)
+        for form, i in groups]
     back = np.argsort(np.concatenate([i for _, i in groups]))
     return jax.tree_util.tree_map(
         lambda *xs: jnp.take(jnp.concatenate(xs), back, axis=0), *outs)
@@ -2053,11 +2050,19 @@ def _run_batch(keys, cfgs: SimConfig, steps: int, form: RunForm, traced: bool) -
 
 def _parts(n: int) -> int:
     """Threads :func:`simulate_batch` splits ``n`` configurations over: one per CPU this
-    process may run on, while every part keeps at least :data:`CHUNK` configurations.  One
-    XLA:CPU execution of the step uses about one core (its fusions are too small to split),
-    so at 10^4 configurations, b = 1, 2 cores, two threads gave 1.9-2.1x the wall rate of
-    one call (6.0-6.1 M against 2.9-3.2 M ops/s, load 2, 20:50 UTC 2026-11-24)."""
-    return max(1, min(usable_cpus(), n // CHUNK))
+    process may run on, while every part keeps at least :data:`PART_MIN` configurations.
+    One XLA:CPU execution of the step uses about one core (its fusions are too small to
+    split), so at 10^4 configurations, b = 1, 2 cores, two threads gave 1.9-2.1x the wall
+    rate of one call (6.0-6.1 M against 2.9-3.2 M ops/s, load 2, 20:50 UTC 2026-11-24)."""
+    return max(1, min(usable_cpus(), n // PART_MIN))
+
+
+#: Fewest configurations a thread's part of a batch keeps (:func:`_parts`): half a
+#: :data:`CHUNK`, so that bench_dynamics' 990 v6.18 opt-in configurations, a group of
+#: their own (:func:`_form_groups`), run on both cores (the mix at 10^4 configurations,
+#: b = 1: 3.67-3.90 M ops/s against 3.14 M with parts of at least CHUNK, groups one after
+#: the other, 10:01-10:20 UTC 2026-11-25, load 0-1).
+PART_MIN = 480
 
 
 def usable_cpus() -> int:

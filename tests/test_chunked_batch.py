@@ -81,8 +81,11 @@ def test_threaded_parts_give_the_counters_of_one_call(monkeypatch):
         np.testing.assert_array_equal(got[k], one[k], err_msg=k)
 
 
-def test_parts_keep_a_chunk_each():
+def test_parts_keep_half_a_chunk_each(monkeypatch):
     from slabtune.model import dynamics
 
-    assert dynamics._parts(dynamics.CHUNK - 1) == 1
+    assert dynamics.PART_MIN == dynamics.CHUNK // 2
+    assert dynamics._parts(dynamics.PART_MIN * 2 - 1) == 1
     assert 1 <= dynamics._parts(100 * dynamics.CHUNK) <= (os.cpu_count() or 1)
+    monkeypatch.setattr(dynamics, "usable_cpus", lambda: 2)
+    assert dynamics._parts(990) == 2 and dynamics._parts(959) == 1

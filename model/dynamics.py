@@ -656,6 +656,8 @@ class _Rep(NamedTuple):
     m: Any          # the rep's memory node class (its slabs come from there)
     own: Any        # the rep's own node class (its barn)
     has_barn: Any   # the rep's node has a barn (and the cache sheaves)
+    cs_sheaf: Any   # a v6.18 opt-in cache: sheaves beside a CPU slab (a Python False
+    #                 where the batch has none, RunForm.optin, so nothing of it is traced)
 
 
 def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
@@ -672,7 +674,8 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     m = d["mem_node"][r]
     own = d["node"][r]
     has_barn = d["has_barn"][r]
-    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, own, has_barn)
+    cs_sheaf = sheaves & (cfg.cpu_slab > 0) if d["optin"] else False
+    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, own, has_barn, cs_sheaf)
 
 
 def _choose_run(cx: _Ctx, wl: workloads.Workload, w0):
@@ -723,7 +726,7 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     SLUB_STATS counts each as a fast or slow path, as the model does."""
     Cj, cnt = _alloc_freers(cx, cfg.workload, na, k.w1)
     sh_slow, rfl, ndir = _sheaf_alloc(cx, k, cfg, na)
-    cs_sheaf = k.sheaves & (cfg.cpu_slab > 0) if cx.d["optin"] else False
+    cs_sheaf = k.cs_sheaf
 
     # -- a CPU on a memoryless node without the numa_mem_id() fix never finds its CPU slab
     #    "local": every object comes from the node's partial list under its lock; so does
@@ -1244,9 +1247,8 @@ def _sheaf_free(cx: _Ctx, k: _Rep, cfg: SimConfig, sh, k_all):
     cx.rset("spare", cap, fswap)
     cx.nadd("barn_empty", own, -jnp.minimum(puts, _get(st["barn_empty"], own)))
     cx.nadd("barn_full", own, puts)
-    cs_sheaf = cfg.cpu_slab > 0 if cx.d["optin"] else False
-    _bulk_free(cx, m, jnp.where(cs_sheaf, 0, fl * cap))
-    return nsh, full_main, jnp.where(cs_sheaf, fl * cap, 0)
+    _bulk_free(cx, m, jnp.where(k.cs_sheaf, 0, fl * cap))
+    return nsh, full_main, jnp.where(k.cs_sheaf, fl * cap, 0)
 
 
 def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot, xm):
@@ -1415,7 +1417,7 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
     o = cx.d["other"][cx.r]
     # slabs come from memory node classes 0 and 1; one pick with a v6.18 flush beside it
     # at most lands on the layout's one class (:func:`_pick_classes`)
-    one = cx.d["max_run"] == 1
+    one = lay.cls.shape[0] == 1
     for c in ([lay.cls[0]] if one else (0, 1)):
         rem = m != c
         at = (lambda v, c=c: _get(v, c)) if one else (lambda v, c=c: v[c])
@@ -1922,10 +1924,9 @@ def _bound(cfgs: SimConfig, max_run) -> int:
 def _static_form(cfgs: SimConfig, max_run) -> RunForm:
     """The :class:`RunForm` to compile for: :func:`run_form` of a concrete batch without
     ``max_run``, else the form of :func:`_bound`."""
-    bound = _bound(cfgs, max_run)
     if max_run is None and _concrete(cfgs):
         return run_form(cfgs)
-    return _as_form(bound)
+    return _as_form(_bound(cfgs, max_run))
 
 
 def run_state(seeds_or_draws, cfgs: SimConfig, steps: int, pre_drawn: bool,
@@ -1994,11 +1995,10 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     scan (:func:`_on_cpu`).  Without ``max_run``, a concrete batch runs as one batch per
     :class:`RunForm` its configurations need (:func:`_form_groups`), so that one-op
     configurations keep the one-op form beside opt-in caches and longer runs."""
-    bound = _bound(cfgs, max_run)
     leaves = jax.tree_util.tree_leaves((keys, cfgs))
     traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
     if max_run is not None or traced:
-        return _run_batch(keys, cfgs, steps, _as_form(bound), traced)
+        return _run_batch(keys, cfgs, steps, _as_form(_bound(cfgs, max_run)), traced)
     groups = _form_groups(cfgs)
     if len(groups) == 1:
         return _run_batch(keys, cfgs, steps, groups[0][0], False)

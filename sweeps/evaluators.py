@@ -514,21 +514,28 @@ def _engine_fn(steps: int, engine: str, simulate_jax, simulate_native, metrics_o
     return jax.jit(run)
 
 
+def _batch_metrics(counters, cfgs, cost, pcp, object_size, steps: int):
+    """:func:`slabtune.model.metrics.compute` over a batch (vmapped; ``pcp`` and
+    ``object_size`` per configuration)."""
+    import jax
+
+    from slabtune.model import metrics as model_metrics
+
+    return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
+        cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
+            counters, cfgs, pcp, object_size)
+
+
 @functools.lru_cache(maxsize=8)
 def _dynamics_fn(steps: int, max_run, engine: str = "jax"):
     """The SLUB dynamics evaluation for ``steps`` steps (:func:`_engine_fn`); ``max_run`` is
     the batch's static form (:func:`slabtune.model.dynamics.run_form`: one-op batches
     compile the one-op pick, v6.18 opt-in caches their own form) or an int run bound."""
-    import jax
-
     from slabtune.model import dynamics
-    from slabtune.model import metrics as model_metrics
     from slabtune.sweeps import dynsim
 
     def metrics_of(counters, cfgs, cost, pcp, object_size):
-        return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
-            cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
-                counters, cfgs, pcp, object_size)
+        return _batch_metrics(counters, cfgs, cost, pcp, object_size, steps)
 
     return _engine_fn(steps, engine,
                       lambda k, c, s: dynamics.simulate_batch(k, c, s, max_run),
@@ -541,17 +548,12 @@ def _slab_dynamics_fn(steps: int, engine: str = "jax"):
     :func:`slabtune.model.slab_dynamics.simulate_batch` (or C, the same counters), then
     :func:`slabtune.model.metrics.compute` through
     :func:`slabtune.model.slab_dynamics.slub_view`."""
-    import jax
-
-    from slabtune.model import metrics as model_metrics
     from slabtune.model import slab_dynamics
     from slabtune.sweeps import dynsim
 
     def metrics_of(counters, cfgs, cost, pcp, object_size):
         counters, view = slab_dynamics.slub_view(counters, cfgs)
-        return jax.vmap(lambda cnt, cfg, pm, osz: model_metrics.compute(
-            cnt, cfg, cost, pcp_max=pm, object_size=osz, steps=steps))(
-                counters, view, pcp, object_size)
+        return _batch_metrics(counters, view, cost, pcp, object_size, steps)
 
     return _engine_fn(steps, engine, slab_dynamics.simulate_batch,
                       dynsim.simulate_slab_batch, metrics_of)

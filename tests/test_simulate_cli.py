@@ -4,6 +4,7 @@ and one real run whose structural fields follow the kernel's rules."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,9 +39,11 @@ def _doc(**changes):
     return doc
 
 
-def _cli(*args):
+def _cli(*args, env: dict | None = None):
+    """The real CLI in a subprocess; ``env``: variables set over this process's."""
     return subprocess.run([sys.executable, "-m", "slabtune", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=600)
+                          text=True, cwd=ROOT, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
 
 
 # --------------------------------------------------------------------------- parsing
@@ -148,13 +151,9 @@ def test_bad_cost_file_through_the_real_cli(tmp_path):
 def test_bad_dynamics_engine_through_the_real_cli(tmp_path):
     """An unknown SLABTUNE_DYNAMICS_ENGINE is bad input: one line naming the variable and
     the engines it takes, exit 2, nothing on stdout."""
-    import os
-
     f = tmp_path / "ok.toml"
     f.write_text(tomli_w.dumps(BASE))
-    r = subprocess.run([sys.executable, "-m", "slabtune", "simulate", str(f), "--json"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600,
-                       env={**os.environ, "SLABTUNE_DYNAMICS_ENGINE": "xla"})
+    r = _cli("simulate", str(f), "--json", env={"SLABTUNE_DYNAMICS_ENGINE": "xla"})
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("slabtune: error: SLABTUNE_DYNAMICS_ENGINE")

@@ -428,7 +428,7 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
              timeout_s: float = DEFAULT_TIMEOUT_S, accel: str = "auto",
              extra_params: Sequence[str] = (), boot_params: Mapping[str, int] | None = None,
              sysfs: Mapping[str, int] | None = None,
-             attempts: int = BOOT_ATTEMPTS, warmup: int = 0,
+             attempts: int = BOOT_ATTEMPTS, warmup: int = 0, lockstep: bool = False,
              slabinfo: Mapping[str, int] | None = None) -> LabBootResult:
     """Build the module for ``kernel_name``, boot that kernel on ``topology`` and run the
     ``[workload]`` table ``workload_doc`` on the ``[cache]`` table ``cache_doc`` (default
@@ -443,7 +443,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     on the SLAB kernel the ``slabinfo`` tunables (limit, batchcount, shared) to
     /proc/slabinfo (:func:`init_script`; a kmalloc cache likewise).
     ``warmup``: ops per allocating worker before the counted window (the module parks its
-    workers there and the /init dumps ``window``; see :func:`measure`).
+    workers there and the /init dumps ``window``; see :func:`measure`).  ``lockstep``: the
+    module's step barrier in that window (:func:`slabtune.kernel.labmod.module_params`).
     A boot that fails before the run reports (timeout, no start or end marker) is retried
     until ``attempts`` boots were made.
     Setup errors raise (LabError, GuestError, LabBootError); a guest that fails returns
@@ -458,7 +459,7 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     own = "name" not in cache_doc
     params = (labmod.cache_params(cache_doc, no_merge=not old_kernel)
               + labmod.module_params(workload_doc, topology, ops=ops, seed=seed, ring=ring,
-                                     warmup=warmup)
+                                     warmup=warmup, lockstep=lockstep)
               + list(extra_params))
     cache = cache_doc["name"] if not own else labmod.MODULE_NAME
     if sysfs and own:

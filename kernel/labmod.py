@@ -289,7 +289,8 @@ def warmup_steps(steps: int) -> int:
 
 
 def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = DEFAULT_OPS,
-                  seed: int = 1, ring: str = "lockless", warmup: int = 0) -> list[str]:
+                  seed: int = 1, ring: str = "lockless", warmup: int = 0,
+                  lockstep: bool = False) -> list[str]:
     """``insmod`` arguments (``key=value``) that run a config's ``[workload]`` table on the
     CPUs of ``topology`` (a :class:`~slabtune.model.topology.Topology` or a ``[topology]``
     table).  Roles go on CPUs as the model's constructors spread their reps:
@@ -306,7 +307,10 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
 
     ``other_ns`` becomes the module's ``work_ns`` (rounded).  ``ops``: ops per allocating
     worker in the counted window; ``warmup``: ops per allocating worker before it (0: no
-    warm-up); ``seed``: the module's generator seed; ``ring``: lockless or spinlock.
+    warm-up); ``seed``: the module's generator seed; ``ring``: lockless or spinlock;
+    ``lockstep``: the module's step barrier in the counted window (every worker one op or
+    none per step, the model's schedule; free-running workers sleep a tick when idle, and
+    returns pile up meanwhile).
     """
     if not isinstance(workload_doc, Mapping):
         raise LabError("workload: must be a table")
@@ -340,6 +344,8 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
     out += [f"ops={ops}", f"seed={seed}", f"ring={ring}"]
     if warmup:
         out.append(f"warmup={warmup}")
+    if lockstep:
+        out.append("lockstep=1")
     if other:
         out.append(f"work_ns={int(round(other))}")
     return out

@@ -125,6 +125,19 @@ def test_other_ns_becomes_work_ns_and_ring_passes():
     assert "work_ns" not in roles(labmod.module_params({"kind": "local"}, T4))
 
 
+def test_lockstep_is_a_module_parameter_only_when_asked():
+    """The step barrier (lockstep=1) goes to insmod only for a lockstep run, after the
+    window's ops; the module declares the parameter and documents its done record's
+    ``lockstep`` and ``steps``."""
+    free = labmod.module_params({"kind": "block_io"}, T4, ops=100, warmup=25)
+    step = labmod.module_params({"kind": "block_io"}, T4, ops=100, warmup=25, lockstep=True)
+    assert "lockstep" not in roles(free)
+    assert step[:-1] == free and step[-1] == "lockstep=1"
+    src = labmod.native.source("lab/slabtune_lab.c").read_text()
+    assert "module_param(lockstep, bool" in src
+    assert '\\"lockstep\\":%d,\\"steps\\":%lu' in src
+
+
 def test_cpu_list():
     assert labmod.cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert labmod.cpu_list([3, 1]) == "3,1"

@@ -17,6 +17,12 @@ cluster whose workers offer it with KVM the runs use real cores; the accelerator
 (``lab-tcg`` or ``lab-kvm``) goes with every row.  Under TCG the counters are functional
 (every path the allocator takes is counted) but times are an emulation artefact: no time
 is compared here.
+
+The schedule (:data:`SCHEDULES`): ``free`` lets the module's workers run as fast as their
+vCPUs go, a worker with nothing to do sleeping a tick; ``lockstep`` puts them on the
+module's step barrier in the counted window, one op or none each per step, the schedule
+the model simulates.  A lockstep run's accelerator label ends in ``-lockstep``
+(``lab-tcg-lockstep``), so its rows never pool with free-running ones unnoticed.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ LAB_KERNELS = ("6.1", "6.12", "7.2")
 #: The lab kernels with SLAB (CONFIG_SLAB, no SLUB_STATS, /proc/slabinfo without the
 #: CONFIG_DEBUG_SLAB statistics columns).
 SLAB_LAB_KERNELS = ("6.1-slab",)
+#: How the module's workers are scheduled in the counted window (``lab run --schedule``).
+SCHEDULES = ("free", "lockstep")
 #: The figures compared for every run, with their units.
 COMPARED: dict[str, str] = {
     "alloc_fastpath_frac": "fraction of allocations",
@@ -387,13 +395,16 @@ def run_boot(task: Mapping[str, Any]) -> dict:
     rec = blank_record(task["index"], task["kernel"])
     try:
         args = boot_args(task["doc"], kernel_profile(task["kernel"]))
+        lockstep = task.get("schedule", "free") == "lockstep"
         r = lab_boot.boot_lab(task["kernel"], accel=task.get("accel", "auto"),
                               timeout_s=float(task.get("timeout_s") or
-                                              lab_boot.DEFAULT_TIMEOUT_S), **args)
+                                              lab_boot.DEFAULT_TIMEOUT_S),
+                              lockstep=lockstep, **args)
     except SlabtuneError as err:
         rec.update(error=str(err), seconds=time.monotonic() - t0)
         return rec
-    rec.update(ok=r.ok, error=r.error, release=r.release, accelerator=f"lab-{r.accel}",
+    rec.update(ok=r.ok, error=r.error, release=r.release,
+               accelerator=f"lab-{r.accel}" + ("-lockstep" if lockstep else ""),
                attempts=r.attempts, seconds=r.seconds, cmdline=r.cmdline,
                sysfs=dict(args["sysfs"]), slabinfo=dict(args["slabinfo"]),
                module_params=r.params, console_tail="" if r.ok else r.console_tail,
@@ -553,10 +564,11 @@ def check_allocator(cfg: LabConfig, kernel: str, profile) -> None:
 def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
             out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
             timeout_s: float | None = None, accel: str = "auto",
-            resume: str | None = None) -> LabRun:
+            resume: str | None = None, schedule: str = "free") -> LabRun:
     """Every (config, kernel) pair: predictions first (one model batch, here), then one Ray
     task per boot; each pair's rows are stored atomically as it finishes.  ``resume``: a
-    run directory of an interrupted ``lab run``; its finished pairs are kept, the rest run."""
+    run directory of an interrupted ``lab run``; its finished pairs are kept, the rest run
+    (under the run's own schedule).  ``schedule``: one of :data:`SCHEDULES`."""
     from slabtune.results import store
     from slabtune.sweeps.dispatch import ray_session
     from slabtune.sweeps.runner import git_revision, package_versions
@@ -570,6 +582,9 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
                    for c in run.manifest["spec"]["configs"]]
         kernels = list(run.manifest["spec"]["kernels"])
         accel = run.manifest["spec"]["accel"]
+        schedule = run.manifest["spec"].get("schedule", "free")
+    if schedule not in SCHEDULES:
+        raise SlabtuneError(f"--schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
     pairs = [(c, k) for c in configs for k in kernels]
     profiles = {k: kernel_profile(k) for k in kernels}
     for c, k in pairs:
@@ -578,6 +593,8 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
     meta = {"name": "lab", "evaluator": "lab", "chunk_size": 1,
             "configs": [c.to_json() for c in configs], "kernels": list(kernels),
             "accel": accel, "plan": [[c.name, k] for c, k in pairs]}
+    if schedule != "free":      # a free-running run's manifest (and hash) as before
+        meta["schedule"] = schedule
     spec_hash = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
     with ray_session(ray_address, resources=local_resources()) as sess:
         if resume is None:
@@ -588,12 +605,12 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
         with run.lock():
             run.clean_temporaries()
             run.start_attempt(ray=sess)
-            records = _dispatch(run, pairs, preds, timeout_s, accel)
+            records = _dispatch(run, pairs, preds, timeout_s, accel, schedule)
             run.finish()
     return LabRun(run.path, records)
 
 
-def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
+def _dispatch(run, pairs, preds, timeout_s, accel, schedule="free") -> list[dict]:
     import ray
 
     from slabtune.validate.dispatch import qemu_placement, ray_failure
@@ -611,7 +628,7 @@ def _dispatch(run, pairs, preds, timeout_s, accel) -> list[dict]:
                 records[i] = old
             continue
         td = {"index": i, "kernel": kernel, "doc": cfg.doc, "timeout_s": timeout_s,
-              "accel": accel}
+              "accel": accel, "schedule": schedule}
         opts: dict[str, Any] = {"num_cpus": max(1, min(int(cfg.doc["topology"]["cpus"]),
                                                        node_cpus))}
         if use_qemu:

@@ -36,6 +36,11 @@
  * freeing) pair, acquire/release only; ring=spinlock gives one ring per freeing worker,
  * shared by every worker that sends to it, under a spinlock.
  *
+ * Schedule: free-running by default (a worker with nothing to do spins 64 times, then
+ * sleeps); lockstep=1 puts every worker on a step barrier in the counted window, one op
+ * or none per step, the model's schedule (lab_ls_wait()); "steps" in the done record
+ * counts the barrier's steps.
+ *
  * A worker stops allocating after `ops` ops (allocations plus frees) and keeps freeing
  * what reaches it until no worker allocates any more and its rings are empty; workers
  * that never allocate (receivers, completion CPUs) only do the latter.  So every object
@@ -87,6 +92,7 @@
 #include <linux/topology.h>
 #include <linux/uaccess.h>
 #include <linux/vmalloc.h>
+#include <linux/wait.h>
 
 #define LAB_PREFIX "slabtune_lab: "
 #define LAB_MAX_WORKERS 64
@@ -169,6 +175,10 @@ MODULE_PARM_DESC(long_ns, "time_calls: brackets above this many ns are counted a
 static bool idle_spin;
 module_param(idle_spin, bool, 0644);
 MODULE_PARM_DESC(idle_spin, "1: a worker with nothing to do spins, never sleeps");
+static bool lockstep;
+module_param(lockstep, bool, 0644);
+MODULE_PARM_DESC(lockstep, "1: in the counted window every worker does at most one op per "
+		 "step and waits for the others at a barrier (the model's schedule)");
 static bool autorun = true;
 module_param(autorun, bool, 0444);
 MODULE_PARM_DESC(autorun, "run once at load");
@@ -214,6 +224,7 @@ struct lab_worker {
 	u64 allocs, frees, drain_frees, idle;
 	u64 warm_allocs, warm_frees;	/* allocs, frees when it parked (warmup > 0) */
 	bool warm_reached;		/* an allocator that did its warmup ops */
+	bool in_step;			/* lockstep: a party to the step barrier */
 	u64 ops_ns, ns;
 	u64 alloc_ns, free_ns, clock_ps;	/* time_calls=1 */
 	u64 alloc_long, alloc_long_ns, free_long, free_long_ns;
@@ -241,6 +252,12 @@ struct lab_run {
 	bool spin;			/* idle_spin */
 	u64 long_ns;
 	atomic_t allocating;		/* allocating workers still in their ops */
+	bool lockstep;			/* the step barrier in the counted window */
+	spinlock_t ls_lock;		/* guards ls_n, ls_arrived; ls_gen's writes */
+	int ls_n;			/* workers still in lockstep */
+	int ls_arrived;			/* of them, those at the barrier of this step */
+	unsigned long ls_gen;		/* steps released so far */
+	wait_queue_head_t ls_wq;	/* workers that stopped spinning at the barrier */
 	int abort;			/* an allocation failed: stop allocating */
 	struct completion go;
 	unsigned int ksize;
@@ -569,6 +586,55 @@ static void lab_park(struct lab_run *r, struct lab_worker *w)
 	atomic_set(&lab_phase, LAB_WINDOW);
 }
 
+/*
+ * lockstep=1: the model advances its CPUs one op each per step (model/dynamics.py), so
+ * how many objects come back to an allocator between two of its allocations is set by
+ * the workload's rates alone.  Free-running workers are not: a worker that finds nothing
+ * to do sleeps a tick (lab_idle()), and under TCG vCPU threads share the host's cores in
+ * time slices, so returns pile up and an allocator takes them back in one batch.  With
+ * the barrier every worker does one step (one op or none) and waits for the others, the
+ * model's schedule, whatever the vCPUs' speeds.  Called with ls_lock held: release the
+ * step.
+ */
+static void lab_ls_release(struct lab_run *r)
+{
+	r->ls_arrived = 0;
+	smp_store_release(&r->ls_gen, r->ls_gen + 1);
+	wake_up_all(&r->ls_wq);
+}
+
+/* one step done: wait until every worker still in lockstep did its own */
+static void lab_ls_wait(struct lab_run *r)
+{
+	unsigned long gen;
+	unsigned int spins = 0;
+
+	spin_lock(&r->ls_lock);
+	gen = r->ls_gen;
+	if (++r->ls_arrived >= r->ls_n)
+		lab_ls_release(r);
+	spin_unlock(&r->ls_lock);
+	while (smp_load_acquire(&r->ls_gen) == gen) {
+		if (++spins < 256) {
+			cpu_relax();
+			continue;
+		}
+		/* a halted vCPU gives the host's core to the ones the step waits for */
+		wait_event_timeout(r->ls_wq, smp_load_acquire(&r->ls_gen) != gen, HZ);
+	}
+}
+
+/* a worker leaves lockstep (it stopped allocating, or nobody allocates any more) */
+static void lab_ls_leave(struct lab_run *r, struct lab_worker *w)
+{
+	spin_lock(&r->ls_lock);
+	w->in_step = false;
+	r->ls_n--;
+	if (r->ls_arrived && r->ls_arrived >= r->ls_n)
+		lab_ls_release(r);
+	spin_unlock(&r->ls_lock);
+}
+
 static int lab_worker_fn(void *arg)
 {
 	struct lab_worker *w = arg;
@@ -595,6 +661,7 @@ static int lab_worker_fn(void *arg)
 		w->clock_ps = n ? div64_u64(sum * 1000, n) : 0;
 	}
 	wait_for_completion(&r->go);
+	w->in_step = r->lockstep && !warming;
 	t0 = ktime_get_ns();
 	for (;;) {
 		int op;
@@ -610,6 +677,7 @@ static int lab_worker_fn(void *arg)
 			if (atomic_read(&r->warm_left) == 0) {
 				smp_rmb();
 				lab_park(r, w);
+				w->in_step = r->lockstep;
 				warming = false;
 				done_ops = 0;
 				idle = 0;
@@ -631,6 +699,8 @@ static int lab_worker_fn(void *arg)
 		}
 		if (allocating && (done_ops >= r->ops || READ_ONCE(r->abort))) {
 			allocating = false;
+			if (w->in_step)
+				lab_ls_leave(r, w);
 			w->ops_ns = ktime_get_ns() - t0;
 			smp_mb__before_atomic();
 			atomic_dec(&r->allocating);
@@ -645,11 +715,25 @@ static int lab_worker_fn(void *arg)
 			bool last = atomic_read(&r->allocating) == 0;
 
 			smp_rmb();
+			if (last && w->in_step)
+				lab_ls_leave(r, w);
 			op = lab_free_one(r, w, lab_rand(w)) ? 2 : 0;
 			if (op)
 				w->drain_frees++;
 			else if (last)
 				break;
+		}
+		if (w->in_step) {
+			/* one step: this op (or none), its work, then the others' */
+			if (op && allocating)
+				done_ops++;
+			if (op && r->work_ns)
+				ndelay(r->work_ns);
+			if (!op)
+				w->idle++;
+			lab_ls_wait(r);
+			cond_resched();
+			continue;
 		}
 		if (!op) {
 			lab_idle(w, &idle);
@@ -919,11 +1003,13 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 	pr_info(LAB_PREFIX "done {\"run\":%u,\"status\":%d,\"kind\":\"%s\",\"cache\":\"%s\","
 		"\"own_cache\":%d,\"size\":%u,\"ksize\":%u,\"ring\":\"%s\",\"workers\":%d,"
 		"\"ops\":%lu,\"seed\":%lu,\"allocs\":%llu,\"frees\":%llu,\"elapsed_ns\":%llu,"
-		"\"warmup\":%lu,\"warm_allocs\":%llu,\"warm_frees\":%llu,\"window\":%d}\n",
+		"\"warmup\":%lu,\"warm_allocs\":%llu,\"warm_frees\":%llu,\"window\":%d,"
+		"\"lockstep\":%d,\"steps\":%lu}\n",
 		r->id, status, k, r->cache ? cache_name : "kmalloc", r->cache ? 1 : 0, r->size,
 		r->ksize, ring_kind, r->nw, r->ops, seed, (unsigned long long)allocs,
 		(unsigned long long)frees, (unsigned long long)elapsed, r->warmup,
-		(unsigned long long)warm_allocs, (unsigned long long)warm_frees, r->resumed);
+		(unsigned long long)warm_allocs, (unsigned long long)warm_frees, r->resumed,
+		r->lockstep ? 1 : 0, r->ls_gen);
 }
 
 static const char *lab_kind_name(const char *k)
@@ -958,6 +1044,9 @@ static int lab_run_once(void)
 	r->work_ns = work_ns;
 	r->timed = time_calls;
 	r->spin = idle_spin;
+	r->lockstep = lockstep;
+	spin_lock_init(&r->ls_lock);
+	init_waitqueue_head(&r->ls_wq);
 	r->long_ns = long_ns;
 	init_completion(&r->go);
 
@@ -991,6 +1080,7 @@ static int lab_run_once(void)
 	}
 	r->nw = na + nb;
 	r->na = na;
+	r->ls_n = r->nw;
 	r->w = vzalloc(sizeof(*r->w) * r->nw);
 	if (!r->w) {
 		err = -ENOMEM;

@@ -43,6 +43,12 @@ def register(subparsers) -> None:
                    help="wall-clock limit per boot attempt (default 300)")
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                    help="qemu accelerator (auto: KVM where a probe boot works)")
+    p.add_argument("--schedule", choices=("free", "lockstep"),
+                   help="(run) how the lab module's workers run in the counted window: "
+                        "'free' (default) as fast as their vCPUs go, an idle worker "
+                        "sleeping a tick; 'lockstep' one op or none each per step at a "
+                        "barrier, the model's schedule (accelerator label "
+                        "lab-tcg-lockstep)")
     p.add_argument("--repredict", action="store_true",
                    help="(show) the stored measurements beside today's model, predicted "
                         "again under each record's kernel profile")
@@ -67,9 +73,9 @@ def _lab(args) -> int:
     if args.repredict:
         raise SlabtuneError("--repredict: only with 'lab show RUN'")
     if args.resume is not None:
-        if args.configs or args.kernel:
-            raise SlabtuneError("--resume: takes the configs and kernels of the run; give "
-                                "no CONFIG or --kernel")
+        if args.configs or args.kernel or args.schedule:
+            raise SlabtuneError("--resume: takes the configs, kernels and schedule of the "
+                                "run; give no CONFIG, --kernel or --schedule")
         configs, kernels = [], []
     else:
         if not args.configs:
@@ -82,7 +88,8 @@ def _lab(args) -> int:
         raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
     output_dir("--out", args.out)
     res = lab.run_lab(configs, kernels, out_dir=args.out, ray_address=args.ray_address,
-                      timeout_s=args.timeout, accel=args.accel, resume=args.resume)
+                      timeout_s=args.timeout, accel=args.accel, resume=args.resume,
+                      schedule=args.schedule or "free")
     _print(args, res)
     return 1 if res.failed else 0
 
@@ -97,7 +104,8 @@ def _show(args) -> int:
         raise SlabtuneError("lab show: give exactly one RUN")
     extra = [n for n, v in (("--kernel", args.kernel), ("--resume", args.resume),
                             ("--ray-address", args.ray_address),
-                            ("--timeout", args.timeout)) if v]
+                            ("--timeout", args.timeout), ("--schedule", args.schedule))
+             if v]
     if extra:
         raise SlabtuneError(f"lab show: {extra[0]} does not apply to show")
     input_dir("--out", args.out)

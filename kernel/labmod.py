@@ -309,8 +309,9 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
     worker in the counted window; ``warmup``: ops per allocating worker before it (0: no
     warm-up); ``seed``: the module's generator seed; ``ring``: lockless or spinlock;
     ``lockstep``: the module's step barrier in the counted window (every worker one op or
-    none per step, the model's schedule; free-running workers sleep a tick when idle, and
-    returns pile up meanwhile).
+    none per step, the model's schedule, and ``ops`` counts steps there, so every
+    allocating worker runs the same ``ops`` steps as each rep of the model does;
+    free-running workers sleep a tick when idle, and returns pile up meanwhile).
     """
     if not isinstance(workload_doc, Mapping):
         raise LabError("workload: must be a table")

@@ -20,9 +20,10 @@ is compared here.
 
 The schedule (:data:`SCHEDULES`): ``free`` lets the module's workers run as fast as their
 vCPUs go, a worker with nothing to do sleeping a tick; ``lockstep`` puts them on the
-module's step barrier in the counted window, one op or none each per step, the schedule
-the model simulates.  A lockstep run's accelerator label ends in ``-lockstep``
-(``lab-tcg-lockstep``), so its rows never pool with free-running ones unnoticed.
+module's step barrier in the counted window, one op or none each per step for the
+config's ``steps`` steps, the schedule the model simulates.  A lockstep run's
+accelerator label ends in ``-lockstep`` (``lab-tcg-lockstep``), so its rows never pool
+with free-running ones unnoticed.
 """
 
 from __future__ import annotations

@@ -38,8 +38,9 @@
  *
  * Schedule: free-running by default (a worker with nothing to do spins 64 times, then
  * sleeps); lockstep=1 puts every worker on a step barrier in the counted window, one op
- * or none per step, the model's schedule (lab_ls_wait()); "steps" in the done record
- * counts the barrier's steps.
+ * or none per step, the model's schedule (lab_ls_wait()), and an allocating worker's
+ * `ops` then counts steps, idle ones included, so all stop at the same step; "steps" in
+ * the done record counts the barrier's steps.
  *
  * A worker stops allocating after `ops` ops (allocations plus frees) and keeps freeing
  * what reaches it until no worker allocates any more and its rings are empty; workers
@@ -178,7 +179,8 @@ MODULE_PARM_DESC(idle_spin, "1: a worker with nothing to do spins, never sleeps"
 static bool lockstep;
 module_param(lockstep, bool, 0644);
 MODULE_PARM_DESC(lockstep, "1: in the counted window every worker does at most one op per "
-		 "step and waits for the others at a barrier (the model's schedule)");
+		 "step and waits for the others at a barrier (the model's schedule); ops "
+		 "counts steps there");
 static bool autorun = true;
 module_param(autorun, bool, 0444);
 MODULE_PARM_DESC(autorun, "run once at load");
@@ -724,8 +726,14 @@ static int lab_worker_fn(void *arg)
 				break;
 		}
 		if (w->in_step) {
-			/* one step: this op (or none), its work, then the others' */
-			if (op && allocating)
+			/*
+			 * one step: this op (or none), its work, then the others'.  The budget
+			 * counts steps here, as the model runs every CPU for `steps` steps:
+			 * counting ops, a CPU with more to do per step (an interrupt CPU that
+			 * frees for three) ran out of ops first and the rest of the window
+			 * ran without its allocations
+			 */
+			if (allocating)
 				done_ops++;
 			if (op && r->work_ns)
 				ndelay(r->work_ns);

@@ -47,8 +47,8 @@ def register(subparsers) -> None:
                    help="(run) how the lab module's workers run in the counted window: "
                         "'free' (default) as fast as their vCPUs go, an idle worker "
                         "sleeping a tick; 'lockstep' one op or none each per step at a "
-                        "barrier, the model's schedule (accelerator label "
-                        "lab-tcg-lockstep)")
+                        "barrier for the config's steps, the model's schedule "
+                        "(accelerator label lab-tcg-lockstep)")
     p.add_argument("--repredict", action="store_true",
                    help="(show) the stored measurements beside today's model, predicted "
                         "again under each record's kernel profile")

@@ -16,7 +16,8 @@ What it models and how it maps to mm/slub.c is written up in docs/MODEL.md; the 
   counts those of them that sit in the allocating rep's current CPU slab, so a free goes
   back to the slab its object came from: the allocating CPU's slab while it is still that
   CPU's slab (a fast free for the CPU itself, a free into a frozen slab for another CPU),
-  else one of the slabs it used before.
+  else one of the slabs it used before.  Each (allocating, freeing) pair is a FIFO queue
+  (:func:`fifo_split`): the objects of the current CPU slab, the youngest, go last.
 * Runs: in a step each rep does a run of up to ``SimConfig.ops_per_step`` (b) operations of
   one kind, computed in closed form (piecewise-linear integer transitions); random picks
   within a run are counts by systematic sampling, which for b = 1 is the single pick, so
@@ -1124,25 +1125,36 @@ def _free_run(cx: _Ctx, k: _Rep, cfg: SimConfig, nf):
     cx.bump("sheaf_free_replace", full_main)
 
 
+def fifo_split(k, pend, pend_cs):
+    """How ``k`` frees of one (allocating, freeing) pair's ``pend`` objects in flight split
+    into ``(old, cs)``: objects of the allocator's earlier slabs and objects of its current
+    CPU slab (``pend_cs`` of them).  The workload, no kernel function: a pair's objects go
+    back in the order they were allocated (a socket's skbs, a block queue's requests, a
+    pipe's messages; the lab module's rings, native/lab/slabtune_lab.c, are FIFO), so the
+    current CPU slab's objects, the youngest, are freed last.  With more objects in flight
+    than a slab holds, frees seldom reach the CPU slab they came from, and an allocator
+    whose CPU slab runs dry finds few objects freed back into it (6.1 ___slab_alloc()
+    get_freelist(), ``alloc_refill``); drawing uniformly over the pending objects had sent
+    half of a block I/O submitter's completions to its current CPU slab: lab bio on 4 CPUs
+    of one node, 6.1, 82.7% of allocations fast against 92.3% measured (93.1% FIFO)."""
+    old = jnp.minimum(k, pend - pend_cs)
+    return old, k - old
+
+
 def _pick_pending(cx: _Ctx, k: _Rep, nf):
     """Which of rep ``cx.r``'s pending objects its ``nf`` frees take (the workload, no
-    kernel function), drawn uniformly: systematic points (offset from ``w1``) over the
-    origin segments.  Returns per origin rep (R, B) the objects still in its CPU slab
-    ``k_cs``, the others ``k_ot`` and their sum ``k_all``, and ``rem``: the origins whose
-    objects are remote to the freeing CPU (slab node against its numa_mem_id() as the
-    v7.0 sheaf test sees it; v7.1 lets memoryless CPUs use their memory node); counts the
-    remote frees."""
+    kernel function): systematic points (offset from ``w1``) over the origins' objects
+    in flight, then per origin the oldest first (:func:`fifo_split`).  Returns per origin
+    rep (R, B) the objects still in its CPU slab ``k_cs``, the others ``k_ot`` and their
+    sum ``k_all``, and ``rem``: the origins whose objects are remote to the freeing CPU
+    (slab node against its numa_mem_id() as the v7.0 sheaf test sees it; v7.1 lets
+    memoryless CPUs use their memory node); counts the remote frees."""
     st, d, r, w1 = cx.st, cx.d, cx.r, k.w1
-    # which pending objects: systematic points over the segments (origin 0 in its CPU
-    # slab, origin 0 elsewhere, origin 1 in its CPU slab, ...)
+    # which origins: systematic points over their objects in flight to this rep
     col = st["pend"][:, r]
-    col_cs = st["pend_cs"][:, r]
-    seg = jnp.stack([col_cs, col - col_cs], axis=1).reshape((2 * R,) + col.shape[1:])
     T = jnp.maximum(cx.row("pend_tot"), 1)
-    k2 = _counts(_systematic(_cumsum(seg), nf, _i(w1 >> 1) % T, T, d["max_run"]))
-    k2 = k2.reshape((R, 2) + col.shape[1:])
-    k_cs, k_ot = k2[:, 0], k2[:, 1]
-    k_all = k_cs + k_ot
+    k_all = _counts(_systematic(_cumsum(col), nf, _i(w1 >> 1) % T, T, d["max_run"]))
+    k_ot, k_cs = fifo_split(k_all, col, st["pend_cs"][:, r])
     rem = d["mem_node"] != d["local_node"][r]
     cx.bump("remote_free", jnp.sum(jnp.where(rem, k_all, 0), axis=0))
     return k_cs, k_ot, k_all, rem

@@ -364,26 +364,29 @@ class RefSim:
 
     def free_run(self, r: int, n: int, w1: int, w2: int):
         """``n`` frees, one at a time, in the run's fixed order (docs/MODEL.md): which
-        pending objects (systematic points over the origin segments), then the sheaf
+        pending objects (systematic points over the origins, oldest first within one),
+        then the sheaf
         frees, the frees of objects still in their origin's CPU slab, and per node class
         the frees into slabs by destination (systematic points over the slab sizes taken
         at the start of the run)."""
         T = max(self.pend_tot[r], 1)
         u = (w1 >> 1) % T
-        segs = []
-        for i in range(R):
-            a = self.pend_cs[i][r]
-            segs += [(i, True, a), (i, False, self.pend[i][r] - a)]
-        picks = []
+        k_of = [0] * R
         for q in range(n):
             p = (u + q * T) // n
-            acc, pick = 0, (R - 1, False)
-            for i, cs, size in segs:
-                if p < acc + size:
-                    pick = (i, cs)
+            acc, pick = 0, R - 1
+            for i in range(R):
+                if p < acc + self.pend[i][r]:
+                    pick = i
                     break
-                acc += size
-            picks.append(pick)
+                acc += self.pend[i][r]
+            k_of[pick] += 1
+        # oldest first within an origin (dynamics.fifo_split): the objects of its earlier
+        # slabs, then those of its current CPU slab
+        picks = []
+        for i in range(R):
+            old = min(k_of[i], self.pend[i][r] - self.pend_cs[i][r])
+            picks += [(i, False)] * old + [(i, True)] * (k_of[i] - old)
         # the slab sizes as the run starts, of the node classes its objects come from
         m = self.mem[r]
         nodes = {self.mem[i] for i, cs in picks if not cs} | ({m} if self.cs_sheaf else set())

@@ -574,23 +574,32 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
     int64_t T = S->pend_tot[r] > 1 ? S->pend_tot[r] : 1;
     int64_t u = (int64_t)(w1 >> 1) % T;
     int used[N] = {0};
+    int k_of[R] = {0};
     for (int q = 0; q < n; q++) {
         int64_t p = (u + (int64_t)q * T) / n, acc = 0;
-        int po = R - 1, pc = 0;
-        for (int i = 0; i < 2 * R; i++) {
-            int a = S->pend_cs[i >> 1][r];
-            int size = (i & 1) ? S->pend[i >> 1][r] - a : a;
-            if (p < acc + size) {
-                po = i >> 1;
-                pc = !(i & 1);
+        int po = R - 1;
+        for (int i = 0; i < R; i++) {
+            if (p < acc + S->pend[i][r]) {
+                po = i;
                 break;
             }
-            acc += size;
+            acc += S->pend[i][r];
         }
-        pick_o[q] = po;
-        pick_cs[q] = (int8_t)pc;
-        if (!pc)
-            used[S->mem[po]] = 1;
+        k_of[po] += 1;
+    }
+    /* oldest first within an origin (dynamics.fifo_split): the objects of its earlier
+     * slabs, then those of its current CPU slab */
+    int q = 0;
+    for (int i = 0; i < R; i++) {
+        int old = S->pend[i][r] - S->pend_cs[i][r];
+        if (old > k_of[i])
+            old = k_of[i];
+        for (int x = 0; x < k_of[i]; x++, q++) {
+            pick_o[q] = i;
+            pick_cs[q] = (int8_t)(x >= old);
+            if (x < old)
+                used[S->mem[i]] = 1;
+        }
     }
     /* the slab sizes as the run starts, of the node classes its objects come from */
     if (S->cs_sheaf)

@@ -365,10 +365,9 @@ class RefSim:
     def free_run(self, r: int, n: int, w1: int, w2: int):
         """``n`` frees, one at a time, in the run's fixed order (docs/MODEL.md): which
         pending objects (systematic points over the origins, oldest first within one),
-        then the sheaf
-        frees, the frees of objects still in their origin's CPU slab, and per node class
-        the frees into slabs by destination (systematic points over the slab sizes taken
-        at the start of the run)."""
+        then the sheaf frees, the frees of objects still in their origin's CPU slab, and
+        per node class the frees into slabs by destination (systematic points over the
+        slab sizes taken at the start of the run)."""
         T = max(self.pend_tot[r], 1)
         u = (w1 >> 1) % T
         k_of = [0] * R

@@ -594,11 +594,11 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
         int old = S->pend[i][r] - S->pend_cs[i][r];
         if (old > k_of[i])
             old = k_of[i];
+        if (old > 0)
+            used[S->mem[i]] = 1;
         for (int x = 0; x < k_of[i]; x++, q++) {
             pick_o[q] = i;
             pick_cs[q] = (int8_t)(x >= old);
-            if (x < old)
-                used[S->mem[i]] = 1;
         }
     }
     /* the slab sizes as the run starts, of the node classes its objects come from */

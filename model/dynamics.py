@@ -135,6 +135,11 @@ class SimConfig(NamedTuple):
     #: SLAB's view only, 1: the objects a refill, flush or drain moves are moved under
     #: the list_lock (SLUB moves a sheaf's outside it).
     objects_under_list_lock: Any = np.float32(0.0)
+    #: __slab_free() discards a slab it has just emptied when its node holds at least
+    #: ``min_partial + free_discard_offset`` partial slabs: 0 from v4 (``>=``), 1 in v3.1
+    #: (``>``), ``-min_partial`` before v3.1, which discarded every slab it emptied
+    #: (profiles.KernelProfile.slab_free_discard_at).
+    free_discard_offset: Any = np.int32(0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -291,6 +296,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         ops_per_step=_scalar(b),
         slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
         pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
+        free_discard_offset=_scalar(profile.slab_free_discard_at(mp) - mp),
     )
 
 
@@ -650,7 +656,7 @@ class _Rep(NamedTuple):
     capm: Any       # max(cap, 1), a divisor
     sheaves: Any    # cap > 0
     cps: Any        # cpu_partial_slabs (0: no per-CPU partial list)
-    mp: Any         # min_partial
+    mp: Any         # min_partial as __slab_free() applies it (``free_mp``)
     w0: Any         # random word: the run's kind
     w1: Any         # random word: freeing reps of an allocation run, pending objects freed
     w2: Any         # random word: slabs a free run's objects come from
@@ -670,7 +676,7 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     capm = jnp.maximum(cap, 1)
     sheaves = cap > 0
     cps = _i(cfg.cpu_partial_slabs)
-    mp = d["min_partial"]
+    mp = d["free_mp"]
     w0, w1, w2 = w[0], w[1], w[2]
     m = d["mem_node"][r]
     own = d["node"][r]
@@ -1399,10 +1405,11 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
     per-CPU partial list the slab is added to the tail of the node's partial list under
     its list_lock (add_partial(..., DEACTIVATE_TO_TAIL), 6.1; ADD_TO_TAIL, 7.2), at the
     top fill level (``objs - 1`` objects; with one object per slab the now empty slab is
-    freed, discard_slab(), once the node keeps min_partial).  Frees beyond a node's full
-    slabs go into the slabs the run has just made partial, at the top level: this CPU's
-    per-CPU partial slabs of that node while they hold objects (:func:`_pc_walk`), else
-    the node's list (:func:`_part_frees`); with one op per run there are none."""
+    freed, discard_slab(), once the node keeps min_partial: ``free_mp``).  Frees beyond
+    a node's full slabs go into the slabs the run has just made partial, at the top
+    level: this CPU's per-CPU partial slabs of that node while they hold objects
+    (:func:`_pc_walk`), else the node's list (:func:`_part_frees`); with one op per run
+    there are none."""
     st, objs, cps, mp, m = cx.st, k.objs, k.cps, k.mp, k.m
     on_cls, from_cls = lay.on_cls, lay.from_cls
     top = cx.d["top"]
@@ -1480,9 +1487,11 @@ def _part_frees(cx: _Ctx, xh, x, on_cls, from_cls):
     into its slabs of level k (:func:`_cascade`).  A free that takes a slab's last object
     takes the list_lock and discards the slab while the node keeps at least min_partial
     partial slabs (__slab_free(): ``!new.inuse && n->nr_partial >= s->min_partial``, 6.1
-    to 7.2; a kept empty slab stays where it is, level 0).  Worked out on the node classes
-    the frees can reach (``on_cls``/``from_cls`` of :func:`_pick_classes`)."""
-    st, mp = cx.st, cx.d["min_partial"]
+    to 7.2; ``>`` in v3.1; every such slab before v3.1: ``free_mp``, SimConfig
+    .free_discard_offset; a kept empty slab stays where it is, level 0).  Worked out on
+    the node classes the frees can reach (``on_cls``/``from_cls`` of
+    :func:`_pick_classes`)."""
+    st, mp = cx.st, cx.d["free_mp"]
     S = on_cls(_node_total(st))
     hs, hu = on_cls(st["hs"]), on_cls(st["hu"])
     xh = on_cls(xh)
@@ -1772,6 +1781,8 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         top=_level_of(objs - 1, _levels(objs)),
         pc_empty_locks=cfg.pc_empty_locks > 0,
         min_partial=_i(cfg.min_partial),
+        # the partial slabs at which __slab_free() discards a slab it empties
+        free_mp=_i(cfg.min_partial) + _i(cfg.free_discard_offset),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),
         max_run=form.alloc,

@@ -17,7 +17,9 @@ Sources, all restated from mm/slub.c of the version named:
   ``num_present_cpus()``, or ``nr_cpu_ids`` when that is <= 1.
 * ``min_partial``: a static MIN_PARTIAL (5) in v2.6.27; ilog2(size) clamped to [5, 10] from
   the 2008 dynamic per-cache patch (seed slub-dynamic-min-partial-2008); ilog2(size) / 2
-  clamped to [5, 10] in current kernels.
+  clamped to [5, 10] in current kernels.  Where __slab_free() applies it changed:
+  :meth:`KernelProfile.slab_free_discard_at` (no test before v3.1, ``>`` in v3.1, ``>=``
+  later).
 * per-CPU partial lists: v3.2 to v6.18.  Before v5.16 the limit was counted in objects with
   the table 2/6/13/30; v5.16 moved to a slab count derived from 6/24/52/120 objects.
 * sheaves: opt-in per cache (explicit capacity) in v6.18; every cache but the two bootstrap
@@ -163,6 +165,24 @@ class KernelProfile:
         __slab_free() (``!new.inuse`` with ``prior`` and not ``was_frozen``; 6.12.117
         mm/slub.c), where a frozen one (v3.2 to v6.7) took no lock."""
         return self.has_cpu_partial and self.version >= (6, 8)
+
+    def slab_free_discard_at(self, min_partial: int) -> int:
+        """How many partial slabs a node must hold for __slab_free() to discard a slab
+        that a free has just emptied (the slab itself counted when it is on the list).
+
+        Before v3.1 __slab_free() discarded every slab it emptied (``slab_empty:``
+        remove_partial() and discard_slab(), no test: mm/slub.c of 2.6.22 to 2.6.3x, and
+        the 2008 seed's patch touches min_partial only in unfreeze_slab() and
+        get_any_partial()), so min_partial only kept empty CPU slabs a deactivation
+        handed back.  v3.1's lockless __slab_free() ("slub: Rework allocator fastpaths",
+        March 2011) keeps the slab while ``n->nr_partial > s->min_partial`` is false, as
+        3.2 does; the test reads ``n->nr_partial >= s->min_partial`` in the 4.x sources
+        and in 6.1 to 7.2 (the profiles from v5.10 on)."""
+        if self.version < (3, 1):
+            return 0
+        if self.version < (4, 0):
+            return min_partial + 1
+        return min_partial
 
     @property
     def has_cpu_slab(self) -> bool:

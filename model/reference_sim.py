@@ -43,6 +43,8 @@ class RefSim:
         self.cap = int(c["sheaf_capacity"])
         self.cpu_slab = int(c["cpu_slab"]) > 0
         self.min_partial = int(c["min_partial"])
+        # the partial slabs at which __slab_free() discards a slab it empties
+        self.free_mp = self.min_partial + int(c["free_discard_offset"])
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
         self.bypass = int(c["remote_free_bypasses_sheaf"]) > 0
         self.single = int(c["slab_alloc_single"]) > 0
@@ -168,9 +170,10 @@ class RefSim:
     def _node_empty(self, r: int, n: int):
         """A slab of node ``n``'s partial list has just emptied (it is counted on level 0):
         __slab_free() takes the list_lock and discards it when the node keeps at least
-        min_partial partial slabs (mm/slub.c, every version here)."""
+        min_partial partial slabs (``>=`` from v4, ``>`` in v3.1, every one before:
+        ``free_mp``)."""
         self._lock(r, n)
-        if self._node_slabs(n) >= self.min_partial:
+        if self._node_slabs(n) >= self.free_mp:
             self.ns[n][0] -= 1
             self._bump("slab_free", r)
 
@@ -660,7 +663,7 @@ class RefSim:
             self._add_pc(r, self.objs - 1, remote)
             return
         self._lock(r, n)
-        if self.objs == 1 and self._node_slabs(n) >= self.min_partial:
+        if self.objs == 1 and self._node_slabs(n) >= self.free_mp:
             self._bump("slab_free", r)
         else:
             self.ns[n][self.top] += 1

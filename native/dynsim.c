@@ -33,7 +33,7 @@ enum { C_OPS, C_ALLOCS, C_FREES, C_ALLOC_FAST, C_ALLOC_SLOW, C_FREE_FAST, C_FREE
 /* config row: scalars, then per-rep and per-node arrays (sweeps/dynsim.py CFG_FIELDS) */
 enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SINGLE,
        F_PC_EMPTY_LOCKS, F_MAX_FULL, F_MAX_EMPTY, F_USE_SH, F_FALLBACK, F_BARNS, F_B,
-       F_REP_NODE, F_REP_MEM = F_REP_NODE + R, F_REP_MEMLESS = F_REP_MEM + R,
+       F_FREE_OFF, F_REP_NODE, F_REP_MEM = F_REP_NODE + R, F_REP_MEMLESS = F_REP_MEM + R,
        F_NODE_HAS_MEM = F_REP_MEMLESS + R, F_ALLOC_P = F_NODE_HAS_MEM + N,
        F_FREE_CUM = F_ALLOC_P + R, F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R,
        F_ACTIVE = F_BURST + R, NCFG = F_ACTIVE + R };
@@ -47,7 +47,7 @@ typedef struct { int8_t kind, k, lv; int64_t size; } seg_t;
 
 typedef struct {
     /* configuration */
-    int objs, cap, cpu_slab, min_partial, cpu_partial_slabs, bypass, single;
+    int objs, cap, cpu_slab, min_partial, free_mp, cpu_partial_slabs, bypass, single;
     int pc_empty_locks, max_full, max_empty, b, cs_sheaf;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R];
     int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
@@ -134,7 +134,7 @@ static inline int node_slabs(const sim_t *S, int n) { return sum_lv(S->ns[n]) + 
 static void node_empty(sim_t *S, int r, int n)
 {
     lock_(S, r, n, 1);
-    if (node_slabs(S, n) >= S->min_partial) {
+    if (node_slabs(S, n) >= S->free_mp) {
         S->ns[n][0] -= 1;
         bump(S, C_SLAB_FREE, r, 1);
     }
@@ -435,7 +435,7 @@ static void slab_free(sim_t *S, int r, int n, const seg_t *dest)
         return;
     }
     lock_(S, r, n, 1);
-    if (S->objs == 1 && node_slabs(S, n) >= S->min_partial) {
+    if (S->objs == 1 && node_slabs(S, n) >= S->free_mp) {
         bump(S, C_SLAB_FREE, r, 1);
     } else {
         S->ns[n][S->top] += 1;
@@ -752,6 +752,7 @@ static void init(sim_t *S, const int32_t *c)
     S->cap = c[F_CAP];
     S->cpu_slab = c[F_CPU_SLAB] > 0;
     S->min_partial = c[F_MIN_PARTIAL];
+    S->free_mp = c[F_MIN_PARTIAL] + c[F_FREE_OFF];
     S->cpu_partial_slabs = c[F_CPU_PARTIAL];
     S->bypass = c[F_BYPASS] > 0;
     S->single = c[F_SINGLE] > 0;

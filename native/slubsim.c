@@ -13,7 +13,9 @@
  *     full slab partial puts it there without the list_lock; overflowing drains the list
  *     to the node partial lists (__put_partials), discarding empties beyond min_partial;
  *   - node partial lists under list_lock with min_partial: a free that empties a slab on
- *     the node list discards it once the node keeps min_partial partial slabs;
+ *     the node list discards it once the node keeps min_partial + free_discard_offset
+ *     partial slabs (0: the >= test from v4; 1: v3.1's >; -min_partial: before v3.1,
+ *     which discarded every slab __slab_free() emptied);
  *   - sheaves (main and spare per CPU, capacity sheaf_capacity) and barns (full and empty
  *     sheaves per node, bounded) as in v6.18/v7.0: refill from slabs under list_lock, flush
  *     back when the barn is full; a free of an object from another node than the CPU's
@@ -61,7 +63,7 @@
 struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
 	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
-	long slab_alloc_single, pc_empty_locks;
+	long slab_alloc_single, pc_empty_locks, free_discard_offset;
 	long steps, seed, sync_every, serial, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
 	long time_ops, pin_cpu;
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
@@ -95,6 +97,7 @@ static const struct key KEYS[] = {
 	{"remote_free_bypasses_sheaf", K_INT, OFF(remote_free_bypasses_sheaf), 0, 1, 0, 0},
 	{"slab_alloc_single", K_INT, OFF(slab_alloc_single), 0, 1, 0, 0},
 	{"pc_empty_locks", K_INT, OFF(pc_empty_locks), 0, 1, 1, 0},
+	{"free_discard_offset", K_INT, OFF(free_discard_offset), -(1 << 20), 1, 0, 0},
 	{"partial_fill", K_INT, OFF(partial_fill), 0, 1, 1, 0},
 	{"partial_pick", K_INT, OFF(partial_pick), 0, 1, 0, 0},
 	{"steps", K_INT, OFF(steps), 1, 100000000, 1000, 0},
@@ -757,7 +760,7 @@ static void slab_free_slow(struct cpu *cpu, struct slab *s, void *obj)
 		unlock_node(locked);
 		return;
 	}
-	if (newinuse == 0 && nodes[locked].nr_partial >= C.min_partial) {
+	if (newinuse == 0 && nodes[locked].nr_partial >= C.min_partial + C.free_discard_offset) {
 		if (prior)
 			remove_partial(locked, s);
 		s->where = W_NONE;

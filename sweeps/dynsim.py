@@ -39,7 +39,8 @@ CFG_FIELDS = (
     ("cpu_partial_slabs", 1), ("remote_free_bypasses_sheaf", 1), ("slab_alloc_single", 1),
     ("pc_empty_locks", 1), ("barn_max_full", 1), ("barn_max_empty", 1),
     ("memoryless_cpus_use_sheaves", 1), ("memoryless_fallback", 1), ("barns", 1),
-    ("ops_per_step", 1), ("rep_node", R), ("rep_mem_node", R), ("rep_memoryless", R),
+    ("ops_per_step", 1), ("free_discard_offset", 1), ("rep_node", R), ("rep_mem_node", R),
+    ("rep_memoryless", R),
     ("node_has_memory", N), ("alloc_p", R), ("free_cum", R * R), ("live_target", R),
     ("burst", R), ("active", R),
 )

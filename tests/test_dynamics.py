@@ -163,6 +163,25 @@ def test_slabs_are_freed_only_beyond_min_partial():
     assert drop["slabs_total"].sum() < keep["slabs_total"].sum()
 
 
+def test_before_3_1_slab_free_discards_every_slab_it_empties():
+    """__slab_free() of v2.6.27 discards a slab it empties whatever the node keeps (its
+    ``slab_empty:`` label has no min_partial test; the 2008 seed's patch changes
+    min_partial only in unfreeze_slab() and get_any_partial()).  So on one node with a
+    per-CPU slab that deactivates full, min_partial 1000 keeps no empty slab, and the
+    2008 scenario's static and dynamic arms run alike; v3.1's ``nr_partial >
+    min_partial`` keeps them."""
+    wl = {"kind": "local", "live": 400, "burst": 400}
+    old, cfg = _run("v2.6.27", ONE_NODE, wl, min_partial=1000)
+    assert int(cfg.min_partial) + int(cfg.free_discard_offset) == 0
+    assert old["slab_free"].sum() > 10
+    assert old["empty_slabs_kept"].sum() == 0
+    kept, cfg31 = _run("v3.1", ONE_NODE, wl, min_partial=1000)
+    assert int(cfg31.free_discard_offset) == 1
+    assert kept["slab_free"].sum() == 0 and kept["empty_slabs_kept"].sum() > 1
+    five, _ = _run("v2.6.27", ONE_NODE, wl, min_partial=5)
+    assert all(np.array_equal(five[k], old[k]) for k in old)
+
+
 @pytest.mark.parametrize("profile,wl", [
     ("v3.1", {"kind": "producer_consumer"}),
     ("v6.1", {"kind": "request_response", "threads": 32}),

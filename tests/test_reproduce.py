@@ -68,14 +68,15 @@ HACKBENCH_COLLAPSE_MISSING = (
 #: Rows whose direction the model does not give today, and the mechanism missing.
 OPEN_DIRECTIONS: dict = {
     "netio sys time (avg of 50), dynamic vs static min_partial":
-        "no difference (1.00x against 0.87x): min_partial matters only where slabs empty "
-        "on the node's partial list, and the local churn's frees, oldest first "
-        "(dynamics.fifo_split), empty a CPU's oldest slab one after another, while the "
-        "model spreads a node level's frees evenly over its slabs (two levels: none empties "
-        "until the level averages one object per slab); it needs the node list walked one "
-        "slab at a time for a FIFO pair, as the per-CPU list's draining slab is (before "
-        "the frees were oldest first, uniform picks freed objects of the CPU slab and the "
-        "row agreed, 0.967x)",
+        "no difference (1.00x against 0.87x), and none is possible under 2.6.27's rules "
+        "on one node: its __slab_free() discards every slab it empties (no min_partial "
+        "test before v3.1, profiles.KernelProfile.slab_free_discard_at), so min_partial "
+        "only decides whether unfreeze_slab() keeps an empty CPU slab (a CPU slab "
+        "deactivates full unless a flush or a node mismatch takes it early) and whether "
+        "get_any_partial() may take from another node; both arms run the same paths. The "
+        "published means carry the static arm's outliers (sd 2.28 s, max 16.95 s against "
+        "0.29 and 8.64; minima 7.42 and 7.17 s). The model agreed before only because "
+        "it applied 6.1's __slab_free() test to 2.6.27",
 }
 
 

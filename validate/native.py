@@ -95,6 +95,7 @@ class NativeConfig:
     remote_free_bypasses_sheaf: int
     slab_alloc_single: int
     pc_empty_locks: int
+    free_discard_offset: int
     nodes: int
     rep_node: tuple[int, ...]
     rep_mem_node: tuple[int, ...]
@@ -170,6 +171,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         remote_free_bypasses_sheaf=int(np.asarray(sim.remote_free_bypasses_sheaf)),
         slab_alloc_single=int(np.asarray(sim.slab_alloc_single)),
         pc_empty_locks=int(np.asarray(sim.pc_empty_locks)),
+        free_discard_offset=int(np.asarray(sim.free_discard_offset)),
         nodes=len(np.asarray(sim.node_has_memory)),
         rep_node=node,
         rep_mem_node=_ints(sim.rep_mem_node),

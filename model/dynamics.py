@@ -137,8 +137,8 @@ class SimConfig(NamedTuple):
     objects_under_list_lock: Any = np.float32(0.0)
     #: __slab_free() discards a slab it has just emptied when its node holds at least
     #: ``min_partial + free_discard_offset`` partial slabs: 0 from v4 (``>=``), 1 in v3.1
-    #: (``>``), ``-min_partial`` before v3.1, which discarded every slab it emptied
-    #: (profiles.KernelProfile.slab_free_discard_at).
+    #: (``>``), profiles.DISCARD_EVERY_EMPTIED before v3.1, which discarded every slab it
+    #: emptied (profiles.KernelProfile.slab_free_discard_offset).
     free_discard_offset: Any = np.int32(0)
 
 
@@ -296,7 +296,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         ops_per_step=_scalar(b),
         slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
         pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
-        free_discard_offset=_scalar(profile.slab_free_discard_at(mp) - mp),
+        free_discard_offset=_scalar(profile.slab_free_discard_offset),
     )
 
 

@@ -18,8 +18,8 @@ Sources, all restated from mm/slub.c of the version named:
 * ``min_partial``: a static MIN_PARTIAL (5) in v2.6.27; ilog2(size) clamped to [5, 10] from
   the 2008 dynamic per-cache patch (seed slub-dynamic-min-partial-2008); ilog2(size) / 2
   clamped to [5, 10] in current kernels.  Where __slab_free() applies it changed:
-  :meth:`KernelProfile.slab_free_discard_at` (no test before v3.1, ``>`` in v3.1, ``>=``
-  later).
+  :attr:`KernelProfile.slab_free_discard_offset` (no test before v3.1, ``>`` in v3.1,
+  ``>=`` later).
 * per-CPU partial lists: v3.2 to v6.18.  Before v5.16 the limit was counted in objects with
   the table 2/6/13/30; v5.16 moved to a slab count derived from 6/24/52/120 objects.
 * sheaves: opt-in per cache (explicit capacity) in v6.18; every cache but the two bootstrap
@@ -74,6 +74,9 @@ POINTER_BYTES = 8
 #: MAX_EMPTY_SHEAVES).
 BARN_MAX_FULL = 10
 BARN_MAX_EMPTY = 10
+#: KernelProfile.slab_free_discard_offset of kernels whose __slab_free() discards every
+#: slab it empties: min_partial plus this is below any partial-slab count.
+DISCARD_EVERY_EMPTIED = -(1 << 20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,9 +169,13 @@ class KernelProfile:
         mm/slub.c), where a frozen one (v3.2 to v6.7) took no lock."""
         return self.has_cpu_partial and self.version >= (6, 8)
 
-    def slab_free_discard_at(self, min_partial: int) -> int:
-        """How many partial slabs a node must hold for __slab_free() to discard a slab
-        that a free has just emptied (the slab itself counted when it is on the list).
+    @property
+    def slab_free_discard_offset(self) -> int:
+        """What __slab_free() adds to min_partial to get the partial slabs a node must
+        hold before it discards a slab a free has just emptied (the slab itself counted
+        when it is on the list): 0 for ``>=``, 1 for ``>``, and
+        :data:`DISCARD_EVERY_EMPTIED` where there is no test.  An offset, not a count, so
+        that it holds for any min_partial a policy sets.
 
         Before v3.1 __slab_free() discarded every slab it emptied (``slab_empty:``
         remove_partial() and discard_slab(), no test: mm/slub.c of 2.6.22 to 2.6.3x, and
@@ -179,10 +186,10 @@ class KernelProfile:
         3.2 does; the test reads ``n->nr_partial >= s->min_partial`` in the 4.x sources
         and in 6.1 to 7.2 (the profiles from v5.10 on)."""
         if self.version < (3, 1):
-            return 0
+            return DISCARD_EVERY_EMPTIED
         if self.version < (4, 0):
-            return min_partial + 1
-        return min_partial
+            return 1
+        return 0
 
     @property
     def has_cpu_slab(self) -> bool:

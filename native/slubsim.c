@@ -14,7 +14,7 @@
  *     to the node partial lists (__put_partials), discarding empties beyond min_partial;
  *   - node partial lists under list_lock with min_partial: a free that empties a slab on
  *     the node list discards it once the node keeps min_partial + free_discard_offset
- *     partial slabs (0: the >= test from v4; 1: v3.1's >; -min_partial: before v3.1,
+ *     partial slabs (0: the >= test from v4; 1: v3.1's >; -(1 << 20): before v3.1,
  *     which discarded every slab __slab_free() emptied);
  *   - sheaves (main and spare per CPU, capacity sheaf_capacity) and barns (full and empty
  *     sheaves per node, bounded) as in v6.18/v7.0: refill from slabs under list_lock, flush

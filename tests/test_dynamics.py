@@ -172,7 +172,8 @@ def test_before_3_1_slab_free_discards_every_slab_it_empties():
     min_partial`` keeps them."""
     wl = {"kind": "local", "live": 400, "burst": 400}
     old, cfg = _run("v2.6.27", ONE_NODE, wl, min_partial=1000)
-    assert int(cfg.min_partial) + int(cfg.free_discard_offset) == 0
+    assert int(cfg.free_discard_offset) == profiles.DISCARD_EVERY_EMPTIED
+    assert int(cfg.min_partial) + int(cfg.free_discard_offset) < 0
     assert old["slab_free"].sum() > 10
     assert old["empty_slabs_kept"].sum() == 0
     kept, cfg31 = _run("v3.1", ONE_NODE, wl, min_partial=1000)
@@ -180,6 +181,11 @@ def test_before_3_1_slab_free_discards_every_slab_it_empties():
     assert kept["slab_free"].sum() == 0 and kept["empty_slabs_kept"].sum() > 1
     five, _ = _run("v2.6.27", ONE_NODE, wl, min_partial=5)
     assert all(np.array_equal(five[k], old[k]) for k in old)
+    # a policy's min_partial replaces the config's (as the tuner's batches do) and the
+    # offset still means "every emptied slab"
+    tuned = dynamics.counters_numpy(dynamics.simulate(
+        jax.random.key(0), cfg._replace(min_partial=np.int32(5)), STEPS))
+    assert all(np.array_equal(tuned[k], old[k]) for k in old)
 
 
 @pytest.mark.parametrize("profile,wl", [

@@ -70,7 +70,7 @@ OPEN_DIRECTIONS: dict = {
     "netio sys time (avg of 50), dynamic vs static min_partial":
         "no difference (1.00x against 0.87x), and none is possible under 2.6.27's rules "
         "on one node: its __slab_free() discards every slab it empties (no min_partial "
-        "test before v3.1, profiles.KernelProfile.slab_free_discard_at), so min_partial "
+        "test before v3.1, profiles.KernelProfile.slab_free_discard_offset), so min_partial "
         "only decides whether unfreeze_slab() keeps an empty CPU slab (a CPU slab "
         "deactivates full unless a flush or a node mismatch takes it early) and whether "
         "get_any_partial() may take from another node; both arms run the same paths. The "

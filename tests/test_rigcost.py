@@ -145,8 +145,30 @@ def test_calibration_policies_cover_every_order_on_every_topology():
         (t, o) for t in "ab" for o in rigcost.CAL_ORDERS}
     assert all(p["slub_min_order"] == p["slub_max_order"] for _, p in pol)
     assert pol == rigcost.calibration_policies(10, 7, ["a", "b"])
+    # the first two passes pin a one-slab per-CPU partial list, with min_partial at each end
+    one_slab = min(v for v in rigcost.CAL_CPU_PARTIAL if v > 0)
+    assert all(p["cpu_partial"] == one_slab for _, p in first)
+    assert [p["min_partial"] for _, p in first] == (
+        [min(rigcost.CAL_MIN_PARTIAL)] * 5 + [max(rigcost.CAL_MIN_PARTIAL)] * 5)
     assert "cpu_partial" not in rigcost.calibration_policies(2, 7, ["a"],
                                                              has_cpu_partial=False)[0][1]
+
+
+def test_choose_calibration_brings_the_pairs_into_the_span():
+    """A pool whose early entries never separate a third event from the first two: a
+    pair that has it lies outside their span.  The choice takes the one pool entry that
+    brings it in, though it comes last, then the entries that add directions; with the
+    pool no larger than n, all of it."""
+    pool = [[1.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0],
+            [3.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    pair = [[1.0, 1.0, 1.0]]
+    assert rigcost.span_residual(pool[:5], pair) > 0.5
+    got = rigcost.choose_calibration(pool, pair, 3, first=1)
+    assert got[0] == 0 and 5 in got and len(got) == 3
+    assert rigcost.span_residual([pool[j] for j in got], pair) == pytest.approx(0.0, abs=1e-9)
+    # the pair spanned by the first entries: the rest adds the most new direction
+    assert rigcost.choose_calibration(pool, [[2.0, 0.0, 0.0]], 2, first=1) == [0, 2]
+    assert rigcost.choose_calibration(pool, pair, 6) == list(range(6))
 
 
 def test_rig_fit_needs_two_calibration_runs_and_keeps_the_failed_ones_listed():

@@ -86,10 +86,13 @@ def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> 
     cal_sims, cal = calibration_set(spec, [(t["topology"], s) for t, s in zip(tasks, sims)])
     every = sims + cal_sims
     simulated = simulate.simulate_specs(every)
-    preds = simulate.metrics_of(every, *simulated, cost)
-    prior = simulate.metrics_of(every, *simulated, prior_cost(cost))
     pcp_batch = float(cost.pcp_batch)
     feats = rigcost.features_of(every, pcp_batch, simulated)
+    preds = simulate.metrics_of(every, *simulated, cost)
+    prior = simulate.metrics_of(every, *simulated, prior_cost(cost))
+    n = len(sims)
+    pick = rigcost.choose_calibration(feats[n:], feats[:n], int(spec.native["calibration_runs"]),
+                                      first=len(rigcost.CAL_ORDERS))
     keep = ("ns_per_op", "throughput_ops_per_us", "alloc_fastpath_frac", "free_fastpath_frac",
             "order", "objs_per_slab", "min_partial", "cpu_partial")
     pairs = {t["index"]: {"spec_native": dict(spec.native),
@@ -98,8 +101,8 @@ def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> 
                                                "ns_per_op_prior": rigcost.model_pair_ns(pp),
                                                "rig_features": feats[i].tolist()}}}
              for i, (t, (doc, applied), pred, pp) in enumerate(zip(tasks, docs, preds, prior))}
-    n = len(sims)
-    for j, c in enumerate(cal):
+    cal = [cal[j] for j in pick]
+    for j, c in zip(pick, cal):
         c["features"] = feats[n + j].tolist()
         c["model"] = {k: preds[n + j][k] for k in keep}
     return {"pairs": pairs, "calibration": cal, "pcp_batch": pcp_batch}
@@ -107,11 +110,12 @@ def native_model_task(tasks: Sequence[dict], spec_text: str, spec_name: str) -> 
 
 def calibration_set(spec: ValidateSpec, pairs: Sequence[tuple[str, Any]]
                     ) -> tuple[list, list[dict]]:
-    """The rig's calibration configurations: the first ``calibration_runs`` of
+    """The pool the rig's calibration is chosen from
+    (:func:`slabtune.validate.rigcost.choose_calibration`): the entries of
     :func:`slabtune.validate.rigcost.calibration_policies` whose effective native
     configuration (:func:`slabtune.validate.rigcost.native_key`) is neither a validated pair's
-    (``pairs``: topology name and SimSpec of each) nor an earlier calibration's.  Returns
-    their SimSpecs and ``{"topology", "params", "doc", "key"}`` entries."""
+    (``pairs``: topology name and SimSpec of each) nor an earlier entry's.  Returns their
+    SimSpecs and ``{"topology", "params", "doc", "key"}`` entries."""
     from slabtune.sweeps import simconfig
     from slabtune.validate import native, rigcost
 
@@ -130,8 +134,6 @@ def calibration_set(spec: ValidateSpec, pairs: Sequence[tuple[str, Any]]
         taken.add(key)
         sims.append(sim)
         out.append({"topology": topo, "params": params, "doc": doc, "key": list(key)})
-        if len(out) == n:
-            break
     return sims, out
 
 

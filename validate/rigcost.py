@@ -57,13 +57,18 @@ def unit_tables(pcp_batch: float) -> list:
 
 def calibration_policies(n: int, seed: int, topologies: Sequence[str],
                          has_cpu_partial: bool = True) -> list[tuple[str, dict[str, int]]]:
-    """A seeded sequence of ``(topology, policy params)`` for calibration runs, at least
-    ``n`` long (callers drop those equal to a pair and keep the first ``n`` left): the
-    slab order pinned by ``slub_min_order = slub_max_order``, cycling through
-    :data:`CAL_ORDERS` and the topologies so every order runs on every topology, with
-    cpu_partial and min_partial drawn from :data:`CAL_CPU_PARTIAL` and
-    :data:`CAL_MIN_PARTIAL`.  Up to four times ``n`` distinct candidates are returned
-    (fewer only when the grid of topologies x values is smaller)."""
+    """A seeded pool of ``(topology, policy params)`` for calibration runs, at least ``n``
+    long, from which :func:`choose_calibration` takes ``n`` (callers first drop those equal
+    to a pair): the slab order pinned by ``slub_min_order = slub_max_order``, cycling
+    through :data:`CAL_ORDERS` and the topologies so every order runs on every topology.
+    The first two passes through the orders pin a per-CPU partial list of one slab (the
+    smallest nonzero cpu_partial, which drains whenever a CPU frees into a second slab:
+    a CPU's own frees stay on its own list, dynamics._own_first, so larger lists seldom
+    drain) with the smallest and then the largest min_partial (a drained slab that
+    empties goes to the page allocator, or stays on the node list); later entries draw
+    cpu_partial and min_partial from :data:`CAL_CPU_PARTIAL` and :data:`CAL_MIN_PARTIAL`.
+    Up to four times ``n`` distinct entries are returned (fewer only when the grid of
+    topologies x values is smaller)."""
     if n < 1:
         raise SlabtuneError(f"validate.native.calibration_runs: {n} must be at least 1")
     if not topologies:
@@ -77,15 +82,51 @@ def calibration_policies(n: int, seed: int, topologies: Sequence[str],
         tries += 1
         order = CAL_ORDERS[i % len(CAL_ORDERS)]
         topo = topologies[(i // len(CAL_ORDERS)) % len(topologies)]
+        pinned = i < 2 * len(CAL_ORDERS)
+        drawn_mp = int(rng.choice(CAL_MIN_PARTIAL))
         params = {"slub_min_order": order, "slub_max_order": order,
-                  "min_partial": int(rng.choice(CAL_MIN_PARTIAL))}
+                  "min_partial": (drawn_mp if not pinned else min(CAL_MIN_PARTIAL)
+                                  if i < len(CAL_ORDERS) else max(CAL_MIN_PARTIAL))}
         if has_cpu_partial:
-            params["cpu_partial"] = int(rng.choice(CAL_CPU_PARTIAL))
+            drawn = int(rng.choice(CAL_CPU_PARTIAL))
+            params["cpu_partial"] = (min(v for v in CAL_CPU_PARTIAL if v > 0)
+                                     if pinned else drawn)
         key = (topo, tuple(sorted(params.items())))
         if key not in seen:
             seen.add(key)
             out.append((topo, params))
     return out
+
+
+def choose_calibration(pool_features, pair_features, n: int, first: int = 0) -> list[int]:
+    """Indices of ``n`` pool entries to calibrate on (all of them when the pool is not
+    larger): the first ``first`` entries, then greedily the entry that brings the pairs'
+    features (``pair_features``) nearest the calibration's span (:func:`span_residual`),
+    and once they lie in it (or none brings them nearer), the entry farthest from the span
+    so far, which separates most constants for :func:`fit`; ties go to the earlier entry.
+    A random draw of calibration runs can miss what a validated configuration exercises
+    (its drains, or its page traffic relative to its slow paths), and then the pair's
+    prediction rests on constants no run separated."""
+    pool = np.asarray(pool_features, np.float64)
+    pairs = np.asarray(pair_features, np.float64).reshape(-1, pool.shape[-1])
+    if len(pool) <= n:
+        return list(range(len(pool)))
+    chosen = list(range(min(first, n)))
+    while len(chosen) < n:
+        rest = [j for j in range(len(pool)) if j not in chosen]
+        now = span_residual(pool[chosen], pairs) if chosen and len(pairs) else None
+        best = None
+        if now is not None and now > 1e-9:
+            res = [span_residual(pool[chosen + [j]], pairs) for j in rest]
+            k = int(np.argmin(res))
+            if res[k] < now - 1e-9:
+                best = rest[k]
+        if best is None:
+            far = np.array([span_residual(pool[chosen], pool[j][None]) if chosen else 1.0
+                            for j in rest])
+            best = rest[int(np.argmax(np.where(far > 1e-9, far, 0.0)))]
+        chosen.append(best)
+    return sorted(chosen)
 
 
 def native_key(topology: str, sim_cfg) -> tuple:

@@ -394,6 +394,7 @@ class RefSim:
         nodes = {self.mem[i] for i, cs in picks if not cs} | ({m} if self.cs_sheaf else set())
         sizes = {nn: self._slab_sizes(nn) for nn in nodes}
         sheaf, in_cs, other = [], [], [0] * N
+        n_self = 0
         for origin, cs in picks:
             n_o = self.mem[origin]
             remote = n_o != self.local_node[r]
@@ -412,6 +413,15 @@ class RefSim:
                 in_cs.append(origin)
             else:
                 other[n_o] += 1
+                n_self += origin == r
+        # this rep's own older objects go onto its own per-CPU partial list first, up to
+        # the list's objects as the run starts (dynamics._own_first)
+        own = 0
+        if n_self:
+            pc = ("pc", r, 0)
+            own = min(n_self, dict(sizes[m])[pc])
+            other[m] -= own
+            sizes[m] = [(w, size - own if w == pc else size) for w, size in sizes[m]]
         self._flushed = 0
         for _ in sheaf:
             self._sheaf_free(r, m)
@@ -434,11 +444,13 @@ class RefSim:
         dests = {}
         for nn in range(N):
             x = other[nn]
+            if nn == m and own:
+                dests[nn] = [("pc", r, 0)] * own
             if x == 0:
                 continue
             tot = max(sum(size for _, size in sizes[nn]), 1)
             un = (w2 >> 1) % tot
-            dests[nn] = []
+            dests.setdefault(nn, [])
             for q in range(x):
                 p = (un + q * tot) // x
                 acc, dest = 0, sizes[nn][-1][0]

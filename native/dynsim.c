@@ -610,7 +610,7 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
             slab_sizes(S, nn, sizes[nn]);
     int m = S->mem[r];
     int other[N] = {0};
-    int nsheaf = 0, ncs = 0;
+    int nsheaf = 0, ncs = 0, nself = 0;
     int *in_cs = pick_o + n;          /* scratch after the picks */
     for (int q = 0; q < n; q++) {
         int origin = pick_o[q], cs = pick_cs[q];
@@ -630,8 +630,19 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
             nsheaf++;
         else if (cs)
             in_cs[ncs++] = origin;
-        else
+        else {
             other[n_o] += 1;
+            nself += origin == r;
+        }
+    }
+    /* this rep's own older objects onto its own per-CPU partial list first, up to the
+     * list's objects as the run starts (dynamics._own_first) */
+    int own = 0;
+    if (nself) {
+        seg_t *pc = &sizes[m][3 * r + 1];
+        own = nself < pc->size ? nself : (int)pc->size;
+        other[m] -= own;
+        pc->size -= own;
     }
     S->flushed = 0;
     for (int i = 0; i < nsheaf; i++)
@@ -653,11 +664,17 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
             bump(S, C_FREE_SLOW, r, 1);
         }
     }
-    int off[N];
+    int off[N], cnt[N];
     int tot_d = 0;
     for (int nn = 0; nn < N; nn++) {
         int x = other[nn];
         off[nn] = tot_d;
+        cnt[nn] = x;
+        if (nn == m && own) {
+            for (int q = 0; q < own; q++)
+                dd[tot_d++] = (seg_t){D_PC, (int8_t)r, 0, 0};
+            cnt[nn] += own;
+        }
         if (x == 0)
             continue;
         int64_t tot = 0;
@@ -681,7 +698,7 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
     }
     for (int full = 0; full < 2; full++)
         for (int nn = 0; nn < N; nn++)
-            for (int q = 0; q < other[nn]; q++) {
+            for (int q = 0; q < cnt[nn]; q++) {
                 const seg_t *dest = &dd[off[nn] + q];
                 if ((dest->kind == D_FULL) == full)
                     slab_free(S, r, nn, dest);

@@ -667,6 +667,21 @@ def counter_deltas(result: LabBootResult) -> dict[str, int]:
     return out
 
 
+def counter_deltas_per_cpu(result: LabBootResult) -> dict[str, dict[str, int]]:
+    """The per-CPU split (the ``C<cpu>=<n>`` fields) of every SLUB_STATS counter over the
+    counted window, by sysfs name and then CPU number (as a string, JSON's key type); only
+    the counters and CPUs that moved.  The kernel's totals cannot tell which CPU's sheaves
+    overflowed or which CPU took the slow paths; the model's counters are per rep, and
+    the lab module pins each worker to its CPU (the ``worker`` records)."""
+    out = {}
+    start = window_start(result)
+    for name in SLUB_STAT_FILES:
+        moved = {str(c): d for c, d in result.per_cpu_delta(name, start=start).items() if d}
+        if moved:
+            out[name] = moved
+    return out
+
+
 def _frac(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
@@ -691,7 +706,8 @@ def measure(result: LabBootResult) -> dict[str, Any]:
       mean of the ``slabs`` samples taken in it minus the slabs before the run, times
       ``PAGE_SIZE << order``; a window too short for the 50 ms sampler counts the slabs of
       its starting dump.  None when there is neither.
-    * ``counters``: every SLUB_STATS delta (:func:`counter_deltas`).
+    * ``counters``: every SLUB_STATS delta (:func:`counter_deltas`), and
+      ``counters_per_cpu`` their split over CPUs (:func:`counter_deltas_per_cpu`).
     """
     if "slabinfo" in result.dumps.get("after", {}):
         return measure_slab(result)
@@ -724,6 +740,7 @@ def measure(result: LabBootResult) -> dict[str, Any]:
         "peak_slabs": (max(samples) - before_slabs) if samples and before_slabs is not None
         else None,
         "counters": counters,
+        "counters_per_cpu": counter_deltas_per_cpu(result),
     }
 
 

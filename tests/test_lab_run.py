@@ -78,6 +78,10 @@ def test_measure_reads_the_kernel_counters_as_the_model_names_them():
     # only SLUB_STATS files are counters; structure files (slabs, order) are not
     assert m["counters"] == {"alloc_fastpath": 900, "alloc_slowpath": 100, "free_fastpath": 200,
                              "free_slowpath": 900, "alloc_slab": 20}
+    # the same window per CPU: only the CPUs (and counters) that moved
+    assert m["counters_per_cpu"] == {"alloc_fastpath": {"0": 500, "2": 400},
+                                     "alloc_slowpath": {"0": 100}, "free_fastpath": {"1": 200},
+                                     "free_slowpath": {"1": 900}, "alloc_slab": {"0": 20}}
     # an unsampled run has no memory figure rather than a wrong one
     assert lab_boot.measure(_result(dumps=r.dumps, done=r.done))["memory_bytes"] is None
 
@@ -103,6 +107,7 @@ def test_a_warmed_run_counts_from_the_window_dump():
     m = lab_boot.measure(r)
     assert m["ops"] == 3000 - 750 and m["warmup_ops"] == 750
     assert m["counters"]["alloc_slab"] == 1
+    assert m["counters_per_cpu"] == {"alloc_slab": {"0": 1}, "alloc_fastpath": {"0": 2300}}
     assert m["slab_allocs_per_kop"] == pytest.approx(1000 / 2250)
     assert m["memory_bytes"] == pytest.approx((18 - 2) * 4096)
     # a window the 50 ms sampler never saw (a loaded host) counts its starting dump's slabs

@@ -444,7 +444,8 @@ def boot_lab(kernel_name: str, workload_doc: Mapping[str, Any], topology: Topolo
     /proc/slabinfo (:func:`init_script`; a kmalloc cache likewise).
     ``warmup``: ops per allocating worker before the counted window (the module parks its
     workers there and the /init dumps ``window``; see :func:`measure`).  ``lockstep``: the
-    module's step barrier in that window (:func:`slabtune.kernel.labmod.module_params`).
+    module's step barrier in the warm-up and the window
+    (:func:`slabtune.kernel.labmod.module_params`).
     A boot that fails before the run reports (timeout, no start or end marker) is retried
     until ``attempts`` boots were made.
     Setup errors raise (LabError, GuestError, LabBootError); a guest that fails returns

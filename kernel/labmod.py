@@ -308,10 +308,11 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
     ``other_ns`` becomes the module's ``work_ns`` (rounded).  ``ops``: ops per allocating
     worker in the counted window; ``warmup``: ops per allocating worker before it (0: no
     warm-up); ``seed``: the module's generator seed; ``ring``: lockless or spinlock;
-    ``lockstep``: the module's step barrier in the counted window (every worker one op or
-    none per step, the model's schedule, and ``ops`` counts steps there, so every
-    allocating worker runs the same ``ops`` steps as each rep of the model does;
-    free-running workers sleep a tick when idle, and returns pile up meanwhile).
+    ``lockstep``: the module's step barrier from the first step, warm-up included (every
+    worker one op or none per step, the model's schedule, and ``warmup`` and ``ops``
+    count steps, so every allocating worker runs the same steps as each rep of the model
+    does and all park after the same step; free-running workers sleep a tick when idle,
+    and returns pile up meanwhile).
     """
     if not isinstance(workload_doc, Mapping):
         raise LabError("workload: must be a table")

@@ -710,6 +710,33 @@ def test_lockstep_block_io_on_6_1_meets_the_models_fifo_frees(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.guest
+def test_lockstep_warm_up_starts_the_window_from_the_models_state(tmp_path):
+    """``examples/lab/pc-4cpu-ml.toml`` on 7.2 in lockstep: senders on CPU 0 (node 0) and
+    CPU 2 (memoryless node 1), receivers on CPUs 1 and 3.  The objects in circulation are
+    what the senders' sheaf refills brought in before the receivers' full sheaves came
+    back through the barns; the window only moves them around (barn_get = barn_put within
+    a few per CPU).  So the slabs the window holds are set by the warm-up's schedule: with
+    a free-running warm-up the senders refilled 15 sheaves and the barns held 9 full ones
+    at the window's start, 240 KiB of slabs against the model's 114 KiB (2026-11-28); with
+    the barrier from the first step 136 KiB against 114 (118 against 109 counting from
+    the first step).  The test allows the model 35%."""
+    _need(("7.2",))
+    r = _cli("lab", "run", str(EXAMPLES / "pc-4cpu-ml.toml"), "--kernel", "7.2", "--schedule",
+             "lockstep", "--json", "--accel", "tcg", "--out", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    m, p = rec["measured"], rec["predicted"]
+    per_cpu = m["counters_per_cpu"]
+    assert set(per_cpu["alloc_fastpath"]) == {"0", "2"}
+    assert set(per_cpu["free_fastpath"]) == {"1", "3"}
+    puts, gets = m["counters"]["barn_put"], m["counters"]["barn_get"]
+    assert puts > 600 and abs(puts - gets) < 0.05 * puts
+    assert abs(m["memory_bytes"] - p["memory_bytes"]) < 0.35 * p["memory_bytes"], (
+        m["memory_bytes"], p["memory_bytes"])
+
+
+@pytest.mark.slow
+@pytest.mark.guest
 def test_a_boot_that_times_out_is_a_failed_row_after_one_retry(tmp_path):
     """A 1 s limit cannot fit a boot: the pair is retried once (a boot flake), then stored
     as one failed row with the error and the console tail; exit 1."""

@@ -20,8 +20,10 @@ is compared here.
 
 The schedule (:data:`SCHEDULES`): ``free`` lets the module's workers run as fast as their
 vCPUs go, a worker with nothing to do sleeping a tick; ``lockstep`` puts them on the
-module's step barrier in the counted window, one op or none each per step for the
-config's ``steps`` steps, the schedule the model simulates.  A lockstep run's
+module's step barrier from the first step, one op or none each per step, for the
+warm-up's steps and then the config's ``steps`` steps, the schedule the model simulates
+(its warm-up too: the state the window starts from, the objects parked in barns above
+all, is the schedule's as much as the allocator's).  A lockstep run's
 accelerator label ends in ``-lockstep`` (``lab-tcg-lockstep``), so its rows never pool
 with free-running ones unnoticed.
 """

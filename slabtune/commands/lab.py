@@ -44,10 +44,10 @@ def register(subparsers) -> None:
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
                    help="qemu accelerator (auto: KVM where a probe boot works)")
     p.add_argument("--schedule", choices=("free", "lockstep"),
-                   help="(run) how the lab module's workers run in the counted window: "
-                        "'free' (default) as fast as their vCPUs go, an idle worker "
-                        "sleeping a tick; 'lockstep' one op or none each per step at a "
-                        "barrier for the config's steps, the model's schedule "
+                   help="(run) how the lab module's workers run: 'free' (default) as "
+                        "fast as their vCPUs go, an idle worker sleeping a tick; "
+                        "'lockstep' one op or none each per step at a barrier, through "
+                        "the warm-up and the config's steps, the model's schedule "
                         "(accelerator label lab-tcg-lockstep)")
     p.add_argument("--repredict", action="store_true",
                    help="(show) the stored measurements beside today's model, predicted "

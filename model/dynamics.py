@@ -140,6 +140,10 @@ class SimConfig(NamedTuple):
     #: (``>``), profiles.DISCARD_EVERY_EMPTIED before v3.1, which discarded every slab it
     #: emptied (profiles.KernelProfile.slab_free_discard_offset).
     free_discard_offset: Any = np.int32(0)
+    #: get_any_partial()'s remote_node_defrag_ratio (profiles.REMOTE_NODE_DEFRAG_RATIO):
+    #: a CPU of a memoryless node searches its memory node's partial list only in runs
+    #: whose draw passes it (:func:`node_list_floor`).
+    remote_node_defrag_ratio: Any = np.int32(profiles.REMOTE_NODE_DEFRAG_RATIO)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -297,6 +301,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
         pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
         free_discard_offset=_scalar(profile.slab_free_discard_offset),
+        remote_node_defrag_ratio=_scalar(profiles.REMOTE_NODE_DEFRAG_RATIO),
     )
 
 
@@ -661,6 +666,7 @@ class _Rep(NamedTuple):
     w1: Any         # random word: freeing reps of an allocation run, pending objects freed
     w2: Any         # random word: slabs a free run's objects come from
     m: Any          # the rep's memory node class (its slabs come from there)
+    floor: Any      # node m's list serves this run only above this many slabs
     own: Any        # the rep's own node class (its barn)
     has_barn: Any   # the rep's node has a barn (and the cache sheaves)
     cs_sheaf: Any   # a v6.18 opt-in cache: sheaves beside a CPU slab (a Python False
@@ -679,10 +685,38 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     mp = d["free_mp"]
     w0, w1, w2 = w[0], w[1], w[2]
     m = d["mem_node"][r]
+    # an alloc run draws get_any_partial()'s defrag-ratio test from w2 (free runs use it)
+    floor = node_list_floor(d["memless"][r], _i(_i(w2 & _U32(DEFRAG_DRAW)) <= d["defrag"]),
+                            d["min_partial"])
     own = d["node"][r]
     has_barn = d["has_barn"][r]
     cs_sheaf = sheaves & (cfg.cpu_slab > 0) if d["optin"] else False
-    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, own, has_barn, cs_sheaf)
+    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, floor, own, has_barn,
+                cs_sheaf)
+
+
+#: get_cycles() % 1024 of get_any_partial()'s defrag-ratio test: the low bits of an
+#: alloc run's ``w2``.
+DEFRAG_DRAW = 1023
+#: A node list floor no list reaches: the run takes nothing from node lists.
+NO_TAKE = 1 << 30
+
+
+def node_list_floor(memless, searched, min_partial):
+    """How many partial slabs its memory node's list must hold more than for a rep to
+    take slabs or objects from it (the list counts its head slab).  A CPU of a node with
+    memory: 0, get_partial_node() of its own node.  A CPU of a memoryless node: on x86
+    (no CONFIG_HAVE_MEMORYLESS_NODES) numa_mem_id() is that node itself, which has no
+    kmem_cache_node, so get_partial() finds nothing there and get_any_partial() takes from
+    a node with more than ``min_partial`` partial slabs, and only when ``searched`` (its
+    ``get_cycles() % 1024 <= remote_node_defrag_ratio`` test passed); otherwise the
+    allocation gets a new slab from the page allocator (6.1.192 get_partial(),
+    get_any_partial(); 7.2.13 get_from_partial(), get_from_any_partial() and
+    refill_objects(), whose __refill_objects_any() has the same tests).  So such CPUs take
+    new slabs while their memory node keeps min_partial partial ones.  The search walks
+    the zonelist, nearest node first; the model offers the nearest memory node alone.
+    Plain operators, so Python ints and traced arrays both work."""
+    return memless * (searched * min_partial + (1 - searched) * NO_TAKE)
 
 
 def _choose_run(cx: _Ctx, wl: workloads.Workload, w0):
@@ -732,6 +766,9 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     paths of ___slab_alloc()); those objects stay untracked in the CPU slab, and
     SLUB_STATS counts each as a fast or slow path, as the model does."""
     Cj, cnt = _alloc_freers(cx, cfg.workload, na, k.w1)
+    # whether the run's bulk takes may use node m's list, as the run starts
+    s0, _, hs0, _ = _node_levels(cx)
+    use_list = sum(s0) + hs0 > k.floor
     sh_slow, rfl, ndir = _sheaf_alloc(cx, k, cfg, na)
     cs_sheaf = k.cs_sheaf
 
@@ -747,7 +784,7 @@ def _alloc_run(cx: _Ctx, k: _Rep, cfg: SimConfig, do_a, na):
     rfe, E, t_pg = _cpu_slab_alloc(cx, k, a_cs | (n_rc > 0), nc, Cj, cnt, a_cs)
 
     # -- bulk allocation from node m: sheaf refills (cap objects each) or direct ones
-    n_b, y_b, rem = _bulk_take(cx, k.m, rfl * k.cap - n_rc + nd)
+    n_b, y_b, rem = _bulk_take(cx, k.m, rfl * k.cap - n_rc + nd, use_list)
     single = cfg.slab_alloc_single > 0
     cx.lock(k.m, jnp.where(single, _refill_locks(n_b, y_b, rfl, k.cap, rem, cx.d["max_run"]),
                            jnp.where(cs_sheaf, 0, rfl)) + nd)
@@ -895,7 +932,10 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     mm/slub.c) walks from its head: the head slab a bulk take left there, then, as the
     oldest slabs of a FIFO list have had the most frees, the emptiest; one call takes the
     slab it returns plus, where the era has per-CPU partial lists, up to
-    ``cpu_partial_slabs / 2 + 1`` more that it puts on the per-CPU list."""
+    ``cpu_partial_slabs / 2 + 1`` more that it puts on the per-CPU list.  A CPU of a
+    memoryless node calls it only while the list holds more than the run's floor
+    (:func:`node_list_floor`, get_any_partial()), so its calls reach the first
+    :func:`takeable_slabs` of the list."""
     objs, cps = k.objs, k.cps
     ps_l = [cx.row(f) for f in PCS]
     pu_l = [_i(0)] + [cx.row(f) for f in PCU[1:]]
@@ -909,8 +949,17 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     nq, nr = _spread(s, u)
     n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    return _Partials(n_p + [hs] + n_n, y_p + [objs - hu] + y_n, pq, nq,
-                     sum(ps_l) + _i(pd > 0), sum(s) + hs, G)
+    S_m = takeable_slabs(sum(s) + hs, k.floor, G)
+    return _Partials(n_p + _taken([hs] + n_n, S_m), y_p + [objs - hu] + y_n, pq, nq,
+                     sum(ps_l) + _i(pd > 0), S_m, G)
+
+
+def takeable_slabs(S, floor, G):
+    """Of a node list of ``S`` partial slabs, those successive get_partial_node() calls of
+    ``G`` slabs each can take while each call finds more than ``floor`` slabs there
+    (:func:`node_list_floor`; the last call may take the list below it): all of them when
+    ``floor`` is 0."""
+    return jnp.where(S > floor, jnp.minimum(S, ceil_div(S - floor, G) * G), 0)
 
 
 class _NewSlabs(NamedTuple):
@@ -1632,28 +1681,36 @@ def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
                 cx.rset(fu[lv], jnp.where(drained, add * (objs - 1), pu[lv] + add * (objs - 1)))
 
 
-def _bulk_take(cx: _Ctx, m, t):
+def _bulk_take(cx: _Ctx, m, t, use_list):
     """Allocate ``t`` objects from node ``m`` (refill_objects() of a sheaf, or single
     ___slab_alloc() calls, 7.2 mm/slub.c): the head slab first, then whole slabs from the
     list's head, emptiest first (get_partial_node_bulk() walks the list from its head),
     then new slabs from the page allocator; slabs used up are full, a last one partly used
     stays at the list's head (alloc_from_new_slab(): ADD_TO_HEAD), where the next take
-    continues it, so single takes fill one slab after another as a bulk take does."""
-    objs = cx.d["objs"]
+    continues it, so single takes fill one slab after another as a bulk take does.
+    Without ``use_list`` (a CPU of a memoryless node whose run found the list at or below
+    its floor, :func:`node_list_floor`) every object comes from new slabs; when they leave
+    a new head slab, the old one stays on the list behind it, an ordinary partial slab."""
+    objs, lo = cx.d["objs"], cx.d["lo"]
     s, u, hs, hu = _node_levels(cx)
     q, r = _spread(s, u)
     nb, yb = _level_blocks(s, u, q, r, objs)
-    n = [hs] + nb + [t]
+    aside = ~use_list & (hs > 0) & (t > 0)
+    n = [jnp.where(use_list, x, 0) for x in [hs] + nb] + [t]
     y = [objs - hu] + yb + [objs]
     full, taken, rem, y_at = _walk_objects(n, y, t)
     tk = taken[1:-1]
     sl, ul = _level_slabs(tk), _level_loss(tk, q)
+    back = aside & (rem > 0)
+    lv_h = _level_of(hu, lo)
     for lv in range(LEVELS):
-        cx.nset(NS[lv], s[lv] - sl[lv])
+        add = _i(back & (lv_h == lv))
+        cx.nset(NS[lv], s[lv] - sl[lv] + add)
         if lv:
-            cx.nset(NU[lv], u[lv] - ul[lv])
-    cx.nset("hs", jnp.where(t > 0, _i(rem > 0), hs))
-    cx.nset("hu", jnp.where(t > 0, jnp.where(rem > 0, objs - y_at + rem, 0), hu))
+            cx.nset(NU[lv], u[lv] - ul[lv] + add * hu)
+    cx.nset("hs", jnp.where(t > 0, _i((rem > 0) | aside), hs))
+    cx.nset("hu", jnp.where(t > 0, jnp.where(rem > 0, objs - y_at + rem,
+                                             jnp.where(aside, hu, 0)), hu))
     cx.nset("full_slabs", cx.nget("full_slabs") + sum(full))
     cx.bump("slab_alloc", taken[-1])
     return n, y, rem
@@ -1817,6 +1874,8 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
         # the profile lets memoryless CPUs use sheaves (v7.1)
         local_node=jnp.where(memless & ~use_sh, node, mem),
+        memless=_i(memless),
+        defrag=_i(cfg.remote_node_defrag_ratio),
         alloc_local=_i(~memless | (cfg.memoryless_fallback > 0)),
         has_barn=jnp.any((node[None] == _NODES[:, :, None]) & barn_at[:, None], axis=0)
         & (cfg.sheaf_capacity > 0),

@@ -77,6 +77,11 @@ BARN_MAX_EMPTY = 10
 #: KernelProfile.slab_free_discard_offset of kernels whose __slab_free() discards every
 #: slab it empties: min_partial plus this is below any partial-slab count.
 DISCARD_EVERY_EMPTIED = -(1 << 20)
+#: The default remote_node_defrag_ratio of every SLUB cache (kmem_cache_open(), 6.1.192
+#: and 6.12.117; do_kmem_cache_create(), 7.2.13; already in the 2008 code that clamps
+#: min_partial by ilog2(size)): get_any_partial() searches other nodes' partial lists
+#: only when ``get_cycles() % 1024`` is at most this, 1001 calls in 1024.
+REMOTE_NODE_DEFRAG_RATIO = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,19 +135,17 @@ class KernelProfile:
     #: local memory node"): the 2010 seed's mechanism, kept as the
     #: ``[policy.params] memoryless_fallback = false`` override until SLAB has profiles.
     #:
-    #: What SLUB does on such a CPU that the model does not: when the per-CPU cache runs
-    #: dry, get_partial() searches numa_mem_id()'s node, which is the memoryless node itself
-    #: on x86 (no CONFIG_HAVE_MEMORYLESS_NODES: numa_mem_id() is numa_node_id()) and on every
-    #: architecture before Joonsoo Kim's 2014 patch "slub: search partial list on
+    #: What SLUB does on such a CPU whatever this switch says: when the per-CPU cache
+    #: runs dry, get_partial() searches numa_mem_id()'s node, which is the memoryless node
+    #: itself on x86 (no CONFIG_HAVE_MEMORYLESS_NODES: numa_mem_id() is numa_node_id()) and
+    #: on every architecture before Joonsoo Kim's 2014 patch "slub: search partial list on
     #: numa_mem_id(), instead of numa_node_id()"; that node has no kmem_cache_node, so
     #: get_any_partial() walks the zonelist and takes a partial slab only from a node with
-    #: more than min_partial of them (and only when get_cycles() % 1024 is at most
-    #: remote_node_defrag_ratio: 100 in the 2.6.25 era, 1000 from at least v3.2: about 10% and
-    #: 98% of slow paths), else new_slab() gets a fresh slab from the nearest node (6.1.192
-    #: get_partial()/get_any_partial(), 7.2.13 get_from_partial()/get_from_any_partial()
-    #: and refill_objects()).  The model refills such a CPU from its memory node's partial
-    #: list as it refills that node's own CPUs, so it takes fewer new slabs and keeps fewer
-    #: partial slabs on that node than SLUB does there.  Explicit-node allocations
+    #: more than min_partial of them, and only when get_cycles() % 1024 is at most
+    #: remote_node_defrag_ratio (:data:`REMOTE_NODE_DEFRAG_RATIO`), else new_slab() gets a
+    #: fresh slab from the nearest node (6.1.192 get_partial()/get_any_partial(), 7.2.13
+    #: get_from_partial()/get_from_any_partial() and refill_objects()).  The model does
+    #: this for the nearest memory node (dynamics.node_list_floor).  Explicit-node allocations
     #: (kmalloc_node() of a memoryless node, whose ALLOC_NODE_MISMATCH deactivations the
     #: 2014 node_to_mem_node() patches stopped) are not modelled at all.
     memoryless_fallback: bool

@@ -17,6 +17,7 @@ from slabtune.model.dynamics import (
     BARNS_ALL,
     BARNS_MEMORY,
     COUNTER_FIELDS,
+    DEFRAG_DRAW,
     GAUGE_SHIFT,
     LEVELS,
     K,
@@ -24,6 +25,7 @@ from slabtune.model.dynamics import (
     R,
     SimConfig,
     level_bounds,
+    node_list_floor,
 )
 from slabtune.model.workloads import PROB_ONE
 
@@ -58,6 +60,11 @@ class RefSim:
         # slabs come from memory node classes 0 and 1: a rep's remote slabs are the other's
         self.other = [1 - m for m in self.mem]
         memless = [int(x) > 0 for x in c["rep_memoryless"]]
+        self.memless = memless
+        self.defrag = int(c["remote_node_defrag_ratio"])
+        # the running alloc run's node list floor and whether its bulk takes use the list
+        self.floor = 0
+        self.list_ok = True
         use_sh = int(c["memoryless_cpus_use_sheaves"]) > 0
         fallback = int(c["memoryless_fallback"]) > 0
         self.local_node = [self.node[r] if (memless[r] and not use_sh) else self.mem[r]
@@ -214,14 +221,16 @@ class RefSim:
 
     # ------------------------------------------------------------------ node lists
 
-    def _bulk_take(self, r: int, m: int, t: int):
+    def _bulk_take(self, r: int, m: int, t: int) -> bool:
         """Take ``t`` objects from node ``m``: the head slab, then whole slabs emptiest
         first, then new slabs; a slab left partly used stays at the head (7.2
-        alloc_from_new_slab(): ADD_TO_HEAD), a slab used up is full."""
+        alloc_from_new_slab(): ADD_TO_HEAD), a slab used up is full.  A run whose bulk
+        takes may not use the list (``list_ok``) takes new slabs only.  Returns whether the
+        take ended inside a slab."""
         objs = self.objs
         while t > 0:
             if not self.hs[m]:
-                if sum(self.ns[m]) > 0:
+                if self.list_ok and sum(self.ns[m]) > 0:
                     h = self._take_emptiest(self.ns[m], self.nu[m])
                 else:
                     h = 0
@@ -233,6 +242,13 @@ class RefSim:
             if self.hu[m] == objs:
                 self.hs[m], self.hu[m] = 0, 0
                 self.F[m] += 1
+        return bool(self.hs[m])
+
+    def _add_node(self, n: int, h: int):
+        """A partial slab with ``h`` allocated objects joins node ``n``'s levels."""
+        k = self._level(h)
+        self.ns[n][k] += 1
+        self.nu[n][k] += h
 
     def _refill(self, r: int, m: int):
         """refill_sheaf() of ``cap`` objects from node ``m`` (7.2.13 refill_objects()):
@@ -249,9 +265,9 @@ class RefSim:
             for _ in range(self.cap):
                 self._cs_alloc(r, m, None)
             return
-        locks = int(self._node_slabs(m) > 0)
-        self._bulk_take(r, m, self.cap)
-        for _ in range(locks + self.hs[m]):
+        locks = int((self._node_slabs(m) if self.list_ok else self.hs[m]) > 0)
+        left = self._bulk_take(r, m, self.cap)
+        for _ in range(locks + left):
             self._lock(r, m)
 
     def _bulk_free(self, r: int, m: int, k: int):
@@ -356,14 +372,30 @@ class RefSim:
         self._bump("ops", r, n)
         return op, n
 
-    def alloc_run(self, r: int, n: int, w1: int):
+    def alloc_run(self, r: int, n: int, w1: int, w2: int):
         """``n`` allocations, one at a time; the freeing rep of the i-th object is where the
-        systematic point (lo16 + i * 65536) // n falls in the rep's free_cum row."""
+        systematic point (lo16 + i * 65536) // n falls in the rep's free_cum row.  The
+        run's node list floor comes from the low bits of ``w2`` (dynamics.node_list_floor);
+        its bulk takes use node m's list when the list holds more as the run starts; when
+        they do not, the run's takes see only the head slab they start themselves (the old
+        head is set aside for the run, then stays behind a new one, dynamics._bulk_take)."""
+        m = self.mem[r]
+        self.floor = node_list_floor(int(self.memless[r]),
+                                     int((w2 & DEFRAG_DRAW) <= self.defrag), self.min_partial)
+        self.list_ok = self._node_slabs(m) > self.floor
+        aside = 0
+        if not self.list_ok and self.hs[m]:
+            aside, self.hs[m], self.hu[m] = self.hu[m], 0, 0
         lo16 = w1 & 0xFFFF
         for i in range(n):
             p = (lo16 + i * PROB_ONE) // n
             j = next((k for k in range(R) if p < self.free_cum[r][k]), R - 1)
             self.alloc(r, j)
+        if aside:
+            if self.hs[m]:
+                self._add_node(m, aside)
+            else:
+                self.hs[m], self.hu[m] = 1, aside
 
     def free_run(self, r: int, n: int, w1: int, w2: int):
         """``n`` frees, one at a time, in the run's fixed order (docs/MODEL.md): which
@@ -552,7 +584,8 @@ class RefSim:
                 self.cs_tracked[r] = 0
                 if self._pc_local(r) > 0:
                     h = self._take_pc(r)
-                elif self._node_slabs(m) > 0:
+                elif self._node_slabs(m) > self.floor:
+                    # get_partial_node(), for a memoryless CPU get_any_partial()'s
                     h = self._take_node_slab(m)
                     self._lock(r, m)
                     if self.cpu_partial_slabs > 0:
@@ -688,7 +721,7 @@ class RefSim:
             w0, w1, w2 = (int(x) for x in w[r])
             op, n = self._choose(r, w0)
             if op == "alloc":
-                self.alloc_run(r, n, w1)
+                self.alloc_run(r, n, w1, w2)
             elif op == "free":
                 self.free_run(r, n, w1, w2)
         self._gauge()

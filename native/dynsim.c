@@ -33,10 +33,11 @@ enum { C_OPS, C_ALLOCS, C_FREES, C_ALLOC_FAST, C_ALLOC_SLOW, C_FREE_FAST, C_FREE
 /* config row: scalars, then per-rep and per-node arrays (sweeps/dynsim.py CFG_FIELDS) */
 enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SINGLE,
        F_PC_EMPTY_LOCKS, F_MAX_FULL, F_MAX_EMPTY, F_USE_SH, F_FALLBACK, F_BARNS, F_B,
-       F_FREE_OFF, F_REP_NODE, F_REP_MEM = F_REP_NODE + R, F_REP_MEMLESS = F_REP_MEM + R,
-       F_NODE_HAS_MEM = F_REP_MEMLESS + R, F_ALLOC_P = F_NODE_HAS_MEM + N,
-       F_FREE_CUM = F_ALLOC_P + R, F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R,
-       F_ACTIVE = F_BURST + R, NCFG = F_ACTIVE + R };
+       F_FREE_OFF, F_DEFRAG, F_REP_NODE, F_REP_MEM = F_REP_NODE + R,
+       F_REP_MEMLESS = F_REP_MEM + R, F_NODE_HAS_MEM = F_REP_MEMLESS + R,
+       F_ALLOC_P = F_NODE_HAS_MEM + N, F_FREE_CUM = F_ALLOC_P + R,
+       F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
+       NCFG = F_ACTIVE + R };
 
 #define BARNS_MEMORY 1
 #define BARNS_ALL 2
@@ -48,8 +49,8 @@ typedef struct { int8_t kind, k, lv; int64_t size; } seg_t;
 typedef struct {
     /* configuration */
     int objs, cap, cpu_slab, min_partial, free_mp, cpu_partial_slabs, bypass, single;
-    int pc_empty_locks, max_full, max_empty, b, cs_sheaf;
-    int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R];
+    int pc_empty_locks, max_full, max_empty, b, cs_sheaf, defrag;
+    int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R], memless[R];
     int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
     int lo[LEVELS], top;
     /* state */
@@ -64,6 +65,8 @@ typedef struct {
     int32_t lock_node[N];
     int64_t g_rep[3][R], g_node[3][N];
     int flushed;
+    /* the running alloc run: its node list floor, whether its bulk takes use the list */
+    int floor, list_ok;
 } sim_t;
 
 /* ------------------------------------------------------------ random words */
@@ -180,12 +183,12 @@ static void add_pc(sim_t *S, int r, int h, int remote)
 /* ------------------------------------------------------------ node lists (RefSim) */
 
 /* RefSim._bulk_take */
-static void bulk_take(sim_t *S, int r, int m, int t)
+static int bulk_take(sim_t *S, int r, int m, int t)
 {
     while (t > 0) {
         if (!S->hs[m]) {
             int h;
-            if (sum_lv(S->ns[m]) > 0) {
+            if (S->list_ok && sum_lv(S->ns[m]) > 0) {
                 h = take_lowest(S->ns[m], S->nu[m], 0);
             } else {
                 h = 0;
@@ -205,6 +208,15 @@ static void bulk_take(sim_t *S, int r, int m, int t)
             S->F[m] += 1;
         }
     }
+    return S->hs[m];
+}
+
+/* RefSim._add_node */
+static void add_node(sim_t *S, int n, int h)
+{
+    int k = level_of(S, h);
+    S->ns[n][k] += 1;
+    S->nu[n][k] += h;
 }
 
 /* RefSim._refill */
@@ -222,9 +234,9 @@ static void refill(sim_t *S, int r, int m)
         lock_(S, r, m, 1);
         return;
     }
-    int locks = node_slabs(S, m) > 0;
-    bulk_take(S, r, m, S->cap);
-    for (int i = 0; i < locks + S->hs[m]; i++)
+    int locks = (S->list_ok ? node_slabs(S, m) : S->hs[m]) > 0;
+    int left = bulk_take(S, r, m, S->cap);
+    for (int i = 0; i < locks + left; i++)
         lock_(S, r, m, 1);
 }
 
@@ -478,7 +490,7 @@ static void cs_alloc(sim_t *S, int r, int m, int j)
             S->cs_tracked[r] = 0;
             if (pc_local(S, r) > 0) {
                 h = take_pc(S, r);
-            } else if (node_slabs(S, m) > 0) {
+            } else if (node_slabs(S, m) > S->floor) {
                 h = take_node_slab(S, m);
                 lock_(S, r, m, 1);
                 if (S->cpu_partial_slabs > 0) {
@@ -551,9 +563,19 @@ static void alloc_one(sim_t *S, int r, int j)
     S->pend_tot[j] += 1;
 }
 
-/* RefSim.alloc_run */
-static void alloc_run(sim_t *S, int r, int n, uint32_t w1)
+/* RefSim.alloc_run, with dynamics.node_list_floor */
+static void alloc_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2)
 {
+    int m = S->mem[r];
+    int searched = (int)(w2 & 1023u) <= S->defrag;
+    S->floor = S->memless[r] ? (searched ? S->min_partial : 1 << 30 /* NO_TAKE */) : 0;
+    S->list_ok = node_slabs(S, m) > S->floor;
+    int aside = 0;
+    if (!S->list_ok && S->hs[m]) {
+        aside = S->hu[m];
+        S->hs[m] = 0;
+        S->hu[m] = 0;
+    }
     int64_t lo16 = w1 & 0xFFFF;
     for (int i = 0; i < n; i++) {
         int64_t p = (lo16 + (int64_t)i * PROB_ONE) / n;
@@ -564,6 +586,14 @@ static void alloc_run(sim_t *S, int r, int n, uint32_t w1)
                 break;
             }
         alloc_one(S, r, j);
+    }
+    if (aside > 0) {
+        if (S->hs[m]) {
+            add_node(S, m, aside);
+        } else {
+            S->hs[m] = 1;
+            S->hu[m] = aside;
+        }
     }
 }
 
@@ -777,6 +807,7 @@ static void init(sim_t *S, const int32_t *c)
     S->max_full = c[F_MAX_FULL];
     S->max_empty = c[F_MAX_EMPTY];
     S->b = c[F_B];
+    S->defrag = c[F_DEFRAG];
     /* v6.18 opt-in caches: sheaves beside the CPU slab, refilled and flushed through it */
     S->cs_sheaf = S->cap > 0 && S->cpu_slab;
     int use_sh = c[F_USE_SH] > 0, fallback = c[F_FALLBACK] > 0, barns = c[F_BARNS];
@@ -790,6 +821,7 @@ static void init(sim_t *S, const int32_t *c)
         S->other[r] = 1 - S->mem[r];
         S->local_node[r] = (memless && !use_sh) ? S->node[r] : S->mem[r];
         S->alloc_local[r] = !memless || fallback;
+        S->memless[r] = memless;
         S->has_barn[r] = barn_at[S->node[r]] && S->cap > 0;
         READ_WORKLOAD(S, c, r);
     }
@@ -831,7 +863,7 @@ static void *run_part(void *arg)
                 int n = 0;
                 int op = choose(S, r, draw(s, (uint32_t)t, r, 0), &n);
                 if (op == 1)
-                    alloc_run(S, r, n, draw(s, (uint32_t)t, r, 1));
+                    alloc_run(S, r, n, draw(s, (uint32_t)t, r, 1), draw(s, (uint32_t)t, r, 2));
                 else if (op == 2)
                     free_run(S, r, n, draw(s, (uint32_t)t, r, 1), draw(s, (uint32_t)t, r, 2),
                              pick_o, pick_cs, dd);

@@ -600,3 +600,75 @@ def test_v618_sheaf_refill_and_flush_go_through_the_cpu_slab():
     assert {f: c[f][0] - v for f, v in before.items()} == \
         {"alloc_fast": 7, "alloc_slow": 1, "list_lock": 1, "slab_alloc": 0}
     assert (sim.F[0], sim.cs_inuse[0], sim.cs_free[0]) == (1, 18, 14)
+
+
+def test_node_list_floor_and_takeable_slabs_follow_get_any_partial():
+    """A CPU of a node with memory takes from its node's list whenever it holds a slab; a
+    CPU of a memoryless node (x86: numa_mem_id() is its own node, which has no
+    kmem_cache_node) only through get_any_partial(): from a list of more than min_partial
+    partial slabs, in the 1001 runs in 1024 whose get_cycles() % 1024 draw is at most
+    remote_node_defrag_ratio (1000), never in the others.  Successive get_partial_node()
+    calls of G slabs each stop once a call finds min_partial or fewer there."""
+    floor = dynamics.node_list_floor
+    assert floor(0, 1, 5) == 0 and floor(0, 0, 5) == 0
+    assert floor(1, 1, 5) == 5 and floor(1, 1, 0) == 0
+    assert floor(1, 0, 5) == floor(1, 0, 0) == dynamics.NO_TAKE
+    draws = np.arange(1 << 16, dtype=np.uint32)
+    assert ((draws & dynamics.DEFRAG_DRAW) <= profiles.REMOTE_NODE_DEFRAG_RATIO).mean() == \
+        pytest.approx(1001 / 1024)
+    take = lambda S, f, G: int(dynamics.takeable_slabs(S, f, G))  # noqa: E731
+    assert take(7, 0, 3) == 7 and take(0, 0, 3) == 0
+    assert take(5, 5, 4) == 0 and take(6, 5, 4) == 4      # one call, leaving 2
+    assert take(8, 5, 4) == 4 and take(9, 5, 2) == 4      # 9 -> 7 -> 5: two calls
+    assert take(12, 5, 4) == 8 and take(3, dynamics.NO_TAKE, 4) == 0
+
+
+_ML4 = Topology.uniform(4, 2, memoryless_nodes=(1,))
+_PC_ML = {"kind": "producer_consumer", "depth": 64, "cross_node": 0.5}
+
+
+def _producers(cfg, c):
+    """The producer reps of a producer/consumer run: (on the memoryless node, on node 0)."""
+    ml = np.asarray(cfg.rep_memoryless) > 0
+    prod = (np.asarray(cfg.rep_weight) > 0) & (c["allocs"] > 0)
+    assert (prod & ml).any() and (prod & ~ml).any()
+    return prod & ml, prod & ~ml
+
+
+@pytest.mark.slow
+def test_memoryless_cpus_take_new_slabs_while_their_node_keeps_min_partial_6_1():
+    """6.1, producer/consumer across node 0 and a memoryless node 1 (512-byte objects, 16
+    per slab): the producers' slabs come back to node 0's partial list through the
+    consumers' frees.  Node 0's producer takes them (get_partial_node() of its node);
+    node 1's producer only through get_any_partial(), while node 0 keeps more than
+    min_partial (5) partial slabs, else it gets a new slab: it allocates far more new
+    slabs and takes the list_lock less.  With min_partial 1000 (a sysfs write) it never
+    searches the list at all: no list_lock, and every CPU slab it installs is new (frees
+    into its frozen CPU slab refill it too, so it needs fewer than one per 16 objects),
+    while node 0's producer takes nearly all of its slabs from the list."""
+    c, cfg = _run("v6.1", _ML4, _PC_ML, size=512)
+    mine, theirs = _producers(cfg, c)
+    assert int(cfg.min_partial) == 5 and int(cfg.objs_per_slab) == 16
+    assert c["slab_alloc"][mine].sum() > 2 * c["slab_alloc"][theirs].sum()
+    assert c["list_lock"][mine].sum() < c["list_lock"][theirs].sum()
+    hi, _ = _run("v6.1", _ML4, _PC_ML, size=512, min_partial=1000)
+    assert hi["list_lock"][mine].sum() == 0 < hi["list_lock"][theirs].sum()
+    assert hi["slab_alloc"][mine].sum() > 4 * hi["slab_alloc"][theirs].sum()
+    assert hi["slab_alloc"][theirs].sum() < hi["allocs"][theirs].sum() // 16 // 4
+
+
+@pytest.mark.slow
+def test_memoryless_cpus_without_a_barn_take_a_new_slab_per_allocation_at_high_min_partial():
+    """7.0 (barns only on nodes with memory): node 1's producer cannot refill a sheaf, and
+    each of its allocations is one ___slab_alloc(): get_from_partial() finds no list on
+    its own node and get_from_any_partial() searches node 0's only when it holds more
+    than min_partial slabs.  At the default (5) it takes partial slabs most of the time;
+    with min_partial 1000 every allocation gets a new slab (whose other objects go onto
+    node 0's list, which the search never reaches), one list_lock each either way."""
+    c, cfg = _run("v7.0", _ML4, _PC_ML, size=512)
+    mine, _ = _producers(cfg, c)
+    n = c["allocs"][mine].sum()
+    assert c["alloc_slow"][mine].sum() == n == c["list_lock"][mine].sum()
+    assert 0 < c["slab_alloc"][mine].sum() < n // int(cfg.objs_per_slab)
+    hi, _ = _run("v7.0", _ML4, _PC_ML, size=512, min_partial=1000)
+    assert hi["slab_alloc"][mine].sum() == hi["allocs"][mine].sum() == hi["list_lock"][mine].sum()

@@ -634,7 +634,8 @@ static void lab_ls_wait(struct lab_run *r)
  * (the model's warm-up is that many steps, validate/lab.py).  A free-running warm-up left
  * the window's start to the vCPUs' time slices: on 7.2 pc-4cpu-ml the senders refilled 15
  * sheaves before the receivers' full ones came back, and the barns then held 9 full
- * sheaves through the window, 240 KiB of slabs against 118 KiB with the warm-up in step.
+ * sheaves through the window: 240 KiB of slabs, 136 KiB with the warm-up in step (the
+ * model: 114 KiB).
  */
 static bool lab_warm_over(struct lab_run *r)
 {

@@ -306,9 +306,7 @@ class RefSim:
         h = g * objs - y
         if g > 0:
             self.ns[m][0] += g - 1
-            lv = self._level(h)
-            self.ns[m][lv] += 1
-            self.nu[m][lv] += h
+            self._add_node(m, h)
         if k > 0:
             drop = max(0, min(self._node_slabs(m) - self.min_partial, self.ns[m][0]))
             self.ns[m][0] -= drop
@@ -333,9 +331,7 @@ class RefSim:
                 self.ns[m][k] += s[k]
                 self.nu[m][k] += u[k]
             if pd > 0:
-                lv = self._level(pd)
-                self.ns[m][lv] += 1
-                self.nu[m][lv] += pd
+                self._add_node(m, pd)
             keep = max(0, min(self.min_partial - self._node_slabs(m), e))
             self.ns[m][0] += keep
             self._bump("slab_free", r, e - keep)

@@ -286,9 +286,7 @@ static void bulk_free(sim_t *S, int r, int m, int k)
     int h = g * objs - y;
     if (g > 0) {
         S->ns[m][0] += g - 1;
-        int lv = level_of(S, h);
-        S->ns[m][lv] += 1;
-        S->nu[m][lv] += h;
+        add_node(S, m, h);
     }
     if (k > 0) {
         int drop = node_slabs(S, m) - S->min_partial;
@@ -318,11 +316,8 @@ static void drain(sim_t *S, int r)
             S->ns[m][k] += s[k];
             S->nu[m][k] += u[k];
         }
-        if (pd > 0) {
-            int lv = level_of(S, pd);
-            S->ns[m][lv] += 1;
-            S->nu[m][lv] += pd;
-        }
+        if (pd > 0)
+            add_node(S, m, pd);
         int keep = S->min_partial - node_slabs(S, m);
         if (keep > e)
             keep = e;

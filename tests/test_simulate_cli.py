@@ -220,3 +220,8 @@ def test_simulate_text_output(tmp_path):
     r = _cli("simulate", str(f))
     assert r.returncode == 0, r.stderr
     assert "structure" in r.stdout and "order=0" in r.stdout and "ns_per_op" in r.stdout
+    # The cost line names what the packaged table's fitted constants were fitted to (UML
+    # timings of the real allocator), and never calls them published figures.
+    cost_line = next(line for line in r.stdout.splitlines() if line.startswith("cost "))
+    assert "cost_default.toml" in cost_line and "published" not in cost_line
+    assert "fitted: alloc_fast_ns" in cost_line and "User Mode Linux" in cost_line

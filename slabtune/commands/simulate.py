@@ -65,6 +65,6 @@ def format_row(row: dict) -> str:
     fitted = row["cost_fitted"]
     what = sorted({w for w in fitted.values() if not w.startswith("(see ")})
     lines.append(f"cost      {row['cost_source']}"
-                 + (f"; fitted to published figures: {', '.join(fitted)} ({'; '.join(what)})"
-                    if fitted else "; no constant fitted to a published figure"))
+                 + (f"; fitted: {', '.join(fitted)}, to {'; '.join(what)}"
+                    if fitted else "; no constant fitted"))
     return "\n".join(lines)

@@ -18,7 +18,8 @@ node's barn lock, a zone lock), ``line_{r,l}`` the transfer of one cache line to
 acquiring CPU (local or cross-node), ``k_l`` the lines a critical section of that lock
 moves from the previous holder (``list_lock_lines``, ``barn_lock_lines``,
 ``zone_lock_lines``: the lock word and the list heads, counters and links the section
-writes, see :data:`DOCS`), ``f_{r,l}`` the probability that the previous holder was
+writes, and for a zone lock ``zone_block_lines`` more per block it moves, see
+:data:`DOCS` and :func:`lock_line_counts`), ``f_{r,l}`` the probability that the previous holder was
 another CPU (:func:`foreign_holder_fraction`; a CPU retaking its own lock finds the lines
 in its cache), ``W_l`` the queueing wait.  Each lock is a queue of a closed
 network (the machine-repairman model): a CPU spinning on a lock does nothing else, so a lock
@@ -66,6 +67,7 @@ class CostParams(NamedTuple):
     list_lock_lines: jnp.ndarray
     barn_lock_lines: jnp.ndarray
     zone_lock_lines: jnp.ndarray
+    zone_block_lines: jnp.ndarray
 
 
 #: One line per constant: what it stands for in the kernel.
@@ -91,8 +93,9 @@ DOCS: dict[str, str] = {
                    "caches per CPU: 0 before v5.13, up to PAGE_ALLOC_COSTLY_ORDER from v5.13)",
     "buddy_call_ns": "page allocator call that goes to the buddy lists (work outside the "
                      "zone lock)",
-    "zone_lock_hold_ns": "zone->lock hold time per block taken or returned (a buddy call "
-                         "moves one, a pcp batch refill or drain pcp_batch in one hold)",
+    "zone_lock_hold_ns": "zone->lock hold time per block taken or returned, its struct "
+                         "page lines already moved (a buddy call moves one block, a pcp "
+                         "batch refill or drain pcp_batch in one hold)",
     "pcp_batch": "pcp calls per zone->lock acquisition (pcp->batch: refills and drains move "
                  "batches of pages)",
     "page_setup_ns": "per 4 KiB page of a new or freed slab (struct page/folio setup, "
@@ -109,7 +112,11 @@ DOCS: dict[str, str] = {
                        "heads, nr_full/nr_empty, the sheaf's list links",
     "zone_lock_lines": "cache lines one zone->lock critical section moves (a count): the "
                        "lock word, the free_area[order] free lists and nr_free, the zone's "
-                       "free-page counters, the pages' buddy links",
+                       "free-page counters",
+    "zone_block_lines": "cache lines each block taken or returned under zone->lock moves "
+                        "(a count): struct pages other CPUs wrote last, the block's buddy "
+                        "and the free-list neighbours __free_one_page() and "
+                        "__rmqueue_smallest()/expand() unlink and link",
 }
 
 #: Constants a cost file may leave out, with the value they take then (the physical priors
@@ -125,6 +132,7 @@ OPTIONAL_DEFAULTS: dict[str, float] = {
     "list_lock_lines": 3.0,
     "barn_lock_lines": 3.0,
     "zone_lock_lines": 4.0,
+    "zone_block_lines": 5.0,
 }
 
 FIELDS: tuple[str, ...] = CostParams._fields
@@ -207,7 +215,8 @@ def rig_cost(values: dict, pcp_batch: float) -> CostParams:
         raise CostError(f"cost.pcp_batch: {pcp_batch} must be at least 1")
     out = {k: float(values.get(k, 0.0)) for k in RIG_FREE}
     out.update(line_local_ns=0.0, line_remote_ns=0.0, queueing=0.0, pcp_batch=float(pcp_batch),
-               list_lock_lines=1.0, barn_lock_lines=1.0, zone_lock_lines=1.0)
+               list_lock_lines=1.0, barn_lock_lines=1.0, zone_lock_lines=1.0,
+               zone_block_lines=1.0)
     return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
 
 
@@ -283,15 +292,20 @@ def zone_lock_per_call(order, pcp_max, c: CostParams):
     return jnp.where(order <= pcp_max, 1.0 / c.pcp_batch, 1.0)
 
 
+def zone_blocks_per_acquisition(order, pcp_max, c: CostParams):
+    """Blocks moved in one zone->lock hold for slabs of ``order``: a pcp refill
+    (rmqueue_bulk) or drain (free_pcppages_bulk) moves ``pcp_batch``, where a buddy call
+    (rmqueue_buddy, free_one_page) moves one."""
+    order = jnp.asarray(order, _F32)
+    return jnp.where(order <= pcp_max, c.pcp_batch, 1.0)
+
+
 def zone_hold_ns(order, pcp_max, c: CostParams):
     """zone->lock hold per acquisition for slabs of ``order``: ``zone_lock_hold_ns`` per
-    block moved under the lock, and a pcp refill (rmqueue_bulk) or drain
-    (free_pcppages_bulk) moves ``pcp_batch`` blocks in one hold, where a buddy call
-    (rmqueue_buddy, free_one_page) moves one.  The zone lock's busy time per page
-    allocator call is the same either way; what the per-CPU lists save is the line
-    transfers and the waits of ``pcp_batch - 1`` acquisitions."""
-    order = jnp.asarray(order, _F32)
-    return c.zone_lock_hold_ns * jnp.where(order <= pcp_max, c.pcp_batch, 1.0)
+    block moved under the lock (:func:`zone_blocks_per_acquisition`).  The zone lock's
+    busy time per page allocator call is the same either way; what the per-CPU lists save
+    is the section's own line transfers and the waits of ``pcp_batch - 1`` acquisitions."""
+    return c.zone_lock_hold_ns * zone_blocks_per_acquisition(order, pcp_max, c)
 
 
 def slab_setup_ns(order, objs_per_slab, c: CostParams):
@@ -319,13 +333,29 @@ def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
             + (r.slab_alloc + r.slab_free) * page)
 
 
-def lock_line_counts(c: CostParams):
+def lock_line_counts(c: CostParams, zone_blocks=1.0):
     """Cache lines one critical section moves, per lock kind (list_lock, barn, zone; shape
-    (3,)): a contended spinlock's section reads and writes lines the previous holder wrote
-    (the lock word, kmem_cache_node's partial list and nr_partial, slab->slab_list and
-    counters; node_barn's sheaves lists and nr_full/nr_empty; zone->lock and the free_area
-    lists), each a transfer to the acquiring CPU, so an acquisition costs ``k * line``."""
-    return jnp.stack([c.list_lock_lines, c.barn_lock_lines, c.zone_lock_lines])
+    ``zone_blocks.shape + (3,)``): a contended spinlock's section reads and writes lines
+    the previous holder wrote (the lock word, kmem_cache_node's partial list and
+    nr_partial, slab->slab_list and counters; node_barn's sheaves lists and
+    nr_full/nr_empty; zone->lock and the free_area lists), each a transfer to the
+    acquiring CPU, so an acquisition costs ``k * line``.
+
+    A zone->lock section also moves ``zone_block_lines`` per block it takes or returns
+    (``zone_blocks``, :func:`zone_blocks_per_acquisition`).  6.1 __free_one_page() reads
+    each buddy it tries (find_buddy_page_pfn), unlinks every free buddy it merges with
+    (del_page_from_free_list: the buddy and its two list neighbours), reads the next
+    buddy up (buddy_merge_likely) and links the merged block before the list's first
+    block; __rmqueue_smallest() unlinks a block (it and its successor) and expand() marks
+    and links each half it splits off.  With a merge or split per block on average (a
+    block of order k feeds 2**k pages with 2**k - 1 splits, and merges back the same way)
+    that is 6 lines per block freed and 4 per block taken: struct pages the previous
+    holders wrote while they held the lock, so they move on the same terms as the
+    section's own lines.  7.2 walks the same lines (__free_one_page(),
+    page_del_and_expand() and expand())."""
+    zone = c.zone_lock_lines + c.zone_block_lines * jnp.asarray(zone_blocks, _F32)
+    ll, bl, zone = jnp.broadcast_arrays(c.list_lock_lines, c.barn_lock_lines, zone)
+    return jnp.stack([ll, bl, zone], axis=-1)
 
 
 def foreign_holder_fraction(acq, weight, multiplicity, duty):

@@ -128,7 +128,8 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
       has no memory, else spread over the other node classes in proportion to the locks'
       simulated acquisition counts.
     * barn: get/put (and failed attempts, which take the lock too) on the rep's own node.
-    * zone: page allocator calls on the rep's memory node, ``zone_lock_per_call`` each.
+    * zone: page allocator calls, ``zone_lock_per_call`` each: a new slab's on the rep's
+      memory node, a freed slab's on the node of its pages (:func:`slab_free_nodes`).
 
     Reaching a lock costs ``k`` cache-line transfers (``list_lock_lines``,
     ``barn_lock_lines``, ``zone_lock_lines``), each ``line_remote_ns`` for a lock on another
@@ -172,8 +173,9 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     barn_ops = sum(per_op(counters, n) for n in
                    ("barn_get", "barn_put", "barn_get_fail", "barn_put_fail"))
     barn_acq = barn_ops[:, None] * _f(own)
-    page_calls = per_op(counters, "slab_alloc") + per_op(counters, "slab_free")
-    zone_acq = (page_calls * cost.zone_lock_per_call(cfg.order, pcp_max, c))[:, None] * _f(mem)
+    zone_acq = cost.zone_lock_per_call(cfg.order, pcp_max, c) * (
+        per_op(counters, "slab_alloc")[:, None] * _f(mem)
+        + per_op(counters, "slab_free")[:, None] * slab_free_nodes(list_acq, mem))
     acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
     remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
     mult = jnp.tile(jnp.maximum(_f(cfg.node_weight), 1.0), len(LOCK_KINDS))
@@ -182,7 +184,8 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     # when that holder was another CPU (counts per rep stand in for the arrivals: the
     # duty of cost.foreign_holder_fraction is ops per step, the steps cancel).
     barn_hold, barn_lines = barn_section(cfg.alien_lock_lines, c)
-    lines = jnp.repeat(cost.lock_line_counts(c).at[1].set(barn_lines), n_nodes)
+    zone_blocks = cost.zone_blocks_per_acquisition(cfg.order, pcp_max, c)
+    lines = jnp.repeat(cost.lock_line_counts(c, zone_blocks).at[1].set(barn_lines), n_nodes)
     moved = cost.foreign_holder_fraction(acq, cfg.rep_weight, mult, _f(counters.ops))
     line = lines[None, :] * moved * jnp.where(remote, c.line_remote_ns, c.line_local_ns)
     hold = jnp.concatenate([jnp.full((n_nodes,), c.list_lock_hold_ns),
@@ -201,6 +204,23 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     line = line.at[:, n_nodes:2 * n_nodes].add(drain[:, None] * _f(barn_acq > 0))
     nested = jnp.sum(barn_acq, axis=1) * drain + jnp.sum(list_acq, axis=1) * moved_ns
     return acq, line, hold, mult, nested
+
+
+def slab_free_nodes(list_acq, mem):
+    """(R, N): the node classes whose zones get rep r's slab frees, as shares.
+
+    A freed slab's pages go back to their own zone (6.1 and 7.2 __free_slab() ->
+    __free_pages(): free_unref_page() puts them on the freeing CPU's per-CPU list of the
+    page's zone, whose drain takes that zone's lock), so a CPU that empties slabs of
+    another node loads that node's zone lock, across the interconnect.  The simulation
+    counts slab frees per rep, not per node; SLUB empties and discards a slab in a section
+    of the slab's own node's list_lock (6.1 __slab_free()'s slab_empty and
+    unfreeze_partials(), 7.2 __slab_free()'s slab_empty), so the rep's frees are spread
+    like its list_lock acquisitions (an approximation: every section of one rep is taken
+    as equally likely to discard).  A rep that takes no list_lock frees on its memory
+    node."""
+    total = jnp.sum(list_acq, axis=1, keepdims=True)
+    return jnp.where(total > 0, _safe_div(list_acq, total), _f(mem))
 
 
 def alien_section(lines, c: cost.CostParams):

@@ -55,8 +55,9 @@ PRIOR: dict[str, Prior] = {
     "buddy_call_ns": Prior(400.0, 200.0, 1000.0, "buddy allocator call"),
     "zone_lock_hold_ns": Prior(50.0, 20.0, 150.0, "zone->lock hold per block taken or "
                                "returned (__rmqueue_smallest, __free_one_page with its "
-                               "buddy merging); a pcp refill or drain moves pcp_batch "
-                               "blocks in one hold"),
+                               "buddy merging) on lines already moved (they are priced "
+                               "apart, zone_block_lines x line); a pcp refill or drain "
+                               "moves pcp_batch blocks in one hold"),
     "pcp_batch": Prior(31.0, 31.0, 31.0, "pages per pcp refill (count, not ns)"),
     "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
     "object_setup_ns": Prior(3.0, 1.0, 100.0, "writing the free pointer of each object "
@@ -75,8 +76,16 @@ PRIOR: dict[str, Prior] = {
                              "sheaf's barn_list, a neighbour's link"),
     "zone_lock_lines": Prior(cost.OPTIONAL_DEFAULTS["zone_lock_lines"], 3.0, 6.0,
                              "lines per zone->lock section (count): the padded lock line, "
-                             "free_area[order] list head and nr_free, the pages' buddy "
-                             "links and their neighbours'"),
+                             "free_area[order] list head and nr_free, the zone's "
+                             "free-page counters"),
+    "zone_block_lines": Prior(cost.OPTIONAL_DEFAULTS["zone_block_lines"], 2.0, 8.0,
+                              "lines per block taken or returned under zone->lock (count): "
+                              "6.1 and 7.2 __free_one_page() reads each buddy it tries, "
+                              "unlinks each free one with its two list neighbours and links "
+                              "the merged block; __rmqueue_smallest() unlinks a block and "
+                              "its successor, expand() links each half split off; one merge "
+                              "or split per block on average: 6 lines freed, 4 taken (2 "
+                              "with none, 8 with two)"),
 }
 #: Remote cache-line transfers cost at least this many local ones.
 REMOTE_OVER_LOCAL = 2.0

@@ -175,16 +175,16 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     # Two reps of one CPU each: rep 0 on node 0 (memory), rep 1 on a memoryless node that
     # takes node 0's list_lock and zone lock across the interconnect.  Hand-worked with
     # hold 80, lines of 40 (local) and 150 (remote) ns, k = 5 list_lock lines, 3 barn
-    # lines, 2 zone lines: the service of an acquisition is hold + k * f * line, f the
-    # chance that the previous holder was the other CPU (1/2 where both take a lock
-    # equally, 0 on a barn each CPU has to itself).
+    # lines, 2 zone lines and 1 more per block the zone section moves: the service of an
+    # acquisition is hold + k * f * line, f the chance that the previous holder was the
+    # other CPU (1/2 where both take a lock equally, 0 on a barn each CPU has to itself).
     from slabtune.model import cost as cost_model
     from slabtune.model import priors
 
     cost = cost_model.cost_from_mapping({**priors.prior_values(), "list_lock_hold_ns": 80.0,
                                 "line_local_ns": 40.0, "line_remote_ns": 150.0,
                                 "list_lock_lines": 5.0, "barn_lock_lines": 3.0,
-                                "zone_lock_lines": 2.0})
+                                "zone_lock_lines": 2.0, "zone_block_lines": 1.0})
     cfg, _ = _cfg(cpus=2, nodes=2, memoryless=(1,))
     node = np.asarray(cfg.rep_node)
     assert node[0] == 0 and node[1] != 0 and np.asarray(cfg.rep_mem_node)[1] == 0
@@ -202,9 +202,10 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     # barn of the rep's own node, which no other CPU takes: its 3 lines never move
     assert line[0, n] == 0.0 and acq[1, n + node[1]] == pytest.approx(0.01)
     assert line[1, n + node[1]] == 0.0
-    # zone lock of node 0: half of 2 lines; 31 order-3 calls per 1000 ops = 1/1000 per op
-    # (pcp batch)
-    assert line[0, 2 * n] == pytest.approx(40.0) and line[1, 2 * n] == pytest.approx(150.0)
+    # zone lock of node 0: half of 2 + 31 lines (a pcp batch of 31 blocks, a line each);
+    # 31 order-3 calls per 1000 ops = 1/1000 per op
+    assert line[0, 2 * n] == pytest.approx(33 * 40.0 / 2)
+    assert line[1, 2 * n] == pytest.approx(33 * 150.0 / 2)
     assert acq[1, 2 * n] == pytest.approx(0.031 / 31.0)
     # The closed-queue solution serves each acquisition for hold + k * f * line.
     base = np.array([100.0, 100.0] + [0.0] * (R - 2), np.float32)
@@ -218,7 +219,7 @@ def test_each_acquisition_moves_k_lines_local_or_remote():
     barn = n + node[1]
     want_t1 = (100.0 + 0.1 * (service[1] + wait[1, 0])
                + 0.01 * (40.0 + wait[1, barn])          # barn hold 40, no line moves
-               + acq[1, 2 * n] * (50.0 * 31 + 150.0 + wait[1, 2 * n]))  # zone: half of 2
+               + acq[1, 2 * n] * (50.0 * 31 + 33 * 75.0 + wait[1, 2 * n]))  # zone: half of 33
     # the zone lock's hold: 50 ns per block, a pcp batch of 31 blocks per acquisition
     assert float(np.asarray(hold)[2 * n]) == pytest.approx(50.0 * 31)
     assert t[1] == pytest.approx(want_t1, rel=1e-4)
@@ -268,3 +269,42 @@ def test_coupling_groups_follow_who_frees_whose_objects():
     assert len(_groups("producer_consumer", t8, cross_node=1.0)) == 2
     # block I/O with one completion CPU: every submitter waits on it.
     assert len(_groups("block_io", t8)) == 1
+
+
+@pytest.mark.slow
+def test_freed_slabs_load_their_own_nodes_zone_lock_with_a_line_per_block():
+    # Two CPUs on two nodes with memory.  Rep 0 allocates 31 slabs per 1000 ops on node 0;
+    # rep 1 frees 31 per 1000 ops, all of node 0's slabs (every one of its list_lock
+    # sections is node 0's).  Its pages go back to node 0's zone (__free_slab() ->
+    # free_unref_page() -> the drain takes the page's zone lock), across the interconnect.
+    from slabtune.model import cost as cost_model
+    from slabtune.model import priors
+
+    cost = cost_model.cost_from_mapping({**priors.prior_values(), "line_local_ns": 40.0,
+                                         "line_remote_ns": 150.0, "zone_lock_lines": 2.0,
+                                         "zone_block_lines": 3.0})
+    cfg, _ = _cfg(cpus=2, nodes=2)
+    node = np.asarray(cfg.rep_node)
+    assert node[0] == 0 and node[1] == 1
+    ops = _per_rep([1000, 1000])
+    c = _counters(ops=ops, allocs=_per_rep([1000, 0]), frees=_per_rep([0, 1000]),
+                  list_lock=_per_rep([0, 100]), list_lock_remote=_per_rep([0, 100]),
+                  slab_alloc=_per_rep([31, 0]), slab_free=_per_rep([0, 31]),
+                  list_lock_node=np.array([100, 0, 0, 0]))
+    n = dynamics.N
+    for pcp, blocks in ((3, 31), (0, 1)):   # order 3 (cfg.order): a pcp batch, or a buddy call
+        acq, line, hold, _ = (np.asarray(x) for x in metrics.lock_classes(c, cfg, pcp, cost))
+        calls = 0.031 / blocks
+        # both CPUs take node 0's zone lock, none node 1's
+        assert acq[0, 2 * n] == pytest.approx(calls) and acq[1, 2 * n] == pytest.approx(calls)
+        assert acq[1, 2 * n + 1] == 0.0
+        # each section moves 2 lines plus 3 per block, half the time (the other CPU held
+        # it last): locally for rep 0, across nodes for rep 1
+        k = 2.0 + 3.0 * blocks
+        assert line[0, 2 * n] == pytest.approx(k * 40.0 / 2)
+        assert line[1, 2 * n] == pytest.approx(k * 150.0 / 2)
+        assert hold[2 * n] == pytest.approx(50.0 * blocks)
+    # A CPU that frees its own node's slabs (no list_lock of another node) loads its own zone.
+    c_own = c._replace(list_lock_remote=_per_rep([0, 0]), list_lock_node=np.array([0, 100, 0, 0]))
+    acq, _, _, _ = (np.asarray(x) for x in metrics.lock_classes(c_own, cfg, 3, cost))
+    assert acq[1, 2 * n] == 0.0 and acq[1, 2 * n + 1] == pytest.approx(0.001)

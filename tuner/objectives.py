@@ -169,7 +169,8 @@ def priced_time(reps, order, objs_per_slab, fa: FleetArrays, cost: cost_model.Co
     moved = jnp.vectorize(cost_model.foreign_holder_fraction,
                           signature="(r,l),(r),(l),(r)->(r,l)")(
         acq, weight, mult, jnp.ones_like(weight))
-    counts = cost_model.lock_line_counts(cost)
+    counts = cost_model.lock_line_counts(
+        cost, cost_model.zone_blocks_per_acquisition(order, pcp_max, cost))[..., None, :]
     if barn is not None:
         counts = jnp.where(jnp.arange(3) == 1, jnp.asarray(barn[1], _F32)[..., None, None],
                            counts)

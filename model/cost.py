@@ -180,7 +180,7 @@ def cost_from_mapping(values: dict, base: CostParams | None = None) -> CostParam
     if out["queueing"] != 1.0:
         raise CostError(f"cost.queueing: {out['queueing']} must be 1 (0, no queueing, is "
                         "for the one-core rig table built in code)")
-    for key in OPTIONAL_DEFAULTS:
+    for key in ("list_lock_lines", "barn_lock_lines", "zone_lock_lines"):
         if out[key] < 1:
             raise CostError(f"cost.{key}: {out[key]} must be at least 1 (the lock's own line)")
     return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})

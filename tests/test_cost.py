@@ -48,6 +48,16 @@ def test_unfitted_defaults_are_the_documented_priors():
         assert "User Mode Linux" in what and "calibrate/data/uml-" in what, name
 
 
+def test_zone_block_lines_may_be_zero():
+    # A section's own line is at least one, but the lines per block may be none (a table
+    # that prices the zone lock as before zone_block_lines existed).
+    base, _ = simconfig.load_cost()
+    params, _ = cost.parse_cost_toml("[cost]\nzone_block_lines = 0.0\n", "z.toml", base)
+    assert float(params.zone_block_lines) == 0.0
+    with pytest.raises(cost.CostError, match="^cost.zone_lock_lines: 0.0 must be at least 1"):
+        cost.parse_cost_toml("[cost]\nzone_lock_lines = 0.0\n", "z.toml", base)
+
+
 def test_cost_files_without_line_counts_load_with_the_priors(tmp_path):
     # A cost table written before the line counts existed (every other constant given)
     # still loads, with the physical priors of the counts.
@@ -94,6 +104,7 @@ def test_file_overrides_only_what_it_names(tmp_path, default):
     ("[cost]\nqueueing = 0.0\n", "cost.queueing"),
     ("[cost]\nlist_lock_lines = 0.5\n", "cost.list_lock_lines"),
     ("[cost]\nzone_lock_lines = -2.0\n", "cost.zone_lock_lines"),
+    ("[cost]\nzone_block_lines = -1.0\n", "cost.zone_block_lines"),
     ("[cost]\nalloc_fast_ns = \"fast\"\n", "cost.alloc_fast_ns"),
     ("[fitted]\nnot_a_constant = \"x\"\n", "fitted.not_a_constant"),
     ("[costs]\n", "[costs]"),

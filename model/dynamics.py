@@ -1950,7 +1950,7 @@ def init_state(cfg: SimConfig) -> State:
         pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R),
         cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:] + RPS + RPU[1:]}, pd=z(R),
         rpd=z(R), main=z(R),
-        spare=z(R), phase=z(R), phase_left=jnp.asarray(cfg.workload.burst, _I32),
+        spare=z(R), phase=z(R), phase_left=jnp.asarray(cfg.workload.phase_first, _I32),
         **{f: z(N) for f in NS + NU[1:] + ("hs", "hu")}, full_slabs=z(N), barn_full=z(N),
         barn_empty=z(N),
         counts=z(len(COUNTER_FIELDS), R), lock_node=z(N), gsum_rep=z(3, R), gsum_node=z(3, N),

@@ -102,7 +102,7 @@ class RefSim:
         self.main = [0] * R
         self.spare = [0] * R
         self.phase = [0] * R
-        self.phase_left = list(self.burst)
+        self.phase_left = [int(x) for x in wl["phase_first"]]
         self.ns = [[0] * LEVELS for _ in range(N)]     # node partial slabs by level
         self.nu = [[0] * LEVELS for _ in range(N)]
         self.hs = [0] * N                              # the head slab a bulk take left

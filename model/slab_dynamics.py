@@ -659,7 +659,7 @@ def init_state(cfg: SlabSimConfig) -> dict:
 
     return dict(
         pend=z(R, R), out=z(R), pend_tot=z(R), phase=z(R),
-        phase_left=jnp.asarray(cfg.workload.burst, _I32), avail=z(R), touched=z(R),
+        phase_left=jnp.asarray(cfg.workload.phase_first, _I32), avail=z(R), touched=z(R),
         shared=z(N), sh_touched=z(N), free=z(N), slabs=z(N), free_touched=z(N),
         alien=z(N, N), counts=z(len(COUNTER_FIELDS), R), lock_node=z(N),
         g_rep=z(len(REP_GAUGES), R), ghi_rep=z(len(REP_GAUGES), R),

@@ -64,7 +64,7 @@ class SlabRefSim:
         self.out = [0] * R
         self.pend_tot = [0] * R
         self.phase = [0] * R
-        self.phase_left = list(self.burst)
+        self.phase_left = [int(x) for x in wl["phase_first"]]
         self.avail = [0] * R
         self.touched = [0] * R
         self.shared = [0] * N

@@ -40,7 +40,9 @@ static inline uint32_t xmx32(uint32_t x, uint32_t m1, int s, uint32_t m2)
 
 /* Rep r's workload (model/workloads.py Workload) from a config row c, for a sim_t with
  * alloc_p, free_cum, live, burst, active and phase_left and a row with F_ALLOC_P,
- * F_FREE_CUM, F_LIVE, F_BURST, F_ACTIVE: both models start each burst phase full. */
+ * F_FREE_CUM, F_LIVE, F_BURST, F_ACTIVE, F_PHASE_FIRST: both models start a rep's first
+ * burst phase phase_first allocations long (workloads.burst_phase_first), each later one
+ * burst long. */
 #define READ_WORKLOAD(S, c, r)                                                        \
     do {                                                                              \
         (S)->alloc_p[r] = (c)[F_ALLOC_P + (r)];                                       \
@@ -49,7 +51,7 @@ static inline uint32_t xmx32(uint32_t x, uint32_t m1, int s, uint32_t m2)
         (S)->live[r] = (c)[F_LIVE + (r)];                                             \
         (S)->burst[r] = (c)[F_BURST + (r)];                                           \
         (S)->active[r] = (c)[F_ACTIVE + (r)] > 0;                                     \
-        (S)->phase_left[r] = (S)->burst[r];                                           \
+        (S)->phase_left[r] = (c)[F_PHASE_FIRST + (r)];                                \
     } while (0)
 
 typedef struct {

@@ -31,7 +31,8 @@ enum { F_NUM, F_LIMIT, F_BC, F_SH_ENT, F_ALIEN_LIMIT, F_REAP, F_OLD_LOCKS, F_ON_
        F_FREE_LIMIT, F_REP_NODE = F_FREE_LIMIT + N, F_REP_MEM = F_REP_NODE + R,
        F_LOCAL = F_REP_MEM + R, F_ALLOC_LOCAL = F_LOCAL + R, F_FIRST = F_ALLOC_LOCAL + R,
        F_ALLOC_P = F_FIRST + R, F_FREE_CUM = F_ALLOC_P + R, F_LIVE = F_FREE_CUM + R * R,
-       F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R, NCFG = F_ACTIVE + R };
+       F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
+       F_PHASE_FIRST = F_ACTIVE + R, NCFG = F_PHASE_FIRST + R };
 
 typedef struct {
     int num, limit, bc, sh_ent, alien_limit, reap, era, on_empty;

@@ -69,6 +69,7 @@ struct config {
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
 	long rep_barn[MAX_REPS], rep_alloc_local[MAX_REPS];
 	long alloc_p[MAX_REPS], live_target[MAX_REPS], burst[MAX_REPS], active[MAX_REPS];
+	long phase_first[MAX_REPS];	/* a rep's first burst phase (-1: burst) */
 	long free_cum[MAX_REPS * MAX_REPS];
 	int seen_lists;
 };
@@ -119,6 +120,7 @@ static const struct key KEYS[] = {
 	{"alloc_p", K_LIST, OFF(alloc_p), 0, PROB_ONE, PROB_ONE / 2, 0},
 	{"live_target", K_LIST, OFF(live_target), 0, 1 << 24, 32, 0},
 	{"burst", K_LIST, OFF(burst), 0, 1 << 24, 0, 0},
+	{"phase_first", K_LIST, OFF(phase_first), -1, 1 << 24, -1, 0},
 	{"active", K_LIST, OFF(active), 0, 1, 1, 0},
 	{"free_cum", K_LIST, OFF(free_cum), 0, PROB_ONE, -1, 1},
 };
@@ -1341,7 +1343,7 @@ static void setup(void)
 		if (!c->in)
 			die_sys("calloc pending");
 		c->rng = (uint64_t)C.seed * 0x100000001b3ULL + (uint64_t)(r + 1) * 0x9e3779b97f4a7c15ULL;
-		c->phase_left = C.burst[r];
+		c->phase_left = C.phase_first[r] >= 0 ? C.phase_first[r] : C.burst[r];
 		if (C.sheaf_capacity > 0) {
 			c->main = sheaf_new();
 			c->spare = sheaf_new();

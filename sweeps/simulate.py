@@ -109,9 +109,17 @@ def sim_config(spec: SimSpec, structure):
                          ops_per_step=spec.ops_per_step, **kw)
 
 
-def simulate_specs(specs: list[SimSpec]):
+def bursts_together(cfg):
+    """``cfg`` (a SLUB or SLAB SimConfig) with every bursty rep's first burst a whole one,
+    all starting at once, instead of :func:`slabtune.model.workloads.burst_phase_first`'s
+    spread: the lab's lockstep schedule, whose workers step together from the first op."""
+    return cfg._replace(workload=cfg.workload._replace(phase_first=cfg.workload.burst))
+
+
+def simulate_specs(specs: list[SimSpec], together=None):
     """Structure, dynamics configuration and counters of every spec (one padded batch per
-    step count); returns three lists in the order of ``specs``."""
+    step count); returns three lists in the order of ``specs``.  ``together`` (one bool per
+    spec, default none): those specs' bursty reps start in step (:func:`bursts_together`)."""
     import jax
 
     from slabtune.sweeps.evaluators import configure_jax
@@ -122,6 +130,8 @@ def simulate_specs(specs: list[SimSpec]):
 
     structs = [structure_of(s) for s in specs]
     cfgs = [sim_config(s, st) for s, st in zip(specs, structs)]
+    if together is not None:
+        cfgs = [bursts_together(c) if t else c for c, t in zip(cfgs, together)]
     counters: list[Any] = [None] * len(specs)
     by_steps: dict[tuple[bool, int], list[int]] = {}
     for i, s in enumerate(specs):

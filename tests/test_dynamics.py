@@ -23,10 +23,15 @@ def _struct(profile, size=256, topo=ONE_NODE, explicit_sheaf=0):
                         explicit_sheaf=explicit_sheaf)
 
 
-def _run(profile, topo, wl, size=256, seed=0, structure=None, **kw):
+def _run(profile, topo, wl, size=256, seed=0, structure=None, together=False, **kw):
+    """Counters and config; ``together``: the bursty reps start in step
+    (simulate.bursts_together), every CPU freeing at once."""
+    from slabtune.sweeps.simulate import bursts_together
+
     prof = profiles.get_profile(profile)
     st = structure if structure is not None else _struct(profile, size, topo)
     cfg = dynamics.config_from(st, prof, topo, wl, **kw)
+    cfg = bursts_together(cfg) if together else cfg
     return dynamics.counters_numpy(dynamics.simulate(jax.random.key(seed), cfg, STEPS)), cfg
 
 
@@ -152,10 +157,12 @@ def test_v70_memoryless_cpus_bypass_sheaves_v71_does_not():
 def test_slabs_are_freed_only_beyond_min_partial():
     """An emptied slab goes back to the page allocator only when its node already keeps
     min_partial partial slabs: with a huge min_partial nothing is freed and empty slabs
-    pile up on the list; with min_partial 0 every emptied slab is freed."""
+    pile up on the list; with min_partial 0 every emptied slab is freed.  The CPUs burst
+    in step, so they all free at once and slabs empty (started apart, the allocating
+    ones take the emptying slabs back: workloads.burst_phase_first)."""
     wl = {"kind": "local", "live": 400, "burst": 400}
-    keep, _ = _run("v3.1", ONE_NODE, wl, min_partial=1000)
-    drop, _ = _run("v3.1", ONE_NODE, wl, min_partial=0)
+    keep, _ = _run("v3.1", ONE_NODE, wl, min_partial=1000, together=True)
+    drop, _ = _run("v3.1", ONE_NODE, wl, min_partial=0, together=True)
     assert keep["slab_free"].sum() == 0
     assert keep["empty_slabs_kept"].sum() > 1
     assert drop["slab_free"].sum() > 10
@@ -173,8 +180,12 @@ def test_local_bursts_cycle_each_cpus_own_two_slabs(topo):
     So every CPU keeps two slabs for good: two new slabs each, no drain, no slab freed,
     one slow path per 32 allocations and half the frees fast.  (The lab measured the same
     on 4 CPUs with a memoryless node, 6.1 and 6.12: 0 new slabs and 64 KiB in the window,
-    cpu_partial_free = cpu_partial_alloc = alloc_slowpath.)"""
-    c, cfg = _run("v6.1", topo, {"kind": "local", "live": 64, "burst": 32}, size=512)
+    cpu_partial_free = cpu_partial_alloc = alloc_slowpath.)  The CPUs burst in step, as
+    the lab's lockstep workers do (simulate.bursts_together): started apart
+    (workloads.burst_phase_first), a CPU whose first burst is short keeps more than 32
+    objects (its first free phase falls back to allocations) and more slabs."""
+    c, cfg = _run("v6.1", topo, {"kind": "local", "live": 64, "burst": 32}, size=512,
+                  together=True)
     reps = np.asarray(cfg.rep_weight) > 0
     assert int(cfg.objs_per_slab) == 16 and int(cfg.cpu_partial_slabs) > 2
     assert (c["slab_alloc"][reps] == 2).all()
@@ -191,17 +202,17 @@ def test_before_3_1_slab_free_discards_every_slab_it_empties():
     min_partial only in unfreeze_slab() and get_any_partial()).  So on one node with a
     per-CPU slab that deactivates full, min_partial 1000 keeps no empty slab, and the
     2008 scenario's static and dynamic arms run alike; v3.1's ``nr_partial >
-    min_partial`` keeps them."""
+    min_partial`` keeps them.  The CPUs burst in step, all freeing at once."""
     wl = {"kind": "local", "live": 400, "burst": 400}
-    old, cfg = _run("v2.6.27", ONE_NODE, wl, min_partial=1000)
+    old, cfg = _run("v2.6.27", ONE_NODE, wl, min_partial=1000, together=True)
     assert int(cfg.free_discard_offset) == profiles.DISCARD_EVERY_EMPTIED
     assert int(cfg.min_partial) + int(cfg.free_discard_offset) < 0
     assert old["slab_free"].sum() > 10
     assert old["empty_slabs_kept"].sum() == 0
-    kept, cfg31 = _run("v3.1", ONE_NODE, wl, min_partial=1000)
+    kept, cfg31 = _run("v3.1", ONE_NODE, wl, min_partial=1000, together=True)
     assert int(cfg31.free_discard_offset) == 1
     assert kept["slab_free"].sum() == 0 and kept["empty_slabs_kept"].sum() > 1
-    five, _ = _run("v2.6.27", ONE_NODE, wl, min_partial=5)
+    five, _ = _run("v2.6.27", ONE_NODE, wl, min_partial=5, together=True)
     assert all(np.array_equal(five[k], old[k]) for k in old)
     # a policy's min_partial replaces the config's (as the tuner's batches do) and the
     # offset still means "every emptied slab"
@@ -672,3 +683,44 @@ def test_memoryless_cpus_without_a_barn_take_a_new_slab_per_allocation_at_high_m
     assert 0 < c["slab_alloc"][mine].sum() < n // int(cfg.objs_per_slab)
     hi, _ = _run("v7.0", _ML4, _PC_ML, size=512, min_partial=1000)
     assert hi["slab_alloc"][mine].sum() == hi["allocs"][mine].sum() == hi["list_lock"][mine].sum()
+
+
+def test_first_burst_phases_spread_each_nodes_bursty_reps_apart():
+    # two CPUs of one node: a quarter cycle (half a burst) apart; four reps per node class on
+    # two nodes: an eighth of the cycle apart in each class; interleaved churn: no bursts
+    wl, _ = workloads.local(Topology.uniform(2, 1), live=1024, burst=1024)
+    assert np.asarray(wl.phase_first).tolist() == [1024, 512] + [0] * 6
+    wl, lay = workloads.local(Topology.uniform(8, 2), live=64, burst=64)
+    assert np.asarray(lay.node).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert np.asarray(wl.phase_first).tolist() == [64, 48, 32, 16] * 2
+    wl, _ = workloads.local(Topology.uniform(8, 2), live=64)
+    assert not np.asarray(wl.phase_first).any()
+    # an inactive rep keeps a whole first phase
+    assert workloads.burst_phase_first([5, 5, 0, 7], [1, 1, 1, 0], [0] * 4).tolist() == [5, 3, 0, 7]
+
+
+@pytest.mark.slow
+def test_two_cpus_bursting_out_of_step_pass_full_sheaves_through_the_barn():
+    """Two CPUs of one node allocate 1024 objects then free them, a quarter cycle apart
+    (workloads.burst_phase_first).  While one frees and the other allocates, the sheaves
+    the freeing CPU fills go to the node's barn and the allocating one takes them back
+    (7.2 __pcs_replace_empty_main(): barn_get_full) instead of refilling from slabs; one
+    CPU alone bursts 37 sheaves into a barn of 10 and flushes the rest.  7.2 in UML
+    measured it on two CPUs: 0.029 barn gets per alloc+free pair, a fifth of one CPU's
+    refills.  Started in step, the two would fill the barn together and refill from slabs
+    together."""
+    topo = Topology.uniform(2, 1)
+    prof = profiles.get_profile("v7.1")
+    st = policy.structure(512, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof), is_kmalloc=True)
+    cfg = dynamics.config_from(st, prof, topo, {"kind": "local", "live": 1024, "burst": 1024})
+    assert np.asarray(cfg.workload.phase_first)[:2].tolist() == [1024, 512]
+    cap, steps = int(cfg.sheaf_capacity), 9 * 1024
+    assert 10 <= cap < 1024 // int(cfg.barn_max_full)    # one CPU's burst overflows the barn
+    c = dynamics.counters_numpy(dynamics.simulate(jax.random.key(0), cfg, steps))
+    together = cfg._replace(workload=cfg.workload._replace(phase_first=cfg.workload.burst))
+    t = dynamics.counters_numpy(dynamics.simulate(jax.random.key(0), together, steps))
+    assert c["barn_get"].sum() > 4 * t["barn_get"].sum()
+    assert 2 * c["sheaf_refill"].sum() < t["sheaf_refill"].sum()
+    assert 2 * c["slab_alloc"].sum() < t["slab_alloc"].sum()
+    assert 2 * c["sheaf_flush"].sum() < t["sheaf_flush"].sum()

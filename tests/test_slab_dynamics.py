@@ -176,9 +176,13 @@ def test_burst_of_frees_flushes_whole_batches(topo, where):
     refills, a pool of P = num * ceil(F / num) objects, and the frees start on an array of
     a0 = P - F.  A free finding the array full flushes batchcount objects first
     (cache_flusharray()): ceil((a0 + F - limit) / batchcount) flushes, into the shared
-    array where there is one (more than one possible CPU), else back to the slabs."""
+    array where there is one (more than one possible CPU), else back to the slabs.  Every
+    CPU bursts in step (simulate.bursts_together), so each does exactly this."""
+    from slabtune.sweeps.simulate import bursts_together
+
     t = TOPOS[topo]
-    cfg = _cfg("slab-v6.1", t, {"kind": "local", "live": 180, "burst": 180}, size=256)
+    cfg = bursts_together(_cfg("slab-v6.1", t, {"kind": "local", "live": 180, "burst": 180},
+                               size=256))
     limit, bc, num = int(cfg.limit), int(cfg.batchcount), int(cfg.objs_per_slab)
     assert num <= sd.BATCHREFILL_LIMIT <= bc
     F = limit + bc

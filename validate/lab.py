@@ -267,7 +267,8 @@ def window_counters(early, late, steps_early: int, steps_late: int):
 
 
 def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None,
-            windows: Sequence[bool] | None = None) -> list[dict]:
+            windows: Sequence[bool] | None = None,
+            lockstep: Sequence[bool] | None = None) -> list[dict]:
     """The model's side of each (config document, KernelProfile or None) pair: the compared
     figures, ``ns_per_op`` (modelled ns per alloc+free pair), every counter of
     :data:`MODEL_COUNTERS` per 1000 ops (weighted over the representative CPUs as the
@@ -275,7 +276,10 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None,
     config's ``steps`` after :func:`~slabtune.kernel.labmod.warmup_steps` of warm-up, as
     the kernel side counts them (:func:`window_counters`).  ``windows``: per item, False
     for the whole run from empty caches (a stored run measured before the lab had a
-    warm-up); default all True."""
+    warm-up); default all True.  ``lockstep``: per item, True for a run in the lockstep
+    schedule, whose workers start their bursts together
+    (:func:`slabtune.sweeps.simulate.bursts_together`); default all False (free-running
+    CPUs drift apart, workloads.burst_phase_first)."""
     from slabtune.kernel import labmod
     from slabtune.sweeps import simconfig, simulate
 
@@ -286,8 +290,8 @@ def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None,
     warm = [labmod.warmup_steps(s.steps) if win else 0 for s, win in zip(specs, windows)]
     whole = [dataclasses.replace(s, steps=w + s.steps) for s, w in zip(specs, warm)]
     head = [dataclasses.replace(s, steps=max(w, 1)) for s, w in zip(specs, warm)]
-    structs, cfgs, late = simulate.simulate_specs(whole)
-    _, _, early = simulate.simulate_specs(head)
+    structs, cfgs, late = simulate.simulate_specs(whole, lockstep)
+    _, _, early = simulate.simulate_specs(head, lockstep)
     counters = [c if w == 0 else window_counters(e, c, w, w + s.steps)
                 for s, w, e, c in zip(specs, warm, early, late)]
     return _predicted(specs, structs, cfgs, counters, cost)
@@ -542,7 +546,9 @@ def stored_run(run, repredict: bool = False) -> LabRun:
         # a run measured before the lab had a warm-up counted from empty caches
         preds = predict([(r["config"]["doc"], release_profile(r["release"])) for r in recs],
                         windows=[bool((r.get("measured") or {}).get("warmup_ops"))
-                                 for r in recs])
+                                 for r in recs],
+                        lockstep=[str(r.get("accelerator", "")).endswith("-lockstep")
+                                  for r in recs])
         recs = [combine(r, config_from_doc(r["config"]["doc"], r["config"]["name"],
                                            r["config"].get("path", "")), pred)
                 for r, pred in zip(recs, preds)]
@@ -592,7 +598,8 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
     profiles = {k: kernel_profile(k) for k in kernels}
     for c, k in pairs:
         check_allocator(c, k, profiles[k])
-    preds = predict([(c.doc, profiles[k]) for c, k in pairs])
+    preds = predict([(c.doc, profiles[k]) for c, k in pairs],
+                    lockstep=[schedule == "lockstep"] * len(pairs))
     meta = {"name": "lab", "evaluator": "lab", "chunk_size": 1,
             "configs": [c.to_json() for c in configs], "kernels": list(kernels),
             "accel": accel, "plan": [[c.name, k] for c, k in pairs]}

@@ -107,6 +107,7 @@ class NativeConfig:
     burst: tuple[int, ...]
     active: tuple[int, ...]
     free_cum: tuple[int, ...]
+    phase_first: tuple[int, ...] = ()
     rep_weight: tuple[float, ...] = ()
     steps: int = 1000
     seed: int = 0
@@ -129,6 +130,8 @@ class NativeConfig:
                 continue
             v = getattr(self, f.name)
             if isinstance(v, tuple):
+                if not v:            # phase_first left out: the binary's default (burst)
+                    continue
                 v = ",".join(str(int(x)) for x in v)
             out.append(f"--{f.name}={int(v) if not isinstance(v, str) else v}")
         out.append(f"--reps={self.reps}")
@@ -181,6 +184,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         alloc_p=_ints(wl.alloc_p),
         live_target=_ints(wl.live_target),
         burst=_ints(wl.burst),
+        phase_first=_ints(wl.phase_first),
         active=_ints(wl.active),
         free_cum=_ints(wl.free_cum),
         rep_weight=tuple(float(w) for w in np.asarray(sim.rep_weight)),

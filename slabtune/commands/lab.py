@@ -48,7 +48,9 @@ def register(subparsers) -> None:
                         "fast as their vCPUs go, an idle worker sleeping a tick; "
                         "'lockstep' one op or none each per step at a barrier, through "
                         "the warm-up and the config's steps, the model's schedule "
-                        "(accelerator label lab-tcg-lockstep)")
+                        "(accelerator label lab-tcg-lockstep), every worker's bursts "
+                        "starting together (the model's bursting CPUs otherwise start "
+                        "apart)")
     p.add_argument("--repredict", action="store_true",
                    help="(show) the stored measurements beside today's model, predicted "
                         "again under each record's kernel profile")

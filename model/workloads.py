@@ -87,7 +87,8 @@ class Workload(NamedTuple):
     (each falling back to the other kind when impossible); 0 interleaves them at random.
     ``active[r]``: 1 if rep ``r`` stands for at least one CPU.
     ``phase_first[r]``: allocations in rep ``r``'s first burst phase
-    (:func:`burst_phase_first`: the bursty reps of a node class start apart).
+    (:func:`burst_phase_first`: a node's reps that burst their whole live set start
+    apart).
     """
 
     alloc_p: np.ndarray
@@ -226,11 +227,11 @@ def _free_cum(rows: list[list[float]]) -> np.ndarray:
     return out
 
 
-def burst_phase_first(burst, active, node) -> np.ndarray:
-    """Allocations in each rep's first burst phase: the j-th of the ``n`` active bursty
-    reps of a node class starts with ``burst - burst * j // n``, so it runs
-    ``burst * j // n`` ops ahead of the first: two CPUs a quarter of their ``2 * burst``-op
-    cycle apart, more spread over half of it.
+def burst_phase_first(burst, live, active, node) -> np.ndarray:
+    """Allocations in each rep's first burst phase: the j-th of the ``n`` active reps of a
+    node class whose bursts fill and empty their live set (``burst`` = ``live``) starts
+    with ``burst - burst * j // n``, so it runs ``burst * j // n`` ops ahead of the first:
+    two CPUs a quarter of their ``2 * burst``-op cycle apart, more spread over half of it.
 
     CPUs that burst on their own do not keep in step: their phases drift apart.  Started
     together, the model's reps would allocate together and free together for ever, and a
@@ -239,19 +240,21 @@ def burst_phase_first(burst, active, node) -> np.ndarray:
     UML, two CPUs bursting 1024 objects, takes 0.029 full sheaves from the barn per
     alloc+free pair, nearly one per sheaf, and a fifth of one CPU's slab refills.  A
     quarter cycle is how far apart two independent phases are on average (the shorter arc
-    between two uniform points of a circle).  A rep whose live set the bursts fill
-    (``live`` = ``burst``) is, after its first cycle, the first rep's cycle shifted by that
-    many ops; where ``live`` is larger, it also keeps that many more objects (its first
-    free phase runs out of objects and falls back to allocations).  Leads beyond half the
-    cycle would need a first phase longer than a burst (the same extra objects) or a wait
-    before the first op, which idles a rep for up to a burst: longer than the tuner's
-    dynamics runs (256 steps)."""
+    between two uniform points of a circle).  After its first cycle such a rep runs the
+    first rep's cycle shifted by that many ops, with the same live set.
+
+    Reps whose live target is not their burst start together: a short first burst would
+    leave them holding that many more objects for good (the first free phase runs out of
+    objects and falls back to allocations), which the real CPUs do not (6.1-slab in the
+    lab, two CPUs bursting 32 of 64 objects free-running: 28 KiB measured, 36 KiB
+    predicted with the two apart).  Shifting those would need a wait before the first op,
+    as long as a burst: longer than many runs."""
     burst = np.asarray(burst, np.int32)
     out = burst.copy()
-    bursty = (np.asarray(active) > 0) & (burst > 0)
+    spread = (np.asarray(active) > 0) & (burst > 0) & (burst == np.asarray(live))
     node = np.asarray(node)
-    for c in np.unique(node[bursty]):
-        reps = np.flatnonzero(bursty & (node == c))
+    for c in np.unique(node[spread]):
+        reps = np.flatnonzero(spread & (node == c))
         for j, r in enumerate(reps):
             out[r] = burst[r] - int(burst[r]) * j // len(reps)
     return out
@@ -261,13 +264,14 @@ def _workload(alloc_p, rows, live, burst, layout: RepLayout) -> Workload:
     active = (layout.weight > 0).astype(np.int32)
     pad = R - len(alloc_p)
     burst = np.array(list(burst) + [0] * pad, np.int32)
+    live = np.array(list(live) + [0] * pad, np.int32) * active
     return Workload(
         alloc_p=np.array(list(alloc_p) + [0] * pad, np.int32) * active,
         free_cum=_free_cum(list(rows) + [[]] * pad) * active[:, None],
-        live_target=np.array(list(live) + [0] * pad, np.int32) * active,
+        live_target=live,
         burst=burst,
         active=active,
-        phase_first=burst_phase_first(burst, active, layout.node),
+        phase_first=burst_phase_first(burst, live, active, layout.node),
     )
 
 

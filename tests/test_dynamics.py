@@ -686,8 +686,9 @@ def test_memoryless_cpus_without_a_barn_take_a_new_slab_per_allocation_at_high_m
 
 
 def test_first_burst_phases_spread_each_nodes_bursty_reps_apart():
-    # two CPUs of one node: a quarter cycle (half a burst) apart; four reps per node class on
-    # two nodes: an eighth of the cycle apart in each class; interleaved churn: no bursts
+    # bursts of the whole live set: two CPUs of one node a quarter cycle (half a burst)
+    # apart; four reps per node class on two nodes an eighth of the cycle apart in each
+    # class; interleaved churn: no bursts
     wl, _ = workloads.local(Topology.uniform(2, 1), live=1024, burst=1024)
     assert np.asarray(wl.phase_first).tolist() == [1024, 512] + [0] * 6
     wl, lay = workloads.local(Topology.uniform(8, 2), live=64, burst=64)
@@ -695,8 +696,12 @@ def test_first_burst_phases_spread_each_nodes_bursty_reps_apart():
     assert np.asarray(wl.phase_first).tolist() == [64, 48, 32, 16] * 2
     wl, _ = workloads.local(Topology.uniform(8, 2), live=64)
     assert not np.asarray(wl.phase_first).any()
-    # an inactive rep keeps a whole first phase
-    assert workloads.burst_phase_first([5, 5, 0, 7], [1, 1, 1, 0], [0] * 4).tolist() == [5, 3, 0, 7]
+    # bursts of part of the live set start together (a short first burst would keep more
+    # objects for good), and an inactive rep keeps a whole first phase
+    wl, _ = workloads.local(Topology.uniform(2, 1), live=64, burst=32)
+    assert np.asarray(wl.phase_first).tolist()[:2] == [32, 32]
+    assert workloads.burst_phase_first([5, 5, 0, 7], [5, 5, 5, 7], [1, 1, 1, 0],
+                                       [0] * 4).tolist() == [5, 3, 0, 7]
 
 
 @pytest.mark.slow

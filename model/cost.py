@@ -285,19 +285,19 @@ def page_call_ns(order, pcp_max, c: CostParams):
     return jnp.where(order <= pcp_max, c.pcp_call_ns, c.buddy_call_ns)
 
 
-def zone_lock_per_call(order, pcp_max, c: CostParams):
-    """zone->lock acquisitions per page allocator call: 1 / pcp_batch for orders cached per
-    CPU (the lists refill and drain in batches), 1 for higher orders."""
-    order = jnp.asarray(order, _F32)
-    return jnp.where(order <= pcp_max, 1.0 / c.pcp_batch, 1.0)
-
-
 def zone_blocks_per_acquisition(order, pcp_max, c: CostParams):
     """Blocks moved in one zone->lock hold for slabs of ``order``: a pcp refill
     (rmqueue_bulk) or drain (free_pcppages_bulk) moves ``pcp_batch``, where a buddy call
     (rmqueue_buddy, free_one_page) moves one."""
     order = jnp.asarray(order, _F32)
     return jnp.where(order <= pcp_max, c.pcp_batch, 1.0)
+
+
+def zone_lock_per_call(order, pcp_max, c: CostParams):
+    """zone->lock acquisitions per page allocator call: one per
+    :func:`zone_blocks_per_acquisition` calls (1 / pcp_batch for orders cached per CPU, whose
+    lists refill and drain in batches; 1 for higher orders)."""
+    return 1.0 / zone_blocks_per_acquisition(order, pcp_max, c)
 
 
 def zone_hold_ns(order, pcp_max, c: CostParams):

@@ -107,7 +107,7 @@ class NativeConfig:
     burst: tuple[int, ...]
     active: tuple[int, ...]
     free_cum: tuple[int, ...]
-    phase_first: tuple[int, ...] = ()
+    phase_first: tuple[int, ...]
     rep_weight: tuple[float, ...] = ()
     steps: int = 1000
     seed: int = 0
@@ -130,8 +130,6 @@ class NativeConfig:
                 continue
             v = getattr(self, f.name)
             if isinstance(v, tuple):
-                if not v:            # phase_first left out: the binary's default (burst)
-                    continue
                 v = ",".join(str(int(x)) for x in v)
             out.append(f"--{f.name}={int(v) if not isinstance(v, str) else v}")
         out.append(f"--reps={self.reps}")

@@ -144,6 +144,10 @@ class SimConfig(NamedTuple):
     #: a CPU of a memoryless node searches its memory node's partial list only in runs
     #: whose draw passes it (:func:`node_list_floor`).
     remote_node_defrag_ratio: Any = np.int32(profiles.REMOTE_NODE_DEFRAG_RATIO)
+    #: Per rep (R,): which node of its memory class a rep's slabs come from
+    #: (workloads.rep_homes; 0 everywhere where each class is one node).  Objects of two
+    #: reps of one class with different homes are remote to each other (:func:`remote_to`).
+    rep_mem_home: Any = np.zeros(workloads.R, np.int32)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -302,6 +306,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
         free_discard_offset=_scalar(profile.slab_free_discard_offset),
         remote_node_defrag_ratio=_scalar(profiles.REMOTE_NODE_DEFRAG_RATIO),
+        rep_mem_home=np.asarray(lay.mem_home, np.int32),
     )
 
 
@@ -1196,6 +1201,16 @@ def fifo_split(k, pend, pend_cs):
     return old, k - old
 
 
+def remote_to(mem, mem_home, local, local_home):
+    """Whether objects from slabs of memory class ``mem``, node ``mem_home`` of it, are
+    remote to a CPU whose numa_mem_id() is class ``local``, node ``local_home``: 7.x
+    slab_free() gives them to its sheaves only when ``slab_nid(slab) == numa_mem_id()``
+    (v7.0; v6.18 for caches with sheaves).  Nodes of one class are told apart by their
+    homes (workloads.rep_homes).  Elementwise; the reference and the C engine test the
+    same."""
+    return (mem != local) | (mem_home != local_home)
+
+
 def _pick_pending(cx: _Ctx, k: _Rep, nf):
     """Which of rep ``cx.r``'s pending objects its ``nf`` frees take (the workload, no
     kernel function): systematic points (offset from ``w1``) over the origins' objects
@@ -1210,7 +1225,7 @@ def _pick_pending(cx: _Ctx, k: _Rep, nf):
     T = jnp.maximum(cx.row("pend_tot"), 1)
     k_all = _counts(_systematic(_cumsum(col), nf, _i(w1 >> 1) % T, T, d["max_run"]))
     k_ot, k_cs = fifo_split(k_all, col, st["pend_cs"][:, r])
-    rem = d["mem_node"] != d["local_node"][r]
+    rem = remote_to(d["mem_node"], d["mem_home"], d["local_node"][r], d["mem_home"][r])
     cx.bump("remote_free", jnp.sum(jnp.where(rem, k_all, 0), axis=0))
     return k_cs, k_ot, k_all, rem
 
@@ -1874,6 +1889,7 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         # numa_mem_id() as the v7.0 sheaf test sees it: a memoryless node's own id unless
         # the profile lets memoryless CPUs use sheaves (v7.1)
         local_node=jnp.where(memless & ~use_sh, node, mem),
+        mem_home=_i(cfg.rep_mem_home),
         memless=_i(memless),
         defrag=_i(cfg.remote_node_defrag_ratio),
         alloc_local=_i(~memless | (cfg.memoryless_fallback > 0)),

@@ -57,6 +57,7 @@ class RefSim:
         self.max_empty = int(c["barn_max_empty"])
         self.node = [int(x) for x in c["rep_node"]]
         self.mem = [int(x) for x in c["rep_mem_node"]]
+        self.mem_home = [int(x) for x in c["rep_mem_home"]]
         # slabs come from memory node classes 0 and 1: a rep's remote slabs are the other's
         self.other = [1 - m for m in self.mem]
         memless = [int(x) > 0 for x in c["rep_memoryless"]]
@@ -425,7 +426,8 @@ class RefSim:
         n_self = 0
         for origin, cs in picks:
             n_o = self.mem[origin]
-            remote = n_o != self.local_node[r]
+            # dynamics.remote_to
+            remote = n_o != self.local_node[r] or self.mem_home[origin] != self.mem_home[r]
             self._bump("frees", r)
             if remote:
                 self._bump("remote_free", r)

@@ -132,6 +132,10 @@ class SlabSimConfig(NamedTuple):
     node_has_memory: Any
     node_weight: Any
     workload: workloads.Workload
+    #: Per rep (R,): which node of its memory class its slabs come from
+    #: (workloads.rep_homes).  An object of another node of the rep's class is an alien
+    #: too (dynamics.remote_to); it waits in the array alien[L][L].
+    rep_mem_home: Any = np.zeros(R, np.int32)
 
 
 #: Event counters, one int32 per rep.  The first twelve mean what the SLUB model's fields of
@@ -255,6 +259,7 @@ def config_from(structure: slab.SlabStructure, profile: profiles.SlabProfile,
         node_has_memory=_i32(lay.node_has_memory),
         node_weight=np.asarray(lay.node_weight, np.float32),
         workload=workloads.Workload(*(_i32(f) for f in wl)),
+        rep_mem_home=_i32(lay.mem_home),
     )
 
 
@@ -492,7 +497,8 @@ def _rep_op(r, w, st, cfg: SlabSimConfig, d):
 
     # ---- ___cache_free(): alien free or the array, flushed when full
     nobj = _at(d["mem"], i)
-    loc = do_f & (nobj == L)
+    # cache_free_alien(): an object of another node than numa_mem_id() (dynamics.remote_to)
+    loc = do_f & ~dynamics.remote_to(nobj, _at(d["home"], i), L, d["home"][r])
     push = loc & (av < lim)
     flush = loc & (av >= lim)
     room = d["sh_ent"] - shL
@@ -500,7 +506,7 @@ def _rep_op(r, w, st, cfg: SlabSimConfig, d):
     fl_sl = flush & ~fl_sh
     kf = jnp.where(fl_sh, jnp.minimum(bcf, room), bcf)
     st["shared"] = st["shared"] + jnp.where(ohL & fl_sh, kf, 0)
-    rem = do_f & (nobj != L)
+    rem = do_f & ~loc
     has_al = d["alien_limit"] > 0
     pair = ohL[:, None] & _oh(nobj)[None, :]
     a_ln = jnp.sum(jnp.where(pair, st["alien"], 0), axis=(0, 1))
@@ -562,7 +568,8 @@ def _reap_rep(r, st, d, node_round, on_step):
     ohL = _oh(L)
     lim = d["limit"]
     for n in range(N):
-        dr = _drain_alien(st, d, inc, L, n, own, on & (L != n) & (d["alien_limit"] > 0))
+        # alien[L][L] holds the objects of the other nodes of L's class (rep_mem_home)
+        dr = _drain_alien(st, d, inc, L, n, own, on & (d["alien_limit"] > 0))
         inc["alien_lock"] = inc["alien_lock"] + _i(dr)
         inc["reap_alien"] = inc["reap_alien"] + _i(dr)
     # drain_array() of the CPU's array: a touched one is only untouched
@@ -621,7 +628,7 @@ def _derived(cfg: SlabSimConfig) -> dict:
         old_locks=cfg.old_locks > 0, free_on_empty=cfg.free_on_empty > 0,
         free_limit=_i(cfg.free_limit), reap=_i(cfg.reap_interval),
         node=_i(cfg.rep_node), mem=_i(cfg.rep_mem_node), local=_i(dv["local"]),
-        alloc_local=_i(dv["alloc_local"]), first=dv["first"],
+        alloc_local=_i(dv["alloc_local"]), first=dv["first"], home=_i(cfg.rep_mem_home),
         active=cfg.workload.active > 0,
     )
 
@@ -820,7 +827,7 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         barn_max_full=z, barn_max_empty=z, rep_weight=cfg.rep_weight, rep_node=cfg.rep_node,
         rep_mem_node=cfg.rep_mem_node, rep_memoryless=cfg.rep_memoryless,
         node_has_memory=cfg.node_has_memory, node_weight=cfg.node_weight,
-        workload=cfg.workload, ops_per_step=z + 1,
+        workload=cfg.workload, ops_per_step=z + 1, rep_mem_home=cfg.rep_mem_home,
         remote_free_lines=jnp.zeros_like(jnp.asarray(cfg.objs_per_slab, jnp.float32))
         + REMOTE_FREE_LINES,
         alien_lock_lines=jnp.asarray(slab.alien_section_lines(

@@ -50,6 +50,7 @@ class SlabRefSim:
         self.free_limit = [int(x) for x in c["free_limit"]]
         self.node = [int(x) for x in c["rep_node"]]
         self.mem = [int(x) for x in c["rep_mem_node"]]
+        self.home = [int(x) for x in c["rep_mem_home"]]
         dv = derived(cfg)
         self.local = [int(x) for x in dv["local"]]
         self.alloc_local = [bool(x) for x in dv["alloc_local"]]
@@ -222,7 +223,8 @@ class SlabRefSim:
         self.pend_tot[r] -= 1
         self.out[i] -= 1
         n, L = self.mem[i], self.local[r]
-        if n != L:
+        # dynamics.remote_to: another node of L's class waits in alien[L][L]
+        if n != L or self.home[i] != self.home[r]:
             self._bump("remote_free", r)
             self._bump("free_slow", r)
             if self.alien_limit > 0:
@@ -274,7 +276,7 @@ class SlabRefSim:
         L = self.local[r]
         if self.alien_limit > 0:
             for n in range(N):
-                if n != L and self._drain_alien(r, L, n):
+                if self._drain_alien(r, L, n):
                     self._bump("alien_lock", r)
                     self._bump("reap_alien", r)
         if self.avail[r] > 0:

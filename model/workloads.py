@@ -107,7 +107,9 @@ class RepLayout(NamedTuple):
     from (its own for a memory node, the nearest memory node for a memoryless one).
     ``memoryless[r]``: 1 if its CPU sits on a node without memory.
     ``node_has_memory[n]``, ``node_weight[n]``: per node class, whether it has memory and
-    how many real nodes it stands for.
+    how many real nodes it stands for.  ``home[r]``: which of its node class's nodes rep
+    ``r``'s CPU sits on, and ``mem_home[r]``: which of its memory class's nodes its slabs
+    come from (:func:`rep_homes`; both 0 where a class is one node).
     """
 
     weight: np.ndarray
@@ -116,6 +118,8 @@ class RepLayout(NamedTuple):
     memoryless: np.ndarray
     node_has_memory: np.ndarray
     node_weight: np.ndarray
+    home: np.ndarray
+    mem_home: np.ndarray
 
 
 # --------------------------------------------------------------------------- helpers
@@ -165,15 +169,21 @@ def node_groups(topology: Topology) -> dict:
                 mem_class=mem_class, node_class=node_class)
 
 
-def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]]) -> RepLayout:
+def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
+            roles=None) -> RepLayout:
     """Build a layout from ``slots``: one (group, weight) per rep (padded to R), the group
-    a (node class, memory node class) pair of :data:`GROUPS`."""
+    a (node class, memory node class) pair of :data:`GROUPS`.  ``roles`` (one tag per
+    slot, default all alike): reps of different roles are dealt over a class's nodes
+    apart (:func:`rep_homes`), so that each node gets its senders and its receivers."""
     g = node_groups(topology)
     slots = list(slots) + [(_GROUP0, 0.0)] * (R - len(slots))
     node = np.array([s[0][0] for s in slots], np.int32)
     weight = np.array([s[1] for s in slots], np.float32)
     memless = np.isin(node, MEMLESS_CLASSES).astype(np.int32)
     mem_node = np.array([s[0][1] for s in slots], np.int32)
+    roles = list(roles or []) + [0] * (R - len(roles or []))
+    home, mem_home = rep_homes([(s[0], t) for s, t in zip(slots, roles)], weight,
+                               g["nodes"])
     return RepLayout(
         weight=weight,
         node=node,
@@ -181,7 +191,36 @@ def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]]) -> R
         memoryless=memless,
         node_has_memory=np.array(g["has_memory"], np.int32),
         node_weight=np.array([max(n, 0) for n in g["nodes"]], np.float32),
+        home=home,
+        mem_home=mem_home,
     )
+
+
+def rep_homes(groups, weight, nodes) -> tuple[np.ndarray, np.ndarray]:
+    """Per rep, which node of its class its CPU sits on (``home``) and which node of its
+    memory class its slabs come from (``mem_home``), for reps in ``groups`` (one
+    (:data:`GROUPS` pair, role) each), ``weight`` (0: unused) and ``nodes`` (real nodes
+    per class, :func:`node_groups`).
+
+    A class stands for several alike nodes (class 1: every memory node but the first),
+    and its reps are dealt out over them in order: the j-th of a group's n reps sits on
+    node ``j * nodes // n``, one node each where there are as many reps as nodes.  The
+    kernel tells those nodes apart where the model's classes do not: 7.x slab_free()
+    gives a CPU's sheaves only objects of its own node (``slab_nid(slab) ==
+    numa_mem_id()``), so a free between two nodes of class 1 bypasses them like a free
+    across classes.  A memoryless rep's slabs come from the node of its memory class at
+    the same place (the nearest memory nodes of alike memoryless nodes are dealt out the
+    same way by build_zonelists()).  With fewer reps than nodes a rep stands for several
+    nodes and frees among its own CPUs count as one node's: an approximation."""
+    home = np.zeros(len(groups), np.int32)
+    mem_home = np.zeros(len(groups), np.int32)
+    for grp in dict.fromkeys(groups):
+        reps = [r for r, g in enumerate(groups) if g == grp and weight[r] > 0]
+        (k, m), _ = grp
+        for j, r in enumerate(reps):
+            home[r] = j * max(int(nodes[k]), 1) // len(reps)
+            mem_home[r] = j * max(int(nodes[m]), 1) // len(reps)
+    return home, mem_home
 
 
 def _spread(total_reps: int, groups: list[tuple]) -> list[tuple]:
@@ -301,7 +340,14 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
 
     Reps 0..3 are senders, 4..7 receivers (half the CPUs each, over every node class).
     ``depth``: messages a sender may have in flight; ``cross_node``: fraction of messages
-    received on another node class than the sender's (when the machine has one).
+    received on another node than the sender's (when the machine has one), spread over
+    the receiving CPUs of every other node alike, as the lab module does (a node is a
+    class and a home, :func:`rep_homes`; per rep in proportion to the CPUs it stands
+    for).  The rest go to the receivers of the sender's own node.  Spread over node
+    classes instead, class 1's senders on 16 CPUs of 4 nodes had sent all their
+    cross-node messages to class 0's receivers, which then freed two objects a step and
+    throttled every sender at its depth: half the kernel's rate (lab pc-16cpu-4node,
+    6.1: 4,900-5,100 allocations per sender against 9,860-10,000 measured).
     """
     depth = _count("depth", depth, 1)
     cross = _prob("cross_node", cross_node) / PROB_ONE
@@ -321,20 +367,23 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
     send, recv = reweight(send), reweight(recv)
     send += [(_GROUP0, 0.0)] * (R // 2 - len(send))
     slots = send + recv
-    lay = _layout(topology, slots)
+    lay = _layout(topology, slots, roles=[0] * len(send) + [1] * len(recv))
     rows = []
     for s in range(R // 2):
-        sk = slots[s][0]
-        same = [R // 2 + i for i, (k, w) in enumerate(recv) if k == sk and w > 0]
-        other = [R // 2 + i for i, (k, w) in enumerate(recv) if k != sk and w > 0]
+        # a node is a (node class, home) pair: the other nodes of a sender's own class
+        # are other nodes too (rep_homes)
+        at = (int(lay.node[s]), int(lay.home[s]))
+        recv_reps = [R // 2 + i for i, (_, w) in enumerate(recv) if w > 0]
+        same = [j for j in recv_reps if (int(lay.node[j]), int(lay.home[j])) == at]
+        other = [j for j in recv_reps if j not in same]
         row = [0.0] * R
         if not same:
             same, other = other, []
         c = cross if other else 0.0
-        for j in same:
-            row[j] += (1.0 - c) / len(same)
-        for j in other:
-            row[j] += c / len(other)
+        for grp, share in ((same, 1.0 - c), (other, c)):
+            tot = sum(float(lay.weight[j]) for j in grp)
+            for j in grp:
+                row[j] += share * float(lay.weight[j]) / tot
         rows.append(row)
     rows += [[0.0] * R for _ in range(len(recv))]
     ap = [PROB_ONE] * (R // 2) + [0] * len(recv)
@@ -369,7 +418,7 @@ def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.
     if total == 1:
         groups = [(_GROUP0, 1)]
     slots = [(_GROUP0, 1.0)] + _spread(R - 1, groups)
-    lay = _layout(topology, slots)
+    lay = _layout(topology, slots, roles=[0] + [1] * (len(slots) - 1))
     n = len(slots)
     rows = [[own] + [(1.0 - own) / (n - 1)] * (n - 1)] if n > 1 else [[1.0]]
     for r in range(1, n):
@@ -431,7 +480,7 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
                          [(k, c) for k, c in taken.items() if c > 0])
     nc = len(comp_slots)
     slots = comp_slots + _spread(R - nc, list(cpus.items()))
-    lay = _layout(topology, slots)
+    lay = _layout(topology, slots, roles=[0] * nc + [1] * (len(slots) - nc))
     n = len(slots)
     rows = [[0.0] * R for _ in range(nc)]
     # each submitter spreads its requests evenly over the completion CPUs

@@ -37,7 +37,8 @@ enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SING
        F_REP_MEMLESS = F_REP_MEM + R, F_NODE_HAS_MEM = F_REP_MEMLESS + R,
        F_ALLOC_P = F_NODE_HAS_MEM + N, F_FREE_CUM = F_ALLOC_P + R,
        F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
-       F_PHASE_FIRST = F_ACTIVE + R, NCFG = F_PHASE_FIRST + R };
+       F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
+       NCFG = F_REP_MEM_HOME + R };
 
 #define BARNS_MEMORY 1
 #define BARNS_ALL 2
@@ -51,6 +52,7 @@ typedef struct {
     int objs, cap, cpu_slab, min_partial, free_mp, cpu_partial_slabs, bypass, single;
     int pc_empty_locks, max_full, max_empty, b, cs_sheaf, defrag;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R], memless[R];
+    int mem_home[R];
     int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
     int lo[LEVELS], top;
     /* state */
@@ -640,7 +642,8 @@ static void free_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2,
     for (int q = 0; q < n; q++) {
         int origin = pick_o[q], cs = pick_cs[q];
         int n_o = S->mem[origin];
-        int remote = n_o != S->local_node[r];
+        /* dynamics.remote_to */
+        int remote = n_o != S->local_node[r] || S->mem_home[origin] != S->mem_home[r];
         bump(S, C_FREES, r, 1);
         if (remote)
             bump(S, C_REMOTE_FREE, r, 1);
@@ -813,6 +816,7 @@ static void init(sim_t *S, const int32_t *c)
         int memless = c[F_REP_MEMLESS + r] > 0;
         S->node[r] = c[F_REP_NODE + r];
         S->mem[r] = c[F_REP_MEM + r];
+        S->mem_home[r] = c[F_REP_MEM_HOME + r];
         S->other[r] = 1 - S->mem[r];
         S->local_node[r] = (memless && !use_sh) ? S->node[r] : S->mem[r];
         S->alloc_local[r] = !memless || fallback;

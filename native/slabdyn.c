@@ -32,11 +32,12 @@ enum { F_NUM, F_LIMIT, F_BC, F_SH_ENT, F_ALIEN_LIMIT, F_REAP, F_OLD_LOCKS, F_ON_
        F_LOCAL = F_REP_MEM + R, F_ALLOC_LOCAL = F_LOCAL + R, F_FIRST = F_ALLOC_LOCAL + R,
        F_ALLOC_P = F_FIRST + R, F_FREE_CUM = F_ALLOC_P + R, F_LIVE = F_FREE_CUM + R * R,
        F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
-       F_PHASE_FIRST = F_ACTIVE + R, NCFG = F_PHASE_FIRST + R };
+       F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
+       NCFG = F_REP_MEM_HOME + R };
 
 typedef struct {
     int num, limit, bc, sh_ent, alien_limit, reap, era, on_empty;
-    int free_limit[N], node[R], mem[R], local[R], alloc_local[R], first[R];
+    int free_limit[N], node[R], mem[R], local[R], alloc_local[R], first[R], home[R];
     int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
     int pend[R][R], out[R], pend_tot[R], phase[R], phase_left[R];
     int avail[R], touched[R];
@@ -215,7 +216,8 @@ static void free_one(sim_t *S, int r, uint32_t w1)
     S->pend_tot[r] -= 1;
     S->out[i] -= 1;
     int n = S->mem[i], L = S->local[r];
-    if (n != L) {
+    /* dynamics.remote_to: another node of L's class waits in alien[L][L] */
+    if (n != L || S->home[i] != S->home[r]) {
         bump(S, C_REMOTE_FREE, r, 1);
         bump(S, C_FREE_SLOW, r, 1);
         if (S->alien_limit > 0) {
@@ -282,7 +284,7 @@ static void reap(sim_t *S, int r, int node_round)
     int L = S->local[r];
     if (S->alien_limit > 0)
         for (int n = 0; n < N; n++)
-            if (n != L && drain_alien(S, r, L, n)) {
+            if (drain_alien(S, r, L, n)) {
                 bump(S, C_ALIEN_LOCK, r, 1);
                 bump(S, C_REAP_ALIEN, r, 1);
             }
@@ -353,6 +355,7 @@ static void init(sim_t *S, const int32_t *c)
         S->local[r] = c[F_LOCAL + r];
         S->alloc_local[r] = c[F_ALLOC_LOCAL + r] != 0;
         S->first[r] = c[F_FIRST + r] != 0;
+        S->home[r] = c[F_REP_MEM_HOME + r];
         READ_WORKLOAD(S, c, r);
     }
 }

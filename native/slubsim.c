@@ -70,6 +70,7 @@ struct config {
 	long rep_barn[MAX_REPS], rep_alloc_local[MAX_REPS];
 	long alloc_p[MAX_REPS], live_target[MAX_REPS], burst[MAX_REPS], active[MAX_REPS];
 	long phase_first[MAX_REPS];	/* a rep's first burst phase (-1: burst) */
+	long rep_mem_home[MAX_REPS];	/* which node of its memory class (model rep_homes) */
 	long free_cum[MAX_REPS * MAX_REPS];
 	int seen_lists;
 };
@@ -117,6 +118,7 @@ static const struct key KEYS[] = {
 	{"rep_local_node", K_LIST, OFF(rep_local_node), 0, MAX_NODES - 1, 0, 0},
 	{"rep_barn", K_LIST, OFF(rep_barn), -1, MAX_NODES - 1, -1, 0},
 	{"rep_alloc_local", K_LIST, OFF(rep_alloc_local), 0, 1, 1, 0},
+	{"rep_mem_home", K_LIST, OFF(rep_mem_home), 0, 1 << 20, 0, 0},
 	{"alloc_p", K_LIST, OFF(alloc_p), 0, PROB_ONE, PROB_ONE / 2, 0},
 	{"live_target", K_LIST, OFF(live_target), 0, 1 << 24, 32, 0},
 	{"burst", K_LIST, OFF(burst), 0, 1 << 24, 0, 0},
@@ -379,7 +381,7 @@ struct pend {
 };
 
 struct cpu {
-	int id, node, mem_node, local_node, barn, alloc_local;
+	int id, node, mem_node, local_node, barn, alloc_local, mem_home;
 	/* allocator state, touched only by this thread */
 	struct slab *slab;
 	void *freelist;
@@ -1066,7 +1068,10 @@ static void *slab_alloc(struct cpu *cpu)
 	return obj;
 }
 
-static void slab_free(struct cpu *cpu, void *obj)
+/* slab_free() of an object ``cpu`` got from rep ``origin``.  The slab's node is a node
+ * class; two nodes of one class are told apart by their allocators' homes (the model's
+ * dynamics.remote_to). */
+static void slab_free(struct cpu *cpu, void *obj, int origin)
 {
 	if (*(uint64_t *)obj != LIVE_MAGIC) {
 		fprintf(stderr, "slubsim: internal error: free of %p, not a live object\n", obj);
@@ -1075,7 +1080,7 @@ static void slab_free(struct cpu *cpu, void *obj)
 	*(uint64_t *)obj = 0;
 	atomic_fetch_sub(&live_objs, 1);
 	struct slab *s = virt_to_slab(obj);
-	int remote = s->node != cpu->local_node;
+	int remote = s->node != cpu->local_node || cpus[origin].mem_home != cpu->mem_home;
 	if (remote)
 		cpu->c.remote_free++;
 	if (C.sheaf_capacity > 0 && !(C.remote_free_bypasses_sheaf && remote)) {
@@ -1147,10 +1152,10 @@ static void step(struct cpu *cpu)
 		pthread_mutex_unlock(&cpu->in_lock);
 		if (C.time_ops) {
 			uint64_t t0 = now_ticks();
-			slab_free(cpu, p.obj);
+			slab_free(cpu, p.obj, p.origin);
 			account_op(cpu, t0);
 		} else {
-			slab_free(cpu, p.obj);
+			slab_free(cpu, p.obj, p.origin);
 		}
 		atomic_fetch_sub(&cpus[p.origin].out, 1);
 		cpu->c.frees++;
@@ -1338,6 +1343,7 @@ static void setup(void)
 		c->local_node = (int)C.rep_local_node[r];
 		c->barn = (int)C.rep_barn[r];
 		c->alloc_local = (int)C.rep_alloc_local[r];
+		c->mem_home = (int)C.rep_mem_home[r];
 		pthread_mutex_init(&c->in_lock, NULL);
 		c->in = calloc((size_t)cap, sizeof(struct pend));
 		if (!c->in)

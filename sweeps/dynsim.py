@@ -43,7 +43,7 @@ CFG_FIELDS = (
     ("rep_node", R), ("rep_mem_node", R),
     ("rep_memoryless", R),
     ("node_has_memory", N), ("alloc_p", R), ("free_cum", R * R), ("live_target", R),
-    ("burst", R), ("active", R), ("phase_first", R),
+    ("burst", R), ("active", R), ("phase_first", R), ("rep_mem_home", R),
 )
 NCFG = sum(n for _, n in CFG_FIELDS)
 #: One SLAB configuration's row (slabdyn.c's ``F_*`` enum): SlabSimConfig,
@@ -54,6 +54,7 @@ CFG_SLAB_FIELDS = (
     ("free_limit", N), ("rep_node", R), ("rep_mem_node", R), ("local", R),
     ("alloc_local", R), ("first", R), ("alloc_p", R), ("free_cum", R * R),
     ("live_target", R), ("burst", R), ("active", R), ("phase_first", R),
+    ("rep_mem_home", R),
 )
 NCFG_SLAB = sum(n for _, n in CFG_SLAB_FIELDS)
 _WORKLOAD = set(workloads.Workload._fields)

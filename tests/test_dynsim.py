@@ -21,7 +21,8 @@ from slabtune.sweeps import dynsim
 
 PROFILES = tuple(profiles.PROFILES)
 TOPOS = (Topology.uniform(16, 1), Topology.uniform(64, 2, memoryless_nodes=(1,)),
-         Topology.uniform(24, 3, memoryless_nodes=(2,)), Topology.uniform(16, 2))
+         Topology.uniform(24, 3, memoryless_nodes=(2,)), Topology.uniform(16, 2),
+         Topology.uniform(16, 4))
 WORKLOADS = ({"kind": "local", "live": 40}, {"kind": "local", "live": 70, "burst": 20},
              {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3},
              {"kind": "request_response", "threads": 6, "irq_free": 0.8},
@@ -159,7 +160,7 @@ def _slab_grid() -> list:
     topos = (Topology.uniform(1, 1), Topology.uniform(16, 2),
              Topology.uniform(64, 2, memoryless_nodes=(1,)),
              Topology.uniform(16, 3, node_cpus=(0, 8, 8), memoryless_nodes=(1, 2)),
-             Topology.uniform(32, 4, memoryless_nodes=(1, 3)))
+             Topology.uniform(32, 4, memoryless_nodes=(1, 3)), Topology.uniform(16, 4))
     out = []
     combos = itertools.product(profiles.SLAB_PROFILES, topos, WORKLOADS, (64, 1024))
     for i, (name, topo, wl, size) in enumerate(combos):

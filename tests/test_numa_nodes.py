@@ -199,6 +199,84 @@ def test_block_io_completions_take_the_first_memoryless_cpus():
     assert float(np.sum(lay.weight)) == pytest.approx(128.0)
 
 
+#: 16 CPUs on 4 memory nodes: class 1 stands for nodes 1-3 (the lab's pc-16cpu-4node).
+FOUR = Topology.uniform(16, 4)
+
+
+def _free_to(wl):
+    """Row r: the share of rep r's objects each rep frees (from the cumulative rows)."""
+    cum = np.asarray(wl.free_cum, np.float64) / workloads.PROB_ONE
+    return np.diff(np.concatenate([np.zeros((workloads.R, 1)), cum], axis=1), axis=1)
+
+
+def test_reps_of_a_class_of_several_nodes_sit_on_nodes_of_their_own():
+    _, lay = workloads.producer_consumer(FOUR, cross_node=0.5)
+    senders, receivers = range(4), range(4, 8)
+    for side in (senders, receivers):
+        # one rep per node, each two CPUs: node 0 (class 0), nodes 1-3 (class 1, homes 0-2)
+        assert [(int(lay.node[r]), int(lay.home[r])) for r in side] == \
+            [(0, 0), (1, 0), (1, 1), (1, 2)]
+        assert [float(lay.weight[r]) for r in side] == [2.0] * 4
+    np.testing.assert_array_equal(lay.mem_home, lay.home)
+    # a class of one node keeps every rep at home 0
+    _, lay2 = workloads.producer_consumer(Topology.uniform(8, 2), cross_node=0.5)
+    assert not np.any(lay2.home) and not np.any(lay2.mem_home)
+
+
+def test_producer_consumer_spreads_the_cross_node_share_over_every_other_node():
+    # the lab module's routing (native/lab/slabtune_lab.c): half to the receivers of the
+    # sender's node, half spread alike over the 6 receiving CPUs of the three other nodes
+    wl, _ = workloads.producer_consumer(FOUR, cross_node=0.5)
+    f = _free_to(wl)
+    for s in range(4):
+        assert f[s, 4 + s] == pytest.approx(0.5, abs=1e-4)
+        others = [4 + j for j in range(4) if j != s]
+        np.testing.assert_allclose(f[s, others], 1 / 6, atol=1e-4)
+    # so every receiving node frees as many objects as one sender allocates (by node
+    # class it had been class 0's receivers: 0.5 + 3 x 0.5, two a step)
+    np.testing.assert_allclose(f[:4, 4:].sum(axis=0), 1.0, atol=1e-3)
+
+
+def test_frees_between_nodes_of_one_class_are_remote_on_7x():
+    # v7.1 on 16 CPUs of 4 nodes, half the messages across nodes: the kernel counts half
+    # the frees fast (lab pc-16cpu-4node, 7.2: 49.5% of frees fast), since free_to_pcs()
+    # takes only objects of the CPU's own node (slab_nid() == numa_mem_id()); with class
+    # 1 as one node, frees from nodes 1-3 to each other had gone into the sheaves
+    prof = profiles.get_profile("v7.1")
+    st = policy.structure(512, 16, 16, 16, policy.profile_arrays(prof))
+    cfg = dynamics.config_from(st, prof, FOUR, {"kind": "producer_consumer", "depth": 64,
+                                                "cross_node": 0.5})
+    steps = 3000
+    c = dynamics.counters_numpy(dynamics.simulate(jax.random.key(4), cfg, steps))
+    w = np.asarray(cfg.rep_weight, np.float64)
+    frees = (w * c["frees"]).sum()
+    assert (w * c["remote_free"]).sum() / frees == pytest.approx(0.5, abs=0.03)
+    assert (w * c["free_fast"]).sum() / frees == pytest.approx(0.5, abs=0.03)
+    # and every sender keeps its pace: one allocation a step (the kernel's 8 senders
+    # allocate 9,860-10,000 times in 10,000 steps), not throttled at its depth
+    assert np.all(c["allocs"][:4] >= 0.97 * steps)
+    # the same config with every rep at home 0 (class 1 as one node): fewer remote frees
+    flat = cfg._replace(rep_mem_home=np.zeros_like(cfg.rep_mem_home))
+    c0 = dynamics.counters_numpy(dynamics.simulate(jax.random.key(4), flat, steps))
+    assert (w * c0["remote_free"]).sum() / (w * c0["frees"]).sum() < 0.3
+
+
+def test_slab_frees_between_nodes_of_one_class_are_alien():
+    # SLAB's cache_free_alien(): an object of another node than numa_mem_id() goes to an
+    # alien array, whichever class the two nodes are in
+    from slabtune.model import slab_dynamics as sd
+
+    prof = profiles.SLAB_PROFILES["slab-v6.1"]
+    cfg = sd.config_from(sd.structure_for(512, FOUR, prof), prof, FOUR,
+                         {"kind": "producer_consumer", "depth": 64, "cross_node": 0.5})
+    c = sd.counters_numpy(sd.simulate_batch(jax.vmap(jax.random.key)(np.array([2], np.uint32)),
+                                            sd.stack_configs([cfg]), 2000))
+    w = np.asarray(cfg.rep_weight, np.float64)
+    rate = (w * c["remote_free"][0]).sum() / (w * c["frees"][0]).sum()
+    assert rate == pytest.approx(0.5, abs=0.03)
+    assert c["alien_lock"][0].sum() == c["remote_free"][0].sum()
+
+
 @pytest.mark.parametrize("profile", ["v2.6.27", "v5.10", "v6.18", "v7.0", "v7.1"])
 @pytest.mark.parametrize("wl", [{"kind": "producer_consumer", "depth": 40, "cross_node": 0.3},
                                 {"kind": "block_io", "depth": 20, "completion_remote": True,

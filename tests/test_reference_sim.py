@@ -25,6 +25,8 @@ TOPOS = {
     "2node_memless": Topology.uniform(64, 2, memoryless_nodes=(1,)),
     "3node": Topology.uniform(24, 3, memoryless_nodes=(2,)),
     "2mem": Topology.uniform(16, 2),
+    # class 1 stands for three nodes, told apart by the reps' homes (workloads.rep_homes)
+    "4mem": Topology.uniform(16, 4),
 }
 WORKLOADS = {
     "local": {"kind": "local", "live": 40},

@@ -35,6 +35,8 @@ TOPOS = {
     # every CPU on a memoryless node: the 2010 seed's machine in small
     "all_memless": Topology.uniform(16, 3, node_cpus=(0, 8, 8), memoryless_nodes=(1, 2)),
     "4node_2memless": Topology.uniform(32, 4, memoryless_nodes=(1, 3)),
+    # class 1 stands for three nodes: frees between them are alien (rep_mem_home)
+    "4mem": Topology.uniform(16, 4),
 }
 WORKLOADS = {
     "local": {"kind": "local", "live": 40},
@@ -66,7 +68,7 @@ def _assert_equal(cfg, seed, steps=STEPS):
 
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("wl", list(WORKLOADS))
-@pytest.mark.parametrize("topo", ["2node_memless", "4node_2memless"])
+@pytest.mark.parametrize("topo", ["2node_memless", "4node_2memless", "4mem"])
 def test_equal_every_profile_and_workload(profile, wl, topo):
     want = _assert_equal(_cfg(profile, TOPOS[topo], WORKLOADS[wl], reap_interval=37),
                          seed=hash((profile, wl, topo)) & 0xFFFF)

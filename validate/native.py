@@ -76,8 +76,10 @@ class NativeConfig:
     objects, out of 65536).  ``rep_barn`` is the node whose barn a rep uses, -1 for none;
     ``rep_local_node`` is what the sheaf's remote-free test takes as numa_mem_id();
     ``rep_alloc_local`` 0 makes a rep allocate one object per list_lock (no numa_mem_id()
-    fix on a memoryless node).  ``rep_weight`` is not passed: it is the number of real CPUs
-    each rep stands for, used to weight per-thread counters like the model's.  ``time_ops``
+    fix on a memoryless node); ``rep_mem_home`` tells the nodes of one class apart for the
+    remote-free test (workloads.rep_homes).  ``rep_weight`` is not passed: it is the number
+    of real CPUs each rep stands for, used to weight per-thread counters like the model's.
+    ``time_ops``
     1 makes the binary time every slab_alloc()/slab_free() call on its own (see
     :func:`op_ns_per_pair`); meant with ``serial`` 1, where no call waits for another
     thread, so a call longer than the binary's cap (50 us) was interrupted and is left
@@ -102,6 +104,7 @@ class NativeConfig:
     rep_local_node: tuple[int, ...]
     rep_barn: tuple[int, ...]
     rep_alloc_local: tuple[int, ...]
+    rep_mem_home: tuple[int, ...]
     alloc_p: tuple[int, ...]
     live_target: tuple[int, ...]
     burst: tuple[int, ...]
@@ -179,6 +182,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         rep_local_node=_ints(d["local_node"]),
         rep_barn=tuple(n if b else -1 for n, b in zip(node, has_barn)),
         rep_alloc_local=_ints(d["alloc_local"]),
+        rep_mem_home=_ints(sim.rep_mem_home),
         alloc_p=_ints(wl.alloc_p),
         live_target=_ints(wl.live_target),
         burst=_ints(wl.burst),

@@ -23,6 +23,11 @@
  *   - a page allocator stand-in: a per-thread cache of free slabs for orders up to
  *     PAGE_ALLOC_COSTLY_ORDER (the pcp lists), a global mutex (the zone lock) otherwise.
  *
+ * The workload driver hands each object to the rep that will free it; that rep frees a
+ * random one of the objects handed to it, or with free_order=1 the oldest (a socket's,
+ * a block queue's, the lab module's ring order), so a slab's objects handed out one after
+ * another come back together.
+ *
  * Timing (time_ops=1): each slab_alloc()/slab_free() call is timed on its own (the TSC,
  * fenced), so the workload driver and its hand-over queues are not in the figure; calls
  * longer than OP_CAP_NS were interrupted and are counted apart.  pin_cpu=N puts every
@@ -63,6 +68,7 @@
 struct config {
 	long size, order, objs, min_partial, cpu_partial_slabs, sheaf_capacity, cpu_slab;
 	long barn_max_full, barn_max_empty, remote_free_bypasses_sheaf, partial_fill, partial_pick;
+	long free_order;	/* 0: a random object handed to the freer; 1: its oldest */
 	long slab_alloc_single, pc_empty_locks, free_discard_offset;
 	long steps, seed, sync_every, serial, reps, nodes, pcp_high_pages, pcp_batch_pages, per_thread;
 	long time_ops, pin_cpu;
@@ -102,6 +108,7 @@ static const struct key KEYS[] = {
 	{"free_discard_offset", K_INT, OFF(free_discard_offset), -(1 << 20), 1, 0, 0},
 	{"partial_fill", K_INT, OFF(partial_fill), 0, 1, 1, 0},
 	{"partial_pick", K_INT, OFF(partial_pick), 0, 1, 0, 0},
+	{"free_order", K_INT, OFF(free_order), 0, 1, 0, 0},
 	{"steps", K_INT, OFF(steps), 1, 100000000, 1000, 0},
 	{"seed", K_INT, OFF(seed), 0, 0xffffffffL, 0, 0},
 	{"sync_every", K_INT, OFF(sync_every), 0, 1 << 30, 1, 0},
@@ -1146,8 +1153,13 @@ static void step(struct cpu *cpu)
 		pthread_mutex_lock(&cpu->in_lock);
 		long n = atomic_load(&cpu->in_n);
 		long i = (long)((w1 >> 1) % (uint32_t)n);
+		if (C.free_order)
+			i = 0;
 		struct pend p = cpu->in[i];
-		cpu->in[i] = cpu->in[n - 1];
+		if (C.free_order)
+			memmove(cpu->in, cpu->in + 1, sizeof(struct pend) * (size_t)(n - 1));
+		else
+			cpu->in[i] = cpu->in[n - 1];
 		atomic_store(&cpu->in_n, n - 1);
 		pthread_mutex_unlock(&cpu->in_lock);
 		if (C.time_ops) {

@@ -123,6 +123,24 @@ def test_remote_frees_fill_the_per_cpu_partial_list(binary):
     assert res.counters["cpu_partial_alloc"] > 0 or res.counters["cpu_partial_drain"] > 0
 
 
+def test_oldest_first_frees_empty_whole_slabs(binary):
+    # free_order=1: a receiver frees the oldest object handed to it (the lab module's FIFO
+    # rings), so a slab's objects, handed out one after another, come back together and
+    # its slab empties; drawn at random they come back spread over many slabs, and
+    # some are still in the sender's CPU slab (refilled from it, ALLOC_REFILL).  Order-0
+    # slabs of 8 objects, 4 senders and 4 receivers on 2 nodes, half across.
+    spec = _spec("v6.1", {"kind": "producer_consumer", "depth": 64, "cross_node": 0.5},
+                 cpus=8, nodes=2, cache={"size": 512}, params={"slub_max_order": 0},
+                 steps=4000, seed=1)
+    _, rand = _run(spec, binary, serial=1, free_order=0)
+    cfg, fifo = _run(spec, binary, serial=1, free_order=1)
+    assert cfg.objs == 8
+    r, f = rand.counters, fifo.counters
+    assert f["frees"] > 15000 and r["frees"] > 15000
+    assert f["free_slab"] > 1.5 * r["free_slab"]
+    assert f["alloc_refill"] < 0.75 * r["alloc_refill"]
+
+
 # --------------------------------------------------------------------------- min_partial
 
 

@@ -117,6 +117,7 @@ class NativeConfig:
     sync_every: int = 1
     partial_fill: int = 1
     partial_pick: int = 0
+    free_order: int = 0
     serial: int = 0
     time_ops: int = 0
     pin_cpu: int = -1

@@ -142,7 +142,8 @@ def node_groups(topology: Topology) -> dict:
 
     Returns ``cpus[N]``, ``nodes[N]`` and ``has_memory[N]`` (lists), ``group_cpus`` (CPUs
     per group of :data:`GROUPS`, a dict), ``mem_class`` (per node, the class its CPUs'
-    slabs come from) and ``node_class`` (per node, its class).
+    slabs come from), ``node_class`` (per node, its class) and ``taking`` (the nodes that
+    take part, in node order: those counted in ``nodes``).
     """
     mem_with_cpu = [i for i in topology.memory_nodes if topology.node_cpus[i] > 0]
     first = mem_with_cpu[0] if mem_with_cpu else topology.memory_nodes[0]
@@ -151,7 +152,7 @@ def node_groups(topology: Topology) -> dict:
     cpus = [0] * N
     nodes = [0] * N
     group_cpus = {g: 0 for g in GROUPS}
-    mem_class, node_class = [], []
+    mem_class, node_class, taking = [], [], []
     for i, c in enumerate(topology.node_cpus):
         m = NODE_MEM0 if mem_id[i] == first else NODE_MEM_OTHER
         k = m if topology.node_has_memory[i] else MEMLESS_CLASSES[m]
@@ -164,9 +165,10 @@ def node_groups(topology: Topology) -> dict:
         cpus[k] += c
         nodes[k] += 1
         group_cpus[(k, m)] += c
+        taking.append(i)
     has_memory = [True, True, False, nodes[NODE_MEMLESS_OTHER] == 0]
     return dict(cpus=cpus, nodes=nodes, has_memory=has_memory, group_cpus=group_cpus,
-                mem_class=mem_class, node_class=node_class)
+                mem_class=mem_class, node_class=node_class, taking=taking)
 
 
 def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
@@ -182,8 +184,7 @@ def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
     memless = np.isin(node, MEMLESS_CLASSES).astype(np.int32)
     mem_node = np.array([s[0][1] for s in slots], np.int32)
     roles = list(roles or []) + [0] * (R - len(roles or []))
-    home, mem_home = rep_homes([(s[0], t) for s, t in zip(slots, roles)], weight,
-                               g["nodes"])
+    home, mem_home = rep_homes(topology, [(s[0], t) for s, t in zip(slots, roles)], weight)
     return RepLayout(
         weight=weight,
         node=node,
@@ -196,30 +197,40 @@ def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
     )
 
 
-def rep_homes(groups, weight, nodes) -> tuple[np.ndarray, np.ndarray]:
-    """Per rep, which node of its class its CPU sits on (``home``) and which node of its
-    memory class its slabs come from (``mem_home``), for reps in ``groups`` (one
-    (:data:`GROUPS` pair, role) each), ``weight`` (0: unused) and ``nodes`` (real nodes
-    per class, :func:`node_groups`).
+def rep_homes(topology: Topology, groups, weight) -> tuple[np.ndarray, np.ndarray]:
+    """Per rep, which node of its class its CPU sits on (``home``: an index into the
+    class's nodes in node order) and which node of its memory class its slabs come from
+    (``mem_home``: an index into that class's memory nodes), for reps in ``groups`` (one
+    (:data:`GROUPS` pair, role) each) and ``weight`` (0: unused) on ``topology``.
 
     A class stands for several alike nodes (class 1: every memory node but the first),
-    and its reps are dealt out over them in order: the j-th of a group's n reps sits on
-    node ``j * nodes // n``, one node each where there are as many reps as nodes.  The
-    kernel tells those nodes apart where the model's classes do not: 7.x slab_free()
-    gives a CPU's sheaves only objects of its own node (``slab_nid(slab) ==
-    numa_mem_id()``), so a free between two nodes of class 1 bypasses them like a free
-    across classes.  A memoryless rep's slabs come from the node of its memory class at
-    the same place (the nearest memory nodes of alike memoryless nodes are dealt out the
-    same way by build_zonelists()).  With fewer reps than nodes a rep stands for several
-    nodes and frees among its own CPUs count as one node's: an approximation."""
+    and a group's reps of one role are dealt out over the group's nodes with CPUs in
+    node order: the j-th of n reps sits on node ``j * len(nodes) // n``, one node each
+    where there are as many reps as nodes.  The kernel tells those nodes apart where the
+    model's classes do not: 7.x slab_free() gives a CPU's sheaves only objects of its own
+    node (``slab_nid(slab) == numa_mem_id()``), so a free between two nodes of class 1
+    bypasses them like a free across classes.  A memoryless rep's slabs come from its
+    node's memory node (:func:`~slabtune.model.topology.numa_mem_ids`).  With fewer reps
+    than nodes a rep stands for several nodes and frees among its own CPUs count as one
+    node's: an approximation."""
+    g = node_groups(topology)
+    mem_id = numa_mem_ids(topology)
+    taking = g["taking"]
+    by_class = {c: [i for i in taking if g["node_class"][i] == c] for c in range(N)}
     home = np.zeros(len(groups), np.int32)
     mem_home = np.zeros(len(groups), np.int32)
     for grp in dict.fromkeys(groups):
-        reps = [r for r, g in enumerate(groups) if g == grp and weight[r] > 0]
+        reps = [r for r, gr in enumerate(groups) if gr == grp and weight[r] > 0]
         (k, m), _ = grp
+        cpu_nodes = [i for i in by_class[k] if g["mem_class"][i] == m
+                     and topology.node_cpus[i] > 0]
+        if not reps or not cpu_nodes:
+            continue
         for j, r in enumerate(reps):
-            home[r] = j * max(int(nodes[k]), 1) // len(reps)
-            mem_home[r] = j * max(int(nodes[m]), 1) // len(reps)
+            node = cpu_nodes[j * len(cpu_nodes) // len(reps)]
+            home[r] = by_class[k].index(node)
+            mem = mem_id[node]
+            mem_home[r] = by_class[m].index(mem) if mem in by_class[m] else 0
     return home, mem_home
 
 

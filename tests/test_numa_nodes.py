@@ -223,6 +223,23 @@ def test_reps_of_a_class_of_several_nodes_sit_on_nodes_of_their_own():
     assert not np.any(lay2.home) and not np.any(lay2.mem_home)
 
 
+def test_a_memoryless_node_takes_the_home_of_its_own_memory_node():
+    # node 2 has memory and no CPUs and is memoryless node 3's nearest (15 against 20);
+    # class 1 is nodes 1 and 2.  Node 1's reps sit on node 1 (home 0: only nodes with
+    # CPUs take reps), node 3's slabs come from node 2 (mem_home 1), so node 3's CPUs
+    # see node 1's objects as remote, as numa_mem_id() = 2 does
+    d = [[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 15], [20, 20, 15, 10]]
+    t = Topology.uniform(12, 4, node_cpus=(4, 4, 0, 4), memoryless_nodes=(3,), distances=d)
+    assert numa_mem_ids(t)[3] == 2
+    _, lay = workloads.producer_consumer(t, cross_node=0.5)
+    on1 = [r for r in range(workloads.R) if lay.weight[r] > 0 and lay.node[r] == 1]
+    on3 = [r for r in range(workloads.R) if lay.weight[r] > 0 and lay.node[r] == 3]
+    assert on1 and on3
+    assert {int(lay.mem_home[r]) for r in on1} == {0}
+    assert {int(lay.mem_home[r]) for r in on3} == {1}
+    assert {int(lay.mem_node[r]) for r in on1 + on3} == {1}
+
+
 def test_producer_consumer_spreads_the_cross_node_share_over_every_other_node():
     # the lab module's routing (native/lab/slabtune_lab.c): half to the receivers of the
     # sender's node, half spread alike over the 6 receiving CPUs of the three other nodes

@@ -60,8 +60,11 @@ HACKBENCH_COLLAPSE_MISSING = (
     "time per message at the packaged constants (253 ns per page on the zone lock, busy "
     "56%) and 94 ns at every constant's range maximum (637 ns per page); the 2.88x needs "
     "about 900 ns per page with the waits of 112 CPUs, 1.3 us for saturation.  The lab "
-    "finds the model's order-0 producer/consumer slab churn 2x the kernel's on 6.x "
-    "(docs/LAB.md), so the 0.138 calls per message are not yet the kernel's either; with "
+    "finds the model's order-0 producer/consumer slab churn 2-4x the kernel's on 6.x "
+    "(docs/LAB.md: its per-CPU partial lists keep no per-slab occupancy; the native twin, "
+    "which keeps every slab and frees in order, comes within 20% on two nodes), so the "
+    "0.138 calls per message are not yet the kernel's either, and the kernel sends the "
+    "partly used slabs through the node lists instead; with "
     "no work (--work none) the modelled machine runs far faster than the published one "
     "and saturates the zone lock, which is where that mode's 24.5x comes from")
 #: Rows whose direction the model does not give today, and the mechanism missing.

@@ -142,8 +142,9 @@ def node_groups(topology: Topology) -> dict:
 
     Returns ``cpus[N]``, ``nodes[N]`` and ``has_memory[N]`` (lists), ``group_cpus`` (CPUs
     per group of :data:`GROUPS`, a dict), ``mem_class`` (per node, the class its CPUs'
-    slabs come from), ``node_class`` (per node, its class) and ``taking`` (the nodes that
-    take part, in node order: those counted in ``nodes``).
+    slabs come from), ``node_class`` (per node, its class), ``taking`` (the nodes that
+    take part, in node order: those counted in ``nodes``) and ``mem_id`` (per node, its
+    memory node, :func:`~slabtune.model.topology.numa_mem_ids`).
     """
     mem_with_cpu = [i for i in topology.memory_nodes if topology.node_cpus[i] > 0]
     first = mem_with_cpu[0] if mem_with_cpu else topology.memory_nodes[0]
@@ -168,7 +169,7 @@ def node_groups(topology: Topology) -> dict:
         taking.append(i)
     has_memory = [True, True, False, nodes[NODE_MEMLESS_OTHER] == 0]
     return dict(cpus=cpus, nodes=nodes, has_memory=has_memory, group_cpus=group_cpus,
-                mem_class=mem_class, node_class=node_class, taking=taking)
+                mem_class=mem_class, node_class=node_class, taking=taking, mem_id=mem_id)
 
 
 def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
@@ -184,7 +185,7 @@ def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
     memless = np.isin(node, MEMLESS_CLASSES).astype(np.int32)
     mem_node = np.array([s[0][1] for s in slots], np.int32)
     roles = list(roles or []) + [0] * (R - len(roles or []))
-    home, mem_home = rep_homes(topology, [(s[0], t) for s, t in zip(slots, roles)], weight)
+    home, mem_home = rep_homes(topology, g, [(s[0], t) for s, t in zip(slots, roles)], weight)
     return RepLayout(
         weight=weight,
         node=node,
@@ -197,11 +198,12 @@ def _layout(topology: Topology, slots: list[tuple[tuple[int, int], float]],
     )
 
 
-def rep_homes(topology: Topology, groups, weight) -> tuple[np.ndarray, np.ndarray]:
+def rep_homes(topology: Topology, g: dict, groups, weight) -> tuple[np.ndarray, np.ndarray]:
     """Per rep, which node of its class its CPU sits on (``home``: an index into the
     class's nodes in node order) and which node of its memory class its slabs come from
     (``mem_home``: an index into that class's memory nodes), for reps in ``groups`` (one
-    (:data:`GROUPS` pair, role) each) and ``weight`` (0: unused) on ``topology``.
+    (:data:`GROUPS` pair, role) each) and ``weight`` (0: unused) on ``topology``, whose
+    :func:`node_groups` is ``g``.
 
     A class stands for several alike nodes (class 1: every memory node but the first),
     and a group's reps of one role are dealt out over the group's nodes with CPUs in
@@ -213,10 +215,7 @@ def rep_homes(topology: Topology, groups, weight) -> tuple[np.ndarray, np.ndarra
     node's memory node (:func:`~slabtune.model.topology.numa_mem_ids`).  With fewer reps
     than nodes a rep stands for several nodes and frees among its own CPUs count as one
     node's: an approximation."""
-    g = node_groups(topology)
-    mem_id = numa_mem_ids(topology)
-    taking = g["taking"]
-    by_class = {c: [i for i in taking if g["node_class"][i] == c] for c in range(N)}
+    by_class = {c: [i for i in g["taking"] if g["node_class"][i] == c] for c in range(N)}
     home = np.zeros(len(groups), np.int32)
     mem_home = np.zeros(len(groups), np.int32)
     for grp in dict.fromkeys(groups):
@@ -229,8 +228,8 @@ def rep_homes(topology: Topology, groups, weight) -> tuple[np.ndarray, np.ndarra
         for j, r in enumerate(reps):
             node = cpu_nodes[j * len(cpu_nodes) // len(reps)]
             home[r] = by_class[k].index(node)
-            mem = mem_id[node]
-            mem_home[r] = by_class[m].index(mem) if mem in by_class[m] else 0
+            # a memory node a memoryless node with CPUs allocates from takes part
+            mem_home[r] = by_class[m].index(g["mem_id"][node])
     return home, mem_home
 
 
@@ -380,11 +379,11 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
     slots = send + recv
     lay = _layout(topology, slots, roles=[0] * len(send) + [1] * len(recv))
     rows = []
+    recv_reps = [R // 2 + i for i, (_, w) in enumerate(recv) if w > 0]
     for s in range(R // 2):
         # a node is a (node class, home) pair: the other nodes of a sender's own class
         # are other nodes too (rep_homes)
         at = (int(lay.node[s]), int(lay.home[s]))
-        recv_reps = [R // 2 + i for i, (_, w) in enumerate(recv) if w > 0]
         same = [j for j in recv_reps if (int(lay.node[j]), int(lay.home[j])) == at]
         other = [j for j in recv_reps if j not in same]
         row = [0.0] * R

@@ -148,6 +148,11 @@ class SimConfig(NamedTuple):
     #: (workloads.rep_homes; 0 everywhere where each class is one node).  Objects of two
     #: reps of one class with different homes are remote to each other (:func:`remote_to`).
     rep_mem_home: Any = np.zeros(workloads.R, np.int32)
+    #: (R, R) and scalar: :func:`slabtune.model.workloads.lag_weights` of the workload's
+    #: ``free_cum``, how far each freer is behind each sender (zeros: every per-CPU
+    #: partial list drains one slab at a time, :func:`pc_window`).
+    lag_mul: Any = np.zeros((workloads.R, workloads.R), np.int32)
+    lag_freers: Any = np.int32(0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -212,8 +217,9 @@ class Counters(NamedTuple):
 #: has to free; ``cs_free``, ``cs_inuse``, ``cs_rfree`` (R,) objects on r's CPU freelist,
 #: allocated from its CPU slab, freed into it by other CPUs; ``pc0``, ``pc1``, ... (R,,
 #: :data:`PCS`) slabs on r's per-CPU partial list by fill level and ``pcu1``, ... (R,,
-#: :data:`PCU`) their allocated objects; ``pd`` (R,) the objects of r's draining per-CPU
-#: partial slab (0: none; :func:`_pc_walk`); ``rp0``, ..., ``rpu1``, ..., ``rpd`` (R,,
+#: :data:`PCU`) their allocated objects; ``pw``, ``pd`` (R,) the slabs of r's per-CPU
+#: partial list being freed into, its draining window, and their objects (0: none;
+#: :func:`_pc_free_one`); ``rp0``, ..., ``rpu1``, ..., ``rpw``, ``rpd`` (R,,
 #: :data:`RPS`, :data:`RPU`) the same for r's per-CPU partial slabs of the other memory
 #: node class (``1 - rep_mem_node``); ``main``, ``spare`` (R,) objects in r's sheaves;
 #: ``phase``, ``phase_left`` (R,) burst phase (0 allocating, 1 freeing) and ops left in it;
@@ -228,7 +234,8 @@ class Counters(NamedTuple):
 #: overflow int32).
 STATE_FIELDS = (
     "pend", "pend_cs", "cs_tracked", "out", "pend_tot", "cs_free", "cs_inuse", "cs_rfree",
-    *PCS, *PCU[1:], "pd", *RPS, *RPU[1:], "rpd", "main", "spare", "phase", "phase_left",
+    *PCS, *PCU[1:], "pd", "pw", *RPS, *RPU[1:], "rpd", "rpw", "main", "spare", "phase",
+    "phase_left",
     *NS, *NU[1:], "hs", "hu",
     "full_slabs", "barn_full", "barn_empty", "counts", "lock_node", "gsum_rep",
     "gsum_node", "ghi_rep", "ghi_node",
@@ -281,6 +288,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
     objs = int(np.asarray(structure.objs_per_slab))
     if objs < 1:
         raise ValueError(f"objs_per_slab: {objs} < 1")
+    lag_mul, freers = workloads.lag_weights(wl.free_cum)
     return SimConfig(
         objs_per_slab=_scalar(objs),
         order=_scalar(np.asarray(structure.order)),
@@ -307,6 +315,8 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         free_discard_offset=_scalar(profile.slab_free_discard_offset),
         remote_node_defrag_ratio=_scalar(profiles.REMOTE_NODE_DEFRAG_RATIO),
         rep_mem_home=np.asarray(lay.mem_home, np.int32),
+        lag_mul=lag_mul,
+        lag_freers=_scalar(freers),
     )
 
 
@@ -435,6 +445,14 @@ def _spread(s, u):
     q = [None] + [floor_div(u[k], jnp.maximum(s[k], 1)) for k in range(1, LEVELS)]
     r = [None] + [u[k] - q[k] * s[k] for k in range(1, LEVELS)]
     return q, r
+
+
+def _even(n, u):
+    """``u`` objects spread evenly over ``n`` slabs, ``u = q * n + r``: ``q`` and ``r``
+    (``n - r`` slabs hold ``q``, ``r`` hold ``q + 1``; a per-CPU partial list's draining
+    window as a take or a drain sees it)."""
+    q = floor_div(u, jnp.maximum(n, 1))
+    return q, u - q * n
 
 
 def _level_blocks(s, u, q, r, objs):
@@ -905,9 +923,9 @@ def _cpu_freelist(cx: _Ctx, nc) -> _Freelist:
 class _Partials(NamedTuple):
     """The per-CPU and node partial lists a CPU-slab run takes new CPU slabs from, as
     blocks of slabs of equal free objects in the order the run takes them: the per-CPU
-    list's empty slabs, its draining slab, then its levels emptiest first (``NPC``
-    blocks), then node ``m``'s head slab and its list emptiest first (one block and
-    ``NPC - 1``)."""
+    list's empty slabs, its draining window (its objects spread evenly, the ``q`` slabs
+    first), then its levels emptiest first (``NPC`` blocks), then node ``m``'s head slab and its list
+    emptiest first (one block and ``NPC - 2``)."""
 
     n: Any      # list of (B,): slabs per block
     y: Any      # list of (B,): free objects per slab of each block
@@ -920,7 +938,7 @@ class _Partials(NamedTuple):
 
 #: Blocks of the per-CPU partial list: its empty slabs, the draining slab, then the
 #: blocks of its partial levels (:func:`_level_blocks`).
-NPC = 2 * LEVELS
+NPC = 2 * LEVELS + 1
 
 
 def _node_levels(cx: _Ctx):
@@ -944,19 +962,21 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     objs, cps = k.objs, k.cps
     ps_l = [cx.row(f) for f in PCS]
     pu_l = [_i(0)] + [cx.row(f) for f in PCU[1:]]
-    pd = cx.row("pd")
+    pd, pw = cx.row("pd"), cx.row("pw")
     pq, pr = _spread(ps_l, pu_l)
     n_p, y_p = _level_blocks(ps_l, pu_l, pq, pr, objs)
-    # the draining slab after the empty ones (RefSim._take_pc)
-    n_p = n_p[:1] + [_i(pd > 0)] + n_p[1:]
-    y_p = y_p[:1] + [objs - pd] + y_p[1:]
+    # the draining window after the empty ones (RefSim._take_pc), its objects spread
+    # evenly over its slabs, the least used first
+    wq, wr = _even(pw, pd)
+    n_p = n_p[:1] + [pw - wr, wr] + n_p[1:]
+    y_p = y_p[:1] + [objs - wq, objs - wq - 1] + y_p[1:]
     s, u, hs, hu = _node_levels(cx)
     nq, nr = _spread(s, u)
     n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
     S_m = takeable_slabs(sum(s) + hs, k.floor, G)
     return _Partials(n_p + _taken([hs] + n_n, S_m), y_p + [objs - hu] + y_n, pq, nq,
-                     sum(ps_l) + _i(pd > 0), S_m, G)
+                     sum(ps_l) + pw, S_m, G)
 
 
 def takeable_slabs(S, floor, G):
@@ -1065,7 +1085,7 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
     gone = jnp.minimum(takes * p.G, p.S_m)
     in_node = t_n > 0
     tp = _taken(p.n[:NPC], t_p)
-    tpd, tp = tp[1], tp[:1] + tp[2:]     # the draining slab, the levels' blocks
+    t_q, t_q1, tp = tp[1], tp[2], tp[:1] + tp[3:]   # the window's blocks, the levels'
     nb = p.n[NPC + 1:]                   # node list blocks after the head slab
     hs = p.n[NPC]
     tg = _taken(nb, gone - hs)
@@ -1078,7 +1098,11 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
         cx.rset(PCS[lv], jnp.where(in_node, ps_new[lv], cx.row(PCS[lv]) - pl[lv]))
         if lv:
             cx.rset(PCU[lv], jnp.where(in_node, pu_new[lv], cx.row(PCU[lv]) - pul[lv]))
-    cx.rset("pd", 0, in_node | (tpd > 0))
+    pd, pw = cx.row("pd"), cx.row("pw")
+    wq, _ = _even(pw, pd)
+    pd = pd - t_q * wq - t_q1 * (wq + 1)
+    cx.rset("pd", jnp.where(in_node, 0, pd))
+    cx.rset("pw", jnp.where(in_node, 0, pw - t_q - t_q1))
     gl, gul = _level_slabs(tg), _level_loss(tg, p.nq)
     for lv in range(LEVELS):
         cx.nset(NS[lv], cx.nget(NS[lv]) - gl[lv])
@@ -1398,51 +1422,85 @@ def _split_slab_frees(cx: _Ctx, k: _Rep, lay: _Layout, sh, k_cs, k_ot, xm):
     return c_cs, c_pc, xH, xU, xF
 
 
-def _pc_walk(s, u, pd, x):
-    """``x`` frees into a per-CPU partial list (levels ``s``/``u``, draining slab ``pd``
-    objects, 0 for none), one slab at a time: the draining slab until it is empty, then
-    the least used partial slab (lowest level >= 1, its ``q`` slabs first) becomes the
-    draining slab, and so on.  The kernel's consumers free a slab's objects one after
-    another (objects are handed out slab by slab), so slabs empty while on the list: 6.1
-    __slab_free() frees into the frozen slab without a lock and it stays listed; 6.12
-    (slabs not frozen since v6.8) ``!new.inuse`` takes the node's list_lock and, as
-    ``prior && !on_node_partial``, unlocks and leaves it listed.  The emptied slabs
-    count on level 0, where the list's drain (__unfreeze_partials(), 6.1;
-    __put_partials(), 6.12) discards them while the node keeps min_partial.  ``x`` is at
-    most the list's objects.  Returns the new levels, the draining slab and the slabs
-    emptied.  Elementwise (any shape); the same walk as RefSim._pc_free one at a time."""
-    q, r = _spread(s, u)
-    n, y = [_i(pd > 0)], [pd]
-    for k in range(1, LEVELS):
-        n += [s[k] - r[k], r[k]]
-        y += [q[k], q[k] + 1]
-    full, taken, rem, y_at = _walk_objects(n, y, x)
-    sl, ul = _level_slabs(taken), _level_loss(taken, q)
-    emptied = sum(full)
-    s = [s[0] + emptied] + [s[k] - sl[k] for k in range(1, LEVELS)]
-    u = [u[0]] + [u[k] - ul[k] for k in range(1, LEVELS)]
-    pd = jnp.where(x > 0, jnp.where(rem > 0, y_at - rem, 0), pd)
-    return s, u, pd, emptied
+#: The lag sum :func:`pc_window` divides is capped here (exact float32 division; a
+#: window this wide is wider than any per-CPU partial list).
+LAG_SUM_MAX = (1 << 23) - 1
 
 
-def _pc_walk_one(s, u, pd, x):
-    """:func:`_pc_walk` for ``x`` in {0, 1} (runs of one op, the static run bound 1),
-    without its block walk: the free goes to the draining slab, else starts the least
-    used partial slab (the ``q`` of the lowest level >= 1 that holds slabs); the slab is
-    emptied when it held one object.  The same values as :func:`_pc_walk` (tested)."""
-    start = (pd == 0) & (x > 0)
-    h, found = pd, start & False
+def pc_window(pend, lag_mul, freers, objs):
+    """How many of a per-CPU partial list's slabs are partly freed at a time, its
+    draining window (at least 1), from the objects in flight ``pend`` (R, R, ...) as a
+    step starts.  A sender's slab goes on the per-CPU partial list of the freer that
+    frees into it first (put_cpu_partial(), 6.1 and 6.12 mm/slub.c __slab_free()); its
+    other objects come back from the freers behind, each in the sender's order, so it
+    empties when the freer most behind has passed it.  A sender whose freers lag it by
+    between ``lo`` and ``hi`` allocations (:func:`slabtune.model.workloads.lag_weights`)
+    keeps ``(hi - lo) / objs`` slabs partly freed; the window is that sum over senders,
+    shared by the ``freers`` reps' lists, plus the one slab being freed.  No fitted
+    constant: lab ``pc-8cpu-2node-order0`` on 6.1 keeps 11.8 of a drained list's 13 slabs
+    partly used, the model's pend gives a window of about 14 (docs/LAB.md)."""
+    on = lag_mul > 0
+    lag = jnp.minimum(pend, workloads.LAG_PEND_MAX) * lag_mul
+    hi = jnp.max(jnp.where(on, lag, 0), axis=1)
+    lo = jnp.min(jnp.where(on, lag, jnp.iinfo(jnp.int32).max), axis=1)
+    spread = jnp.where(jnp.any(on, axis=1), (hi - lo) >> workloads.LAG_BITS, 0)
+    tot = jnp.minimum(jnp.sum(spread, axis=0), LAG_SUM_MAX)
+    return 1 + floor_div(tot, objs * jnp.maximum(freers, 1))
+
+
+def _pc_free_one(s, u, pd, pw, x, win, half):
+    """``x`` (0 or 1) frees into a per-CPU partial list: levels ``s``/``u`` and its
+    draining window of ``pw`` slabs holding ``pd`` objects.  The kernel's freers free a
+    slab's objects in the order they were allocated, so slabs empty while on the list
+    (6.1 __slab_free(): the slab is frozen, no lock, it stays listed; 6.12
+    __slab_free(): not frozen, ``!new.inuse`` takes the node's list_lock and, as ``prior
+    && !on_node_partial``, leaves it listed); the emptied slabs count on level 0, where
+    the list's drain (__unfreeze_partials(), 6.1; __put_partials(), 6.12) discards them
+    while the node keeps min_partial.  Several freers at different distances behind
+    (:func:`pc_window`) free into ``win`` slabs at once, the oldest furthest along: a
+    free that finds fewer than ``win`` slabs in the window first starts the least used
+    partial slab (lowest level >= 1, its ``q`` slabs first); the window's slabs hold
+    ``half = objs // 2`` objects each behind its oldest, so the oldest is empty when
+    ``pd`` falls to ``half * (pw - 1)`` (a take or a drain sees the window's objects
+    spread evenly, :func:`_even`).  With ``win`` 1 this is one slab at a time.
+    Returns the new levels, window and the slabs emptied.  Elementwise (any shape); the
+    same as RefSim._pc_free."""
+    pull = (x > 0) & (pw < win)
+    h, found = _i(0), pull & False
     s, u = list(s), list(u)
     for k in range(1, LEVELS):
-        here = start & ~found & (s[k] > 0)
+        here = pull & ~found & (s[k] > 0)
         qk = floor_div(u[k], jnp.maximum(s[k], 1))
         h = jnp.where(here, qk, h)
         s[k] = s[k] - _i(here)
         u[k] = u[k] - jnp.where(here, qk, 0)
         found = found | here
-    emptied = _i((x > 0) & (h == 1))
+    pd = pd + h - x
+    pw = pw + _i(found)
+    emptied = _i((x > 0) & (pw > 0) & (pd <= half * (pw - 1)))
     s[0] = s[0] + emptied
-    return s, u, h - x, emptied
+    return s, u, pd, pw - emptied, emptied
+
+
+def _pc_walk(s, u, pd, pw, x, win, half, n_max):
+    """``x`` (at most ``n_max``, a static bound) frees into a per-CPU partial list, one
+    after another by :func:`_pc_free_one`: a loop of masked frees, as many as the largest
+    ``x`` of the arrays (the window's starts and empties interleave with the slabs'
+    objects, which no block walk holds).  Returns the new levels, window and the slabs
+    emptied."""
+    if n_max == 1:
+        return _pc_free_one(s, u, pd, pw, x, win, half)
+    zero = _i(0) * pd
+
+    def body(c):
+        i, s_, u_, pd_, pw_, e_ = c
+        s2, u2, pd2, pw2, e2 = _pc_free_one(s_, u_, pd_, pw_, _i(i < x), win, half)
+        return i + 1, s2, u2, pd2, pw2, e_ + e2
+
+    top = jnp.minimum(jnp.max(x), n_max)
+    _, s, u, pd, pw, emptied = lax.while_loop(
+        lambda c: c[0] < top, body, (_i(0), list(s), [zero] + list(u[1:]), pd, pw, zero))
+    return s, u, pd, pw, emptied
 
 
 def _frozen_frees(cx: _Ctx, c_cs, c_pc):
@@ -1450,7 +1508,7 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     slab_free()'s fast path onto its freelist; into another CPU's, __slab_free() onto the
     frozen slab's freelist (``cs_rfree``, which its owner takes on its next slow path);
     into per-CPU partial slabs (``c_pc`` per rep, of its memory node and of the other
-    memory class, each list by :func:`_pc_walk`), __slab_free()
+    memory class, each list by :func:`_pc_walk` in its draining window), __slab_free()
     without the lock while they are frozen (v3.2 to v6.7); from v6.8 (``pc_empty_locks``,
     folded into ``d["pc_lock_onehot"]``) a free that empties one takes the list_lock of
     its node (the slab's, remote ones included) and leaves it on the per-CPU list (6.12
@@ -1459,22 +1517,24 @@ def _frozen_frees(cx: _Ctx, c_cs, c_pc):
     mine = _REPS == r
     st["cs_inuse"] = cx.whole("cs_inuse") - c_cs
     st["cs_rfree"] = cx.whole("cs_rfree") + jnp.where(mine, 0, c_cs)
-    walk = _pc_walk_one if cx.d["free_max"] == 1 else _pc_walk
-    lists = ((PCS, PCU, "pd", c_pc[:, 0]), (RPS, RPU, "rpd", c_pc[:, 1]))
+    d = cx.d
+    lists = ((PCS, PCU, "pd", "pw", c_pc[:, 0]), (RPS, RPU, "rpd", "rpw", c_pc[:, 1]))
     vals = []
-    for fs, fu, fd, c in lists:
+    for fs, fu, fd, fw, c in lists:
         s = [cx.whole(f) for f in fs]
         u = [_i(0)] + [cx.whole(f) for f in fu[1:]]
-        s, u, pd, emptied = walk(s, u, cx.whole(fd), c)
-        vals += s + u[1:] + [pd, emptied]
+        s, u, pd, pw, emptied = _pc_walk(s, u, cx.whole(fd), cx.whole(fw), c, d["win"],
+                                         d["half"], d["free_max"])
+        vals += s + u[1:] + [pd, pw, emptied]
     out = _materialize(vals, cx.d["zero"])         # one barrier for both lists
     w = len(vals) // 2
-    for (fs, fu, fd, _), o in zip(lists, (out[:w], out[w:])):
+    for (fs, fu, fd, fw, _), o in zip(lists, (out[:w], out[w:])):
         for lv in range(LEVELS):
             st[fs[lv]] = o[lv]
             if lv:
                 st[fu[lv]] = o[LEVELS - 1 + lv]
-        st[fd] = o[-2]
+        st[fd] = o[-3]
+        st[fw] = o[-2]
     # per node class: the reps' memory (other memory) nodes as a one-hot (N, R) selecting
     # the counts of their own (remote) slabs
     cx.lock_nodes(jnp.sum(jnp.where(cx.d["pc_lock_onehot"] > 0, out[w - 1][None], 0)
@@ -1534,10 +1594,14 @@ def _full_slab_frees(cx: _Ctx, k: _Rep, cfg: SimConfig, lay: _Layout, xF):
         lu = [_i(0)] + [jnp.where(rem, cx.row(b), cx.row(a))
                         for a, b in zip(PCU[1:], RPU[1:])]
         lpd = jnp.where(rem, cx.row("rpd"), cx.row("pd"))
+        lpw = jnp.where(rem, cx.row("rpw"), cx.row("pw"))
         into_pc = jnp.minimum(xm2, lpd + sum(lu[1:]))
-        s, u, pd, emptied = _pc_walk(ls, lu, lpd, into_pc)
+        s, u, pd, pw, emptied = _pc_walk(ls, lu, lpd, lpw, into_pc, cx.d["win"],
+                                         cx.d["half"], cx.d["free_max"])
         cx.rset("pd", pd, ~rem)
         cx.rset("rpd", pd, rem)
+        cx.rset("pw", pw, ~rem)
+        cx.rset("rpw", pw, rem)
         for lv in range(LEVELS):
             cx.rset(PCS[lv], s[lv], ~rem)
             cx.rset(RPS[lv], s[lv], rem)
@@ -1623,24 +1687,30 @@ def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
     top = cx.d["top"]
     cps = _i(cx.d["cps"])
     o = cx.d["other"][cx.r]
-    parts = []                           # (slabs, objects, draining slab) of each part
-    for fs, fu, fd in ((PCS, PCU, "pd"), (RPS, RPU, "rpd")):
+    parts = []                           # (slabs, objects, window objects, window slabs)
+    for fs, fu, fd, fw in ((PCS, PCU, "pd", "pw"), (RPS, RPU, "rpd", "rpw")):
         parts.append(([cx.row(f) for f in fs], [_i(0)] + [cx.row(f) for f in fu[1:]],
-                      cx.row(fd)))
-    p = sum(sum(s) + _i(pd > 0) for s, _, pd in parts)
+                      cx.row(fd), cx.row(fw)))
+    p = sum(sum(s) + pw for s, _, _, pw in parts)
     t1 = jnp.maximum(cps - p, 0) + 1                 # the free that drains first
     D = jnp.where(x >= t1, 1 + floor_div(x - t1, jnp.maximum(cps, 1)), 0)
     drained = D > 0
     on_top = [top == lv for lv in range(LEVELS)]
 
     def first(part, mine):
-        """A part of the list the first drain moves: as the run found it (its draining
-        slab at its level), plus t1 - 1 top-level slabs where the pushes are of its node."""
-        s, u, pd = part
-        on_pd = [(pd > 0) & (_level_of(pd, lo) == lv) for lv in range(LEVELS)]
+        """A part of the list the first drain moves: as the run found it (its window's
+        slabs at their levels, its objects spread evenly over them: ``pw - wr`` slabs of
+        ``wq``, ``wr`` of ``wq + 1``), plus t1 - 1 top-level slabs where the pushes are of
+        its node."""
+        s, u, pd, pw = part
+        wq, wr = _even(pw, pd)
+        on_q = [(pw > wr) & (_level_of(wq, lo) == lv) for lv in range(LEVELS)]
+        on_q1 = [(wr > 0) & (_level_of(wq + 1, lo) == lv) for lv in range(LEVELS)]
         add = jnp.where(mine, t1 - 1, 0)
-        s1 = [s[lv] + _i(on_pd[lv]) + jnp.where(on_top[lv], add, 0) for lv in range(LEVELS)]
-        u1 = [None] + [u[lv] + jnp.where(on_pd[lv], pd, 0)
+        s1 = [s[lv] + jnp.where(on_q[lv], pw - wr, 0) + jnp.where(on_q1[lv], wr, 0)
+              + jnp.where(on_top[lv], add, 0) for lv in range(LEVELS)]
+        u1 = [None] + [u[lv] + jnp.where(on_q[lv], (pw - wr) * wq, 0)
+                       + jnp.where(on_q1[lv], wr * (wq + 1), 0)
                        + jnp.where(on_top[lv], add * (objs - 1), 0) for lv in range(1, LEVELS)]
         return s1, u1
 
@@ -1685,10 +1755,10 @@ def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
     cx.bump("cpu_partial_drain", D)
     cx.lock(m, lockL)
     cx.lock(o, lockR)
-    cx.rset("pd", 0, drained)
-    cx.rset("rpd", 0, drained)
+    for f in ("pd", "rpd", "pw", "rpw"):
+        cx.rset(f, 0, drained)
     for lv in range(LEVELS):
-        for fs, fu, (ps, pu, _), mine in ((PCS, PCU, parts[0], ~rem),
+        for fs, fu, (ps, pu, _, _), mine in ((PCS, PCU, parts[0], ~rem),
                                           (RPS, RPU, parts[1], rem)):
             add = jnp.where(on_top[lv] & mine, left, 0)
             cx.rset(fs[lv], jnp.where(drained, add, ps[lv] + add))
@@ -1876,6 +1946,10 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         lo=_levels(objs),
         top=_level_of(objs - 1, _levels(objs)),
         pc_empty_locks=cfg.pc_empty_locks > 0,
+        # objects per slab of a per-CPU partial list's window behind its oldest
+        # (_pc_free_one) and the window of one slab, before step() sets this step's
+        half=objs >> 1,
+        win=_i(1) + _i(0) * objs,
         min_partial=_i(cfg.min_partial),
         # the partial slabs at which __slab_free() discards a slab it empties
         free_mp=_i(cfg.min_partial) + _i(cfg.free_discard_offset),
@@ -1915,8 +1989,8 @@ def _levels(objs):
 
 def _gauges(st, d, cfg):
     """Per-step gauge values: rows (R,) and rows (N,)."""
-    pc = sum(st[f] for f in PCS) + _i(st["pd"] > 0)
-    rpc = sum(st[f] for f in RPS) + _i(st["rpd"] > 0)
+    pc = sum(st[f] for f in PCS) + st["pw"]
+    rpc = sum(st[f] for f in RPS) + st["rpw"]
     cs_held = _i((st["cs_free"] + st["cs_inuse"] + st["cs_rfree"]) > 0) + pc
     held = jnp.sum(jnp.where(d["mem_node"][:, None] == _NODES[None], cs_held[:, None], 0)
                    + jnp.where(d["other"][:, None] == _NODES[None], rpc[:, None], 0), axis=0)
@@ -1938,6 +2012,7 @@ def step(w, st: dict, cfg: SimConfig, d: dict | None = None,
     """
     if d is None:
         d = _derived(cfg, max_run)
+    d = dict(d, win=pc_window(st["pend"], _i(cfg.lag_mul), _i(cfg.lag_freers), d["objs"]))
     st = lax.fori_loop(0, R, lambda r, s: _rep_op(r, w[r], s, cfg, d), dict(st))
     rep, node = _gauges(st, d, cfg)
     add_gauges(st, "gsum_rep", "ghi_rep", rep)
@@ -1965,7 +2040,7 @@ def init_state(cfg: SimConfig) -> State:
     return State(
         pend=z(R, R), pend_cs=z(R, R), cs_tracked=z(R), out=z(R), pend_tot=z(R), cs_free=z(R),
         cs_inuse=z(R), cs_rfree=z(R), **{f: z(R) for f in PCS + PCU[1:] + RPS + RPU[1:]}, pd=z(R),
-        rpd=z(R), main=z(R),
+        pw=z(R), rpd=z(R), rpw=z(R), main=z(R),
         spare=z(R), phase=z(R), phase_left=jnp.asarray(cfg.workload.phase_first, _I32),
         **{f: z(N) for f in NS + NU[1:] + ("hs", "hu")}, full_slabs=z(N), barn_full=z(N),
         barn_empty=z(N),

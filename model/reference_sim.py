@@ -19,6 +19,7 @@ from slabtune.model.dynamics import (
     COUNTER_FIELDS,
     DEFRAG_DRAW,
     GAUGE_SHIFT,
+    LAG_SUM_MAX,
     LEVELS,
     K,
     N,
@@ -27,7 +28,7 @@ from slabtune.model.dynamics import (
     level_bounds,
     node_list_floor,
 )
-from slabtune.model.workloads import PROB_ONE
+from slabtune.model.workloads import LAG_BITS, LAG_PEND_MAX, PROB_ONE
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -82,6 +83,11 @@ class RefSim:
         self.burst = [int(x) for x in wl["burst"]]
         self.active = [int(x) > 0 for x in wl["active"]]
         self.b = int(c["ops_per_step"])
+        # the per-CPU partial lists' draining window (dynamics.pc_window): this step's
+        self.lag_mul = [[int(x) for x in row] for row in c["lag_mul"]]
+        self.lag_freers = int(c["lag_freers"])
+        self.half = self.objs // 2
+        self.win = 1
         self.lo = level_bounds(self.objs)
         self.top = self._level(self.objs - 1)
 
@@ -95,10 +101,13 @@ class RefSim:
         self.cs_rfree = [0] * R
         self.pcs = [[0] * LEVELS for _ in range(R)]    # per-CPU partial slabs by level
         self.pcu = [[0] * LEVELS for _ in range(R)]    # their allocated objects
-        self.pd = [0] * R                              # the draining per-CPU slab's objects
+        # the draining window of the per-CPU partial list: its slabs and their objects
+        self.pw = [0] * R
+        self.pd = [0] * R
         # the per-CPU partial slabs of the other memory node class (item 5b), the same way
         self.rps = [[0] * LEVELS for _ in range(R)]
         self.rpu = [[0] * LEVELS for _ in range(R)]
+        self.rpw = [0] * R
         self.rpd = [0] * R
         self.main = [0] * R
         self.spare = [0] * R
@@ -196,11 +205,11 @@ class RefSim:
     def _pc_local(self, r: int) -> int:
         """Slabs of rep ``r``'s memory node on its per-CPU partial list, the draining slab
         included."""
-        return sum(self.pcs[r]) + int(self.pd[r] > 0)
+        return sum(self.pcs[r]) + self.pw[r]
 
     def _pc_remote(self, r: int) -> int:
         """Slabs of the other memory node class on rep ``r``'s per-CPU partial list."""
-        return sum(self.rps[r]) + int(self.rpd[r] > 0)
+        return sum(self.rps[r]) + self.rpw[r]
 
     def _pc_slabs(self, r: int) -> int:
         """Slabs on rep ``r``'s per-CPU partial list, whatever their node."""
@@ -208,9 +217,12 @@ class RefSim:
 
     def _take_pc(self, r: int) -> int:
         """___slab_alloc() takes a slab off the per-CPU partial list: an empty one first,
-        then the draining slab, then the emptiest; returns its allocated objects."""
-        if self.pcs[r][0] == 0 and self.pd[r] > 0:
-            h, self.pd[r] = self.pd[r], 0
+        then a slab of the draining window (its objects spread evenly, the least used
+        first), then the emptiest; returns its allocated objects."""
+        if self.pcs[r][0] == 0 and self.pw[r] > 0:
+            h = self.pd[r] // self.pw[r]
+            self.pd[r] -= h
+            self.pw[r] -= 1
             return h
         return self._take_emptiest(self.pcs[r], self.pcu[r])
 
@@ -322,23 +334,23 @@ class RefSim:
         node's lock again each time the node changes along the list; the model keeps no
         order between the two node classes' slabs and takes each node's lock once (as if
         the list were grouped by node)."""
-        parts = [(self.mem[r], self.pcs[r], self.pcu[r], self.pd[r]),
-                 (self.other[r], self.rps[r], self.rpu[r], self.rpd[r])]
-        for m, s, u, pd in parts:
-            if sum(s) + int(pd > 0) == 0:
+        parts = [(self.mem[r], self.pcs[r], self.pcu[r], self.pd[r], self.pw[r]),
+                 (self.other[r], self.rps[r], self.rpu[r], self.rpd[r], self.rpw[r])]
+        for m, s, u, pd, pw in parts:
+            if sum(s) + pw == 0:
                 continue
             e = s[0]
             for k in range(1, LEVELS):
                 self.ns[m][k] += s[k]
                 self.nu[m][k] += u[k]
-            if pd > 0:
-                self._add_node(m, pd)
+            for i in range(pw):           # the window, its objects spread evenly
+                self._add_node(m, pd // pw + int(i < pd % pw))
             keep = max(0, min(self.min_partial - self._node_slabs(m), e))
             self.ns[m][0] += keep
             self._bump("slab_free", r, e - keep)
             self._lock(r, m)
-        self.pcs[r], self.pcu[r], self.pd[r] = [0] * LEVELS, [0] * LEVELS, 0
-        self.rps[r], self.rpu[r], self.rpd[r] = [0] * LEVELS, [0] * LEVELS, 0
+        self.pcs[r], self.pcu[r], self.pd[r], self.pw[r] = [0] * LEVELS, [0] * LEVELS, 0, 0
+        self.rps[r], self.rpu[r], self.rpd[r], self.rpw[r] = [0] * LEVELS, [0] * LEVELS, 0, 0
         self._bump("cpu_partial_drain", r)
 
     # ------------------------------------------------------------------ operations
@@ -630,23 +642,29 @@ class RefSim:
 
     def _pc_free(self, r: int, k: int, remote: bool = False):
         """One free by rep ``r`` into rep ``k``'s per-CPU partial slabs.  The frees of a
-        per-CPU list go to one slab at a time, the draining slab (``pd``), until it is
-        empty: the kernel's consumers free a slab's objects one after another, so slabs
+        per-CPU list go to the slabs of its draining window (``pw`` slabs, ``pd``
+        objects): the kernel's freers free a slab's objects one after another, so slabs
         empty on the list (6.1 __slab_free(): a frozen slab, no lock, it stays listed;
         6.12 __slab_free(): not frozen, ``!new.inuse`` takes the node's list_lock and,
-        ``prior && !on_node_partial``, leaves it on the per-CPU list).  An emptied slab
-        counts on level 0, where the list's drain discards it (__unfreeze_partials(), 6.1;
-        __put_partials(), 6.12).  With no draining slab the free starts the least used
-        partial slab of the list.  ``remote``: into rep ``k``'s slabs of the other memory
-        node class (the same rules, that node's lock)."""
+        ``prior && !on_node_partial``, leaves it on the per-CPU list); freers at
+        different distances behind free into ``win`` slabs at once (dynamics.pc_window).
+        A free that finds fewer than ``win`` slabs in the window starts the least used
+        partial slab of the list; the window's oldest slab is empty when ``pd`` falls to
+        ``half`` objects for each of the others (a take or a drain sees the window's
+        objects spread evenly over its slabs).  An emptied slab counts on level 0,
+        where the list's drain discards it (__unfreeze_partials(), 6.1; __put_partials(),
+        6.12).  ``remote``: into rep ``k``'s slabs of the other memory node class (the
+        same rules, that node's lock)."""
         if remote:
-            s, u, pd, node = self.rps[k], self.rpu[k], self.rpd, self.other[k]
+            s, u, pd, pw, node = self.rps[k], self.rpu[k], self.rpd, self.rpw, self.other[k]
         else:
-            s, u, pd, node = self.pcs[k], self.pcu[k], self.pd, self.mem[k]
-        if pd[k] == 0:
-            pd[k] = self._take_least_used(s, u)
+            s, u, pd, pw, node = self.pcs[k], self.pcu[k], self.pd, self.pw, self.mem[k]
+        if pw[k] < self.win and sum(s[1:]) > 0:
+            pd[k] += self._take_least_used(s, u)
+            pw[k] += 1
         pd[k] -= 1
-        if pd[k] == 0:
+        if pw[k] > 0 and pd[k] <= self.half * (pw[k] - 1):
+            pw[k] -= 1
             s[0] += 1
             if self.pc_empty_locks:
                 self._lock(r, node)
@@ -714,7 +732,19 @@ class RefSim:
 
     # ------------------------------------------------------------------ steps
 
+    def _window(self) -> int:
+        """dynamics.pc_window: the slabs a per-CPU partial list's freers free into at
+        once, from how far behind each sender its freers are as the step starts."""
+        tot = 0
+        for o in range(R):
+            lags = [min(self.pend[o][j], LAG_PEND_MAX) * self.lag_mul[o][j]
+                    for j in range(R) if self.lag_mul[o][j] > 0]
+            if lags:
+                tot += (max(lags) - min(lags)) >> LAG_BITS
+        return 1 + min(tot, LAG_SUM_MAX) // (self.objs * max(self.lag_freers, 1))
+
     def step(self, w):
+        self.win = self._window()
         for r in range(R):
             w0, w1, w2 = (int(x) for x in w[r])
             op, n = self._choose(r, w0)

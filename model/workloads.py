@@ -276,6 +276,45 @@ def _free_cum(rows: list[list[float]]) -> np.ndarray:
     return out
 
 
+#: Fraction bits of :func:`lag_weights`' multipliers (a lag is kept in 1/16ths of an
+#: allocation), the largest multiplier (shares below 1/4096 count as 1/4096) and the
+#: objects in flight a lag counts at most: their product stays below 2**31.
+LAG_BITS = 4
+LAG_MUL_MAX = 1 << 16
+LAG_PEND_MAX = 1 << 14
+
+
+def lag_weights(free_cum) -> tuple[np.ndarray, int]:
+    """Multipliers that turn the objects a sender has in flight to each of its freers into
+    how far behind its allocations each freer is, and the number of freers they reach.
+
+    No kernel function: the workload's order of frees, which decides how long a slab
+    stays partly used.  A sender ``o`` hands a share ``p[o][r]`` of its objects to freer
+    ``r``, which frees them oldest first; with ``pend[o][r]`` of them waiting, ``r`` is
+    ``pend[o][r] / p[o][r]`` of ``o``'s allocations behind.  A slab ``o`` filled holds
+    objects of every freer: it becomes partial when the least behind frees into it and
+    empties when the most behind has passed it, so ``o`` keeps about ``(max lag - min
+    lag) / objs`` slabs partly used at any time (the kernel's per-CPU partial slabs that
+    are still in use when their list drains; docs/LAB.md, "Order-0 producer/consumer").
+    Returns ``mul`` (R, R) int32, ``round(2**LAG_BITS / p[o][r])`` (at most
+    :data:`LAG_MUL_MAX`) where ``o`` hands objects to at least two freers and ``p[o][r] >
+    0``, else 0 (a sender with one freer has no spread), and how many reps are such a
+    freer (columns of ``mul`` with an entry above 0).  The engines' use:
+    :func:`slabtune.model.dynamics.pc_window`."""
+    fc = np.asarray(free_cum, np.int64)
+    share = np.diff(np.concatenate([np.zeros((fc.shape[0], 1), np.int64), fc], axis=1), axis=1)
+    share = np.maximum(share, 0)
+    many = (share > 0).sum(axis=1) >= 2
+    mul = np.zeros(share.shape, np.int64)
+    for o in np.flatnonzero(many):
+        for r in np.flatnonzero(share[o] > 0):
+            # round(2**LAG_BITS * PROB_ONE / share) in integers
+            mul[o, r] = min((2 * (PROB_ONE << LAG_BITS) + share[o, r]) // (2 * share[o, r]),
+                            LAG_MUL_MAX)
+    freers = int(np.count_nonzero(mul.any(axis=0)))
+    return mul.astype(np.int32), freers
+
+
 def burst_phase_first(burst, live, active, node) -> np.ndarray:
     """Allocations in each rep's first burst phase: the j-th of the ``n`` active reps of a
     node class whose bursts fill and empty their live set (``burst`` = ``live``) starts

@@ -38,7 +38,13 @@ enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SING
        F_ALLOC_P = F_NODE_HAS_MEM + N, F_FREE_CUM = F_ALLOC_P + R,
        F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
        F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
-       NCFG = F_REP_MEM_HOME + R };
+       F_LAG_MUL = F_REP_MEM_HOME + R, F_LAG_FREERS = F_LAG_MUL + R * R,
+       NCFG = F_LAG_FREERS + 1 };
+
+/* model/workloads.py LAG_BITS, LAG_PEND_MAX; model/dynamics.py LAG_SUM_MAX */
+#define LAG_BITS 4
+#define LAG_PEND_MAX (1 << 14)
+#define LAG_SUM_MAX ((1 << 23) - 1)
 
 #define BARNS_MEMORY 1
 #define BARNS_ALL 2
@@ -55,11 +61,12 @@ typedef struct {
     int mem_home[R];
     int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
     int lo[LEVELS], top;
+    int lag_mul[R][R], lag_freers, half, win;
     /* state */
     int pend[R][R], pend_cs[R][R], cs_tracked[R], out[R], pend_tot[R];
     int cs_free[R], cs_inuse[R], cs_rfree[R];
-    int pcs[R][LEVELS], pcu[R][LEVELS], pd[R];
-    int rps[R][LEVELS], rpu[R][LEVELS], rpd[R];
+    int pcs[R][LEVELS], pcu[R][LEVELS], pd[R], pw[R];
+    int rps[R][LEVELS], rpu[R][LEVELS], rpd[R], rpw[R];
     int main_[R], spare[R], phase[R], phase_left[R];
     int ns[N][LEVELS], nu[N][LEVELS], hs[N], hu[N], F[N];
     int barn_full[N], barn_empty[N];
@@ -157,16 +164,17 @@ static int take_node_slab(sim_t *S, int n)
     return take_lowest(S->ns[n], S->nu[n], 0);
 }
 
-static inline int pc_local(const sim_t *S, int r) { return sum_lv(S->pcs[r]) + (S->pd[r] > 0); }
-static inline int pc_remote(const sim_t *S, int r) { return sum_lv(S->rps[r]) + (S->rpd[r] > 0); }
+static inline int pc_local(const sim_t *S, int r) { return sum_lv(S->pcs[r]) + S->pw[r]; }
+static inline int pc_remote(const sim_t *S, int r) { return sum_lv(S->rps[r]) + S->rpw[r]; }
 static inline int pc_slabs(const sim_t *S, int r) { return pc_local(S, r) + pc_remote(S, r); }
 
 /* RefSim._take_pc */
 static int take_pc(sim_t *S, int r)
 {
-    if (S->pcs[r][0] == 0 && S->pd[r] > 0) {
-        int h = S->pd[r];
-        S->pd[r] = 0;
+    if (S->pcs[r][0] == 0 && S->pw[r] > 0) {
+        int h = S->pd[r] / S->pw[r];
+        S->pd[r] -= h;
+        S->pw[r] -= 1;
         return h;
     }
     return take_lowest(S->pcs[r], S->pcu[r], 0);
@@ -311,15 +319,16 @@ static void drain(sim_t *S, int r)
         int *s = part ? S->rps[r] : S->pcs[r];
         int *u = part ? S->rpu[r] : S->pcu[r];
         int pd = part ? S->rpd[r] : S->pd[r];
-        if (sum_lv(s) + (pd > 0) == 0)
+        int pw = part ? S->rpw[r] : S->pw[r];
+        if (sum_lv(s) + pw == 0)
             continue;
         int e = s[0];
         for (int k = 1; k < LEVELS; k++) {
             S->ns[m][k] += s[k];
             S->nu[m][k] += u[k];
         }
-        if (pd > 0)
-            add_node(S, m, pd);
+        for (int i = 0; i < pw; i++) /* the window, its objects spread evenly */
+            add_node(S, m, pd / pw + (i < pd % pw));
         int keep = S->min_partial - node_slabs(S, m);
         if (keep > e)
             keep = e;
@@ -335,6 +344,8 @@ static void drain(sim_t *S, int r)
     memset(S->rpu[r], 0, sizeof S->rpu[r]);
     S->pd[r] = 0;
     S->rpd[r] = 0;
+    S->pw[r] = 0;
+    S->rpw[r] = 0;
     bump(S, C_CPU_PARTIAL_DRAIN, r, 1);
 }
 
@@ -374,11 +385,15 @@ static void pc_free(sim_t *S, int r, int k, int remote)
     int *s = remote ? S->rps[k] : S->pcs[k];
     int *u = remote ? S->rpu[k] : S->pcu[k];
     int *pd = remote ? &S->rpd[k] : &S->pd[k];
+    int *pw = remote ? &S->rpw[k] : &S->pw[k];
     int node = remote ? S->other[k] : S->mem[k];
-    if (*pd == 0)
-        *pd = take_lowest(s, u, 1);
+    if (*pw < S->win && sum_lv(s) - s[0] > 0) {
+        *pd += take_lowest(s, u, 1);
+        *pw += 1;
+    }
     *pd -= 1;
-    if (*pd == 0) {
+    if (*pw > 0 && *pd <= S->half * (*pw - 1)) {
+        *pw -= 1;
         s[0] += 1;
         if (S->pc_empty_locks)
             lock_(S, r, node, 1);
@@ -817,6 +832,8 @@ static void init(sim_t *S, const int32_t *c)
         S->node[r] = c[F_REP_NODE + r];
         S->mem[r] = c[F_REP_MEM + r];
         S->mem_home[r] = c[F_REP_MEM_HOME + r];
+        for (int j = 0; j < R; j++)
+            S->lag_mul[r][j] = c[F_LAG_MUL + r * R + j];
         S->other[r] = 1 - S->mem[r];
         S->local_node[r] = (memless && !use_sh) ? S->node[r] : S->mem[r];
         S->alloc_local[r] = !memless || fallback;
@@ -831,6 +848,37 @@ static void init(sim_t *S, const int32_t *c)
         S->lo[k] = v > k ? v : k;
     }
     S->top = level_of(S, S->objs - 1);
+    S->lag_freers = c[F_LAG_FREERS];
+    S->half = S->objs / 2;
+    S->win = 1;
+}
+
+/* dynamics.pc_window (RefSim._window): the slabs a per-CPU partial list's freers free
+ * into at once, from how far behind each sender its freers are as the step starts */
+static int pc_window(const sim_t *S)
+{
+    int64_t tot = 0;
+    for (int o = 0; o < R; o++) {
+        int any = 0;
+        int64_t hi = 0, lo = 0;
+        for (int j = 0; j < R; j++) {
+            if (S->lag_mul[o][j] <= 0)
+                continue;
+            int p = S->pend[o][j] < LAG_PEND_MAX ? S->pend[o][j] : LAG_PEND_MAX;
+            int64_t lag = (int64_t)p * S->lag_mul[o][j];
+            if (!any || lag > hi)
+                hi = lag;
+            if (!any || lag < lo)
+                lo = lag;
+            any = 1;
+        }
+        if (any)
+            tot += (hi - lo) >> LAG_BITS;
+    }
+    if (tot > LAG_SUM_MAX)
+        tot = LAG_SUM_MAX;
+    int fr = S->lag_freers > 1 ? S->lag_freers : 1;
+    return 1 + (int)(tot / ((int64_t)S->objs * fr));
 }
 
 static void *run_part(void *arg)
@@ -858,6 +906,7 @@ static void *run_part(void *arg)
         init(S, J->cfg + (int64_t)i * NCFG);
         uint32_t s = mix32(J->seeds[i] ^ 0x5BD1E995u);
         for (int t = 0; t < J->steps; t++) {
+            S->win = pc_window(S);
             for (int r = 0; r < R; r++) {
                 int n = 0;
                 int op = choose(S, r, draw(s, (uint32_t)t, r, 0), &n);

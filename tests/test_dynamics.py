@@ -392,32 +392,92 @@ def test_a_per_cpu_partial_slab_empties_and_its_drain_discards_it(unfrozen, lock
     assert sim._pc_slabs(0) == 0 and sim.counts["list_lock"][0] == locks + 1
 
 
+_PC_WALK = jax.jit(dynamics._pc_walk, static_argnums=(7,))
+
+
 @pytest.mark.parametrize("slabs", [(1,), (3, 2, 3), (5, 5, 5, 4), (1, 1, 7)])
-@pytest.mark.parametrize("pd", [0, 1, 4])
-def test_pc_walk_is_the_frees_one_at_a_time(slabs, pd):
-    """dynamics._pc_walk, the closed form of x frees into a per-CPU partial list, gives
-    the levels, draining slab and emptied slabs of RefSim._pc_free played x times, for
-    every x up to the list's objects; _pc_walk_one (runs of one op) equals it for x <= 1."""
+@pytest.mark.parametrize("pw,extra", [(0, 0), (1, 1), (1, 4), (2, 1), (3, 5)])
+@pytest.mark.parametrize("win", [1, 2, 4])
+def test_pc_walk_is_the_frees_one_at_a_time(slabs, pw, extra, win):
+    """dynamics._pc_walk (x frees into a per-CPU partial list with a draining window of
+    ``win`` slabs) gives the levels, window and emptied slabs of RefSim._pc_free played x
+    times, for every x up to the list's objects; _pc_free_one (runs of one op) is its
+    x <= 1 case.  ``extra``: the window's oldest slab's objects (``half`` each for the
+    others)."""
+    half = _ref().half
+    pd = half * max(pw - 1, 0) + extra
     total = sum(slabs) + pd
+    assert total <= 64                        # the static bound of _PC_WALK's loop
     for x in range(total + 1):
         sim = _ref()
+        sim.win = win
         for h in slabs:
             sim._add_pc(0, h)
-        sim.pd[0] = pd
+        sim.pw[0], sim.pd[0] = pw, pd
         s0, u0 = list(sim.pcs[0]), [0] + list(sim.pcu[0][1:])
         for _ in range(x):
             sim._pc_free(0, 0)
-        s, u, got_pd, emptied = dynamics._pc_walk(
-            [np.int32(v) for v in s0], [np.int32(v) for v in u0], np.int32(pd), np.int32(x))
+        i32 = np.int32
+        s, u, got_pd, got_pw, emptied = _PC_WALK(
+            [i32(v) for v in s0], [i32(v) for v in u0], i32(pd), i32(pw), i32(x), i32(win),
+            i32(half), 64)
         assert [int(v) for v in s] == sim.pcs[0], x
         assert [int(v) for v in u[1:]] == sim.pcu[0][1:], x
-        assert int(got_pd) == sim.pd[0], x
+        assert (int(got_pd), int(got_pw)) == (sim.pd[0], sim.pw[0]), x
         assert int(emptied) == sim.pcs[0][0], x
+        assert sim.pw[0] <= sim.pd[0] <= sim.pw[0] * (sim.objs - 1)
         if x <= 1:                            # the form runs of one op trace
-            s1, u1, pd1, e1 = dynamics._pc_walk_one(
-                [np.int32(v) for v in s0], [np.int32(v) for v in u0], np.int32(pd), np.int32(x))
-            assert [int(v) for v in (*s1, *u1[1:], pd1, e1)] == \
-                [int(v) for v in (*s, *u[1:], got_pd, emptied)], x
+            s1, u1, pd1, pw1, e1 = _PC_WALK(
+                [i32(v) for v in s0], [i32(v) for v in u0], i32(pd), i32(pw), i32(x),
+                i32(win), i32(half), 1)
+            assert [int(v) for v in (*s1, *u1[1:], pd1, pw1, e1)] == \
+                [int(v) for v in (*s, *u[1:], got_pd, got_pw, emptied)], x
+
+
+def test_a_wide_window_keeps_its_slabs_partly_used_for_the_drain():
+    """Four freers at different distances behind free into four slabs at once: of a
+    list of four full slabs made partial (``objs - 1`` objects each), ``2 (objs - 1)``
+    frees leave none empty (the walk of one slab at a time has emptied two), so the drain
+    moves all four to the node's partial list and discards none."""
+    for win, emptied in ((1, 2), (4, 0)):
+        sim = _ref(min_partial=0)
+        objs = sim.objs
+        assert objs > 4 and sim.half == objs // 2
+        sim.win = win
+        for _ in range(4):
+            sim._add_pc(0, objs - 1)
+        for _ in range(2 * (objs - 1)):
+            sim._pc_free(0, 0)
+        assert sim.pcs[0][0] == emptied, win
+        sim._drain(0)
+        assert sim.counts["slab_free"][0] == emptied
+        assert sum(sim.ns[0]) == 4 - emptied and sum(sim.nu[0]) == 2 * (objs - 1)
+
+
+def test_the_window_is_the_freers_spread_behind_their_senders():
+    """dynamics.pc_window and RefSim._window: a sender handing a quarter of its objects
+    to each of four freers, with 4, 8, 12 and 36 of them waiting, has its freers 16 to
+    144 of its allocations behind: 128 allocations, 16 slabs of 8 objects partly freed,
+    over the four freers' lists 4 each, plus the one being freed: 5.  A sender with a
+    single freer adds nothing; no spread leaves the window at one slab."""
+    from slabtune.model import workloads
+    fc = np.zeros((8, 8), np.int32)
+    fc[0, 4:] = [16384, 32768, 49152, 65536]       # rep 0 frees go to reps 4..7
+    fc[1, 2:] = 65536                              # rep 1 hands everything to rep 2
+    mul, freers = workloads.lag_weights(fc)
+    assert freers == 4 and set(mul[0, 4:]) == {64} and not mul[1].any()
+    pend = np.zeros((8, 8), np.int32)
+    pend[0, 4:] = [4, 8, 12, 36]
+    pend[1, 2] = 500
+    win = dynamics.pc_window(pend[..., None], mul[..., None], np.int32(freers), np.int32(8))
+    assert int(win[0]) == 5
+    sim = _ref()
+    sim.lag_mul, sim.lag_freers, sim.objs = mul.tolist(), freers, 8
+    sim.pend = pend.tolist()
+    assert sim._window() == 5
+    pend[0, 4:] = 20
+    assert int(dynamics.pc_window(pend[..., None], mul[..., None], np.int32(freers),
+                                  np.int32(8))[0]) == 1
 
 
 TWO_MEM = Topology.uniform(16, 2)

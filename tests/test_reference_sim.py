@@ -256,6 +256,7 @@ def _held(sim: reference_sim.RefSim) -> int:
     ("v3.1", "producer_consumer", dict(min_partial=2)),
     ("v6.1", "local_burst", dict(min_partial=3)),
     ("v6.1", "request_response", dict(cpu_partial_slabs=2)),
+    ("v6.1", "producer_consumer", dict(min_partial=1)),
     ("v7.0", "block_io", dict(sheaf_capacity=4)),
     ("v7.1", "producer_consumer", dict(sheaf_capacity=6, barn_max_full=1)),
 ])
@@ -264,13 +265,17 @@ def test_invariants_every_step(profile, wl, kw, b, topo):
     """After every step: objects allocated from slabs = objects in flight + objects parked
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
     per slab; every fill level's objects lie within its bounds; a head slab is partly
-    used; a draining per-CPU slab is partly used; a node never keeps more than
-    min_partial empty slabs; nothing negative."""
+    used; a per-CPU partial list's draining window holds between one and ``objs - 1``
+    objects per slab and more than ``half`` for each slab behind its oldest (and on 6.1 producer/consumer, where several freers lag
+    their senders by different amounts, it is wider than one slab at some step); a node
+    never keeps more than min_partial empty slabs; nothing negative."""
     cfg = _cfg(profile, TOPOS[topo], WORKLOADS[wl], ops_per_step=b, **kw)
     sim = reference_sim.RefSim(cfg)
     w = np.asarray(dynamics.draws(jax.random.key(3), 600))
+    widest = 0
     for t in range(w.shape[0]):
         sim.step(w[t])
+        widest = max(widest, sim.win)
         assert _slab_inuse(sim) == sum(sim.out) + _held(sim), t
         assert sum(sim.out) == sum(sim.pend_tot) == sum(map(sum, sim.pend))
         for r in range(dynamics.R):
@@ -278,7 +283,9 @@ def test_invariants_every_step(profile, wl, kw, b, topo):
             assert tot in (0, sim.objs), (t, r)
             assert sim.cs_tracked[r] == sum(sim.pend_cs[r]) <= sim.cs_inuse[r]
             assert all(0 <= sim.pend_cs[r][j] <= sim.pend[r][j] for j in range(dynamics.R))
-            assert 0 <= sim.pd[r] < sim.objs and 0 <= sim.rpd[r] < sim.objs, (t, r)
+            for pw, pd in ((sim.pw[r], sim.pd[r]), (sim.rpw[r], sim.rpd[r])):
+                assert (pw, pd) == (0, 0) or (pw > 0 and pw <= pd <= pw * (sim.objs - 1)
+                                              and pd > sim.half * (pw - 1)), (t, r, pw, pd)
         lo = sim.lo + [sim.objs]
         for s, u in [(sim.pcs[r], sim.pcu[r]) for r in range(dynamics.R)] + \
                 [(sim.rps[r], sim.rpu[r]) for r in range(dynamics.R)] + \
@@ -292,6 +299,8 @@ def test_invariants_every_step(profile, wl, kw, b, topo):
                                                         and 0 < sim.hu[n] < sim.objs)
             assert sim.ns[n][0] <= sim.min_partial, (t, n)
             assert sim.barn_full[n] <= sim.max_full and sim.barn_empty[n] <= sim.max_empty
+    if wl == "producer_consumer" and profile == "v6.1":
+        assert widest > 1
 
 
 def test_gauge_sums_carry_past_20_bits():

@@ -924,8 +924,8 @@ class _Partials(NamedTuple):
     """The per-CPU and node partial lists a CPU-slab run takes new CPU slabs from, as
     blocks of slabs of equal free objects in the order the run takes them: the per-CPU
     list's empty slabs, its draining window (its objects spread evenly, the ``q`` slabs
-    first), then its levels emptiest first (``NPC`` blocks), then node ``m``'s head slab and its list
-    emptiest first (one block and ``NPC - 2``)."""
+    first), then its levels emptiest first (``NPC`` blocks), then node ``m``'s head slab
+    and its list emptiest first (one block and ``NPC - 2``)."""
 
     n: Any      # list of (B,): slabs per block
     y: Any      # list of (B,): free objects per slab of each block
@@ -936,8 +936,9 @@ class _Partials(NamedTuple):
     G: Any      # slabs one get_partial_node() takes off node m's list
 
 
-#: Blocks of the per-CPU partial list: its empty slabs, the draining slab, then the
-#: blocks of its partial levels (:func:`_level_blocks`).
+#: Blocks of the per-CPU partial list: its empty slabs, the draining window's two (its
+#: ``q`` and ``q + 1`` slabs, :func:`_even`), then the blocks of its partial levels
+#: (:func:`_level_blocks`).
 NPC = 2 * LEVELS + 1
 
 
@@ -1271,7 +1272,7 @@ class _Layout(NamedTuple):
 
 
 #: Segments per rep in a free run's split: its CPU slab, its per-CPU partial list (the
-#: draining slab and every level: its frees go to one slab at a time, :func:`_pc_walk`),
+#: draining window and every level: its frees go to the window, :func:`_pc_walk`),
 #: its per-CPU partial slabs of the other memory node class (the same way).
 SEG = 3
 
@@ -1680,9 +1681,10 @@ def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
     mm/slub.c): of its memory node ``m``, or where ``rem`` of the other memory class
     (``d["other"]``, item 5b).  A list already holding cpu_partial_slabs slabs, of either
     node, is first drained (unfreeze_partials(): each slab onto its own node's list under
-    that node's list_lock, the draining slabs among them at their levels, empty ones kept
-    up to min_partial; one lock per node class on the list, :meth:`RefSim._drain`), so
-    drains come every cpu_partial_slabs frees after the first."""
+    that node's list_lock, the draining windows' slabs among them at their levels, empty
+    ones kept up to min_partial; one lock per node class on the list,
+    :meth:`RefSim._drain`), so drains come every cpu_partial_slabs frees after the
+    first."""
     st, objs, mp, lo = cx.st, cx.d["objs"], cx.d["min_partial"], cx.d["lo"]
     top = cx.d["top"]
     cps = _i(cx.d["cps"])

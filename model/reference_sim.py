@@ -203,8 +203,8 @@ class RefSim:
         return self._take_emptiest(self.ns[n], self.nu[n])
 
     def _pc_local(self, r: int) -> int:
-        """Slabs of rep ``r``'s memory node on its per-CPU partial list, the draining slab
-        included."""
+        """Slabs of rep ``r``'s memory node on its per-CPU partial list, the draining
+        window's included."""
         return sum(self.pcs[r]) + self.pw[r]
 
     def _pc_remote(self, r: int) -> int:
@@ -514,7 +514,7 @@ class RefSim:
     def _slab_sizes(self, n: int) -> list:
         """Allocated objects on node ``n`` by the slab that holds them, in destination
         order: rep by rep its CPU slab (untracked objects) and its per-CPU partial list
-        (the draining slab and the levels, one segment) and its per-CPU partial slabs of
+        (the draining window and the levels, one segment) and its per-CPU partial slabs of
         the other memory node class (one segment); the node's head slab and partial
         slabs by level, fullest first; its full slabs."""
         out = []

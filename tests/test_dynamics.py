@@ -370,12 +370,13 @@ def _ref(unfrozen=False, **kw):
 
 @pytest.mark.parametrize("unfrozen,locks", [(False, 0), (True, 1)])
 def test_a_per_cpu_partial_slab_empties_and_its_drain_discards_it(unfrozen, locks):
-    """Frees into a per-CPU partial list go to one slab at a time, so a slab empties on
-    the list: 6.1 frees into the frozen slab with no lock; 6.12 (not frozen since v6.8)
-    takes the node's list_lock in __slab_free() for the free that empties it and leaves it
-    listed.  The drain (6.1 __unfreeze_partials(), 6.12 __put_partials()) then discards
-    it, as the node already keeps min_partial (0) partial slabs, and moves the others to
-    the node's partial list."""
+    """Frees into a per-CPU partial list with a window of one slab (one freer, no lag
+    spread) go to one slab at a time, so a slab empties on the list: 6.1 frees into the
+    frozen slab with no lock; 6.12 (not frozen since v6.8) takes the node's list_lock in
+    __slab_free() for the free that empties it and leaves it listed.  The drain (6.1
+    __unfreeze_partials(), 6.12 __put_partials()) then discards it, as the node already
+    keeps min_partial (0) partial slabs, and moves the others to the node's partial
+    list."""
     sim = _ref(unfrozen, min_partial=0)
     assert sim.objs > 3
     for h in (3, 2, 3):                       # three listed slabs, 8 objects

@@ -266,8 +266,9 @@ def test_invariants_every_step(profile, wl, kw, b, topo):
     in sheaves and barns; a CPU slab's free + allocated + remotely freed objects = objects
     per slab; every fill level's objects lie within its bounds; a head slab is partly
     used; a per-CPU partial list's draining window holds between one and ``objs - 1``
-    objects per slab and more than ``half`` for each slab behind its oldest (and on 6.1 producer/consumer, where several freers lag
-    their senders by different amounts, it is wider than one slab at some step); a node
+    objects per slab and more than ``half`` for each slab behind its oldest (and on 6.1
+    producer/consumer, where several freers lag their senders by different amounts, it is
+    wider than one slab at some step); a node
     never keeps more than min_partial empty slabs; nothing negative."""
     cfg = _cfg(profile, TOPOS[topo], WORKLOADS[wl], ops_per_step=b, **kw)
     sim = reference_sim.RefSim(cfg)

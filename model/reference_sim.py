@@ -83,7 +83,8 @@ class RefSim:
         self.burst = [int(x) for x in wl["burst"]]
         self.active = [int(x) > 0 for x in wl["active"]]
         self.b = int(c["ops_per_step"])
-        # the per-CPU partial lists' draining window (dynamics.pc_window): this step's
+        # the per-CPU partial lists' draining window (dynamics.pc_window): the lags, the
+        # objects behind a window's oldest slab per other slab, and this step's width
         self.lag_mul = [[int(x) for x in row] for row in c["lag_mul"]]
         self.lag_freers = int(c["lag_freers"])
         self.half = self.objs // 2

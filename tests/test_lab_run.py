@@ -285,6 +285,37 @@ def test_summary_gives_points_for_fractions_and_relative_errors_otherwise():
     assert any("6.1 (profile v6.1, 3 runs)" in line for line in lab.format_summary(s))
 
 
+def test_by_kind_groups_the_card_by_kernel_and_workload_kind():
+    """lab.by_kind: per (kernel, workload.kind) the median and worst |predicted -
+    measured|, points for fractions, relative otherwise (a measured 0 counted apart);
+    failed runs left out; format_by_kind prints one Markdown row per group."""
+    def rec(kernel, kind, alloc, slabs, ok=True):
+        (ma, pa), (ms, ps) = alloc, slabs
+        fig = lambda a, s: {"alloc_fastpath_frac": a, "free_fastpath_frac": 0.0,  # noqa: E731
+                            "slab_allocs_per_kop": s, "memory_bytes": 4096.0}
+        return {"kernel": kernel, "ok": ok, "config": {"doc": {"workload": {"kind": kind}}},
+                "measured": fig(ma, ms), "predicted": fig(pa, ps)}
+    recs = [rec("6.1", "producer_consumer", (0.90, 0.95), (10.0, 5.0)),
+            rec("6.1", "producer_consumer", (0.50, 0.48), (4.0, 6.0)),
+            rec("6.1", "producer_consumer", (0.70, 0.70), (0.0, 1.0)),
+            rec("6.1", "local", (1.0, 1.0), (2.0, 2.0)),
+            rec("7.2", "producer_consumer", (1.0, 0.9), (1.0, 1.0)),
+            rec("6.1", "local", (0.0, 1.0), (1.0, 9.0), ok=False)]
+    rows = lab.by_kind(recs)
+    assert [(r["kernel"], r["kind"], r["runs"]) for r in rows] == [
+        ("6.1", "local", 1), ("6.1", "producer_consumer", 3), ("7.2", "producer_consumer", 1)]
+    pc = rows[1]["figures"]
+    assert pc["alloc_fastpath_frac"]["median"] == pytest.approx(2.0)
+    assert pc["alloc_fastpath_frac"]["worst"] == pytest.approx(5.0)
+    assert pc["slab_allocs_per_kop"]["median"] == pytest.approx(0.5)   # of 0.5 and 0.5
+    assert pc["slab_allocs_per_kop"]["n"] == 2 and pc["slab_allocs_per_kop"]["measured_zero"] == 1
+    assert rows[0]["figures"]["alloc_fastpath_frac"]["worst"] == 0.0  # the failed run is out
+    lines = lab.format_by_kind(rows)
+    assert len(lines) == 2 + 3
+    assert lines[3].startswith("| 6.1 | producer_consumer | 3 | 2.0 / 5.0 pp |")
+    assert lines[4].startswith("| 7.2 | producer_consumer | 1 | 10.0 / 10.0 pp |")
+
+
 @pytest.mark.parametrize("patch, field", [
     ('memoryless_fallback = true', "policy.params.memoryless_fallback"),
     ('slub_max_order = 99', "policy.params"),

@@ -731,6 +731,54 @@ def summary(rows) -> dict:
     return out
 
 
+def by_kind(records: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """The report card per (kernel, workload kind) of the records that ran: for each
+    compared figure the median and worst |predicted - measured|, in percentage points for
+    the fast-path fractions, else relative to the measured value (pairs measured 0 left
+    out and counted as ``measured_zero``).  The kind is the config's ``workload.kind``
+    (producer_consumer, block_io, ...); kernels and kinds in sorted order."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("ok"):
+            kind = str(r["config"]["doc"].get("workload", {}).get("kind", "?"))
+            groups.setdefault((str(r["kernel"]), kind), []).append(r)
+    out = []
+    for (kernel, kind), recs in sorted(groups.items()):
+        figs: dict[str, Any] = {}
+        for field in COMPARED:
+            pairs = [(r["predicted"].get(field), r["measured"].get(field)) for r in recs]
+            pairs = [(p, m) for p, m in pairs if p is not None and m is not None]
+            if field in FRACTIONS:
+                figs[field] = {"unit": "pp",
+                               **(_spread([abs(p - m) * 100 for p, m in pairs]) or {})}
+            else:
+                figs[field] = {"unit": "relative",
+                               **(_spread([abs(p - m) / m for p, m in pairs if m > 0]) or {}),
+                               "measured_zero": sum(1 for _, m in pairs if m == 0)}
+        out.append({"kernel": kernel, "kind": kind, "runs": len(recs), "figures": figs})
+    return out
+
+
+def format_by_kind(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """:func:`by_kind` as a Markdown table: median / worst per figure."""
+    if not rows:
+        return []
+    lines = ["| kernel | workload | runs | " + " | ".join(COMPARED) + " |",
+             "|" + "---|" * (3 + len(COMPARED))]
+    for row in rows:
+        cells = [row["kernel"], row["kind"], str(row["runs"])]
+        for field in COMPARED:
+            f = row["figures"][field]
+            if "median" not in f:
+                cells.append("-")
+            elif f["unit"] == "pp":
+                cells.append(f"{f['median']:.1f} / {f['worst']:.1f} pp")
+            else:
+                cells.append(f"{100 * f['median']:.0f}% / {100 * f['worst']:.0f}%")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def format_summary(s: Mapping[str, Any]) -> list[str]:
     """Text lines of :func:`summary`."""
     if not s["runs"] and not s["failed"]:

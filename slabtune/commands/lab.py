@@ -61,7 +61,9 @@ def register(subparsers) -> None:
                           "accelerator, config, measured and predicted; "
                           + jsonout.NON_FINITE_HELP)
     out.add_argument("--markdown", action="store_true",
-                     help="print the report-card table (Markdown) instead of the text table")
+                     help="print the report-card table (Markdown) instead of the text table, "
+                          "then |predicted - measured| median / worst per kernel and "
+                          "workload kind")
     p.set_defaults(func=_lab)
 
 
@@ -124,12 +126,22 @@ def _print(args, res) -> None:
                else {"run_dir": str(res.run_dir), "records": recs})
         print(jsonout.dumps(doc))
     elif args.markdown:
+        from slabtune.validate import lab
+
         print(format_markdown(res.records))
+        kinds = lab.format_by_kind(lab.by_kind(res.records))
+        if kinds:
+            print("\n|predicted - measured|, median / worst per kernel and workload kind:\n")
+            print("\n".join(kinds))
     else:
         from slabtune.validate import lab
 
         print(format_text(res.records))
         print("\n".join(lab.format_summary(lab.summary(_frame_of(res.records)))), flush=True)
+        kinds = lab.format_by_kind(lab.by_kind(res.records))
+        if kinds:
+            print("per kernel and workload kind, |predicted - measured| median / worst:")
+            print("\n".join(kinds), flush=True)
         print(f"run {res.run_dir}", file=sys.stderr)
 
 

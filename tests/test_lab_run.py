@@ -538,7 +538,11 @@ def test_lab_run_on_a_memoryless_node_matches_the_modules_own_ops(tmp_path):
     assert again["7.2"]["ok"]
     assert store.open_run(run.path).collect().height == rows.height
     shown = _cli("lab", "show", str(run.path), "--markdown")
-    assert shown.returncode == 0 and shown.stdout.count("| 6.1 |") == 1
+    card, _, kinds = shown.stdout.partition("per kernel and workload kind")
+    assert shown.returncode == 0 and card.count("| 6.1 |") == 1
+    # then one row per kernel and workload kind: this run's one config, on both kernels
+    kind = recs["6.1"]["config"]["doc"]["workload"]["kind"]
+    assert kinds.count(f"| 6.1 | {kind} | 1 |") == 1 and kinds.count(f"| 7.2 | {kind} | 1 |") == 1
 
 
 SLAB_CONFIG = """

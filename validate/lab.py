@@ -682,6 +682,26 @@ def _spread(values: list[float]) -> dict | None:
     return {"median": float(np.median(values)), "worst": float(max(values)), "n": len(values)}
 
 
+def _figure(field: str, predicted: Sequence[float], measured: Sequence[float]) -> dict:
+    """Median and worst |predicted - measured| of one compared figure over its pairs: in
+    percentage points for the fast-path fractions, else relative to the measured value
+    (pairs measured 0 left out and counted as ``measured_zero``)."""
+    pairs = list(zip(predicted, measured))
+    if field in FRACTIONS:
+        return {"unit": "pp", **(_spread([abs(p - m) * 100 for p, m in pairs]) or {})}
+    return {"unit": "relative", **(_spread([abs(p - m) / m for p, m in pairs if m > 0]) or {}),
+            "measured_zero": sum(1 for _, m in pairs if m == 0)}
+
+
+def _figure_text(f: Mapping[str, Any]) -> str:
+    """A :func:`_figure` as ``median / worst`` (``-`` without pairs)."""
+    if "median" not in f:
+        return "-"
+    if f["unit"] == "pp":
+        return f"{f['median']:.1f} / {f['worst']:.1f} pp"
+    return f"{100 * f['median']:.0f}% / {100 * f['worst']:.0f}%"
+
+
 def summary(rows) -> dict:
     """The lab part of a report, from store rows (``target == "lab"``): per kernel and
     profile, for each compared figure the median and worst absolute difference in
@@ -705,14 +725,7 @@ def summary(rows) -> dict:
         for field in fields:
             sel = g.filter((pl.col("field") == field) & pl.col("measured").is_not_null()
                            & pl.col("predicted").is_not_null())
-            m, p = sel["measured"].to_list(), sel["predicted"].to_list()
-            if field in FRACTIONS:
-                figs[field] = {"unit": "pp", **(_spread([abs(a - b) * 100 for a, b
-                                                         in zip(p, m)]) or {})}
-            else:
-                rel = [abs(a - b) / b for a, b in zip(p, m) if b > 0]
-                figs[field] = {"unit": "relative", **(_spread(rel) or {}),
-                               "measured_zero": sum(1 for b in m if b == 0)}
+            figs[field] = _figure(field, sel["predicted"].to_list(), sel["measured"].to_list())
         counters: dict[str, Any] = {}
         for name in MODEL_COUNTERS:
             sel = g.filter((pl.col("field") == f"counters.{name}") & pl.col("comparable"))
@@ -748,13 +761,7 @@ def by_kind(records: Sequence[Mapping[str, Any]]) -> list[dict]:
         for field in COMPARED:
             pairs = [(r["predicted"].get(field), r["measured"].get(field)) for r in recs]
             pairs = [(p, m) for p, m in pairs if p is not None and m is not None]
-            if field in FRACTIONS:
-                figs[field] = {"unit": "pp",
-                               **(_spread([abs(p - m) * 100 for p, m in pairs]) or {})}
-            else:
-                figs[field] = {"unit": "relative",
-                               **(_spread([abs(p - m) / m for p, m in pairs if m > 0]) or {}),
-                               "measured_zero": sum(1 for _, m in pairs if m == 0)}
+            figs[field] = _figure(field, [p for p, _ in pairs], [m for _, m in pairs])
         out.append({"kernel": kernel, "kind": kind, "runs": len(recs), "figures": figs})
     return out
 
@@ -767,14 +774,7 @@ def format_by_kind(rows: Sequence[Mapping[str, Any]]) -> list[str]:
              "|" + "---|" * (3 + len(COMPARED))]
     for row in rows:
         cells = [row["kernel"], row["kind"], str(row["runs"])]
-        for field in COMPARED:
-            f = row["figures"][field]
-            if "median" not in f:
-                cells.append("-")
-            elif f["unit"] == "pp":
-                cells.append(f"{f['median']:.1f} / {f['worst']:.1f} pp")
-            else:
-                cells.append(f"{100 * f['median']:.0f}% / {100 * f['worst']:.0f}%")
+        cells += [_figure_text(row["figures"][field]) for field in COMPARED]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -786,14 +786,7 @@ def format_summary(s: Mapping[str, Any]) -> list[str]:
     lines = [f"lab (the real allocator, source {', '.join(s['sources']) or '-'}): "
              f"{s['runs']} runs, {s['failed']} failed; |predicted - measured| median / worst"]
     for k in s["by_kernel"]:
-        parts = []
-        for field, f in k["figures"].items():
-            if "median" not in f:
-                parts.append(f"{field} -")
-            elif f["unit"] == "pp":
-                parts.append(f"{field} {f['median']:.1f} / {f['worst']:.1f} pp")
-            else:
-                parts.append(f"{field} {100 * f['median']:.0f}% / {100 * f['worst']:.0f}%")
+        parts = [f"{field} {_figure_text(f)}" for field, f in k["figures"].items()]
         st = k.get("structure") or {}
         if st.get("compared"):
             parts.append(f"/proc/slabinfo structure {st['matched']} of {st['compared']} exact")

@@ -125,24 +125,23 @@ def _print(args, res) -> None:
         doc = ({**recs[0], "run_dir": str(res.run_dir)} if len(recs) == 1
                else {"run_dir": str(res.run_dir), "records": recs})
         print(jsonout.dumps(doc))
-    elif args.markdown:
-        from slabtune.validate import lab
-
-        print(format_markdown(res.records))
-        kinds = lab.format_by_kind(lab.by_kind(res.records))
-        if kinds:
-            print("\n|predicted - measured|, median / worst per kernel and workload kind:\n")
-            print("\n".join(kinds))
     else:
         from slabtune.validate import lab
 
-        print(format_text(res.records))
-        print("\n".join(lab.format_summary(lab.summary(_frame_of(res.records)))), flush=True)
+        if args.markdown:
+            head = "\n|predicted - measured|, median / worst per kernel and workload kind:\n"
+            print(format_markdown(res.records))
+        else:
+            head = "per kernel and workload kind, |predicted - measured| median / worst:"
+            print(format_text(res.records))
+            print("\n".join(lab.format_summary(lab.summary(_frame_of(res.records)))))
         kinds = lab.format_by_kind(lab.by_kind(res.records))
         if kinds:
-            print("per kernel and workload kind, |predicted - measured| median / worst:")
-            print("\n".join(kinds), flush=True)
-        print(f"run {res.run_dir}", file=sys.stderr)
+            print(head)
+            print("\n".join(kinds))
+        sys.stdout.flush()
+        if not args.markdown:
+            print(f"run {res.run_dir}", file=sys.stderr)
 
 
 def _pct(v) -> str:

@@ -1949,9 +1949,8 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         top=_level_of(objs - 1, _levels(objs)),
         pc_empty_locks=cfg.pc_empty_locks > 0,
         # objects per slab of a per-CPU partial list's window behind its oldest
-        # (_pc_free_one), and a window of one slab until step() sets each step's width
+        # (_pc_free_one); the window's width is each step's own (step(), pc_window)
         half=objs >> 1,
-        win=_i(1) + _i(0) * objs,
         min_partial=_i(cfg.min_partial),
         # the partial slabs at which __slab_free() discards a slab it empties
         free_mp=_i(cfg.min_partial) + _i(cfg.free_discard_offset),

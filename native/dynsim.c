@@ -857,6 +857,8 @@ static void init(sim_t *S, const int32_t *c)
  * into at once, from how far behind each sender its freers are as the step starts */
 static int pc_window(const sim_t *S)
 {
+    if (S->lag_freers == 0) /* no sender with two freers: no spread (local, block I/O) */
+        return 1;
     int64_t tot = 0;
     for (int o = 0; o < R; o++) {
         int any = 0;

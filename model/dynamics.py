@@ -153,6 +153,10 @@ class SimConfig(NamedTuple):
     #: partial list drains one slab at a time, :func:`pc_window`).
     lag_mul: Any = np.zeros((workloads.R, workloads.R), np.int32)
     lag_freers: Any = np.int32(0)
+    #: Per node class (N,): :func:`slabtune.model.workloads.list_share`, the real nodes'
+    #: partial lists a class's list stands for (x LIST_SHARE_ONE), which scales the
+    #: min_partial tests (:func:`node_min_partial`).
+    list_share: Any = np.full(workloads.N, workloads.LIST_SHARE_ONE, np.int32)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -317,6 +321,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         rep_mem_home=np.asarray(lay.mem_home, np.int32),
         lag_mul=lag_mul,
         lag_freers=_scalar(freers),
+        list_share=workloads.list_share(lay.weight, lay.mem_node, lay.node_weight),
     )
 
 
@@ -684,7 +689,7 @@ class _Rep(NamedTuple):
     capm: Any       # max(cap, 1), a divisor
     sheaves: Any    # cap > 0
     cps: Any        # cpu_partial_slabs (0: no per-CPU partial list)
-    mp: Any         # min_partial as __slab_free() applies it (``free_mp``)
+    mp: Any         # per node class, min_partial as __slab_free() applies it (``free_mp``)
     w0: Any         # random word: the run's kind
     w1: Any         # random word: freeing reps of an allocation run, pending objects freed
     w2: Any         # random word: slabs a free run's objects come from
@@ -710,7 +715,7 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     m = d["mem_node"][r]
     # an alloc run draws get_any_partial()'s defrag-ratio test from w2 (free runs use it)
     floor = node_list_floor(d["memless"][r], _i(_i(w2 & _U32(DEFRAG_DRAW)) <= d["defrag"]),
-                            d["min_partial"])
+                            _get(d["min_partial"], m))
     own = d["node"][r]
     has_barn = d["has_barn"][r]
     cs_sheaf = sheaves & (cfg.cpu_slab > 0) if d["optin"] else False
@@ -723,6 +728,24 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
 DEFRAG_DRAW = 1023
 #: A node list floor no list reaches: the run takes nothing from node lists.
 NO_TAKE = 1 << 30
+
+
+def node_min_partial(min_partial, list_share):
+    """Per node class, the partial slabs at which its list meets min_partial: the
+    kernel's per-node tests (6.1 to 7.2 __slab_free() ``n->nr_partial >=
+    s->min_partial``, the per-CPU partial drain keeping empty slabs up to min_partial,
+    get_any_partial()'s ``n->nr_partial > s->min_partial``) on a list that stands for
+    ``list_share / LIST_SHARE_ONE`` real lists (:func:`slabtune.model.workloads
+    .list_share`): ``ceil(min_partial * share)``, so ``S >= node_min_partial`` is
+    ``S / share >= min_partial`` on integers.  Where the model's list carried a 224-CPU
+    node's traffic in 4 reps it kept up to min_partial empty slabs, as a real list does
+    only when it is nearly empty; where it carried three nodes' traffic (class 1 of four
+    nodes) it discarded empty slabs that three lists each shorter than min_partial keep.
+    Plain integer operators, split so that no product leaves int32 (min_partial up to
+    2**20, share up to LIST_SHARE_MAX); the reference and the C engine compute the same."""
+    one = workloads.LIST_SHARE_ONE
+    whole, part = list_share // one, list_share % one
+    return min_partial * whole + (min_partial * part + (one - 1)) // one
 
 
 def node_list_floor(memless, searched, min_partial):
@@ -1644,7 +1667,7 @@ def _part_frees(cx: _Ctx, xh, x, on_cls, from_cls):
     .free_discard_offset; a kept empty slab stays where it is, level 0).  Worked out on
     the node classes the frees can reach (``on_cls``/``from_cls`` of
     :func:`_pick_classes`)."""
-    st, mp = cx.st, cx.d["free_mp"]
+    st, mp = cx.st, on_cls(cx.d["free_mp"])
     S = on_cls(_node_total(st))
     hs, hu = on_cls(st["hs"]), on_cls(st["hu"])
     xh = on_cls(xh)
@@ -1685,10 +1708,11 @@ def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
     ones kept up to min_partial; one lock per node class on the list,
     :meth:`RefSim._drain`), so drains come every cpu_partial_slabs frees after the
     first."""
-    st, objs, mp, lo = cx.st, cx.d["objs"], cx.d["min_partial"], cx.d["lo"]
+    st, objs, lo = cx.st, cx.d["objs"], cx.d["lo"]
     top = cx.d["top"]
     cps = _i(cx.d["cps"])
     o = cx.d["other"][cx.r]
+    mp_m, mp_o = _get(cx.d["min_partial"], m), _get(cx.d["min_partial"], o)
     parts = []                           # (slabs, objects, window objects, window slabs)
     for fs, fu, fd, fw in ((PCS, PCU, "pd", "pw"), (RPS, RPU, "rpd", "rpw")):
         parts.append(([cx.row(f) for f in fs], [_i(0)] + [cx.row(f) for f in fu[1:]],
@@ -1720,12 +1744,12 @@ def _full_to_cpu_partial(cx: _Ctx, m, x, rem):
     S_m = sum(cx.nget(f) for f in NS) + cx.nget("hs")
     S_o = _get(_node_total(st), o)
     neL, neR = sum(sL[1:]), sum(sR[1:])
-    keepL = jnp.clip(mp - (S_m + neL), 0, sL[0])
-    keepR = jnp.clip(mp - (S_o + neR), 0, sR[0])
+    keepL = jnp.clip(mp_m - (S_m + neL), 0, sL[0])
+    keepR = jnp.clip(mp_o - (S_o + neR), 0, sR[0])
     ne_s = jnp.where(top > 0, cps, 0)                # later drains: cps top slabs each
     e_s = cps - ne_s
     S2 = jnp.where(rem, S_o + neR + keepR, S_m + neL + keepL)
-    keep_s = jnp.clip(mp - (S2 + (D - 1) * ne_s), 0, (D - 1) * e_s)
+    keep_s = jnp.clip(jnp.where(rem, mp_o, mp_m) - (S2 + (D - 1) * ne_s), 0, (D - 1) * e_s)
     later = (D - 1) * cps
     left = jnp.where(drained, 1 + x - t1 - (D - 1) * cps, x)
     lockL = _i(drained & (neL + sL[0] > 0)) + jnp.where(drained & ~rem, D - 1, 0)
@@ -1867,7 +1891,7 @@ def _bulk_free(cx: _Ctx, m, k):
         if lv:
             u2[lv] = u2[lv] + add * h
     S = sum(s2) + hs - emp_h
-    drop = jnp.where(k > 0, jnp.clip(S - cx.d["min_partial"], 0, s2[0]), 0)
+    drop = jnp.where(k > 0, jnp.clip(S - _get(cx.d["min_partial"], m), 0, s2[0]), 0)
     s2[0] = s2[0] - drop
     out = _materialize(s2 + u2[1:] + [drop, g, emp_h + emptied + g], cx.d["zero"])
     s2, u2 = out[:LEVELS], [u2[0]] + out[LEVELS:2 * LEVELS - 1]
@@ -1951,9 +1975,11 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         # objects per slab of a per-CPU partial list's window behind its oldest
         # (_pc_free_one); the window's width is each step's own (step(), pc_window)
         half=objs >> 1,
-        min_partial=_i(cfg.min_partial),
+        # per node class (N,): min_partial at the scale of the class's list
+        min_partial=node_min_partial(_i(cfg.min_partial), _i(cfg.list_share)),
         # the partial slabs at which __slab_free() discards a slab it empties
-        free_mp=_i(cfg.min_partial) + _i(cfg.free_discard_offset),
+        free_mp=node_min_partial(_i(cfg.min_partial), _i(cfg.list_share))
+        + _i(cfg.free_discard_offset),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),
         max_run=form.alloc,

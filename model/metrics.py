@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from slabtune.model import cost, profiles
+from slabtune.model import cost, dynamics, profiles
 
 _F32 = jnp.float32
 #: Orders reported in ``page_allocs_per_kop_by_order`` (0..MAX_PAGE_ORDER).
@@ -261,6 +261,19 @@ def coupling(workload):
     return reach > 0
 
 
+def kept_scale(cfg):
+    """Per node class (N,): real empty slabs kept on one of the class's nodes per empty
+    slab on the model's list.  A class's list keeps empty slabs up to min_partial at its
+    own scale (:func:`slabtune.model.dynamics.node_min_partial`), where each real node
+    keeps up to min_partial (6.1 to 7.2 __slab_free(), the drain), so one kept slab of
+    the model's stands for ``min_partial / node_min_partial`` of a node's: 1 where a rep
+    is one CPU and a class one node, and 1 where the list keeps none (SLAB's view)."""
+    mp = _f(cfg.min_partial)
+    mp_n = _f(dynamics.node_min_partial(jnp.asarray(cfg.min_partial, jnp.int32),
+                                        jnp.asarray(cfg.list_share, jnp.int32)))
+    return jnp.where(mp_n > 0, _safe_div(mp, mp_n), 1.0)
+
+
 def memory(counters, cfg, object_size):
     """Bytes held machine-wide: (total, live, in-use slabs, empty kept, per-CPU partial,
     sheaves, barns)."""
@@ -276,7 +289,7 @@ def memory(counters, cfg, object_size):
     size = _f(object_size)
     total_slabs = _f(counters.slabs_total)
     empty = _f(counters.empty_slabs_kept)
-    empty_b = jnp.sum(empty * node_scale) * slab
+    empty_b = jnp.sum(empty * kept_scale(cfg) * node_scale) * slab
     following_b = jnp.sum((total_slabs - empty) * cpu_scale) * slab
     cpu_partial_b = jnp.sum(_f(counters.cpu_partial_slabs_held) * w) * slab
     sheaf_b = jnp.sum(_f(counters.sheaf_objects_held) * w) * size

@@ -28,7 +28,7 @@ from slabtune.model.dynamics import (
     level_bounds,
     node_list_floor,
 )
-from slabtune.model.workloads import LAG_BITS, LAG_PEND_MAX, PROB_ONE
+from slabtune.model.workloads import LAG_BITS, LAG_PEND_MAX, LIST_SHARE_ONE, PROB_ONE
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -46,8 +46,12 @@ class RefSim:
         self.cap = int(c["sheaf_capacity"])
         self.cpu_slab = int(c["cpu_slab"]) > 0
         self.min_partial = int(c["min_partial"])
+        # per node class, min_partial at the scale of the class's list
+        # (dynamics.node_min_partial): ceil(min_partial * share / LIST_SHARE_ONE)
+        share = [int(x) for x in c["list_share"]]
+        self.node_mp = [-(-self.min_partial * x // LIST_SHARE_ONE) for x in share]
         # the partial slabs at which __slab_free() discards a slab it empties
-        self.free_mp = self.min_partial + int(c["free_discard_offset"])
+        self.free_mp = [mp + int(c["free_discard_offset"]) for mp in self.node_mp]
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
         self.bypass = int(c["remote_free_bypasses_sheaf"]) > 0
         self.single = int(c["slab_alloc_single"]) > 0
@@ -191,7 +195,7 @@ class RefSim:
         min_partial partial slabs (``>=`` from v4, ``>`` in v3.1, every one before:
         ``free_mp``)."""
         self._lock(r, n)
-        if self._node_slabs(n) >= self.free_mp:
+        if self._node_slabs(n) >= self.free_mp[n]:
             self.ns[n][0] -= 1
             self._bump("slab_free", r)
 
@@ -322,7 +326,7 @@ class RefSim:
             self.ns[m][0] += g - 1
             self._add_node(m, h)
         if k > 0:
-            drop = max(0, min(self._node_slabs(m) - self.min_partial, self.ns[m][0]))
+            drop = max(0, min(self._node_slabs(m) - self.node_mp[m], self.ns[m][0]))
             self.ns[m][0] -= drop
             self._bump("slab_free", r, drop)
         for _ in range(chg + g):
@@ -346,7 +350,7 @@ class RefSim:
                 self.nu[m][k] += u[k]
             for i in range(pw):           # the window, its objects spread evenly
                 self._add_node(m, pd // pw + int(i < pd % pw))
-            keep = max(0, min(self.min_partial - self._node_slabs(m), e))
+            keep = max(0, min(self.node_mp[m] - self._node_slabs(m), e))
             self.ns[m][0] += keep
             self._bump("slab_free", r, e - keep)
             self._lock(r, m)
@@ -391,7 +395,7 @@ class RefSim:
         head is set aside for the run, then stays behind a new one, dynamics._bulk_take)."""
         m = self.mem[r]
         self.floor = node_list_floor(int(self.memless[r]),
-                                     int((w2 & DEFRAG_DRAW) <= self.defrag), self.min_partial)
+                                     int((w2 & DEFRAG_DRAW) <= self.defrag), self.node_mp[m])
         self.list_ok = self._node_slabs(m) > self.floor
         aside = 0
         if not self.list_ok and self.hs[m]:
@@ -725,7 +729,7 @@ class RefSim:
             self._add_pc(r, self.objs - 1, remote)
             return
         self._lock(r, n)
-        if self.objs == 1 and self._node_slabs(n) >= self.free_mp:
+        if self.objs == 1 and self._node_slabs(n) >= self.free_mp[n]:
             self._bump("slab_free", r)
         else:
             self.ns[n][self.top] += 1

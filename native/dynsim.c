@@ -39,7 +39,10 @@ enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SING
        F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
        F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
        F_LAG_MUL = F_REP_MEM_HOME + R, F_LAG_FREERS = F_LAG_MUL + R * R,
-       NCFG = F_LAG_FREERS + 1 };
+       F_LIST_SHARE = F_LAG_FREERS + 1, NCFG = F_LIST_SHARE + N };
+
+/* model/workloads.py LIST_SHARE_ONE */
+#define LIST_SHARE_ONE (1 << 10)
 
 /* model/workloads.py LAG_BITS, LAG_PEND_MAX; model/dynamics.py LAG_SUM_MAX */
 #define LAG_BITS 4
@@ -55,7 +58,7 @@ typedef struct { int8_t kind, k, lv; int64_t size; } seg_t;
 
 typedef struct {
     /* configuration */
-    int objs, cap, cpu_slab, min_partial, free_mp, cpu_partial_slabs, bypass, single;
+    int objs, cap, cpu_slab, min_partial[N], free_mp[N], cpu_partial_slabs, bypass, single;
     int pc_empty_locks, max_full, max_empty, b, cs_sheaf, defrag;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R], memless[R];
     int mem_home[R];
@@ -146,7 +149,7 @@ static inline int node_slabs(const sim_t *S, int n) { return sum_lv(S->ns[n]) + 
 static void node_empty(sim_t *S, int r, int n)
 {
     lock_(S, r, n, 1);
-    if (node_slabs(S, n) >= S->free_mp) {
+    if (node_slabs(S, n) >= S->free_mp[n]) {
         S->ns[n][0] -= 1;
         bump(S, C_SLAB_FREE, r, 1);
     }
@@ -299,7 +302,7 @@ static void bulk_free(sim_t *S, int r, int m, int k)
         add_node(S, m, h);
     }
     if (k > 0) {
-        int drop = node_slabs(S, m) - S->min_partial;
+        int drop = node_slabs(S, m) - S->min_partial[m];
         if (drop > S->ns[m][0])
             drop = S->ns[m][0];
         if (drop < 0)
@@ -329,7 +332,7 @@ static void drain(sim_t *S, int r)
         }
         for (int i = 0; i < pw; i++) /* the window, its objects spread evenly */
             add_node(S, m, pd / pw + (i < pd % pw));
-        int keep = S->min_partial - node_slabs(S, m);
+        int keep = S->min_partial[m] - node_slabs(S, m);
         if (keep > e)
             keep = e;
         if (keep < 0)
@@ -459,7 +462,7 @@ static void slab_free(sim_t *S, int r, int n, const seg_t *dest)
         return;
     }
     lock_(S, r, n, 1);
-    if (S->objs == 1 && node_slabs(S, n) >= S->free_mp) {
+    if (S->objs == 1 && node_slabs(S, n) >= S->free_mp[n]) {
         bump(S, C_SLAB_FREE, r, 1);
     } else {
         S->ns[n][S->top] += 1;
@@ -580,7 +583,7 @@ static void alloc_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2)
 {
     int m = S->mem[r];
     int searched = (int)(w2 & 1023u) <= S->defrag;
-    S->floor = S->memless[r] ? (searched ? S->min_partial : 1 << 30 /* NO_TAKE */) : 0;
+    S->floor = S->memless[r] ? (searched ? S->min_partial[m] : 1 << 30 /* NO_TAKE */) : 0;
     S->list_ok = node_slabs(S, m) > S->floor;
     int aside = 0;
     if (!S->list_ok && S->hs[m]) {
@@ -811,8 +814,13 @@ static void init(sim_t *S, const int32_t *c)
     S->objs = c[F_OBJS];
     S->cap = c[F_CAP];
     S->cpu_slab = c[F_CPU_SLAB] > 0;
-    S->min_partial = c[F_MIN_PARTIAL];
-    S->free_mp = c[F_MIN_PARTIAL] + c[F_FREE_OFF];
+    /* dynamics.node_min_partial(): min_partial at the scale of each class's list */
+    for (int n = 0; n < N; n++) {
+        int share = c[F_LIST_SHARE + n], mp = c[F_MIN_PARTIAL];
+        S->min_partial[n] = mp * (share / LIST_SHARE_ONE)
+            + (mp * (share % LIST_SHARE_ONE) + LIST_SHARE_ONE - 1) / LIST_SHARE_ONE;
+        S->free_mp[n] = S->min_partial[n] + c[F_FREE_OFF];
+    }
     S->cpu_partial_slabs = c[F_CPU_PARTIAL];
     S->bypass = c[F_BYPASS] > 0;
     S->single = c[F_SINGLE] > 0;

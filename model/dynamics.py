@@ -153,10 +153,10 @@ class SimConfig(NamedTuple):
     #: partial list drains one slab at a time, :func:`pc_window`).
     lag_mul: Any = np.zeros((workloads.R, workloads.R), np.int32)
     lag_freers: Any = np.int32(0)
-    #: Per node class (N,): :func:`slabtune.model.workloads.list_share`, the real nodes'
-    #: partial lists a class's list stands for (x LIST_SHARE_ONE), which scales the
-    #: min_partial tests (:func:`node_min_partial`).
-    list_share: Any = np.full(workloads.N, workloads.LIST_SHARE_ONE, np.int32)
+    #: Per node class (N,): :func:`slabtune.model.workloads.list_nodes`, the real nodes'
+    #: partial lists a class's list sums, which scales its min_partial tests
+    #: (:func:`node_min_partial`).
+    list_nodes: Any = np.ones(workloads.N, np.int32)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -321,7 +321,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         rep_mem_home=np.asarray(lay.mem_home, np.int32),
         lag_mul=lag_mul,
         lag_freers=_scalar(freers),
-        list_share=workloads.list_share(lay.weight, lay.mem_node, lay.node_weight),
+        list_nodes=workloads.list_nodes(lay.weight, lay.mem_node, lay.mem_home),
     )
 
 
@@ -730,22 +730,17 @@ DEFRAG_DRAW = 1023
 NO_TAKE = 1 << 30
 
 
-def node_min_partial(min_partial, list_share):
+def node_min_partial(min_partial, list_nodes):
     """Per node class, the partial slabs at which its list meets min_partial: the
     kernel's per-node tests (6.1 to 7.2 __slab_free() ``n->nr_partial >=
     s->min_partial``, the per-CPU partial drain keeping empty slabs up to min_partial,
-    get_any_partial()'s ``n->nr_partial > s->min_partial``) on a list that stands for
-    ``list_share / LIST_SHARE_ONE`` real lists (:func:`slabtune.model.workloads
-    .list_share`): ``ceil(min_partial * share)``, so ``S >= node_min_partial`` is
-    ``S / share >= min_partial`` on integers.  Where the model's list carried a 224-CPU
-    node's traffic in 4 reps it kept up to min_partial empty slabs, as a real list does
-    only when it is nearly empty; where it carried three nodes' traffic (class 1 of four
-    nodes) it discarded empty slabs that three lists each shorter than min_partial keep.
-    Plain integer operators, split so that no product leaves int32 (min_partial up to
-    2**20, share up to LIST_SHARE_MAX); the reference and the C engine compute the same."""
-    one = workloads.LIST_SHARE_ONE
-    whole, part = list_share // one, list_share % one
-    return min_partial * whole + (min_partial * part + (one - 1)) // one
+    get_any_partial()'s ``n->nr_partial > s->min_partial``) on a list that sums
+    ``list_nodes`` real nodes' lists (:func:`slabtune.model.workloads.list_nodes`):
+    ``min_partial * list_nodes``.  Compared with one node's min_partial, class 1's list
+    of four nodes' three (16 CPUs, 4 nodes) discarded the slabs that three lists each
+    shorter than min_partial keep.  Plain operators (the reference and the C engine
+    compute the same)."""
+    return min_partial * list_nodes
 
 
 def node_list_floor(memless, searched, min_partial):
@@ -1975,10 +1970,10 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         # objects per slab of a per-CPU partial list's window behind its oldest
         # (_pc_free_one); the window's width is each step's own (step(), pc_window)
         half=objs >> 1,
-        # per node class (N,): min_partial at the scale of the class's list
-        min_partial=node_min_partial(_i(cfg.min_partial), _i(cfg.list_share)),
+        # per node class (N,): min_partial for the lists the class's list sums
+        min_partial=node_min_partial(_i(cfg.min_partial), _i(cfg.list_nodes)),
         # the partial slabs at which __slab_free() discards a slab it empties
-        free_mp=node_min_partial(_i(cfg.min_partial), _i(cfg.list_share))
+        free_mp=node_min_partial(_i(cfg.min_partial), _i(cfg.list_nodes))
         + _i(cfg.free_discard_offset),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),

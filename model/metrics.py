@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from slabtune.model import cost, dynamics, profiles
+from slabtune.model import cost, profiles
 
 _F32 = jnp.float32
 #: Orders reported in ``page_allocs_per_kop_by_order`` (0..MAX_PAGE_ORDER).
@@ -263,15 +263,13 @@ def coupling(workload):
 
 def kept_scale(cfg):
     """Per node class (N,): real empty slabs kept on one of the class's nodes per empty
-    slab on the model's list.  A class's list keeps empty slabs up to min_partial at its
-    own scale (:func:`slabtune.model.dynamics.node_min_partial`), where each real node
-    keeps up to min_partial (6.1 to 7.2 __slab_free(), the drain), so one kept slab of
-    the model's stands for ``min_partial / node_min_partial`` of a node's: 1 where a rep
-    is one CPU and a class one node, and 1 where the list keeps none (SLAB's view)."""
-    mp = _f(cfg.min_partial)
-    mp_n = _f(dynamics.node_min_partial(jnp.asarray(cfg.min_partial, jnp.int32),
-                                        jnp.asarray(cfg.list_share, jnp.int32)))
-    return jnp.where(mp_n > 0, _safe_div(mp, mp_n), 1.0)
+    slab on the model's list.  A class's list sums ``list_nodes`` nodes' lists and keeps
+    empty slabs up to ``min_partial`` for each of them
+    (:func:`slabtune.model.dynamics.node_min_partial`), where each real node keeps up to
+    min_partial (6.1 to 7.2 __slab_free(), the per-CPU partial drain), so one kept slab of
+    the model's is ``1 / list_nodes`` of a node's: 1 where a class's reps sit on one node
+    (and in SLAB's view)."""
+    return 1.0 / jnp.maximum(_f(cfg.list_nodes), 1.0)
 
 
 def memory(counters, cfg, object_size):

@@ -28,7 +28,7 @@ from slabtune.model.dynamics import (
     level_bounds,
     node_list_floor,
 )
-from slabtune.model.workloads import LAG_BITS, LAG_PEND_MAX, LIST_SHARE_ONE, PROB_ONE
+from slabtune.model.workloads import LAG_BITS, LAG_PEND_MAX, PROB_ONE
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -46,10 +46,9 @@ class RefSim:
         self.cap = int(c["sheaf_capacity"])
         self.cpu_slab = int(c["cpu_slab"]) > 0
         self.min_partial = int(c["min_partial"])
-        # per node class, min_partial at the scale of the class's list
-        # (dynamics.node_min_partial): ceil(min_partial * share / LIST_SHARE_ONE)
-        share = [int(x) for x in c["list_share"]]
-        self.node_mp = [-(-self.min_partial * x // LIST_SHARE_ONE) for x in share]
+        # per node class, min_partial for the nodes' lists the class's list sums
+        # (dynamics.node_min_partial)
+        self.node_mp = [self.min_partial * int(x) for x in c["list_nodes"]]
         # the partial slabs at which __slab_free() discards a slab it empties
         self.free_mp = [mp + int(c["free_discard_offset"]) for mp in self.node_mp]
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])

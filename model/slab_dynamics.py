@@ -829,7 +829,7 @@ def slub_view(c: SlabCounters, cfg: SlabSimConfig):
         node_has_memory=cfg.node_has_memory, node_weight=cfg.node_weight,
         workload=cfg.workload, ops_per_step=z + 1, rep_mem_home=cfg.rep_mem_home,
         lag_mul=jnp.zeros(jnp.shape(z) + (R, R), z.dtype),
-        list_share=jnp.full(jnp.shape(z) + (workloads.N,), workloads.LIST_SHARE_ONE, z.dtype),
+        list_nodes=jnp.ones(jnp.shape(z) + (workloads.N,), z.dtype),
         remote_free_lines=jnp.zeros_like(jnp.asarray(cfg.objs_per_slab, jnp.float32))
         + REMOTE_FREE_LINES,
         alien_lock_lines=jnp.asarray(slab.alien_section_lines(

@@ -315,38 +315,34 @@ def lag_weights(free_cum) -> tuple[np.ndarray, int]:
     return mul.astype(np.int32), freers
 
 
-#: :func:`list_share` is fixed point out of this.
-LIST_SHARE_ONE = 1 << 10
-#: ... and at most this (a class list standing for 64 nodes' lists).
-LIST_SHARE_MAX = 64 * LIST_SHARE_ONE
-
-
-def list_share(weight, mem_node, node_weight) -> np.ndarray:
+def list_nodes(weight, mem_node, mem_home) -> np.ndarray:
     """Per node class (N,) int32: how many real nodes' partial lists the class's one list
-    stands for, in the traffic that reaches it, times :data:`LIST_SHARE_ONE`.
+    sums, the nodes of the class its active reps' slabs come from (``mem_home``), at
+    least 1.
 
-    No kernel function: the model's units.  Every rep is simulated as one CPU, and the
-    reps whose slabs come from class n (``mem_node``) allocate from and free into its one
-    list.  A real node of class n has ``cpus_n / node_weight[n]`` such CPUs, where
-    ``cpus_n`` is the reps' summed ``weight``, so the class list carries ``reps_n *
-    node_weight[n] / cpus_n`` real lists' worth of slabs.  The kernel's per-node tests
-    (``n->nr_partial >= s->min_partial`` in __slab_free(), the drain's and
-    get_any_partial()'s) compare one real list with min_partial, so the engines scale
-    min_partial by this share (:func:`slabtune.model.dynamics.node_min_partial`).  1 where
-    each rep is one CPU and each class one node; on 16 CPUs of 4 nodes with 8 reps, class
-    0 (one node, 2 reps of 2 CPUs) carries half a node's list and class 1 (nodes 1-3, 6
-    reps) one and a half; on 224 CPUs of 2 nodes 4 reps carry 4/112 of a node's list.
-    A class no rep takes slabs from keeps 1."""
-    w = np.asarray(weight, np.float64)
+    No kernel function: the model's units.  The kernel's min_partial tests are per node
+    (``n->nr_partial >= s->min_partial`` in __slab_free(), the per-CPU partial drain's
+    keep, get_any_partial()'s ``n->nr_partial > s->min_partial``), and the engines compare
+    a class's list with ``min_partial`` times this
+    (:func:`slabtune.model.dynamics.node_min_partial`).  A node's list grows by the drains
+    and frees of the CPUs that free its objects and shrinks by its own CPUs' takes; a rep
+    standing for w CPUs feeds and takes from it at 1/w of their rate, both sides alike,
+    so its length is the real list's and it stays one node's list: lab
+    ``pc-16cpu-2node-order0`` (16 CPUs of 2 nodes, 8 reps of 2 CPUs) measured 7.93 new
+    slabs per kop on 6.1, predicted 8.85 so, 11.4 with min_partial scaled by the reps'
+    share of a node's CPUs.  Where the reps of a class sit on several of its nodes
+    (:func:`rep_homes`) the class's list holds the slabs of all of them, the sum of that
+    many lists, and one node's min_partial discarded empty slabs that each of the shorter
+    real lists keeps: ``pc-8cpu-4node-order0`` measured 8.55, predicted 4.9 with the sum,
+    19.1 without (docs/LAB.md)."""
+    w = np.asarray(weight)
     mem = np.asarray(mem_node)
-    nw = np.asarray(node_weight, np.float64)
-    out = np.full(N, LIST_SHARE_ONE, np.int64)
+    home = np.asarray(mem_home)
+    out = np.ones(N, np.int32)
     for n in range(N):
         on = (w > 0) & (mem == n)
-        if on.any() and nw[n] > 0:
-            share = on.sum() * nw[n] / w[on].sum()
-            out[n] = min(max(int(round(share * LIST_SHARE_ONE)), 1), LIST_SHARE_MAX)
-    return out.astype(np.int32)
+        out[n] = max(len(set(home[on].tolist())), 1)
+    return out
 
 
 def burst_phase_first(burst, live, active, node) -> np.ndarray:

@@ -39,10 +39,7 @@ enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SING
        F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
        F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
        F_LAG_MUL = F_REP_MEM_HOME + R, F_LAG_FREERS = F_LAG_MUL + R * R,
-       F_LIST_SHARE = F_LAG_FREERS + 1, NCFG = F_LIST_SHARE + N };
-
-/* model/workloads.py LIST_SHARE_ONE */
-#define LIST_SHARE_ONE (1 << 10)
+       F_LIST_NODES = F_LAG_FREERS + 1, NCFG = F_LIST_NODES + N };
 
 /* model/workloads.py LAG_BITS, LAG_PEND_MAX; model/dynamics.py LAG_SUM_MAX */
 #define LAG_BITS 4
@@ -814,11 +811,9 @@ static void init(sim_t *S, const int32_t *c)
     S->objs = c[F_OBJS];
     S->cap = c[F_CAP];
     S->cpu_slab = c[F_CPU_SLAB] > 0;
-    /* dynamics.node_min_partial(): min_partial at the scale of each class's list */
+    /* dynamics.node_min_partial(): min_partial for the nodes' lists a class's list sums */
     for (int n = 0; n < N; n++) {
-        int share = c[F_LIST_SHARE + n], mp = c[F_MIN_PARTIAL];
-        S->min_partial[n] = mp * (share / LIST_SHARE_ONE)
-            + (mp * (share % LIST_SHARE_ONE) + LIST_SHARE_ONE - 1) / LIST_SHARE_ONE;
+        S->min_partial[n] = c[F_MIN_PARTIAL] * c[F_LIST_NODES + n];
         S->free_mp[n] = S->min_partial[n] + c[F_FREE_OFF];
     }
     S->cpu_partial_slabs = c[F_CPU_PARTIAL];

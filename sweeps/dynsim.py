@@ -44,7 +44,7 @@ CFG_FIELDS = (
     ("rep_memoryless", R),
     ("node_has_memory", N), ("alloc_p", R), ("free_cum", R * R), ("live_target", R),
     ("burst", R), ("active", R), ("phase_first", R), ("rep_mem_home", R),
-    ("lag_mul", R * R), ("lag_freers", 1), ("list_share", N),
+    ("lag_mul", R * R), ("lag_freers", 1), ("list_nodes", N),
 )
 NCFG = sum(n for _, n in CFG_FIELDS)
 #: One SLAB configuration's row (slabdyn.c's ``F_*`` enum): SlabSimConfig,

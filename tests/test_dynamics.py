@@ -797,47 +797,41 @@ def _layout_cfg(topo, kind="producer_consumer", size=512):
     return dynamics.config_from(_struct("v6.1", size, topo), prof, topo, {"kind": kind})
 
 
-def test_a_class_list_stands_for_the_nodes_its_reps_traffic_fills():
-    """workloads.list_share: every rep is simulated as one CPU, so a class's list carries
-    its reps' traffic.  16 CPUs on 4 nodes, 8 reps of 2 CPUs: node 0 (4 CPUs) has 2 reps,
-    half a node's list; nodes 1-3 (12 CPUs) have 6, one and a half.  8 CPUs on 2 nodes:
-    a rep per CPU, a class per node, 1.  224 CPUs on 2 nodes: 4 reps of a node's 112."""
-    one = workloads.LIST_SHARE_ONE
-    share = np.asarray(_layout_cfg(Topology.uniform(16, 4)).list_share)
-    assert share[:2].tolist() == [one // 2, 3 * one // 2]
-    assert np.asarray(_layout_cfg(Topology.uniform(8, 2)).list_share)[:2].tolist() == [one] * 2
-    big = _layout_cfg(Topology.uniform(224, 2))
-    assert np.asarray(big.rep_weight).tolist() == [28.0] * 8
-    assert np.asarray(big.list_share)[:2].tolist() == [round(4 / 112 * one)] * 2
+def test_a_class_list_sums_the_lists_of_the_nodes_its_reps_sit_on():
+    """workloads.list_nodes: 16 CPUs on 4 nodes, producer/consumer, 8 reps of 2 CPUs:
+    class 0 is node 0; class 1's reps sit on nodes 1, 2 and 3 (workloads.rep_homes), so
+    its list holds three nodes' slabs.  Reps standing for several CPUs of one node keep
+    it one node's list (8 or 16 CPUs on 2 nodes, 224 on 2)."""
+    cfg = _layout_cfg(Topology.uniform(16, 4))
+    assert np.asarray(cfg.list_nodes)[:2].tolist() == [1, 3]
+    assert sorted(set(np.asarray(cfg.rep_mem_home)[np.asarray(cfg.rep_mem_node) == 1])) \
+        == [0, 1, 2]
+    for cpus in (8, 16, 224):
+        assert np.asarray(_layout_cfg(Topology.uniform(cpus, 2)).list_nodes)[:2].tolist() \
+            == [1, 1], cpus
+    # 16 CPUs on 16 nodes, local churn: class 1 stands for 15 nodes and its 7 reps sit
+    # on 7 of them, so its list sums 7 lists
+    many = _layout_cfg(Topology.uniform(16, 16), kind="local")
+    assert np.asarray(many.node_weight)[1] == 15.0
+    assert np.count_nonzero(np.asarray(many.rep_mem_node) == 1) == 7
+    assert np.asarray(many.list_nodes)[1] == 7
 
 
-@pytest.mark.parametrize("mp,share", [(5, 512), (5, 1536), (5, 37), (0, 37), (6, 384),
-                                      (1 << 20, workloads.LIST_SHARE_MAX),
-                                      (1 << 20, workloads.LIST_SHARE_MAX - 1), (7, 1024)])
-def test_node_min_partial_is_the_exact_ceiling_in_int32(mp, share):
-    """S >= node_min_partial(mp, share) is S * ONE >= mp * share for every list length S:
-    the ceiling of mp * share / ONE, computed without leaving int32 (the C engine and the
-    reference compute it the same way; equality grids compare them)."""
-    got = int(dynamics.node_min_partial(np.int32(mp), np.int32(share)))
-    want = -(-mp * share // workloads.LIST_SHARE_ONE)
-    assert got == want
-    jx = int(jax.jit(dynamics.node_min_partial)(np.int32(mp), np.int32(share)))
-    assert jx == want
-
-
-def test_a_drain_keeps_empty_slabs_up_to_min_partial_at_its_lists_scale():
+def test_a_drain_keeps_empty_slabs_up_to_min_partial_for_each_node_of_its_list():
     """6.1 __unfreeze_partials() keeps a drained empty slab while its node holds fewer than
     min_partial partial slabs.  On 16 CPUs of 4 nodes (kmalloc-512, min_partial 5) class
-    0's list carries half of node 0's traffic and keeps 3 (ceil(2.5)); class 1's carries
-    one and a half nodes' and keeps 8.  A list of ten empty slabs drained into each."""
+    0's list is node 0's and keeps 5; class 1's is the lists of nodes 1-3 and keeps 15
+    (dynamics.node_min_partial).  A per-CPU list of twenty empty slabs drained into each."""
     from slabtune.model import reference_sim
     cfg = _layout_cfg(Topology.uniform(16, 4))
     assert int(cfg.min_partial) == 5
+    assert np.asarray(dynamics.node_min_partial(cfg.min_partial, cfg.list_nodes))[:2].tolist() \
+        == [5, 15]
     mem = np.asarray(cfg.rep_mem_node)
-    for node, kept in ((0, 3), (1, 8)):
+    for node, kept in ((0, 5), (1, 15)):
         sim = reference_sim.RefSim(cfg)
         r = int(np.flatnonzero(mem == node)[0])
-        sim.pcs[r][0] = 10
+        sim.pcs[r][0] = 20
         sim._drain(r)
         assert sim.ns[node][0] == kept, node
-        assert sim.counts["slab_free"][r] == 10 - kept
+        assert sim.counts["slab_free"][r] == 20 - kept

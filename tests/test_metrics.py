@@ -6,8 +6,6 @@ from the real workload constructors and config_from.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import numpy as np
 import pytest
@@ -101,8 +99,8 @@ def test_memory_scales_cpu_slabs_by_cpus_and_kept_empties_by_nodes():
     w = np.asarray(cfg.rep_weight)
     mem = np.asarray(cfg.rep_mem_node)
     nw = np.asarray(cfg.node_weight)
-    mp = int(cfg.min_partial)
-    assert nw[1] == 3.0 and mp == 6          # ilog2(4096) / 2
+    home = np.asarray(cfg.rep_mem_home)
+    assert nw[1] == 3.0
     total = np.array([10.0, 12.0, 0, 0], np.float32)
     empty = np.array([2.0, 4.0, 0, 0], np.float32)
     live = _per_rep([20.0] * 8).astype(np.float32)
@@ -113,15 +111,15 @@ def test_memory_scales_cpu_slabs_by_cpus_and_kept_empties_by_nodes():
     for n in (0, 1):
         on = mem == n
         cpu_scale = w[on].sum() / on.sum()
-        # the class's list carries on.sum() CPUs of a node's w[on].sum() / nw[n]; it keeps
-        # empty slabs up to ceil(6 * that share), a real node up to 6
-        keep_at = math.ceil(mp * on.sum() * nw[n] / w[on].sum())
-        real_empty = empty[n] * mp / keep_at * nw[n]
+        # the class's list sums the lists of the nodes its reps sit on and keeps empty
+        # slabs up to min_partial for each; every node of the class keeps its share
+        lists = len(set(home[on].tolist()))
+        real_empty = empty[n] / lists * nw[n]
         want += ((total[n] - empty[n]) * cpu_scale + real_empty) * slab
         kept += real_empty * slab
-    # 8 reps of 8 CPUs: class 0 has 2 of node 0's 16 CPUs (keeps 1 empty slab where the
-    # node keeps 6), class 1 has 6 of the 48 of nodes 1-3 (keeps 3 for 3 x 6)
-    assert kept == pytest.approx((2 * 6 / 1 * 1 + 4 * 6 / 3 * 3) * slab)
+    # class 0 is node 0; class 1's six reps sit two on each of nodes 1-3, so its list is
+    # three nodes' lists and its 4 kept slabs are 4/3 on each of the 3 nodes
+    assert kept == pytest.approx((2 * 1 + 4 / 3 * 3) * slab)
     assert float(m.memory_bytes) == pytest.approx(want, rel=1e-6)
     assert float(m.empty_kept_bytes) == pytest.approx(kept, rel=1e-6)
     live_b = (w * live).sum() * 4096

@@ -131,11 +131,7 @@ def test_larger_min_partial_holds_more_memory():
     filesystem CPUs burst apart (workloads.burst_phase_first), so on a node with memory
     one CPU's allocations take back the slabs another's frees empty and few stay empty;
     the memoryless CPUs of memoryless-96x2 take none from a list that holds no more than
-    min_partial (get_any_partial()), so there the kept empty slabs add up.  Little: the
-    node's list carries 96 CPUs' traffic, which the model's 8 reps carry at 1/12 of it,
-    so it meets min_partial 10 at one slab (dynamics.node_min_partial); a list that 96
-    CPUs feed is seldom that short (1.4% more memory, 2026-11-28; before, when the model's
-    list was compared with a whole node's min_partial: 4.9%)."""
+    min_partial (get_any_partial()), so there the kept empty slabs add up."""
     ev = studies.evaluator_for(_spec())
     off = {k: 0 for k in ("cpu_partial_page", "cpu_partial_1k", "cpu_partial_256",
                           "cpu_partial_small")}
@@ -144,7 +140,7 @@ def test_larger_min_partial_holds_more_memory():
     assert np.all(out.memory_topo[1] >= out.memory_topo[0] * (1 - 1e-6))
     names = [t.name for t in _spec().fleet.topologies]
     ml = names.index("memoryless-96x2")
-    assert out.memory_topo[1][ml] > 1.005 * out.memory_topo[0][ml]
+    assert out.memory_topo[1][ml] > 1.02 * out.memory_topo[0][ml]
 
 
 def test_dynamics_only_fields_are_rejected_for_the_structural_set():

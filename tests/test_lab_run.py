@@ -417,18 +417,19 @@ def test_a_config_of_the_other_allocator_than_the_kernel_is_refused_up_front():
 
 def test_every_example_config_is_runnable_on_the_lab():
     files = sorted(EXAMPLES.glob("*.toml"))
-    assert len(files) == 14
+    assert len(files) == 16
     kinds, topos = set(), set()
     for f in files:
         cfg = lab.load_config(f)
         kinds.add(cfg.doc["workload"]["kind"])
         topos.add(lab.topology_label(cfg.doc))
     assert kinds == {"local", "producer_consumer", "request_response", "block_io"}
-    assert topos == {"4cpu-2node-ml1", "8cpu-2node", "16cpu-4node"}
-    # the two order-0 configs boot with slub_max_order=0 and the model sizes 8-object slabs
+    assert topos == {"4cpu-2node-ml1", "8cpu-2node", "16cpu-4node", "16cpu-2node",
+                     "8cpu-4node"}
+    # the four order-0 configs boot with slub_max_order=0 and the model sizes 8-object slabs
     from slabtune.sweeps import simulate
     order0 = [f for f in files if f.stem.endswith("-order0")]
-    assert len(order0) == 2
+    assert len(order0) == 4
     for f in order0:
         doc = lab.load_config(f).doc
         assert lab.boot_args(doc)["boot_params"] == {"slub_max_order": 0}

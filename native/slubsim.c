@@ -77,6 +77,9 @@ struct config {
 	long alloc_p[MAX_REPS], live_target[MAX_REPS], burst[MAX_REPS], active[MAX_REPS];
 	long phase_first[MAX_REPS];	/* a rep's first burst phase (-1: burst) */
 	long rep_mem_home[MAX_REPS];	/* which node of its memory class (model rep_homes) */
+	/* per node, min_partial for the nodes' lists it stands for (model node_min_partial);
+	 * -1: min_partial */
+	long node_min_partial[MAX_NODES];
 	long free_cum[MAX_REPS * MAX_REPS];
 	int seen_lists;
 };
@@ -88,7 +91,7 @@ struct key {
 	size_t off;
 	long lo, hi;
 	long def;
-	int list_len; /* 0: reps, 1: reps*reps */
+	int list_len; /* 0: reps, 1: reps*reps, 2: nodes */
 };
 
 #define OFF(f) offsetof(struct config, f)
@@ -126,6 +129,7 @@ static const struct key KEYS[] = {
 	{"rep_barn", K_LIST, OFF(rep_barn), -1, MAX_NODES - 1, -1, 0},
 	{"rep_alloc_local", K_LIST, OFF(rep_alloc_local), 0, 1, 1, 0},
 	{"rep_mem_home", K_LIST, OFF(rep_mem_home), 0, 1 << 20, 0, 0},
+	{"node_min_partial", K_LIST, OFF(node_min_partial), -1, 1 << 26, -1, 2},
 	{"alloc_p", K_LIST, OFF(alloc_p), 0, PROB_ONE, PROB_ONE / 2, 0},
 	{"live_target", K_LIST, OFF(live_target), 0, 1 << 24, 32, 0},
 	{"burst", K_LIST, OFF(burst), 0, 1 << 24, 0, 0},
@@ -168,6 +172,12 @@ static long parse_int(const char *key, const char *s, long lo, long hi)
 	return v;
 }
 
+/* How many values a list key takes: per rep, per pair of reps or per node. */
+static long list_count(const struct key *k, const struct config *c)
+{
+	return k->list_len == 1 ? c->reps * c->reps : k->list_len == 2 ? c->nodes : c->reps;
+}
+
 /* Raw list values are kept until every key is read, since their length depends on reps. */
 static char *list_raw[NKEYS];
 
@@ -202,9 +212,9 @@ static void parse_lists(struct config *c)
 		if (k->type != K_LIST)
 			continue;
 		long *dst = (long *)((char *)c + k->off);
-		long n = k->list_len ? c->reps * c->reps : c->reps;
+		long n = list_count(k, c);
 		if (!list_raw[i]) {
-			if (k->def < 0 && k->list_len)
+			if (k->def < 0 && k->list_len == 1)
 				die_usage("%s: missing (needs reps*reps values)%s", k->name, "");
 			for (long j = 0; j < n; j++)
 				dst[j] = k->def;
@@ -662,6 +672,13 @@ static void discard_slab(struct cpu *cpu, struct slab *s)
 
 /* ------------------------------------------------------------------ slab frees */
 
+/* min_partial of node n's list: the model's node_min_partial (a list that stands for
+ * several nodes' lists meets min_partial for each), or min_partial itself */
+static long node_min_partial(long n)
+{
+	return C.node_min_partial[n] >= 0 ? C.node_min_partial[n] : C.min_partial;
+}
+
 /* __put_partials(): move a detached chain of per-CPU partial slabs to their nodes' partial
  * lists (tail), one list_lock hold per run of slabs on the same node; an empty slab is
  * discarded if its node already keeps min_partial partial slabs. */
@@ -679,7 +696,7 @@ static void put_partials(struct cpu *cpu, struct slab *chain)
 			lock_node(cpu, locked);
 		}
 		slab_lock(s);
-		if (s->inuse == 0 && nodes[s->node].nr_partial >= C.min_partial) {
+		if (s->inuse == 0 && nodes[s->node].nr_partial >= node_min_partial(s->node)) {
 			s->where = W_NONE;
 			slab_unlock(s);
 			s->next = discard;
@@ -771,7 +788,8 @@ static void slab_free_slow(struct cpu *cpu, struct slab *s, void *obj)
 		unlock_node(locked);
 		return;
 	}
-	if (newinuse == 0 && nodes[locked].nr_partial >= C.min_partial + C.free_discard_offset) {
+	if (newinuse == 0 &&
+	    nodes[locked].nr_partial >= node_min_partial(locked) + C.free_discard_offset) {
 		if (prior)
 			remove_partial(locked, s);
 		s->where = W_NONE;
@@ -1287,8 +1305,7 @@ static void report(void)
 		if (k->type == K_INT)
 			printf("\"%s\": %ld", k->name, *(long *)((char *)&C + k->off));
 		else
-			print_list(k->name, (long *)((char *)&C + k->off),
-				   k->list_len ? C.reps * C.reps : C.reps);
+			print_list(k->name, (long *)((char *)&C + k->off), list_count(k, &C));
 	}
 	printf("}");
 	if (C.per_thread) {

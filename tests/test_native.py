@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 
+import numpy as np
 import pytest
 
 from slabtune.sweeps import simconfig
@@ -91,6 +92,29 @@ def test_remote_frees_without_cpu_partial_are_all_slow(binary):
     c = res.counters
     assert c["free_frozen"] > 0 and c["alloc_refill"] > 0
     assert c["cpu_partial_free"] == 0 and c["cpu_partial_alloc"] == 0
+
+
+def test_a_class_node_meets_min_partial_for_each_node_it_stands_for(binary):
+    """The twin's nodes are the model's classes; on 16 CPUs of 4 nodes class 1's reps sit
+    on nodes 1-3, so its node keeps min_partial for each (dynamics.node_min_partial): the
+    flags carry the model's per-node threshold, the binary echoes it, and a run that
+    compares class 1 with one node's min_partial instead discards more empty slabs."""
+    from slabtune.model import dynamics
+    spec = _spec("v6.1", {"kind": "producer_consumer", "depth": 64, "cross_node": 0.5},
+                 cpus=16, nodes=4, cache={"name": "kmalloc-512"},
+                 params={"slub_max_order": 0}, steps=3000, seed=1)
+    sim = native_driver.sim_config_for_spec(spec)
+    cfg = native_driver.config_for_spec(spec)
+    mp = int(np.asarray(sim.min_partial))
+    assert cfg.node_min_partial[:2] == (mp, 3 * mp)
+    assert cfg.node_min_partial == tuple(int(x) for x in dynamics.node_min_partial(
+        np.asarray(sim.min_partial), np.asarray(sim.list_nodes)))
+    res = native_driver.run(dataclasses.replace(cfg, serial=1), binary=binary)
+    assert res.raw["config"]["node_min_partial"] == list(cfg.node_min_partial)
+    one = native_driver.run(dataclasses.replace(cfg, serial=1, node_min_partial=()),
+                            binary=binary)
+    assert one.raw["config"]["node_min_partial"] == [-1] * cfg.nodes
+    assert one.counters["free_slab"] > res.counters["free_slab"]
 
 
 def test_remote_frees_fill_the_per_cpu_partial_list(binary):

@@ -77,7 +77,9 @@ class NativeConfig:
     ``rep_local_node`` is what the sheaf's remote-free test takes as numa_mem_id();
     ``rep_alloc_local`` 0 makes a rep allocate one object per list_lock (no numa_mem_id()
     fix on a memoryless node); ``rep_mem_home`` tells the nodes of one class apart for the
-    remote-free test (workloads.rep_homes).  ``rep_weight`` is not passed: it is the number
+    remote-free test (workloads.rep_homes).  ``node_min_partial`` (per node, empty: min_partial
+    everywhere) is the model's dynamics.node_min_partial: a node that stands for several
+    nodes' lists meets min_partial for each.  ``rep_weight`` is not passed: it is the number
     of real CPUs each rep stands for, used to weight per-thread counters like the model's.
     ``time_ops``
     1 makes the binary time every slab_alloc()/slab_free() call on its own (see
@@ -111,6 +113,7 @@ class NativeConfig:
     active: tuple[int, ...]
     free_cum: tuple[int, ...]
     phase_first: tuple[int, ...]
+    node_min_partial: tuple[int, ...] = ()
     rep_weight: tuple[float, ...] = ()
     steps: int = 1000
     seed: int = 0
@@ -133,6 +136,8 @@ class NativeConfig:
             if f.name == "rep_weight":
                 continue
             v = getattr(self, f.name)
+            if isinstance(v, tuple) and not v:
+                continue                 # an optional list left at the binary's default
             if isinstance(v, tuple):
                 v = ",".join(str(int(x)) for x in v)
             out.append(f"--{f.name}={int(v) if not isinstance(v, str) else v}")
@@ -190,6 +195,8 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         phase_first=_ints(wl.phase_first),
         active=_ints(wl.active),
         free_cum=_ints(wl.free_cum),
+        node_min_partial=_ints(dynamics.node_min_partial(np.asarray(sim.min_partial),
+                                                         np.asarray(sim.list_nodes))),
         rep_weight=tuple(float(w) for w in np.asarray(sim.rep_weight)),
         steps=int(steps),
         seed=int(seed),

@@ -1961,6 +1961,7 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
     memless = cfg.rep_memoryless > 0
     barn_at = (cfg.barns == BARNS_ALL) | ((cfg.barns == BARNS_MEMORY) & (cfg.node_has_memory > 0))
     use_sh = cfg.memoryless_cpus_use_sheaves > 0
+    mp = node_min_partial(_i(cfg.min_partial), _i(cfg.list_nodes))
     return dict(
         objs=objs,
         zero=_i(objs < 0),
@@ -1971,10 +1972,9 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         # (_pc_free_one); the window's width is each step's own (step(), pc_window)
         half=objs >> 1,
         # per node class (N,): min_partial for the lists the class's list sums
-        min_partial=node_min_partial(_i(cfg.min_partial), _i(cfg.list_nodes)),
+        min_partial=mp,
         # the partial slabs at which __slab_free() discards a slab it empties
-        free_mp=node_min_partial(_i(cfg.min_partial), _i(cfg.list_nodes))
-        + _i(cfg.free_discard_offset),
+        free_mp=mp + _i(cfg.free_discard_offset),
         cps=_i(cfg.cpu_partial_slabs),
         b=_i(cfg.ops_per_step),
         max_run=form.alloc,

@@ -49,7 +49,12 @@ UML_ALL_FIELD = "uml_ns_per_pair_all"
 UML_COUNTER_PREFIX = "uml_counters."
 #: The custom Ray resource a cluster node offers for UML runs (one at a time per node).
 UML_RESOURCE = "uml"
-DEFAULT_RUNS = 5
+#: Timed runs per pair unless ``--uml-runs`` says otherwise.  Two CPUs' calls are noisy on a
+#: shared 2-core host (relative sd of a pair's runs up to 40%), and the median of 5 did not
+#: hold the smp-2 ranking: on 2026-11-28, 7 candidates of examples/uml/tune.toml, 5 runs gave
+#: pooled Spearman 0.789-0.975 (smp-2 -0.43 to 0.81) over four validations, 11 runs gave
+#: 0.944-0.966 (smp-2 0.90-0.96) over three, at 1 min 40 s against 1 min.
+DEFAULT_RUNS = 11
 MAX_RUNS = 50
 MIN_OPS, MAX_OPS = 1_000, 10_000_000
 #: What ``speed_source`` = ``uml`` means in the report.

@@ -59,7 +59,7 @@ def register(subparsers) -> None:
                    help="target(s), comma separated (default: every target this machine can run)")
     p.add_argument("--uml-runs", type=int, metavar="K",
                    help="(uml) timed UML runs per pair, in rounds interleaved over the pairs; "
-                        "the measured figure is their median (default 5)")
+                        "the measured figure is their median (default 11)")
     p.add_argument("--uml-ops", type=int, metavar="N",
                    help="(uml) operations per allocating worker of a UML run (default 200000)")
     p.add_argument("--uml-max-cpus", type=int, metavar="N",

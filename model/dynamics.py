@@ -695,6 +695,7 @@ class _Rep(NamedTuple):
     w2: Any         # random word: slabs a free run's objects come from
     m: Any          # the rep's memory node class (its slabs come from there)
     floor: Any      # node m's list serves this run only above this many slabs
+    kn: Any         # the real nodes' lists node m's list sums (``list_nodes``)
     own: Any        # the rep's own node class (its barn)
     has_barn: Any   # the rep's node has a barn (and the cache sheaves)
     cs_sheaf: Any   # a v6.18 opt-in cache: sheaves beside a CPU slab (a Python False
@@ -716,10 +717,11 @@ def _rep_values(r, w, cfg: SimConfig, d: dict) -> _Rep:
     # an alloc run draws get_any_partial()'s defrag-ratio test from w2 (free runs use it)
     floor = node_list_floor(d["memless"][r], _i(_i(w2 & _U32(DEFRAG_DRAW)) <= d["defrag"]),
                             _get(d["min_partial"], m))
+    kn = _get(d["list_nodes"], m)
     own = d["node"][r]
     has_barn = d["has_barn"][r]
     cs_sheaf = sheaves & (cfg.cpu_slab > 0) if d["optin"] else False
-    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, floor, own, has_barn,
+    return _Rep(objs, cap, capm, sheaves, cps, mp, w0, w1, w2, m, floor, kn, own, has_barn,
                 cs_sheaf)
 
 
@@ -741,6 +743,37 @@ def node_min_partial(min_partial, list_nodes):
     shorter than min_partial keep.  Plain operators (the reference and the C engine
     compute the same)."""
     return min_partial * list_nodes
+
+
+#: The bits of an alloc run's ``w2`` that deal a class list's remainder slabs to homes
+#: (:func:`home_share`); its low bits draw get_any_partial()'s test (:data:`DEFRAG_DRAW`).
+SHARE_SHIFT = 16
+
+
+def home_share(S, list_nodes, w2):
+    """Of a node class's list of ``S`` partial slabs (the head slab included), those on
+    the list of the real node a run's CPU takes from: the class's list sums
+    ``list_nodes`` nodes' lists (:func:`node_min_partial`), and get_partial_node() walks
+    only ``n->partial`` of the CPU's own memory node (6.1 and 6.12 get_partial()), so a
+    CPU whose node's list is empty takes a new slab although the class's list holds other
+    nodes' slabs, and one call fills the per-CPU partial list from its own node's slabs
+    alone.  The share is ``S // list_nodes``, one more with probability ``(S %
+    list_nodes) / list_nodes`` (drawn from the bits of ``w2`` above
+    :data:`SHARE_SHIFT`), so the shares of the class's nodes average ``S / list_nodes``;
+    it is ``S`` where the class is one node's list.  The CPU-slab takes use it
+    (:func:`_partial_lists`); pooled, a sender on 16 CPUs of 4 nodes had filled its
+    per-CPU partial list from three nodes' slabs: lab ``pc-16cpu-4node-order0`` (6.1) 4.9
+    new slabs per kop and 407 KiB against 7.11 and 387 measured, 6.19 and 373 with the
+    share; ``pc-16cpu-4node`` (order 2) 815 KiB against 697, 736 with it.  The 7.x bulk
+    takes (:func:`_bulk_take`) keep the whole list: the share there overshot 7.2's memory
+    on four nodes (docs/MODEL.md "Representative CPUs and node classes").
+    get_any_partial() from the class's other nodes (more than min_partial each) is left
+    out, as it is for CPUs of memory nodes across classes.  Plain operators on ints or
+    int32 arrays (the reference and the C engine compute the same)."""
+    q = floor_div(S, list_nodes)
+    d = jnp.asarray(w2 >> SHARE_SHIFT).astype(jnp.int32)
+    dr = d - floor_div(d, list_nodes) * list_nodes
+    return q + _i(dr < S - q * list_nodes)
 
 
 def node_list_floor(memless, searched, min_partial):
@@ -993,7 +1026,7 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     nq, nr = _spread(s, u)
     n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    S_m = takeable_slabs(sum(s) + hs, k.floor, G)
+    S_m = takeable_slabs(home_share(sum(s) + hs, k.kn, k.w2), k.floor, G)
     return _Partials(n_p + _taken([hs] + n_n, S_m), y_p + [objs - hu] + y_n, pq, nq,
                      sum(ps_l) + pw, S_m, G)
 
@@ -1796,7 +1829,9 @@ def _bulk_take(cx: _Ctx, m, t, use_list):
     continues it, so single takes fill one slab after another as a bulk take does.
     Without ``use_list`` (a CPU of a memoryless node whose run found the list at or below
     its floor, :func:`node_list_floor`) every object comes from new slabs; when they leave
-    a new head slab, the old one stays on the list behind it, an ordinary partial slab."""
+    a new head slab, the old one stays on the list behind it, an ordinary partial slab.
+    It takes from the class's whole list, not its node's share (:func:`home_share`),
+    which overshot 7.2's memory on four nodes."""
     objs, lo = cx.d["objs"], cx.d["lo"]
     s, u, hs, hu = _node_levels(cx)
     q, r = _spread(s, u)
@@ -1973,6 +2008,7 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         half=objs >> 1,
         # per node class (N,): min_partial for the lists the class's list sums
         min_partial=mp,
+        list_nodes=_i(cfg.list_nodes),
         # the partial slabs at which __slab_free() discards a slab it empties
         free_mp=mp + _i(cfg.free_discard_offset),
         cps=_i(cfg.cpu_partial_slabs),

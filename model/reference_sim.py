@@ -21,6 +21,7 @@ from slabtune.model.dynamics import (
     GAUGE_SHIFT,
     LAG_SUM_MAX,
     LEVELS,
+    SHARE_SHIFT,
     K,
     N,
     R,
@@ -49,6 +50,7 @@ class RefSim:
         # per node class, min_partial for the nodes' lists the class's list sums
         # (dynamics.node_min_partial)
         self.node_mp = [self.min_partial * int(x) for x in c["list_nodes"]]
+        self.list_nodes = [int(x) for x in c["list_nodes"]]
         # the partial slabs at which __slab_free() discards a slab it empties
         self.free_mp = [mp + int(c["free_discard_offset"]) for mp in self.node_mp]
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
@@ -67,9 +69,12 @@ class RefSim:
         memless = [int(x) > 0 for x in c["rep_memoryless"]]
         self.memless = memless
         self.defrag = int(c["remote_node_defrag_ratio"])
-        # the running alloc run's node list floor and whether its bulk takes use the list
+        # the running alloc run's node list floor, whether its bulk takes use the list and
+        # the slabs of it its CPU slab's takes may still take (dynamics.home_share; the
+        # whole list until a run sets it)
         self.floor = 0
         self.list_ok = True
+        self.share = 1 << 30
         use_sh = int(c["memoryless_cpus_use_sheaves"]) > 0
         fallback = int(c["memoryless_fallback"]) > 0
         self.local_node = [self.node[r] if (memless[r] and not use_sh) else self.mem[r]
@@ -187,6 +192,11 @@ class RefSim:
 
     def _node_slabs(self, n: int) -> int:
         return sum(self.ns[n]) + self.hs[n]
+
+    def _own_slabs(self, m: int) -> int:
+        """Slabs of node class ``m``'s list the running alloc run may still take: its
+        node's share (dynamics.home_share) less what it took, at most the list."""
+        return min(self.share, self._node_slabs(m))
 
     def _node_empty(self, r: int, n: int):
         """A slab of node ``n``'s partial list has just emptied (it is counted on level 0):
@@ -396,6 +406,10 @@ class RefSim:
         self.floor = node_list_floor(int(self.memless[r]),
                                      int((w2 & DEFRAG_DRAW) <= self.defrag), self.node_mp[m])
         self.list_ok = self._node_slabs(m) > self.floor
+        # dynamics.home_share: the slabs of the class's list on this CPU's node's list
+        S, k = self._node_slabs(m), self.list_nodes[m]
+        q = S // k
+        self.share = q + int(((w2 >> SHARE_SHIFT) % k) < S - q * k)
         aside = 0
         if not self.list_ok and self.hs[m]:
             aside, self.hs[m], self.hu[m] = self.hu[m], 0, 0
@@ -598,16 +612,19 @@ class RefSim:
                 self.cs_tracked[r] = 0
                 if self._pc_local(r) > 0:
                     h = self._take_pc(r)
-                elif self._node_slabs(m) > self.floor:
-                    # get_partial_node(), for a memoryless CPU get_any_partial()'s
+                elif self._own_slabs(m) > self.floor:
+                    # get_partial_node() of its own node's share of the class's list
+                    # (dynamics.home_share), for a memoryless CPU get_any_partial()'s
                     h = self._take_node_slab(m)
                     self._lock(r, m)
+                    self.share -= 1
                     if self.cpu_partial_slabs > 0:
                         # get_partial_node() fills the (empty) per-CPU partial list
                         # until it holds more than cpu_partial_slabs / 2 slabs
-                        k = min(self._node_slabs(m), self.cpu_partial_slabs // 2 + 1)
+                        k = min(self._own_slabs(m), self.cpu_partial_slabs // 2 + 1)
                         for _ in range(k):
                             self._add_pc(r, self._take_node_slab(m))
+                        self.share -= k
                 else:
                     h = 0
                     self._bump("slab_alloc", r)

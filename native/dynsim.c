@@ -55,7 +55,8 @@ typedef struct { int8_t kind, k, lv; int64_t size; } seg_t;
 
 typedef struct {
     /* configuration */
-    int objs, cap, cpu_slab, min_partial[N], free_mp[N], cpu_partial_slabs, bypass, single;
+    int objs, cap, cpu_slab, min_partial[N], free_mp[N], list_nodes[N], cpu_partial_slabs,
+        bypass, single;
     int pc_empty_locks, max_full, max_empty, b, cs_sheaf, defrag;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R], memless[R];
     int mem_home[R];
@@ -74,8 +75,9 @@ typedef struct {
     int32_t lock_node[N];
     int64_t g_rep[3][R], g_node[3][N];
     int flushed;
-    /* the running alloc run: its node list floor, whether its bulk takes use the list */
-    int floor, list_ok;
+    /* the running alloc run: its node list floor, whether its bulk takes use the list and
+       the slabs of it its CPU slab's takes may still take (dynamics.home_share) */
+    int floor, list_ok, share;
 } sim_t;
 
 /* ------------------------------------------------------------ random words */
@@ -141,6 +143,12 @@ static int take_lowest(int *s, int *u, int k0)
 }
 
 static inline int node_slabs(const sim_t *S, int n) { return sum_lv(S->ns[n]) + S->hs[n]; }
+/* RefSim._own_slabs: the running alloc run's share (dynamics.home_share) at most the list */
+static inline int own_slabs(const sim_t *S, int m)
+{
+    int n = node_slabs(S, m);
+    return S->share < n ? S->share : n;
+}
 
 /* RefSim._node_empty */
 static void node_empty(sim_t *S, int r, int n)
@@ -502,15 +510,17 @@ static void cs_alloc(sim_t *S, int r, int m, int j)
             S->cs_tracked[r] = 0;
             if (pc_local(S, r) > 0) {
                 h = take_pc(S, r);
-            } else if (node_slabs(S, m) > S->floor) {
+            } else if (own_slabs(S, m) > S->floor) {
                 h = take_node_slab(S, m);
                 lock_(S, r, m, 1);
+                S->share -= 1;
                 if (S->cpu_partial_slabs > 0) {
-                    int k = node_slabs(S, m);
+                    int k = own_slabs(S, m);
                     if (k > S->cpu_partial_slabs / 2 + 1)
                         k = S->cpu_partial_slabs / 2 + 1;
                     for (int i = 0; i < k; i++)
                         add_pc(S, r, take_node_slab(S, m), 0);
+                    S->share -= k;
                 }
             } else {
                 h = 0;
@@ -582,6 +592,9 @@ static void alloc_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2)
     int searched = (int)(w2 & 1023u) <= S->defrag;
     S->floor = S->memless[r] ? (searched ? S->min_partial[m] : 1 << 30 /* NO_TAKE */) : 0;
     S->list_ok = node_slabs(S, m) > S->floor;
+    /* dynamics.home_share */
+    int sl = node_slabs(S, m), kn = S->list_nodes[m], q = sl / kn;
+    S->share = q + ((int)((w2 >> 16) % (uint32_t)kn) < sl - q * kn);
     int aside = 0;
     if (!S->list_ok && S->hs[m]) {
         aside = S->hu[m];
@@ -814,6 +827,7 @@ static void init(sim_t *S, const int32_t *c)
     /* dynamics.node_min_partial(): min_partial for the nodes' lists a class's list sums */
     for (int n = 0; n < N; n++) {
         S->min_partial[n] = c[F_MIN_PARTIAL] * c[F_LIST_NODES + n];
+        S->list_nodes[n] = c[F_LIST_NODES + n];
         S->free_mp[n] = S->min_partial[n] + c[F_FREE_OFF];
     }
     S->cpu_partial_slabs = c[F_CPU_PARTIAL];

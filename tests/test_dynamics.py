@@ -835,3 +835,39 @@ def test_a_drain_keeps_empty_slabs_up_to_min_partial_for_each_node_of_its_list()
         sim._drain(r)
         assert sim.ns[node][0] == kept, node
         assert sim.counts["slab_free"][r] == 20 - kept
+
+
+def test_home_share_deals_a_class_list_to_its_nodes():
+    """dynamics.home_share: a list of one node's slabs is all the run's, whatever the draw;
+    a list summing three nodes' lists of 7 slabs gives a node 2 or 3 of them, 3 for one
+    in three values of the draw bits above SHARE_SHIFT, so 7/3 on average."""
+    for S in (0, 1, 7, 40):
+        for w2 in (0, 0xFFFFFFFF, 0x12345678):
+            assert int(dynamics.home_share(S, 1, np.uint32(w2))) == S
+    d = np.arange(3 * 100, dtype=np.uint32)
+    got = np.asarray(dynamics.home_share(7, 3, d << np.uint32(dynamics.SHARE_SHIFT)))
+    assert set(got.tolist()) == {2, 3}
+    assert got.sum() * 3 == 7 * got.size
+    # the low bits (get_any_partial()'s draw) do not move it
+    assert int(dynamics.home_share(7, 3, np.uint32(dynamics.DEFRAG_DRAW))) == 3
+
+
+def test_a_take_fills_the_per_cpu_list_from_its_own_nodes_share():
+    """6.1 get_partial_node() walks the list of the CPU's own node: on 16 CPUs of 4 nodes
+    a sender of class 1 (nodes 1-3) whose class list holds 6 partial slabs, 2 per node,
+    takes its CPU slab and one more for its per-CPU partial list (its node's 2), not the
+    4 one call takes from a list of one node (kmalloc-64: cpu_partial_slabs 4, a call
+    takes 1 + 4 // 2 + 1)."""
+    from slabtune.model import reference_sim
+    cfg = _layout_cfg(Topology.uniform(16, 4), size=64)
+    assert int(cfg.cpu_partial_slabs) == 4
+    mem = np.asarray(cfg.rep_mem_node)
+    r = int(np.flatnonzero(mem[:workloads.R // 2] == 1)[0])   # a sender of class 1
+    pooled = cfg._replace(list_nodes=np.ones_like(np.asarray(cfg.list_nodes)))
+    for c, taken in ((cfg, 2), (pooled, 4)):
+        sim = reference_sim.RefSim(c)
+        sim.ns[1][1], sim.nu[1][1] = 6, 6
+        sim.alloc_run(r, 1, 0, 0)
+        assert sum(sim.ns[1]) == 6 - taken
+        assert sim._pc_local(r) == taken - 1
+        assert sim.counts["slab_alloc"][r] == 0

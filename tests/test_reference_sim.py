@@ -105,6 +105,10 @@ def test_equal_every_profile_and_workload(profile, wl):
     # v6.18 opt-in sheaves next to per-CPU partial lists
     dict(profile="v6.18", size=256, topo="2node_memless", wl="block_io",
          kw=dict(), explicit_sheaf=32),
+    # class 1 sums three nodes' lists: a run takes its node's share (dynamics.home_share)
+    dict(profile="v6.1", size=512, topo="4mem", wl="producer_consumer", kw=dict()),
+    dict(profile="v7.1", size=512, topo="4mem", wl="producer_consumer",
+         kw=dict(sheaf_capacity=5, barn_max_full=1)),
 ])
 def test_equal_edge_configs(case):
     want = _assert_equal(_case_cfg(case), seed=7)
@@ -157,6 +161,10 @@ def test_runs_equal_reference(b, profile, explicit_sheaf, wl):
          kw=dict(memoryless_fallback=False)),
     dict(profile="v6.1", size=1024, topo="1node16", wl="request_response",
          kw=dict(), wl_extra=dict(irq_self_free=0.4)),
+    # class 1 sums three nodes' lists: a run takes its node's share (dynamics.home_share)
+    dict(profile="v6.1", size=512, topo="4mem", wl="producer_consumer", kw=dict()),
+    dict(profile="v7.1", size=512, topo="4mem", wl="producer_consumer",
+         kw=dict(sheaf_capacity=5, barn_max_full=1)),
 ])
 def test_runs_equal_reference_edge_configs(b, case):
     want = _assert_equal(_case_cfg(case, ops_per_step=b), seed=b)

@@ -24,7 +24,7 @@ SLAB_SCENARIOS = (scenarios.SLAB_NETIO_2008, scenarios.SLAB_NETPERF_2011,
 #: the netperf rows at 160 threads agree since SLAB's alien free is priced as mm/slab.c
 #: does it (a pointer push under the alien lock, no cross-node line until the drain, the
 #: drain's list_lock service inside the alien section, the batches moved under the
-#: list_lock): SLAB 0.89/0.75/0.86x SLUB for kmalloc-256/1k/4k on the seed's 16-CPU
+#: list_lock): SLAB 0.89/0.85/0.81x SLUB for kmalloc-256/1k/4k on the seed's 16-CPU
 #: 4-node client.
 OPEN: dict[str, str] = {}
 

@@ -417,7 +417,7 @@ def test_a_config_of_the_other_allocator_than_the_kernel_is_refused_up_front():
 
 def test_every_example_config_is_runnable_on_the_lab():
     files = sorted(EXAMPLES.glob("*.toml"))
-    assert len(files) == 16
+    assert len(files) == 18
     kinds, topos = set(), set()
     for f in files:
         cfg = lab.load_config(f)
@@ -435,6 +435,14 @@ def test_every_example_config_is_runnable_on_the_lab():
         assert lab.boot_args(doc)["boot_params"] == {"slub_max_order": 0}
         st = simulate.structure_of(lab.spec_for(doc))
         assert (int(st.order), int(st.objs_per_slab)) == (0, 8)
+    # the order-1 config: 16 objects per 8 KiB slab; the 8-CPU four-node one the kernel's
+    # own order, 2 (min_objects 4 * (fls(8) + 1) = 20 objects of 512 bytes)
+    for name, param, want in (("pc-16cpu-4node-order1", {"slub_max_order": 1}, (1, 16)),
+                              ("pc-8cpu-4node", {}, (2, 32))):
+        doc = lab.load_config(EXAMPLES / f"{name}.toml").doc
+        assert lab.boot_args(doc)["boot_params"] == param
+        st = simulate.structure_of(lab.spec_for(doc))
+        assert (int(st.order), int(st.objs_per_slab)) == want
 
 
 def _cli(*args, cwd=None):

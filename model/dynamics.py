@@ -768,8 +768,8 @@ def home_share(S, list_nodes, w2):
     takes (:func:`_bulk_take`) keep the whole list: the share there overshot 7.2's memory
     on four nodes (docs/MODEL.md "Representative CPUs and node classes").
     get_any_partial() from the class's other nodes (more than min_partial each) is left
-    out, as it is for CPUs of memory nodes across classes.  Plain operators on ints or
-    int32 arrays (the reference and the C engine compute the same)."""
+    out, as it is for CPUs of memory nodes across classes.  On int32 arrays; the
+    reference and the C engine compute the same with their own integer division."""
     q = floor_div(S, list_nodes)
     d = jnp.asarray(w2 >> SHARE_SHIFT).astype(jnp.int32)
     dr = d - floor_div(d, list_nodes) * list_nodes

@@ -28,6 +28,7 @@ from slabtune.model.dynamics import (
     SimConfig,
     level_bounds,
     node_list_floor,
+    node_min_partial,
 )
 from slabtune.model.workloads import LAG_BITS, LAG_PEND_MAX, PROB_ONE
 
@@ -49,8 +50,8 @@ class RefSim:
         self.min_partial = int(c["min_partial"])
         # per node class, min_partial for the nodes' lists the class's list sums
         # (dynamics.node_min_partial)
-        self.node_mp = [self.min_partial * int(x) for x in c["list_nodes"]]
         self.list_nodes = [int(x) for x in c["list_nodes"]]
+        self.node_mp = [node_min_partial(self.min_partial, k) for k in self.list_nodes]
         # the partial slabs at which __slab_free() discards a slab it empties
         self.free_mp = [mp + int(c["free_discard_offset"]) for mp in self.node_mp]
         self.cpu_partial_slabs = int(c["cpu_partial_slabs"])
@@ -405,9 +406,9 @@ class RefSim:
         m = self.mem[r]
         self.floor = node_list_floor(int(self.memless[r]),
                                      int((w2 & DEFRAG_DRAW) <= self.defrag), self.node_mp[m])
-        self.list_ok = self._node_slabs(m) > self.floor
-        # dynamics.home_share: the slabs of the class's list on this CPU's node's list
         S, k = self._node_slabs(m), self.list_nodes[m]
+        self.list_ok = S > self.floor
+        # dynamics.home_share: the slabs of the class's list on this CPU's node's list
         q = S // k
         self.share = q + int(((w2 >> SHARE_SHIFT) % k) < S - q * k)
         aside = 0

@@ -591,9 +591,9 @@ static void alloc_run(sim_t *S, int r, int n, uint32_t w1, uint32_t w2)
     int m = S->mem[r];
     int searched = (int)(w2 & 1023u) <= S->defrag;
     S->floor = S->memless[r] ? (searched ? S->min_partial[m] : 1 << 30 /* NO_TAKE */) : 0;
-    S->list_ok = node_slabs(S, m) > S->floor;
-    /* dynamics.home_share */
     int sl = node_slabs(S, m), kn = S->list_nodes[m], q = sl / kn;
+    S->list_ok = sl > S->floor;
+    /* dynamics.home_share */
     S->share = q + ((int)((w2 >> 16) % (uint32_t)kn) < sl - q * kn);
     int aside = 0;
     if (!S->list_ok && S->hs[m]) {

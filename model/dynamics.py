@@ -797,21 +797,23 @@ def _choose_run(cx: _Ctx, wl: workloads.Workload, w0):
     """The kind and length of rep ``cx.r``'s run this step (the workload, no kernel
     function): it allocates if it can (active, below its live target) and wants to (its
     burst phase, else the high half of ``w0`` against ``alloc_p``), else frees if it has
-    objects to free; at most b ops, at most the rest of a burst phase (which flips at its
-    end).  Returns ``do_a`` (the run allocates) and the run lengths ``na``/``nf`` (one of
-    them 0), and counts the ops."""
+    more objects to free than it holds (``hold``,
+    :func:`slabtune.model.workloads.hold_levels`), at most that excess; at most b ops, at
+    most the rest of a burst phase (which flips at its end).  Returns ``do_a`` (the run
+    allocates) and the run lengths ``na``/``nf`` (one of them 0), and counts the ops."""
     r, d = cx.r, cx.d
     # ---- workload: a run of allocations or of frees, and its length
     alloc_p = wl.alloc_p[r]
     burst = wl.burst[r]
     can_a = (wl.active[r] > 0) & (alloc_p > 0) & (cx.row("out") < wl.live_target[r])
-    can_f = (wl.active[r] > 0) & (cx.row("pend_tot") > 0)
+    excess = cx.row("pend_tot") - wl.hold[r]
+    can_f = (wl.active[r] > 0) & (excess > 0)
     bursty = burst > 0
     want_a = jnp.where(bursty, cx.row("phase") == 0, _i(w0 >> 16) < alloc_p)
     do_a = can_a & (want_a | ~can_f)
     do_f = can_f & ~do_a
     n = jnp.where(do_a, jnp.minimum(d["b"], wl.live_target[r] - cx.row("out")),
-                  jnp.where(do_f, jnp.minimum(d["b"], cx.row("pend_tot")), 0))
+                  jnp.where(do_f, jnp.minimum(d["b"], excess), 0))
     n = jnp.where(bursty, jnp.minimum(n, cx.row("phase_left")), n)
     left = cx.row("phase_left") - jnp.where(bursty, n, 0)
     flip = bursty & (n > 0) & (left <= 0)

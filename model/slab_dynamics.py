@@ -414,7 +414,8 @@ def _rep_op(r, w, st, cfg: SlabSimConfig, d):
     wl = cfg.workload
     w0, w1 = w[0], w[1]
     inc = _new_inc(jnp.shape(w0))
-    # ---- the workload: allocate if it can and wants to, else free if it can
+    # ---- the workload: allocate if it can and wants to, else free if it can (it holds
+    # ``hold`` pending objects, workloads.hold_levels)
     out_r = st["out"][r]
     pt_r = st["pend_tot"][r]
     ph = st["phase"][r]
@@ -423,7 +424,7 @@ def _rep_op(r, w, st, cfg: SlabSimConfig, d):
     ap = wl.alloc_p[r]
     burst = wl.burst[r]
     can_a = act & (ap > 0) & (out_r < wl.live_target[r])
-    can_f = act & (pt_r > 0)
+    can_f = act & (pt_r > wl.hold[r])
     bursty = burst > 0
     want_a = jnp.where(bursty, ph == 0, _i(w0 >> 16) < ap)
     do_a = can_a & (want_a | ~can_f)

@@ -83,6 +83,9 @@ class Workload(NamedTuple):
     ``free_cum[r, j]``: cumulative probability (out of 65536) that an object rep ``r``
     allocates is freed by rep ``<= j``; the last column is 65536 for reps that allocate.
     ``live_target[r]``: at most this many objects allocated by ``r`` are outstanding.
+    ``hold[r]``: rep ``r`` frees only while more than this many objects are pending to it
+    (its own included), at most the excess in one run (:func:`hold_levels`; 0 frees
+    whenever it can).
     ``burst[r]``: > 0 makes rep ``r`` alternate ``burst`` allocations and ``burst`` frees
     (each falling back to the other kind when impossible); 0 interleaves them at random.
     ``active[r]``: 1 if rep ``r`` stands for at least one CPU.
@@ -94,6 +97,7 @@ class Workload(NamedTuple):
     alloc_p: np.ndarray
     free_cum: np.ndarray
     live_target: np.ndarray
+    hold: np.ndarray
     burst: np.ndarray
     active: np.ndarray
     phase_first: np.ndarray
@@ -378,15 +382,72 @@ def burst_phase_first(burst, live, active, node) -> np.ndarray:
     return out
 
 
-def _workload(alloc_p, rows, live, burst, layout: RepLayout) -> Workload:
+#: The ``drain`` parameter of every constructor: ``"hold"`` keeps the declared live set
+#: (:func:`hold_levels`), ``"eager"`` frees as soon as it can (the declared value a cap).
+DRAINS = ("hold", "eager")
+#: Workload parameters that are strings (a config passes them as they are).
+TEXT_PARAMS = ("drain",)
+
+
+def _drain(drain) -> str:
+    if drain not in DRAINS:
+        raise WorkloadError(f"drain: {drain!r} is not one of {', '.join(DRAINS)}")
+    return drain
+
+
+def hold_levels(live, burst, free_cum) -> tuple[np.ndarray, np.ndarray]:
+    """The allocation cap and the free floor per rep that make a workload keep its
+    declared occupancy: ``(live_target, hold)``, (R,) int32 each.
+
+    No kernel function: the workload, whose live set is a property of the program, like
+    hackbench's socket queues (messages a sender has written and its receiver not yet
+    read), a block device's queue depth, or a cache's working set.  For an allocating rep
+    ``o`` (``live[o] > 0``: local and request_response ``live``, request_response's
+    interrupt CPU its scaled live, producer_consumer and block_io ``depth``) of declared
+    occupancy ``L``: with bursts of ``B > 0`` it keeps between ``L - B//2`` and ``L + (B -
+    B//2)`` (a burst cycles the live set between the two), otherwise within a band of
+    half-width ``h = max(1, L // 32)``: ``live_target[o] = L + h`` caps its allocations.
+    A freer ``r`` frees only while the objects pending to it exceed ``hold[r] =
+    round(sum_o share[o][r] * (L_o - h_o))`` (``L - B//2`` with bursts), ``share[o][r]``
+    the fraction of ``o``'s objects ``r`` frees (the steps of ``free_cum``'s row ``o``, out
+    of 65536; rounded half up in integers), and a free run frees at most the excess.  So
+    each sender's objects in flight sit in ``[L - h, L + h]`` (a local rep frees its own:
+    its floor is its own ``L - h``): receivers consume at the rate that keeps the queues
+    full.  The engines free a rep's pending objects oldest first (FIFO within ``pend``),
+    so an object lives about ``L`` of its sender's ops: lifetimes are long, not
+    free-next-step; this is the only lifetime model (``drain = "eager"`` is the old
+    free-when-possible one)."""
+    live = np.asarray(live, np.int64)
+    burst = np.asarray(burst, np.int64)
+    alloc = live > 0
+    h = np.maximum(1, live // 32)
+    below = np.where(burst > 0, burst // 2, h)
+    above = np.where(burst > 0, burst - burst // 2, h)
+    cap = np.where(alloc, live + above, 0)
+    floor = np.where(alloc, live - below, 0)
+    fc = np.asarray(free_cum, np.int64)
+    share = np.diff(np.concatenate([np.zeros((fc.shape[0], 1), np.int64), fc], axis=1),
+                    axis=1)
+    share = np.maximum(share, 0)
+    hold = ((share * floor[:, None]).sum(axis=0) + PROB_ONE // 2) // PROB_ONE
+    return cap.astype(np.int32), hold.astype(np.int32)
+
+
+def _workload(alloc_p, rows, live, burst, layout: RepLayout, drain: str) -> Workload:
     active = (layout.weight > 0).astype(np.int32)
     pad = R - len(alloc_p)
     burst = np.array(list(burst) + [0] * pad, np.int32)
     live = np.array(list(live) + [0] * pad, np.int32) * active
+    free_cum = _free_cum(list(rows) + [[]] * pad) * active[:, None]
+    if drain == "hold":
+        cap, hold = hold_levels(live, burst, free_cum)
+    else:
+        cap, hold = live, np.zeros(R, np.int32)
     return Workload(
         alloc_p=np.array(list(alloc_p) + [0] * pad, np.int32) * active,
-        free_cum=_free_cum(list(rows) + [[]] * pad) * active[:, None],
-        live_target=live,
+        free_cum=free_cum,
+        live_target=cap,
+        hold=hold,
         burst=burst,
         active=active,
         phase_first=burst_phase_first(burst, live, active, layout.node),
@@ -396,29 +457,38 @@ def _workload(alloc_p, rows, live, burst, layout: RepLayout) -> Workload:
 # --------------------------------------------------------------------------- constructors
 
 
-def local(topology: Topology, live: int = 32, burst: int = 0, alloc_prob: float = 0.5):
+def local(topology: Topology, live: int = 32, burst: int = 0, alloc_prob: float = 0.5,
+          drain: str = "hold"):
     """Per-CPU churn: every CPU allocates and frees its own objects.
 
-    ``live``: objects each CPU keeps allocated at most; ``burst``: allocate this many then
-    free this many (0: interleave at random with ``alloc_prob``).  Reps are spread over the
-    CPUs of every node class in proportion to their CPU counts.
+    ``live``: objects each CPU keeps allocated (``drain = "hold"``, :func:`hold_levels`;
+    with ``"eager"`` at most this many); ``burst``: allocate this many then free this many
+    (0: interleave at random with ``alloc_prob``; at most ``2 * live`` when holding).  Reps
+    are spread over the CPUs of every node class in proportion to their CPU counts.
     """
     live = _count("live", live, 1)
     burst = _count("burst", burst, 0)
     ap = _prob("alloc_prob", alloc_prob)
+    drain = _drain(drain)
+    if drain == "hold" and burst > 2 * live:
+        raise WorkloadError(f"burst: {burst} is more than twice live ({live}): a burst "
+                            "cycles the live set between live - burst/2 and live + burst/2")
     g = node_groups(topology)
     slots = _spread(R, list(g["group_cpus"].items()))
     lay = _layout(topology, slots)
     n = len(slots)
     rows = [[1.0 if j == r else 0.0 for j in range(R)] for r in range(n)]
-    return _workload([ap] * n, rows, [live] * n, [burst] * n, lay), lay
+    return _workload([ap] * n, rows, [live] * n, [burst] * n, lay, drain), lay
 
 
-def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0.0):
+def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0.0,
+                      drain: str = "hold"):
     """hackbench-like message passing: senders allocate, receivers free.
 
     Reps 0..3 are senders, 4..7 receivers (half the CPUs each, over every node class).
-    ``depth``: messages a sender may have in flight; ``cross_node``: fraction of messages
+    ``depth``: messages a sender keeps in flight (``drain = "hold"``: receivers consume at
+    the rate that keeps its queues full, :func:`hold_levels`; ``"eager"``: at most this
+    many, receivers free as soon as they can); ``cross_node``: fraction of messages
     received on another node than the sender's (when the machine has one), spread over
     the receiving CPUs of every other node alike, as the lab module does (a node is a
     class and a home, :func:`rep_homes`; per rep in proportion to the CPUs it stands
@@ -430,6 +500,7 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
     """
     depth = _count("depth", depth, 1)
     cross = _prob("cross_node", cross_node) / PROB_ONE
+    drain = _drain(drain)
     g = node_groups(topology)
     groups = list(g["group_cpus"].items())
     if sum(c for _, c in groups) < 2:
@@ -467,16 +538,18 @@ def producer_consumer(topology: Topology, depth: int = 64, cross_node: float = 0
     rows += [[0.0] * R for _ in range(len(recv))]
     ap = [PROB_ONE] * (R // 2) + [0] * len(recv)
     live = [depth] * (R // 2) + [0] * len(recv)
-    return _workload(ap, rows, live, [0] * len(slots), lay), lay
+    return _workload(ap, rows, live, [0] * len(slots), lay, drain), lay
 
 
 def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.9,
-                     live: int = 16, irq_self_free: float = 0.0):
+                     live: int = 16, irq_self_free: float = 0.0, drain: str = "hold"):
     """netperf TCP_RR with ``threads`` threads: rep 0 is the CPU taking the network
     interrupt (on node class 0); reps 1..7 the CPUs running threads (min(threads, CPUs-1)
     of them, over every node class).  ``irq_free``: fraction of the objects the threads
     allocate (transmit buffers) that the interrupt CPU frees; it allocates the receive
-    buffers, which the threads free.  ``live``: objects in flight per thread CPU.
+    buffers, which the threads free.  ``live``: objects in flight per thread CPU (the
+    interrupt CPU: ``live`` times the threads per thread rep), kept (``drain = "hold"``,
+    :func:`hold_levels`) or at most (``"eager"``).
     ``irq_self_free``: fraction of the interrupt CPU's own allocations it frees itself
     (buffers consumed in the interrupt, often while still in its CPU slab).
     """
@@ -484,6 +557,7 @@ def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.
     live = _count("live", live, 1)
     f = _prob("irq_free", irq_free) / PROB_ONE
     own = _prob("irq_self_free", irq_self_free) / PROB_ONE
+    drain = _drain(drain)
     g = node_groups(topology)
     total = sum(g["cpus"])
     app = min(threads, max(total - 1, 1))
@@ -507,11 +581,11 @@ def request_response(topology: Topology, threads: int = 16, irq_free: float = 0.
         rows.append(row)
     ap = [PROB_ONE // 2] * n
     lv = [live * max(app // max(n - 1, 1), 1)] + [live] * (n - 1)
-    return _workload(ap, rows, lv, [0] * n, lay), lay
+    return _workload(ap, rows, lv, [0] * n, lay, drain), lay
 
 
 def block_io(topology: Topology, depth: int = 32, completion_remote: bool = False,
-             completions: int = 1):
+             completions: int = 1, drain: str = "hold"):
     """ublk/io_uring-like block I/O: submitting CPUs allocate a request object, completion
     CPUs free them.  ``completions``: completion CPUs (1: rep 0 alone, the others submit;
     more: up to R/2 reps stand for them, each submitter spreading its requests evenly over
@@ -526,10 +600,13 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
     node, whose submitters' objects alone are local, and with nodes alike a completion
     CPU on the first node is as remote from the other nodes' submitters as one on the
     second (lab bio-16cpu-4node on 7.2: 20% of frees fast measured, 70.6% predicted with
-    the completion in class 1).  ``depth``: requests in flight per submitting CPU.
+    the completion in class 1).  ``depth``: requests in flight per submitting CPU,
+    kept (``drain = "hold"``: the completions reap at the rate that keeps the queue
+    full, :func:`hold_levels`) or at most (``"eager"``).
     """
     depth = _count("depth", depth, 1)
     completions = _count("completions", completions, 1)
+    drain = _drain(drain)
     g = node_groups(topology)
     comp: tuple[int, ...] = (NODE_MEM0,)
     memless_cpus = sum(g["cpus"][k] for k in MEMLESS_CLASSES)
@@ -568,7 +645,7 @@ def block_io(topology: Topology, depth: int = 32, completion_remote: bool = Fals
     rows += [share + [0.0] * (R - nc) for _ in range(nc, n)]
     ap = [0] * nc + [PROB_ONE] * (n - nc)
     lv = [0] * nc + [depth] * (n - nc)
-    return _workload(ap, rows, lv, [0] * n, lay), lay
+    return _workload(ap, rows, lv, [0] * n, lay, drain), lay
 
 
 BUILDERS = {

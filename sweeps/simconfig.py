@@ -357,7 +357,10 @@ def workload_param_names(kind: str) -> tuple[str, ...]:
 
 def parse_workload(tab: dict) -> tuple[str, dict[str, Any], float]:
     """[workload] -> (kind, parameters, other_ns); parameters are checked by name against
-    the kind's constructor and must be non-negative numbers (or booleans)."""
+    the kind's constructor and must be non-negative numbers (or booleans), or strings for
+    the constructor's text parameters (``drain``)."""
+    from slabtune.model.workloads import TEXT_PARAMS
+
     if "kind" not in tab:
         raise ConfigError("workload.kind: missing")
     kind = tab["kind"]
@@ -370,7 +373,11 @@ def parse_workload(tab: dict) -> tuple[str, dict[str, Any], float]:
         if key in ("kind", "other_ns"):
             continue
         where = f"workload.{key}"
-        if isinstance(val, bool):
+        if key in TEXT_PARAMS:
+            if not isinstance(val, str):
+                raise ConfigError(f"{where}: {val!r} is not a string")
+            params[key] = val
+        elif isinstance(val, bool):
             params[key] = val
         elif isinstance(val, int):
             params[key] = _int(where, val, 0)

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from slabtune.errors import SlabtuneError
+from slabtune.sweeps.window import window_counters
 
 #: The lab kernels with SLUB and SLUB_STATS (kernel/configs/kernels.tsv), in version order.
 LAB_KERNELS = ("6.1", "6.12", "7.2")
@@ -238,32 +239,6 @@ def spec_for(doc: Mapping[str, Any], profile=None):
             knobs.pop("memoryless_fallback", None)
         spec = dataclasses.replace(spec, profile=simconfig.apply_knobs(profile, knobs))
     return spec
-
-
-def window_counters(early, late, steps_early: int, steps_late: int):
-    """The model's counters over steps ``steps_early``..``steps_late`` of one run, from its
-    counters after ``steps_early`` steps (``early``) and after ``steps_late`` (``late``):
-    the two runs share their first steps (model/dynamics.py draws step t's random words
-    from (seed, t) alone, whatever the run's length), so events subtract exactly and a
-    gauge's window average is its two time sums' difference over the window's steps;
-    ``outstanding`` is the end's.  The lab's counted window (kernel/lab_boot.py
-    :func:`~slabtune.kernel.lab_boot.measure`) on the model's side."""
-    from slabtune.model import dynamics, slab_dynamics
-
-    gauges = ({name for name, _ in dynamics.GAUGE_FIELDS} if isinstance(late, dynamics.Counters)
-              else set(slab_dynamics.REP_GAUGES + slab_dynamics.NODE_GAUGES))
-    span = float(steps_late - steps_early)
-    out = {}
-    for name in type(late)._fields:
-        a, b = np.asarray(getattr(early, name)), np.asarray(getattr(late, name))
-        if name == "outstanding":
-            out[name] = b
-        elif name in gauges:
-            out[name] = ((b.astype(np.float64) * steps_late - a.astype(np.float64) * steps_early)
-                         / span).astype(b.dtype)
-        else:
-            out[name] = b - a
-    return type(late)(**out)
 
 
 def predict(items: Sequence[tuple[Mapping[str, Any], Any]], cost=None,

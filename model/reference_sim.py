@@ -89,6 +89,7 @@ class RefSim:
         self.alloc_p = [int(x) for x in wl["alloc_p"]]
         self.free_cum = [[int(x) for x in row] for row in wl["free_cum"]]
         self.live = [int(x) for x in wl["live_target"]]
+        self.hold = [int(x) for x in wl["hold"]]
         self.burst = [int(x) for x in wl["burst"]]
         self.active = [int(x) > 0 for x in wl["active"]]
         self.b = int(c["ops_per_step"])
@@ -372,11 +373,13 @@ class RefSim:
 
     def _choose(self, r: int, w0: int) -> tuple[str | None, int]:
         """The kind of rep ``r``'s run this step and its length ``n`` (at most ``b`` ops,
-        the rest of a burst phase, the objects it may still allocate or has to free)."""
+        the rest of a burst phase, the objects it may still allocate or has to free above
+        what it holds, workloads.hold_levels)."""
         if not self.active[r]:
             return None, 0
         can_a = self.alloc_p[r] > 0 and self.out[r] < self.live[r]
-        can_f = self.pend_tot[r] > 0
+        excess = self.pend_tot[r] - self.hold[r]
+        can_f = excess > 0
         if self.burst[r] > 0:
             want_a = self.phase[r] == 0
         else:
@@ -384,7 +387,7 @@ class RefSim:
         if can_a and (want_a or not can_f):
             op, n = "alloc", min(self.b, self.live[r] - self.out[r])
         elif can_f:
-            op, n = "free", min(self.b, self.pend_tot[r])
+            op, n = "free", min(self.b, excess)
         else:
             return None, 0
         if self.burst[r] > 0:

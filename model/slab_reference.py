@@ -58,6 +58,7 @@ class SlabRefSim:
         self.alloc_p = [int(x) for x in wl["alloc_p"]]
         self.free_cum = [[int(x) for x in row] for row in wl["free_cum"]]
         self.live = [int(x) for x in wl["live_target"]]
+        self.hold = [int(x) for x in wl["hold"]]
         self.burst = [int(x) for x in wl["burst"]]
         self.active = [int(x) > 0 for x in wl["active"]]
 
@@ -130,9 +131,10 @@ class SlabRefSim:
 
     def _choose(self, r: int, w0: int):
         """The workload's choice (as the SLUB model's): allocate if it can and wants to,
-        else free if it can; bursts alternate."""
+        else free if it can (more pending than it holds, workloads.hold_levels); bursts
+        alternate."""
         can_a = self.active[r] and self.alloc_p[r] > 0 and self.out[r] < self.live[r]
-        can_f = self.active[r] and self.pend_tot[r] > 0
+        can_f = self.active[r] and self.pend_tot[r] > self.hold[r]
         bursty = self.burst[r] > 0
         want_a = self.phase[r] == 0 if bursty else (w0 >> 16) < self.alloc_p[r]
         do_a = can_a and (want_a or not can_f)

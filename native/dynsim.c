@@ -36,7 +36,8 @@ enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SING
        F_FREE_OFF, F_DEFRAG, F_REP_NODE, F_REP_MEM = F_REP_NODE + R,
        F_REP_MEMLESS = F_REP_MEM + R, F_NODE_HAS_MEM = F_REP_MEMLESS + R,
        F_ALLOC_P = F_NODE_HAS_MEM + N, F_FREE_CUM = F_ALLOC_P + R,
-       F_LIVE = F_FREE_CUM + R * R, F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
+       F_LIVE = F_FREE_CUM + R * R, F_HOLD = F_LIVE + R, F_BURST = F_HOLD + R,
+       F_ACTIVE = F_BURST + R,
        F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
        F_LAG_MUL = F_REP_MEM_HOME + R, F_LAG_FREERS = F_LAG_MUL + R * R,
        F_LIST_NODES = F_LAG_FREERS + 1, NCFG = F_LIST_NODES + N };
@@ -60,7 +61,7 @@ typedef struct {
     int pc_empty_locks, max_full, max_empty, b, cs_sheaf, defrag;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R], memless[R];
     int mem_home[R];
-    int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
+    int alloc_p[R], free_cum[R][R], live[R], hold[R], burst[R], active[R];
     int lo[LEVELS], top;
     int lag_mul[R][R], lag_freers, half, win;
     /* state */
@@ -767,7 +768,8 @@ static int choose(sim_t *S, int r, uint32_t w0, int *n_out)
     if (!S->active[r])
         return 0;
     int can_a = S->alloc_p[r] > 0 && S->out[r] < S->live[r];
-    int can_f = S->pend_tot[r] > 0;
+    int excess = S->pend_tot[r] - S->hold[r];   /* workloads.hold_levels */
+    int can_f = excess > 0;
     int want_a = S->burst[r] > 0 ? S->phase[r] == 0 : (int)(w0 >> 16) < S->alloc_p[r];
     int op, n;
     if (can_a && (want_a || !can_f)) {
@@ -775,7 +777,7 @@ static int choose(sim_t *S, int r, uint32_t w0, int *n_out)
         n = S->live[r] - S->out[r];
     } else if (can_f) {
         op = 2;
-        n = S->pend_tot[r];
+        n = excess;
     } else {
         return 0;
     }

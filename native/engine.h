@@ -49,6 +49,7 @@ static inline uint32_t xmx32(uint32_t x, uint32_t m1, int s, uint32_t m2)
         for (int j_ = 0; j_ < R; j_++)                                                \
             (S)->free_cum[r][j_] = (c)[F_FREE_CUM + (r) * R + j_];                    \
         (S)->live[r] = (c)[F_LIVE + (r)];                                             \
+        (S)->hold[r] = (c)[F_HOLD + (r)];                                             \
         (S)->burst[r] = (c)[F_BURST + (r)];                                           \
         (S)->active[r] = (c)[F_ACTIVE + (r)] > 0;                                     \
         (S)->phase_left[r] = (c)[F_PHASE_FIRST + (r)];                                \

@@ -31,14 +31,14 @@ enum { F_NUM, F_LIMIT, F_BC, F_SH_ENT, F_ALIEN_LIMIT, F_REAP, F_OLD_LOCKS, F_ON_
        F_FREE_LIMIT, F_REP_NODE = F_FREE_LIMIT + N, F_REP_MEM = F_REP_NODE + R,
        F_LOCAL = F_REP_MEM + R, F_ALLOC_LOCAL = F_LOCAL + R, F_FIRST = F_ALLOC_LOCAL + R,
        F_ALLOC_P = F_FIRST + R, F_FREE_CUM = F_ALLOC_P + R, F_LIVE = F_FREE_CUM + R * R,
-       F_BURST = F_LIVE + R, F_ACTIVE = F_BURST + R,
+       F_HOLD = F_LIVE + R, F_BURST = F_HOLD + R, F_ACTIVE = F_BURST + R,
        F_PHASE_FIRST = F_ACTIVE + R, F_REP_MEM_HOME = F_PHASE_FIRST + R,
        NCFG = F_REP_MEM_HOME + R };
 
 typedef struct {
     int num, limit, bc, sh_ent, alien_limit, reap, era, on_empty;
     int free_limit[N], node[R], mem[R], local[R], alloc_local[R], first[R], home[R];
-    int alloc_p[R], free_cum[R][R], live[R], burst[R], active[R];
+    int alloc_p[R], free_cum[R][R], live[R], hold[R], burst[R], active[R];
     int pend[R][R], out[R], pend_tot[R], phase[R], phase_left[R];
     int avail[R], touched[R];
     int shared[N], sh_touched[N], free_[N], slabs[N], free_touched[N];
@@ -105,7 +105,7 @@ static int drain_alien(sim_t *S, int r, int src, int dst)
 static int choose(sim_t *S, int r, uint32_t w0)
 {
     int can_a = S->active[r] && S->alloc_p[r] > 0 && S->out[r] < S->live[r];
-    int can_f = S->active[r] && S->pend_tot[r] > 0;
+    int can_f = S->active[r] && S->pend_tot[r] > S->hold[r];   /* workloads.hold_levels */
     int bursty = S->burst[r] > 0;
     int want_a = bursty ? S->phase[r] == 0 : (int)(w0 >> 16) < S->alloc_p[r];
     int do_a = can_a && (want_a || !can_f);

@@ -43,7 +43,7 @@ CFG_FIELDS = (
     ("rep_node", R), ("rep_mem_node", R),
     ("rep_memoryless", R),
     ("node_has_memory", N), ("alloc_p", R), ("free_cum", R * R), ("live_target", R),
-    ("burst", R), ("active", R), ("phase_first", R), ("rep_mem_home", R),
+    ("hold", R), ("burst", R), ("active", R), ("phase_first", R), ("rep_mem_home", R),
     ("lag_mul", R * R), ("lag_freers", 1), ("list_nodes", N),
 )
 NCFG = sum(n for _, n in CFG_FIELDS)
@@ -54,7 +54,7 @@ CFG_SLAB_FIELDS = (
     ("alien_limit", 1), ("reap_interval", 1), ("old_locks", 1), ("free_on_empty", 1),
     ("free_limit", N), ("rep_node", R), ("rep_mem_node", R), ("local", R),
     ("alloc_local", R), ("first", R), ("alloc_p", R), ("free_cum", R * R),
-    ("live_target", R), ("burst", R), ("active", R), ("phase_first", R),
+    ("live_target", R), ("hold", R), ("burst", R), ("active", R), ("phase_first", R),
     ("rep_mem_home", R),
 )
 NCFG_SLAB = sum(n for _, n in CFG_SLAB_FIELDS)

@@ -383,18 +383,20 @@ class Scenario:
 #: The calibration runs.  Each exercises a different mix of paths, so the per-event costs
 #: can be fitted from the counters of all of them together.
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("local", {"kind": "local", "live": 32, "alloc_prob": 0.5}, 1,
+    Scenario("local", {"kind": "local", "live": 32, "alloc_prob": 0.5, "drain": "eager"}, 1,
              "local churn, 32 live per CPU: sheaf fast paths only"),
-    Scenario("local_burst_256", {"kind": "local", "live": 256, "burst": 256}, 1,
+    Scenario("local_burst_256", {"kind": "local", "live": 256, "burst": 256, "drain": "eager"}, 1,
              "256 allocations then 256 frees per CPU: sheaves swapped with the barn"),
-    Scenario("local_burst_1024", {"kind": "local", "live": 1024, "burst": 1024}, 1,
+    Scenario("local_burst_1024", {"kind": "local", "live": 1024, "burst": 1024,
+                                  "drain": "eager"}, 1,
              "1024 allocations then 1024 frees per CPU: sheaf refill and flush, barn, "
              "new and freed slabs"),
-    Scenario("producer_consumer", {"kind": "producer_consumer", "depth": 64}, 2,
+    Scenario("producer_consumer", {"kind": "producer_consumer", "depth": 64, "drain": "eager"}, 2,
              "half the CPUs allocate, the other half free: remote frees, full sheaves "
              "handed over through the barn"),
 ) + tuple(
-    Scenario(f"local_burst_1024_order{k}", {"kind": "local", "live": 1024, "burst": 1024}, 1,
+    Scenario(f"local_burst_1024_order{k}", {"kind": "local", "live": 1024, "burst": 1024,
+                                            "drain": "eager"}, 1,
              f"bursts of 1024 on slabs of order {k} (slub_min_order={k}): the same sheaf "
              "traffic over fewer, larger new slabs, which separates a slab's per-page cost "
              "from its per-object cost", boot={"slub_min_order": k})

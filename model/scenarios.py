@@ -67,7 +67,7 @@ def _hackbench(profile: str, cpus: int, nodes: int) -> dict[str, Any]:
         "topology": {"cpus": cpus, "nodes": nodes},
         "cache": {"name": "kmalloc-512"},
         "policy": {"profile": profile},
-        "workload": {"kind": "producer_consumer"},
+        "workload": {"kind": "producer_consumer", "drain": "eager"},
         "run": {"steps": 3000, "seed": 1},
     }
 
@@ -142,7 +142,7 @@ def _netperf(cache: str, threads: int) -> dict[str, Any]:
         "topology": {"cpus": 16, "nodes": 4},
         "cache": {"name": cache},
         "policy": {"profile": "v3.1"},
-        "workload": {"kind": "request_response", "threads": threads,
+        "workload": {"kind": "request_response", "threads": threads, "drain": "eager",
                      "irq_free": NETPERF_IRQ_FREE[cache],
                      "live": NETPERF_LIVE_PER_THREAD * per_cpu},
         "run": {"steps": 12000, "seed": 2},
@@ -196,7 +196,7 @@ def _block_io(profile: str, **patch) -> dict[str, Any]:
         "topology": {"cpus": 128, "nodes": 8, "memoryless_nodes": [1, 2, 3, 5, 6, 7]},
         "cache": {"name": "bio-248"},
         "policy": {"profile": profile},
-        "workload": {"kind": "producer_consumer"},
+        "workload": {"kind": "producer_consumer", "drain": "eager"},
         "run": {"steps": 3000, "seed": 3},
     }
     if patch:
@@ -261,7 +261,7 @@ def _netio(**patch) -> dict[str, Any]:
         "topology": {"cpus": 2, "nodes": 1},
         "cache": {"name": "kmalloc-4k"},
         "policy": {"profile": "v2.6.27"},
-        "workload": {"kind": "local"},
+        "workload": {"kind": "local", "drain": "eager"},
         "run": {"steps": 3000, "seed": 4},
     }
     if patch:
@@ -386,7 +386,7 @@ def slab_memoryless_arm(topology: dict[str, Any], fix: bool,
         "topology": dict(topology),
         "cache": {"name": "kmalloc-256"},
         "policy": {"profile": profile, "params": {"memoryless_fallback": fix}},
-        "workload": {"kind": "local", "live": 40},
+        "workload": {"kind": "local", "live": 40, "drain": "eager"},
         "run": {"steps": 3000, "seed": 5},
     }
 

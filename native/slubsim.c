@@ -75,6 +75,7 @@ struct config {
 	long rep_node[MAX_REPS], rep_mem_node[MAX_REPS], rep_local_node[MAX_REPS];
 	long rep_barn[MAX_REPS], rep_alloc_local[MAX_REPS];
 	long alloc_p[MAX_REPS], live_target[MAX_REPS], burst[MAX_REPS], active[MAX_REPS];
+	long hold[MAX_REPS];	/* a rep frees only above this many handed to it (0: eager) */
 	long phase_first[MAX_REPS];	/* a rep's first burst phase (-1: burst) */
 	long rep_mem_home[MAX_REPS];	/* which node of its memory class (model rep_homes) */
 	/* per node, min_partial for the nodes' lists it stands for (model node_min_partial);
@@ -132,6 +133,7 @@ static const struct key KEYS[] = {
 	{"node_min_partial", K_LIST, OFF(node_min_partial), -1, 1 << 26, -1, 2},
 	{"alloc_p", K_LIST, OFF(alloc_p), 0, PROB_ONE, PROB_ONE / 2, 0},
 	{"live_target", K_LIST, OFF(live_target), 0, 1 << 24, 32, 0},
+	{"hold", K_LIST, OFF(hold), 0, 1 << 24, 0, 0},
 	{"burst", K_LIST, OFF(burst), 0, 1 << 24, 0, 0},
 	{"phase_first", K_LIST, OFF(phase_first), -1, 1 << 24, -1, 0},
 	{"active", K_LIST, OFF(active), 0, 1, 1, 0},
@@ -1131,7 +1133,7 @@ static void step(struct cpu *cpu)
 	int r = cpu->id;
 	long n_in = atomic_load_explicit(&cpu->in_n, memory_order_acquire);
 	int can_a = C.alloc_p[r] > 0 && atomic_load(&cpu->out) < C.live_target[r];
-	int can_f = n_in > 0;
+	int can_f = n_in > C.hold[r];	/* model workloads.hold_levels */
 	int bursty = C.burst[r] > 0;
 	uint32_t w0 = rnd32(&cpu->rng), w1 = rnd32(&cpu->rng);
 	int want_a = bursty ? cpu->phase == 0 : (long)(w0 >> 16) < C.alloc_p[r];

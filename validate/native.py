@@ -114,6 +114,7 @@ class NativeConfig:
     free_cum: tuple[int, ...]
     phase_first: tuple[int, ...]
     node_min_partial: tuple[int, ...] = ()
+    hold: tuple[int, ...] = ()
     rep_weight: tuple[float, ...] = ()
     steps: int = 1000
     seed: int = 0
@@ -191,6 +192,7 @@ def config_from_sim(sim, size: int, *, steps: int, seed: int = 0, sync_every: in
         rep_mem_home=_ints(sim.rep_mem_home),
         alloc_p=_ints(wl.alloc_p),
         live_target=_ints(wl.live_target),
+        hold=_ints(wl.hold),
         burst=_ints(wl.burst),
         phase_first=_ints(wl.phase_first),
         active=_ints(wl.active),

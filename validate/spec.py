@@ -133,7 +133,7 @@ def is_slab_spec(spec: ValidateSpec) -> bool:
 
 
 NATIVE_DEFAULTS = {"cache": "kmalloc-512", "steps": 2000, "seed": 0,
-                   "workload": {"kind": "local", "live": 64, "burst": 32},
+                   "workload": {"kind": "local", "live": 64, "burst": 32, "drain": "eager"},
                    "timing_sync_every": 0, "timing_steps": 1_000_000, "timing_repeats": 5,
                    "calibration_runs": 28, "calibration_seed": 1}
 

@@ -18,6 +18,10 @@ own (busybox sh) that
    ops per allocating worker) every worker parks at the end of it, /proc/slabtune_lab
    reads ``parked``, the /init dumps ``window`` and writes ``resume`` there, and the
    counted window runs (``window`` to ``after``: the cache's start-up is outside it);
+   with ``end_park=1`` (``drain = "hold"`` in lockstep) the workers park again after the
+   window's last step, /proc/slabtune_lab reads ``ended``, the /init dumps ``end`` and
+   writes ``resume``, and the drain that frees the live sets runs outside the window
+   (``window`` to ``end``);
 5. prints the module's log lines, dumps ``after``, unloads the module and powers off.
 
 Every line the host reads starts with ``@@LAB``; the dumps use the shell's ``read``
@@ -73,8 +77,11 @@ SLUB_STAT_FILES = (
     "sheaf_return_fast", "sheaf_return_slow",
 )
 #: Phases the /init dumps the cache in (``warm`` goes to /dev/null); ``window`` only in a
-#: run with a warm-up, at the start of its counted window.
-PHASES = ("base", "before", "window", "after")
+#: run with a warm-up, at the start of its counted window; ``end`` only in a run with
+#: ``end_park=1``, at its end, before the drain.
+PHASES = ("base", "before", "window", "end", "after")
+#: The module parameter that parks the workers at the window's end (labmod.module_params).
+END_PARK = "end_park=1"
 _PARAM_RE = re.compile(r"^[a-z_]+=[A-Za-z0-9_,\-]+$")
 _KO_PATH = "lib/slabtune_lab.ko"
 
@@ -115,6 +122,8 @@ class LabBootResult:
     cmdline: str = ""
     #: samples taken before the counted window (a run with a warm-up); None: no window
     window_at: int | None = None
+    #: samples taken before the window's end (a run with ``end_park=1``); None: the end
+    end_at: int | None = None
 
     def value(self, phase: str, name: str) -> int | None:
         """The total (first number) of counter ``name`` in ``phase``: 0 when the cache did
@@ -280,6 +289,15 @@ def init_script(token: str, cache: str, params: Sequence[str],
         if not _PARAM_RE.match(p):
             raise LabBootError(f"params: {p!r} is not a key=value module parameter")
     args = " ".join(params)
+    # end_park=1: once the window is open, watch for the workers parking at its end
+    end_watch = [
+        '  elif [ -z "$e" ]; then',
+        '    v=; { read -r v < /proc/slabtune_lab; } 2>/dev/null',
+        '    if [ "$v" = ended ]; then',
+        '      dump end; echo "$M I end_sample $i"; e=1',
+        '      echo resume > /proc/slabtune_lab; echo "$M R resume_end $?"',
+        "    fi",
+    ] if END_PARK in params else []
     return "\n".join([
         *guest.init_prelude(MARK),
         f"D=/sys/kernel/slab/{cache}", f"C={cache}",
@@ -306,7 +324,7 @@ def init_script(token: str, cache: str, params: Sequence[str],
         # and the run resumed (a read and a write of /proc/slabtune_lab, no fork either)
         "mkfifo /tmp/tick",
         f"( insmod /{_KO_PATH} {args}; echo $? > /tmp/rc ) &",
-        "i=0; w=",
+        "i=0; w=; e=",
         "while [ ! -e /tmp/rc ]; do",
         '  sample; [ -n "$v" ] && echo "$M P $i $v"',
         '  if [ -z "$w" ]; then',
@@ -315,6 +333,7 @@ def init_script(token: str, cache: str, params: Sequence[str],
         '      dump window; echo "$M I window_sample $i"; w=1',
         '      echo resume > /proc/slabtune_lab; echo "$M R resume $?"',
         "    fi",
+        *end_watch,
         "  fi",
         "  i=$((i+1))",
         f"  read -t {sample_s:g} v <> /tmp/tick",
@@ -353,7 +372,7 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
     the module's kernel log lines."""
     out: dict[str, Any] = {"started": False, "ended": False, "info": {}, "rc": {},
                            "dumps": {p: {} for p in PHASES}, "missing": [], "log": [],
-                           "samples": [], "window_at": None}
+                           "samples": [], "window_at": None, "end_at": None}
     for raw in text.replace("\r\n", "\n").split("\n"):
         line = raw.rstrip("\r")
         if not line.startswith(MARK + " "):
@@ -368,6 +387,8 @@ def parse_console(text: str, token: str) -> dict[str, Any]:
             out["info"][parts[2]] = " ".join(parts[3:])
             if parts[2] == "window_sample":
                 out["window_at"] = len(out["samples"])
+            elif parts[2] == "end_sample":
+                out["end_at"] = len(out["samples"])
         elif kind == "R" and len(parts) > 3:
             out["rc"][parts[2]] = int(parts[3]) if parts[3].lstrip("-").isdigit() else None
         elif kind == "C" and len(parts) > 3 and parts[2] in out["dumps"]:
@@ -610,6 +631,9 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
     elif records["done"].get("warmup") and (records["done"].get("window") != 1
                                              or not parsed["dumps"]["window"]):
         error = "the run's warm-up ended but its window's start was not dumped"
+    elif records["done"].get("end_park") and (records["done"].get("ended") != 1
+                                               or not parsed["dumps"]["end"]):
+        error = "the run's window ended but its end was not dumped (end_park)"
     return LabBootResult(
         ok=not error, error=error, kernel=str(kernel),
         release=parsed["info"].get("release", ""), cache=cache,
@@ -618,6 +642,7 @@ def console_result(text: str, stderr: str, token: str, rc: int | None, timed_out
         done=records["done"], workers=records["workers"], module_errors=records["errors"],
         insmod_rc=parsed["rc"].get("insmod"), params=params, qemu_argv=argv, accel=accel,
         seconds=seconds, cmdline=cmdline, window_at=parsed["window_at"],
+        end_at=parsed["end_at"],
         console_tail=(text + (f"\n[{runner} stderr]\n" + stderr if stderr.strip() else "")
                       )[-guest.CONSOLE_TAIL_CHARS:],
     )
@@ -655,14 +680,21 @@ def window_start(result: LabBootResult) -> str:
     return "window" if result.dumps.get("window") else "before"
 
 
+def window_end(result: LabBootResult) -> str:
+    """The phase the counted window ends at: ``end`` when the run parked its workers
+    after the window's last step (``end_park=1``) and the /init dumped the cache there,
+    else ``after`` (the window then ends with the drain)."""
+    return "end" if result.dumps.get("end") else "after"
+
+
 def counter_deltas(result: LabBootResult) -> dict[str, int]:
     """Every SLUB_STATS counter of the cache the run changed or left over the counted
-    window, ``after`` minus :func:`window_start`, by sysfs name (the kernel's own ``enum
-    stat_item`` names)."""
+    window, :func:`window_end` minus :func:`window_start`, by sysfs name (the kernel's
+    own ``enum stat_item`` names)."""
     out = {}
-    start = window_start(result)
+    start, end = window_start(result), window_end(result)
     for name in SLUB_STAT_FILES:
-        d = result.delta(name, start=start)
+        d = result.delta(name, start=start, end=end)
         if d is not None:
             out[name] = d
     return out
@@ -675,9 +707,10 @@ def counter_deltas_per_cpu(result: LabBootResult) -> dict[str, dict[str, int]]:
     overflowed or which CPU took the slow paths; the model's counters are per rep, and
     the lab module pins each worker to its CPU (the ``worker`` records)."""
     out = {}
-    start = window_start(result)
+    start, end = window_start(result), window_end(result)
     for name in SLUB_STAT_FILES:
-        moved = {str(c): d for c, d in result.per_cpu_delta(name, start=start).items() if d}
+        moved = {str(c): d for c, d in result.per_cpu_delta(name, start=start, end=end).items()
+                 if d}
         if moved:
             out[name] = moved
     return out
@@ -699,6 +732,8 @@ def measure(result: LabBootResult) -> dict[str, Any]:
       the ``window`` dump, taken while every worker was parked after its warm-up ops, to
       the end (the cache's start-up slabs fall outside, as the model's warm-up steps do,
       validate/lab.py :func:`~slabtune.validate.lab.predict`); without one from ``before``.
+      It ends at ``end`` where the run parked there (``end_park=1``: the drain that frees
+      the live sets falls outside, as the model has none), else at ``after``.
     * ``ops``: the workload's allocations plus frees in the window (the module's ``done``
       record less its ``warm_allocs``/``warm_frees``), the denominator of every
       ``*_per_kop`` figure as in the model (one op is one alloc or one free).
@@ -747,15 +782,22 @@ def measure(result: LabBootResult) -> dict[str, Any]:
 
 def window_ops(result: LabBootResult) -> tuple[int, int]:
     """(ops in the counted window, ops of the warm-up) from the module's ``done`` record:
-    allocations plus frees, less those done before the workers parked."""
+    allocations plus frees, less those done before the workers parked; up to the window's
+    end park where there was one (``end_allocs``/``end_frees``), else to the run's end."""
     done = result.done or {}
     warm = int(done.get("warm_allocs", 0)) + int(done.get("warm_frees", 0))
-    return int(done.get("allocs", 0)) + int(done.get("frees", 0)) - warm, warm
+    if window_end(result) == "end":
+        total = int(done.get("end_allocs", 0)) + int(done.get("end_frees", 0))
+    else:
+        total = int(done.get("allocs", 0)) + int(done.get("frees", 0))
+    return total - warm, warm
 
 
 def window_samples(result: LabBootResult) -> list[str]:
-    """The samples taken in the counted window (all of them in a run without warm-up)."""
-    return result.samples[result.window_at or 0:]
+    """The samples taken in the counted window (all of them in a run without warm-up; up
+    to the end park where there was one)."""
+    end = result.end_at if window_end(result) == "end" else None
+    return result.samples[result.window_at or 0:end]
 
 
 def slabinfo_of(result: LabBootResult, phase: str) -> dict[str, Any] | None:

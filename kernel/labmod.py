@@ -54,11 +54,16 @@ BUILD_TIMEOUT_S = 600
 #: Parameters of each workload kind with the model's defaults (model/workloads.py
 #: constructors; tests/test_lab_module.py checks that they agree).
 KIND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "local": {"live": 32, "burst": 0, "alloc_prob": 0.5},
-    "producer_consumer": {"depth": 64, "cross_node": 0.0},
-    "request_response": {"threads": 16, "irq_free": 0.9, "live": 16, "irq_self_free": 0.0},
-    "block_io": {"depth": 32, "completion_remote": False, "completions": 1},
+    "local": {"live": 32, "burst": 0, "alloc_prob": 0.5, "drain": "hold"},
+    "producer_consumer": {"depth": 64, "cross_node": 0.0, "drain": "hold"},
+    "request_response": {"threads": 16, "irq_free": 0.9, "live": 16, "irq_self_free": 0.0,
+                         "drain": "hold"},
+    "block_io": {"depth": 32, "completion_remote": False, "completions": 1,
+                 "drain": "hold"},
 }
+#: The ``drain`` values (model/workloads.py DRAINS): ``hold`` keeps the declared live set,
+#: ``eager`` frees whenever objects are pending (the declared value a cap).
+DRAINS = ("hold", "eager")
 
 NODE_MEM0, NODE_MEM_OTHER, NODE_MEMLESS = 0, 1, 2
 
@@ -313,6 +318,15 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
     count steps, so every allocating worker runs the same steps as each rep of the model
     does and all park after the same step; free-running workers sleep a tick when idle,
     and returns pile up meanwhile).
+
+    ``drain`` (every kind; ``hold`` by default, as in the model): ``hold`` becomes the
+    module's ``drain=hold``, which keeps the declared live set by the rule of
+    model/workloads.py ``hold_levels`` computed over the module's own workers and their
+    free distributions (a local ``burst`` above twice ``live`` is refused); ``eager``
+    passes nothing (the module's default), so an eager config's parameters are those of
+    before ``drain`` existed.  A ``hold`` run in lockstep with a warm-up also gets
+    ``end_park=1``: its workers park again after the window's last step, so the window
+    ends before the drain that frees every live set (kernel/lab_boot.py dumps ``end``).
     """
     if not isinstance(workload_doc, Mapping):
         raise LabError("workload: must be a table")
@@ -334,8 +348,14 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
     _int("seed", seed, 0, (1 << 64) - 1)
     if ring not in ("lockless", "spinlock"):
         raise LabError(f"ring: {ring!r} is not lockless or spinlock")
+    drain = p["drain"]
+    if drain not in DRAINS:
+        raise LabError(f"workload.drain: {drain!r} is not one of {', '.join(DRAINS)}")
     lay = _layout(topology)
     cpus_a, cpus_b, extra = _ROLES[kind](p, lay)
+    if drain == "hold" and kind == "local" and p["burst"] > 2 * p["live"]:
+        raise LabError(f"workload.burst: {p['burst']} is more than twice live "
+                       f"({p['live']}) under drain = \"hold\"")
     if len(cpus_a) + len(cpus_b) > MAX_WORKERS:
         raise LabError(f"topology: {len(cpus_a) + len(cpus_b)} workers are more than the "
                        f"lab module's {MAX_WORKERS}")
@@ -348,6 +368,10 @@ def module_params(workload_doc: Mapping[str, Any], topology: Any, *, ops: int = 
         out.append(f"warmup={warmup}")
     if lockstep:
         out.append("lockstep=1")
+    if drain == "hold":
+        out.append("drain=hold")
+        if lockstep and warmup:
+            out.append("end_park=1")
     if other:
         out.append(f"work_ns={int(round(other))}")
     return out

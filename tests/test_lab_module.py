@@ -11,6 +11,7 @@ built kernel and boot it.
 from __future__ import annotations
 
 import inspect
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,7 +57,8 @@ def test_local_runs_on_every_online_cpu():
     got = roles(labmod.module_params({"kind": "local", "live": 8, "burst": 4,
                                       "alloc_prob": 0.75}, T4, ops=500, seed=7))
     assert got == {"kind": "local", "cpus": "0-3", "live": "8", "burst": "4",
-                   "alloc_prob": "49152", "ops": "500", "seed": "7", "ring": "lockless"}
+                   "alloc_prob": "49152", "ops": "500", "seed": "7", "ring": "lockless",
+                   "drain": "hold"}
     online3 = Topology.uniform(4, 2, memoryless_nodes=[1], online=3)
     assert roles(labmod.module_params({"kind": "local"}, online3))["cpus"] == "0-2"
 
@@ -129,13 +131,37 @@ def test_lockstep_is_a_module_parameter_only_when_asked():
     """The step barrier (lockstep=1) goes to insmod only for a lockstep run, after the
     window's ops; the module declares the parameter and documents its done record's
     ``lockstep`` and ``steps``."""
-    free = labmod.module_params({"kind": "block_io"}, T4, ops=100, warmup=25)
-    step = labmod.module_params({"kind": "block_io"}, T4, ops=100, warmup=25, lockstep=True)
+    eager = {"kind": "block_io", "drain": "eager"}
+    free = labmod.module_params(eager, T4, ops=100, warmup=25)
+    step = labmod.module_params(eager, T4, ops=100, warmup=25, lockstep=True)
     assert "lockstep" not in roles(free)
     assert step[:-1] == free and step[-1] == "lockstep=1"
     src = labmod.native.source("lab/slabtune_lab.c").read_text()
     assert "module_param(lockstep, bool" in src
     assert '\\"lockstep\\":%d,\\"steps\\":%lu' in src
+
+
+def test_drain_hold_is_a_module_parameter_and_eager_passes_what_it_did_before():
+    """``drain = "hold"`` (the default) becomes the module's ``drain=hold``; in lockstep
+    with a warm-up also ``end_park=1`` (the window ends before the drain).  ``eager``
+    passes nothing, so an eager config's parameters are those from before ``drain``
+    existed (the module's default is eager); the module declares both parameters and
+    reports them in its done record."""
+    doc = {"kind": "producer_consumer", "depth": 1024}
+    hold = labmod.module_params(doc, T4, ops=100, warmup=25, lockstep=True)
+    eager = labmod.module_params({**doc, "drain": "eager"}, T4, ops=100, warmup=25,
+                                 lockstep=True)
+    assert hold == eager + ["drain=hold", "end_park=1"]
+    assert eager == ["kind=producer_consumer", "cpus=0,2", "cpus_b=1,3", "depth=1024",
+                     "cross_node=0", "ops=100", "seed=1", "ring=lockless", "warmup=25",
+                     "lockstep=1"]
+    # no end park without lockstep or without a warm-up (nothing to end)
+    assert labmod.module_params(doc, T4, ops=100, warmup=25)[-1] == "drain=hold"
+    assert labmod.module_params(doc, T4, ops=100, lockstep=True)[-1] == "drain=hold"
+    src = labmod.native.source("lab/slabtune_lab.c").read_text()
+    assert 'static char *drain = "eager";' in src
+    assert "module_param(end_park, bool" in src
+    assert '\\"drain\\":\\"%s\\",\\"end_park\\":%d,' in src
 
 
 def test_cpu_list():
@@ -156,7 +182,8 @@ def test_cache_params():
 def test_config_params_from_a_config_document():
     doc = {"topology": T4_TABLE, "cache": {"name": "kmalloc-256"},
            "policy": {"profile": "v7.0"},
-           "workload": {"kind": "block_io", "depth": 8, "completion_remote": True},
+           "workload": {"kind": "block_io", "depth": 8, "completion_remote": True,
+                        "drain": "eager"},
            "run": {"steps": 300, "seed": 5, "ops_per_step": 4}}
     got = roles(labmod.config_params(doc))
     # the counted window is the config's 300 steps x 4 ops; before it, a quarter of the
@@ -192,6 +219,9 @@ def test_every_key_simconfig_accepts_maps():
     ({"kind": "block_io", "completions": 3}, "workload.completions"),
     ({"kind": "block_io", "completion_remote": 1}, "workload.completion_remote"),
     ({"kind": "local", "other_ns": -1.0}, "workload.other_ns"),
+    ({"kind": "local", "drain": "lazy"}, "workload.drain"),
+    ({"kind": "block_io", "drain": 1}, "workload.drain"),
+    ({"kind": "local", "live": 4, "burst": 9}, "workload.burst"),
     ({"kind": "local", "other_ns": float("nan")}, "workload.other_ns"),
 ])
 def test_bad_workload_values_name_the_field(doc, field):
@@ -462,6 +492,57 @@ def test_parse_console_and_counters():
     assert lab_boot.counter_total("1103 C0=562 C1=541") == 1103
     assert lab_boot.counter_total(None) is None
     assert lab_boot.counter_per_cpu("1103 C0=562 C1=541") == {0: 562, 1: 541}
+
+
+def test_end_park_dumps_the_window_end_and_measure_stops_there(tmp_path):
+    """With ``end_park=1`` the /init watches /proc/slabtune_lab once the window is open,
+    dumps ``end`` when it reads ``ended`` and resumes the drain; the counters, ops and
+    memory samples of :func:`lab_boot.measure` then run from ``window`` to ``end``, so the
+    drain (every live set freed: here 400 frees, 4 empty slabs given back) stays out.
+    Without the parameter the /init is the one from before (no ``ended`` watch)."""
+    plain = lab_boot.init_script("abc123", "slabtune_lab", ["kind=local", "drain=hold"])
+    parked = lab_boot.init_script("abc123", "slabtune_lab", ["kind=local", "drain=hold",
+                                                             "end_park=1"])
+    assert "ended" not in plain and "dump end" not in plain
+    assert "dump end" in parked and "resume_end" in parked
+    sh = shutil.which("sh")
+    if sh is not None:
+        f = tmp_path / "init"
+        f.write_text(parked)
+        assert subprocess.run([sh, "-n", str(f)]).returncode == 0
+    done = {"run": 1, "status": 0, "allocs": 1400, "frees": 1400, "warmup": 100,
+            "warm_allocs": 400, "warm_frees": 0, "window": 1, "lockstep": 1,
+            "drain": "hold", "end_park": 1, "end_allocs": 1400, "end_frees": 1000,
+            "ended": 1}
+    lines = ["@@LAB S tok1",
+             "@@LAB C before alloc_fastpath 0", "@@LAB C before alloc_slowpath 0",
+             "@@LAB C before slabs 0", "@@LAB R insmod 0",
+             "@@LAB P 0 50", "@@LAB P 1 50"]
+    lines += ["@@LAB C window alloc_slowpath 400", "@@LAB C window alloc_fastpath 0",
+              "@@LAB C window alloc_slab 50", "@@LAB C window free_slowpath 0",
+              "@@LAB I window_sample 2", "@@LAB P 2 52", "@@LAB P 3 54",
+              "@@LAB C end alloc_slowpath 1000", "@@LAB C end alloc_fastpath 400",
+              "@@LAB C end alloc_slab 60", "@@LAB C end free_slowpath 1000",
+              "@@LAB I end_sample 4", "@@LAB P 4 10",
+              "@@LAB C after alloc_slowpath 1000", "@@LAB C after alloc_fastpath 400",
+              "@@LAB C after alloc_slab 60", "@@LAB C after free_slowpath 1400",
+              "@@LAB C after order 0", "@@LAB C after slabs 0",
+              "@@LAB K [ 3.0] slabtune_lab: done " + json.dumps(done), "@@LAB E tok1"]
+    kw = dict(kernel="k", cache="slabtune_lab", params=[], argv=[], accel="tcg",
+              cmdline="", sysfs={})
+    r = lab_boot.console_result("\n".join(lines), "", "tok1", 0, False, 1.0, **kw)
+    assert r.ok, r.error
+    assert (r.window_at, r.end_at) == (2, 4)
+    m = lab_boot.measure(r)
+    assert m["ops"] == 1400 + 1000 - 400 and m["warmup_ops"] == 400
+    assert m["counters"]["free_slowpath"] == 1000          # not the drain's 400 more
+    assert m["alloc_fastpath_frac"] == pytest.approx(400 / 1000)
+    assert m["slab_allocs_per_kop"] == pytest.approx(1000 * 10 / 2000)
+    assert m["memory_bytes"] == pytest.approx(53 * 4096)   # samples 52, 54: not the 10
+    # an end park the /init did not dump fails the run
+    no_end = [ln for ln in lines if " end " not in ln and "end_sample" not in ln]
+    r = lab_boot.console_result("\n".join(no_end), "", "tok1", 0, False, 1.0, **kw)
+    assert not r.ok and "end_park" in r.error
 
 
 # --------------------------------------------------------------------------- in a guest

@@ -43,6 +43,22 @@
  * park and stop at the same step; "steps" in the done record counts the barrier's steps
  * (warm-up and window).
  *
+ * Drain: drain=eager (the default) frees whenever a worker has objects pending;
+ * drain=hold keeps the declared live set (model/workloads.py hold_levels(), the same rule
+ * in integers): an allocating worker of declared occupancy L (live, or depth) allocates
+ * up to a cap of L + h, h = max(1, L / 32), or with bursts B of local up to L + (B - B/2)
+ * (B > 2L is refused); a freeing worker frees only while the objects pending to it (every
+ * ring it takes from, its own included) exceed its hold, round(sum over senders o of
+ * share[o][r] * (L_o - h_o)) (L - B/2 with bursts), share[o][r] the fraction (of 65536)
+ * of o's objects it frees, from the module's own per-worker free distributions.  One op
+ * per step, so a free run never frees more than the excess.  The end drain (nobody
+ * allocates any more) frees everything.
+ *
+ * end_park=1 (lockstep with a warm-up): all workers park again once the barrier has
+ * released the window's last step, before any drain op; /proc/slabtune_lab reads "ended"
+ * and the window's end can be dumped; writing "resume" lets the drain run.  So the
+ * drain (up to the live set of every worker) stays outside the counted window.
+ *
  * A worker stops allocating after `ops` ops (allocations plus frees) and keeps freeing
  * what reaches it until no worker allocates any more and its rings are empty; workers
  * that never allocate (receivers, completion CPUs) only do the latter.  So every object
@@ -53,7 +69,8 @@
  *   slabtune_lab: worker {"run":R,"w":i,"cpu":c,"node":n,"role":"...","allocs":...,
  *                          "frees":...,"drain_frees":...,"idle":...,"ops_ns":...,"ns":...,
  *                          "alloc_ns":...,"free_ns":...,"clock_ps":...,"alloc_long":...,
- *                          "alloc_long_ns":...,"free_long":...,"free_long_ns":...}
+ *                          "alloc_long_ns":...,"free_long":...,"free_long_ns":...,
+ *                          "cap":...,"hold":...}
  *   slabtune_lab: done {"run":R,"status":0,"kind":"...","allocs":...,"frees":...,...}
  *   slabtune_lab: error {"run":R,"field":"...","msg":"..."}
  *
@@ -177,6 +194,14 @@ MODULE_PARM_DESC(long_ns, "time_calls: brackets above this many ns are counted a
 static bool idle_spin;
 module_param(idle_spin, bool, 0644);
 MODULE_PARM_DESC(idle_spin, "1: a worker with nothing to do spins, never sleeps");
+static char *drain = "eager";
+module_param(drain, charp, 0644);
+MODULE_PARM_DESC(drain, "eager (free whenever objects are pending) | hold (keep the "
+		 "declared live set: live, depth are occupancies)");
+static bool end_park;
+module_param(end_park, bool, 0644);
+MODULE_PARM_DESC(end_park, "1: with lockstep and a warm-up, park every worker after the "
+		 "window's last step, before the drain (/proc/slabtune_lab reads ended)");
 static bool lockstep;
 module_param(lockstep, bool, 0644);
 MODULE_PARM_DESC(lockstep, "1: in the warm-up and the counted window every worker does at "
@@ -210,7 +235,8 @@ struct lab_worker {
 	int node;
 	const char *role;
 	u32 alloc_p;			/* out of LAB_PROB_ONE */
-	u32 live;			/* live target */
+	u32 live;			/* live target (the allocation cap) */
+	u32 hold;			/* drain=hold: frees only above this many pending */
 	u32 burst;
 	bool allocator;
 	int ndest;
@@ -226,6 +252,7 @@ struct lab_worker {
 	/* results */
 	u64 allocs, frees, drain_frees, idle;
 	u64 warm_allocs, warm_frees;	/* allocs, frees when it parked (warmup > 0) */
+	u64 end_allocs, end_frees;	/* allocs, frees at the window's end (end_park) */
 	bool warm_reached;		/* an allocator that did its warmup ops */
 	bool in_step;			/* lockstep: a party to the step barrier */
 	u64 ops_ns, ns;
@@ -250,6 +277,10 @@ struct lab_run {
 	atomic_t warm_left;		/* allocating workers still in their warm-up ops */
 	atomic_t parked;		/* workers parked at the window's start */
 	int resumed;			/* 1: resumed by /proc/slabtune_lab, -1: by timeout */
+	bool hold;			/* drain=hold */
+	bool end_park;			/* park at the window's end too (lockstep, warmup) */
+	atomic_t end_parked;		/* workers parked at the window's end */
+	int ended;			/* 1: end resumed by /proc/slabtune_lab, -1: timeout */
 	unsigned int work_ns;
 	bool timed;			/* time_calls */
 	bool spin;			/* idle_spin */
@@ -276,9 +307,10 @@ static struct kmem_cache *lab_kept_cache;
  * run; writing "resume" to it, once it reads "parked", starts the counted window.  The
  * module's parameters cannot carry this: the load holds their lock during an autorun.
  */
-enum { LAB_IDLE, LAB_WARMUP, LAB_PARKED, LAB_WINDOW };
+enum { LAB_IDLE, LAB_WARMUP, LAB_PARKED, LAB_WINDOW, LAB_ENDED, LAB_DRAIN };
 static atomic_t lab_phase = ATOMIC_INIT(LAB_IDLE);
 static DECLARE_COMPLETION(lab_resume);
+static DECLARE_COMPLETION(lab_resume_end);
 /* a parked run that nobody resumes goes on after this long (the window then has no
  * snapshot, and the host side reports that) */
 #define LAB_PARK_TIMEOUT (120 * HZ)
@@ -419,6 +451,16 @@ static unsigned int lab_count(struct lab_ring *q)
 	return smp_load_acquire(&q->head) - READ_ONCE(q->tail);
 }
 
+/* objects pending to w: what every ring it takes from holds, its own included */
+static unsigned int lab_pending(struct lab_worker *w)
+{
+	unsigned int k, pend = 0;
+
+	for (k = 0; k < w->nin; k++)
+		pend += lab_count(w->in_ring[k]);
+	return pend;
+}
+
 /* ------------------------------------------------------------------ ops */
 
 /* add one timed bracket of d ns to *sum, or with long_ns set and d above it, apart */
@@ -534,13 +576,11 @@ static int lab_step(struct lab_run *r, struct lab_worker *w)
 {
 	u32 rnd = lab_rand(w);
 	bool can_a, can_f, want_a, do_a;
-	unsigned int k, pend = 0;
 	int ret;
 
 	can_a = w->alloc_p > 0 && (u32)atomic_read(&w->out) < w->live;
-	for (k = 0; k < w->nin && !pend; k++)
-		pend = lab_count(w->in_ring[k]);
-	can_f = pend > 0;
+	/* drain=eager: hold 0, any pending object; drain=hold: only above the hold */
+	can_f = lab_pending(w) > w->hold;
 	want_a = w->burst ? w->phase == 0 : (rnd >> 16) < w->alloc_p;
 	do_a = can_a && (want_a || !can_f);
 	if (!do_a && !can_f)
@@ -587,6 +627,24 @@ static void lab_park(struct lab_run *r, struct lab_worker *w)
 	else
 		cmpxchg(&r->resumed, 0, -1);
 	atomic_set(&lab_phase, LAB_WINDOW);
+}
+
+/*
+ * end_park=1: park at the window's end, after the barrier released step warmup + ops and
+ * before any worker does a drain op; the last to park tells /proc/slabtune_lab ("ended"),
+ * all wait for "resume" there.
+ */
+static void lab_park_end(struct lab_run *r, struct lab_worker *w)
+{
+	w->end_allocs = w->allocs;
+	w->end_frees = w->frees;
+	if (atomic_inc_return(&r->end_parked) == r->nw)
+		atomic_set(&lab_phase, LAB_ENDED);
+	if (wait_for_completion_timeout(&lab_resume_end, LAB_PARK_TIMEOUT))
+		cmpxchg(&r->ended, 0, 1);
+	else
+		cmpxchg(&r->ended, 0, -1);
+	atomic_set(&lab_phase, LAB_DRAIN);
 }
 
 /*
@@ -663,6 +721,7 @@ static int lab_worker_fn(void *arg)
 	unsigned long done_ops = 0;
 	unsigned int idle = 0;
 	bool warming = r->warmup > 0;
+	bool end_due = r->end_park;	/* the window's end is still to park at */
 	u64 t0;
 
 	if (r->timed) {
@@ -719,6 +778,15 @@ static int lab_worker_fn(void *arg)
 				continue;
 			}
 		}
+		if (end_due && READ_ONCE(r->abort)) {
+			end_due = false;	/* no window: the run fails anyway */
+		} else if (end_due && !warming &&
+			   smp_load_acquire(&r->ls_gen) >= r->warmup + r->ops) {
+			/* every worker is here before its first drain op (lockstep) */
+			end_due = false;
+			smp_rmb();
+			lab_park_end(r, w);
+		}
 		if (allocating && (done_ops >= r->ops || READ_ONCE(r->abort))) {
 			allocating = false;
 			if (w->in_step)
@@ -739,7 +807,10 @@ static int lab_worker_fn(void *arg)
 			smp_rmb();
 			if (last && w->in_step)
 				lab_ls_leave(r, w);
-			op = lab_free_one(r, w, lab_rand(w)) ? 2 : 0;
+			if (w->hold && !last && lab_pending(w) <= w->hold)
+				op = 0;		/* drain=hold: the queue keeps its level */
+			else
+				op = lab_free_one(r, w, lab_rand(w)) ? 2 : 0;
 			if (op)
 				w->drain_frees++;
 			else if (last)
@@ -949,6 +1020,47 @@ static int lab_tables(struct lab_run *r, const char *k)
 	return -EINVAL;
 }
 
+/*
+ * drain=hold: the allocation caps and the free floors that keep each worker's declared
+ * live set (model/workloads.py hold_levels(), the same integers): an allocator of
+ * declared L (its live target so far) keeps between L - below and L + above, below =
+ * above = max(1, L / 32), with bursts B below = B / 2, above = B - B / 2; its cap becomes
+ * L + above.  A freer's hold is sum over allocators o of share[o][r] * (L_o - below_o),
+ * share out of 65536 (the steps of o's dest_cum), rounded half up.  0, or -EINVAL after
+ * an error line.
+ */
+static int lab_holds(struct lab_run *r)
+{
+	u64 acc[LAB_MAX_WORKERS] = { 0 };
+	int i, k;
+
+	for (i = 0; i < r->nw; i++) {
+		struct lab_worker *w = &r->w[i];
+		u32 L = w->live, below, above, prev = 0;
+
+		if (!w->allocator)
+			continue;
+		if (w->burst) {
+			if (w->burst > 2 * L) {
+				lab_error(r->id, "burst", "more than twice live under drain=hold");
+				return -EINVAL;
+			}
+			below = w->burst / 2;
+			above = w->burst - below;
+		} else {
+			below = above = max(1u, L / 32);
+		}
+		for (k = 0; k < w->ndest; k++) {
+			acc[w->dest[k]] += (u64)(w->dest_cum[k] - prev) * (L - below);
+			prev = w->dest_cum[k];
+		}
+		w->live = L + above;
+	}
+	for (i = 0; i < r->nw; i++)
+		r->w[i].hold = (u32)((acc[i] + LAB_PROB_ONE / 2) / LAB_PROB_ONE);
+	return 0;
+}
+
 /* rings for every (sender, freer) pair in use, sized so that a push never fails */
 static int lab_rings(struct lab_run *r)
 {
@@ -1005,6 +1117,7 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 		       const char *ring_kind)
 {
 	u64 allocs = 0, frees = 0, warm_allocs = 0, warm_frees = 0;
+	u64 end_allocs = 0, end_frees = 0;
 	int i;
 
 	for (i = 0; i < r->nw; i++) {
@@ -1014,11 +1127,14 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 		frees += w->frees;
 		warm_allocs += w->warm_allocs;
 		warm_frees += w->warm_frees;
+		end_allocs += w->end_allocs;
+		end_frees += w->end_frees;
 		pr_info(LAB_PREFIX "worker {\"run\":%u,\"w\":%d,\"cpu\":%d,\"node\":%d,"
 			"\"role\":\"%s\",\"allocs\":%llu,\"frees\":%llu,\"drain_frees\":%llu,"
 			"\"idle\":%llu,\"ops_ns\":%llu,\"ns\":%llu,\"alloc_ns\":%llu,"
 			"\"free_ns\":%llu,\"clock_ps\":%llu,\"alloc_long\":%llu,"
-			"\"alloc_long_ns\":%llu,\"free_long\":%llu,\"free_long_ns\":%llu}\n",
+			"\"alloc_long_ns\":%llu,\"free_long\":%llu,\"free_long_ns\":%llu,"
+			"\"cap\":%u,\"hold\":%u}\n",
 			r->id, i, w->cpu, w->node,
 			w->role, (unsigned long long)w->allocs, (unsigned long long)w->frees,
 			(unsigned long long)w->drain_frees, (unsigned long long)w->idle,
@@ -1026,18 +1142,20 @@ static void lab_report(struct lab_run *r, int status, u64 elapsed, const char *k
 			(unsigned long long)w->alloc_ns, (unsigned long long)w->free_ns,
 			(unsigned long long)w->clock_ps, (unsigned long long)w->alloc_long,
 			(unsigned long long)w->alloc_long_ns, (unsigned long long)w->free_long,
-			(unsigned long long)w->free_long_ns);
+			(unsigned long long)w->free_long_ns, w->live, w->hold);
 	}
 	pr_info(LAB_PREFIX "done {\"run\":%u,\"status\":%d,\"kind\":\"%s\",\"cache\":\"%s\","
 		"\"own_cache\":%d,\"size\":%u,\"ksize\":%u,\"ring\":\"%s\",\"workers\":%d,"
 		"\"ops\":%lu,\"seed\":%lu,\"allocs\":%llu,\"frees\":%llu,\"elapsed_ns\":%llu,"
 		"\"warmup\":%lu,\"warm_allocs\":%llu,\"warm_frees\":%llu,\"window\":%d,"
-		"\"lockstep\":%d,\"steps\":%lu}\n",
+		"\"lockstep\":%d,\"steps\":%lu,\"drain\":\"%s\",\"end_park\":%d,"
+		"\"end_allocs\":%llu,\"end_frees\":%llu,\"ended\":%d}\n",
 		r->id, status, k, r->cache ? cache_name : "kmalloc", r->cache ? 1 : 0, r->size,
 		r->ksize, ring_kind, r->nw, r->ops, seed, (unsigned long long)allocs,
 		(unsigned long long)frees, (unsigned long long)elapsed, r->warmup,
 		(unsigned long long)warm_allocs, (unsigned long long)warm_frees, r->resumed,
-		r->lockstep ? 1 : 0, r->ls_gen);
+		r->lockstep ? 1 : 0, r->ls_gen, r->hold ? "hold" : "eager", r->end_park ? 1 : 0,
+		(unsigned long long)end_allocs, (unsigned long long)end_frees, r->ended);
 }
 
 static const char *lab_kind_name(const char *k)
@@ -1073,6 +1191,7 @@ static int lab_run_once(void)
 	r->timed = time_calls;
 	r->spin = idle_spin;
 	r->lockstep = lockstep;
+	r->end_park = end_park;
 	spin_lock_init(&r->ls_lock);
 	init_waitqueue_head(&r->ls_wq);
 	r->long_ns = long_ns;
@@ -1093,6 +1212,18 @@ static int lab_run_once(void)
 	}
 	if (!ops) {
 		lab_error(r->id, "ops", "must be at least 1");
+		err = -EINVAL;
+		goto out_run;
+	}
+	if (lab_word(drain, "hold")) {
+		r->hold = true;
+	} else if (!lab_word(drain, "eager")) {
+		lab_error(r->id, "drain", "not eager or hold");
+		err = -EINVAL;
+		goto out_run;
+	}
+	if (end_park && (!lockstep || !warmup)) {
+		lab_error(r->id, "end_park", "needs lockstep=1 and a warm-up");
 		err = -EINVAL;
 		goto out_run;
 	}
@@ -1126,6 +1257,8 @@ static int lab_run_once(void)
 		init_completion(&w->done);
 	}
 	err = lab_tables(r, kind);
+	if (!err && r->hold)
+		err = lab_holds(r);
 	if (err)
 		goto out_workers;
 	for (i = 0; i < r->nw; i++)
@@ -1177,10 +1310,13 @@ static int lab_run_once(void)
 		r->abort = err;
 	}
 	atomic_set(&r->allocating, allocators);
-	if (err || !allocators)
+	if (err || !allocators) {
 		r->warmup = 0;		/* no window to open */
+		r->end_park = false;
+	}
 	atomic_set(&r->warm_left, allocators);
 	reinit_completion(&lab_resume);
+	reinit_completion(&lab_resume_end);
 	atomic_set(&lab_phase, r->warmup ? LAB_WARMUP : LAB_WINDOW);
 	for (i = 0; i < r->nw; i++)
 		if (r->w[i].task)
@@ -1257,17 +1393,18 @@ static int lab_run_dummy;
 module_param_cb(run, &lab_run_ops, &lab_run_dummy, 0644);
 MODULE_PARM_DESC(run, "write 1 to run the workload again with the current parameters");
 
-/* /proc/slabtune_lab: the phase of the run (idle, warmup, parked, window) */
+/* /proc/slabtune_lab: the phase of the run (idle, warmup, parked, window, ended, drain) */
 static ssize_t lab_proc_read(struct file *f, char __user *buf, size_t n, loff_t *pos)
 {
-	static const char * const names[] = { "idle\n", "warmup\n", "parked\n", "window\n" };
+	static const char * const names[] = { "idle\n", "warmup\n", "parked\n", "window\n",
+					      "ended\n", "drain\n" };
 	int ph = atomic_read(&lab_phase);
 	const char *s = names[ph >= 0 && ph < ARRAY_SIZE(names) ? ph : 0];
 
 	return simple_read_from_buffer(buf, n, pos, s, strlen(s));
 }
 
-/* writing "resume" while parked opens the window */
+/* writing "resume" while parked opens the window; while ended, lets the drain run */
 static ssize_t lab_proc_write(struct file *f, const char __user *buf, size_t n, loff_t *pos)
 {
 	char word[16] = "";
@@ -1276,10 +1413,16 @@ static ssize_t lab_proc_write(struct file *f, const char __user *buf, size_t n, 
 		return -EINVAL;
 	if (!lab_word(word, "resume"))
 		return -EINVAL;
-	if (atomic_read(&lab_phase) != LAB_PARKED)
+	switch (atomic_read(&lab_phase)) {
+	case LAB_PARKED:
+		complete_all(&lab_resume);
+		return n;
+	case LAB_ENDED:
+		complete_all(&lab_resume_end);
+		return n;
+	default:
 		return -EBUSY;
-	complete_all(&lab_resume);
-	return n;
+	}
 }
 
 static const struct proc_ops lab_proc_ops = {

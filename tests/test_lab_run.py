@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from slabtune.errors import SlabtuneError
-from slabtune.kernel import build, lab_boot
+from slabtune.kernel import build, lab_boot, labmod
 from slabtune.validate import lab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -417,7 +417,7 @@ def test_a_config_of_the_other_allocator_than_the_kernel_is_refused_up_front():
 
 def test_every_example_config_is_runnable_on_the_lab():
     files = sorted(EXAMPLES.glob("*.toml"))
-    assert len(files) == 18
+    assert len(files) == 24
     kinds, topos = set(), set()
     for f in files:
         cfg = lab.load_config(f)
@@ -425,7 +425,18 @@ def test_every_example_config_is_runnable_on_the_lab():
         topos.add(lab.topology_label(cfg.doc))
     assert kinds == {"local", "producer_consumer", "request_response", "block_io"}
     assert topos == {"4cpu-2node-ml1", "8cpu-2node", "16cpu-4node", "16cpu-2node",
-                     "8cpu-4node"}
+                     "8cpu-4node", "4cpu-1node", "8cpu-2node-ml1"}
+    # the six configs at the fleet's live sets (tests/test_lab_fidelity_1k.py) hold them
+    # (drain = "hold"), and the module gets drain=hold and, in lockstep, the end park
+    fleet = [f for f in files if "-1k-" in f.stem]
+    assert len(fleet) == 6
+    for f in fleet:
+        doc = lab.load_config(f).doc
+        assert doc["workload"]["drain"] == "hold"
+        args = lab.boot_args(doc)
+        params = labmod.module_params(args["workload_doc"], args["topology"],
+                                      warmup=args["warmup"], lockstep=True)
+        assert params[-3:-1] == ["drain=hold", "end_park=1"], f.stem
     # the four order-0 configs boot with slub_max_order=0 and the model sizes 8-object slabs
     from slabtune.sweeps import simulate
     order0 = [f for f in files if f.stem.endswith("-order0")]

@@ -10,22 +10,22 @@ counter per alloc+free pair.  This module turns the one-CPU rows into a cost tab
    contended: what a call costs is the sum of the events it went through, each at its
    own price, which is how the cost model charges a rig (:func:`slabtune.model.cost.
    rig_cost`: no line transfers, no waits).
-2. The events of a call, from the counters (7.2, mm/slub.c): every call is a sheaf fast
-   path (ALLOC_FASTPATH / FREE_FASTPATH count them all); a sheaf exchange with the barn
-   (BARN_GET / BARN_PUT and their failures, each an attempt under the barn lock) replaces
-   the main sheaf, which the model prices as the slow path plus ``sheaf_swap_ns`` plus
-   the barn lock's hold; a failed exchange refills or flushes the sheaf under the node's
-   list_lock (SHEAF_REFILL / SHEAF_FLUSH count the objects moved, ``sheaf_object_ns``
-   each, one list_lock hold per failure); new and freed slabs go to the page allocator
-   (ALLOC_SLAB / FREE_SLAB, a pcp call, its share of a zone->lock batch, setup per page
-   and per object, the slab's order and objects read from sysfs after each run).
-   :func:`events` spells it out.
+2. The events of a call, from the counters, priced exactly as the model prices them
+   (:func:`events`): :func:`slabtune.model.cost.priced_events`, the one mapping from
+   SLUB_STATS-like counters to priced events that the model's speed axis uses too
+   (:func:`slabtune.model.metrics.op_rates`), on the counters of the call
+   (:func:`slub_counts`), then :func:`slabtune.model.cost.one_cpu_ns`.  In short (7.2
+   mm/slub.c): every call a sheaf fast path; a barn exchange (BARN_GET / BARN_PUT) the
+   exchange path plus a barn lock section; a failed attempt a barn lock section and no
+   exchange, then its refill or flush: the objects moved (SHEAF_REFILL / SHEAF_FLUSH),
+   list_lock sections, new and freed slabs (ALLOC_SLAB / FREE_SLAB: a page allocator
+   call and its zone lock share, setup per page and per object of a new slab, teardown
+   per page of a freed one; the slab's order and objects read from sysfs after each run).
 3. The fit: the constants of :data:`FIT` (five, fewer than the twelve figures) by least
    squares on the figures' RELATIVE errors (a figure of 15 ns weighs as much as one of
-   130 ns), each constant bounded below by its physical minimum (:data:`slabtune.model.
-   priors.PRIOR`), every other constant at its prior
-   (:data:`slabtune.model.priors.PRIOR`).  Deterministic: the same CSV gives the same
-   table.
+   130 ns), each constant inside its physical range (:data:`slabtune.model.priors.
+   PRIOR`, :func:`box_lsq`), every other constant at its prior.  Deterministic: the same
+   CSV gives the same table.
 4. The check: the two-CPU rows are predicted with the fitted table, not fitted; their
    errors are printed beside the one-CPU residuals.
 
@@ -53,10 +53,10 @@ from slabtune.model import cost, priors
 #: The constants the fit moves, one per kind of event the one-CPU scenarios separate: the
 #: sheaf fast paths (local churn), the exchange of a sheaf with the barn (bursts of 256),
 #: the objects a refill or flush moves between a sheaf and its slabs (bursts of 1024), and
-#: a new slab's cost per object (bursts of 1024 on slabs of order 0 to 3: the same objects
-#: over fewer, larger slabs).  With one object size, objects per slab are pages x 8, so a
-#: per-page and a per-object cost cannot be told apart: ``page_setup_ns`` stays at its
-#: prior and the per-object cost takes what grows with the slab.
+#: a new slab's cost per object (bursts of 1024 on slabs of order 0 to 3: fewer, larger
+#: new slabs, set up for fewer objects per pair as the order grows).  The page
+#: allocator's and the locks' constants stay at their priors: a lock's hold sets the
+#: contention of every other table use, and UML's irqsave sections are not a server's.
 FIT: tuple[str, ...] = ("alloc_fast_ns", "free_fast_ns", "sheaf_swap_ns", "sheaf_object_ns",
                         "object_setup_ns")
 #: Pages and objects of the calibration cache's slab where a CSV row does not say (rows
@@ -102,38 +102,62 @@ def _opt(row: Mapping[str, str], key: str, default: float) -> float:
     return default if v in (None, "") else _num(row, key)
 
 
-def events(row: Mapping[str, float], side: str) -> dict[str, float]:
-    """Events per call of one side, as the cost model charges them on one CPU.
+def slub_counts(row: Mapping[str, float], side: str) -> cost.SlubCounts:
+    """The counters of one side's call (``row`` holds counters per alloc+free pair: each
+    side makes one call per pair) as :class:`slabtune.model.cost.SlubCounts`.
 
-    ``row`` holds counters per alloc+free pair (each side makes one call per pair).  A
-    barn exchange attempt (BARN_GET/BARN_PUT and _FAIL) is a sheaf replacement, which
-    :func:`slabtune.model.metrics.op_rates` prices as a slow path instead of a fast one,
-    plus ``sheaf_swap_ns`` and the barn lock's hold; a failed attempt then refills
-    (flushes) the sheaf under one list_lock hold, ``sheaf_object_ns`` per object moved
-    (SHEAF_REFILL / SHEAF_FLUSH count objects in 7.2); each new (freed) slab is one page
-    allocator call at the pcp price (7.2's per-CPU lists hold orders up to 3) plus the
-    slab's setup: ``page_setup_ns`` per 4 KiB page of ``row["order"]`` and
-    ``object_setup_ns`` per object of ``row["objs_per_slab"]``."""
+    SLUB_STATS has no list_lock counter; the sections are estimated from 7.2 mm/slub.c:
+    on the allocation side one per refill (BARN_GET_FAIL: get_partial_node_bulk() when
+    the node has partial slabs, else alloc_from_new_slab() putting the last new slab's
+    leftover on the list), on the free side one per slab a flush puts back on the list
+    (FREE_ADD_PARTIAL) and one per slab it empties and discards (FREE_SLAB, in
+    __slab_free()'s section)."""
     a = side == "alloc"
-    barn = row["barn_get" if a else "barn_put"]
-    fail = row["barn_get_fail" if a else "barn_put_fail"]
-    moved = row["sheaf_refill" if a else "sheaf_flush"]
-    slabs = row["alloc_slab" if a else "free_slab"]
-    fast, slow = ("alloc_fast_ns", "alloc_slow_ns") if a else ("free_fast_ns", "free_slow_ns")
-    replace = barn + fail
-    return {
-        fast: 1.0 - replace,
-        slow: replace,
-        "sheaf_swap_ns": replace,
-        "barn_lock_hold_ns": replace,
-        "list_lock_hold_ns": fail,
-        "sheaf_object_ns": moved,
-        "pcp_call_ns": slabs,
-        # pcp refills and drains: pcp_batch blocks per hold, 1 / pcp_batch holds per call
-        "zone_lock_hold_ns": slabs,
-        "page_setup_ns": slabs * (1 << int(row["order"])),
-        "object_setup_ns": slabs * row["objs_per_slab"],
-    }
+    zero = 0.0
+    return cost.SlubCounts(
+        alloc_fast=row["alloc_fastpath"] if a else zero,
+        alloc_slow=row["alloc_slowpath"] if a else zero,
+        free_fast=zero if a else row["free_fastpath"],
+        free_slow=zero if a else row["free_slowpath"],
+        remote_free=zero,
+        barn_get=row["barn_get"] if a else zero,
+        barn_get_fail=row["barn_get_fail"] if a else zero,
+        barn_put=zero if a else row["barn_put"],
+        barn_put_fail=zero if a else row["barn_put_fail"],
+        sheaf_refill=row["sheaf_refill"] if a else zero,
+        sheaf_flush=zero if a else row["sheaf_flush"],
+        slab_alloc=row["alloc_slab"] if a else zero,
+        slab_free=zero if a else row["free_slab"],
+        cpu_partial_drain=zero,
+        list_lock=(row["barn_get_fail"] if a
+                   else row["free_add_partial"] + row["free_slab"]),
+    )
+
+
+#: 7.2's per-CPU page lists hold orders up to PAGE_ALLOC_COSTLY_ORDER.
+PCP_MAX = cost.pcp_max_order((7, 2))
+
+
+def events(row: Mapping[str, float], side: str) -> dict[str, float]:
+    """Events per call of one side: for each constant the cost model prices a one-CPU
+    call with (:data:`slabtune.model.cost.RIG_FREE`), its count per call.
+
+    The model's own pricing, read off by linearity: :func:`slabtune.model.cost.one_cpu_ns`
+    (what :func:`slabtune.model.metrics.compute` gives a CPU alone) of
+    :func:`slabtune.model.cost.priced_events` (the one mapping from counters to priced
+    events) of :func:`slub_counts`, under a table with that constant at 1 and every other
+    at 0 (:func:`slabtune.model.cost.rig_cost`: one CPU moves no line and waits for no
+    lock).  The slab's order and objects are ``row["order"]`` and
+    ``row["objs_per_slab"]`` (sysfs, read back after each run)."""
+    ev = cost.priced_events(slub_counts(row, side))
+    pcp_batch = priors.PRIOR["pcp_batch"].value
+    out = {}
+    for k in cost.RIG_FREE:
+        n = float(cost.one_cpu_ns(ev, int(row["order"]), row["objs_per_slab"], PCP_MAX,
+                                  cost.rig_cost({k: 1.0}, pcp_batch)))
+        if n:
+            out[k] = n
+    return out
 
 
 def charge(ev: Mapping[str, float], values: Mapping[str, float]) -> float:
@@ -148,8 +172,9 @@ def figures(rows: Sequence[Mapping[str, str]]) -> list[Figure]:
     for r in rows:
         if r.get("ok") == "1" and r.get("ns_per_pair") not in (None, ""):
             groups.setdefault((r["scenario"], int(r["cpus"])), []).append(r)
-    counters = ("barn_get", "barn_get_fail", "barn_put", "barn_put_fail", "sheaf_refill",
-                "sheaf_flush", "alloc_slab", "free_slab")
+    counters = ("alloc_fastpath", "alloc_slowpath", "free_fastpath", "free_slowpath",
+                "barn_get", "barn_get_fail", "barn_put", "barn_put_fail", "sheaf_refill",
+                "sheaf_flush", "alloc_slab", "free_slab", "free_add_partial")
     out = []
     for (scen, cpus), rs in sorted(groups.items()):
         med = {c: statistics.median(_num(r, f"{c}_per_pair") for r in rs) for c in counters}
@@ -163,21 +188,29 @@ def figures(rows: Sequence[Mapping[str, str]]) -> list[Figure]:
     return out
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by enumerating the supports (fine for a handful of
-    unknowns): the best least-squares solution among those with no negative entry."""
+def box_lsq(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Least squares ``min |a x - b|`` with ``lo <= x <= hi``, by enumerating which
+    unknowns sit at a bound (fine for a handful of unknowns): for every assignment of
+    each unknown to its lower bound, its upper bound or free, the free ones by
+    unconstrained least squares with the others held; the best assignment whose free
+    unknowns land inside their bounds.  Deterministic; ties keep the first found (fewest
+    unknowns at a bound first)."""
     n = a.shape[1]
-    best, best_err = np.zeros(n), float(np.sum(b * b))
-    for k in range(1, n + 1):
-        for sup in itertools.combinations(range(n), k):
-            x_s, *_ = np.linalg.lstsq(a[:, sup], b, rcond=None)
-            if np.any(x_s < 0):
+    best, best_err = np.clip(np.zeros(n), lo, hi), np.inf
+    states = sorted(itertools.product((0, 1, 2), repeat=n), key=lambda st: -st.count(2))
+    for st in states:
+        x = np.where(np.array(st) == 0, lo, hi).astype(float)
+        free = [i for i in range(n) if st[i] == 2]
+        if free:
+            held = [i for i in range(n) if st[i] != 2]
+            rhs = b - a[:, held] @ x[held]
+            x_f, *_ = np.linalg.lstsq(a[:, free], rhs, rcond=None)
+            if np.any(x_f < lo[free] - 1e-12) or np.any(x_f > hi[free] + 1e-12):
                 continue
-            x = np.zeros(n)
-            x[list(sup)] = x_s
-            err = float(np.sum((a @ x - b) ** 2))
-            if err < best_err - 1e-9:
-                best, best_err = x, err
+            x[free] = x_f
+        err = float(np.sum((a @ x - b) ** 2))
+        if err < best_err - 1e-12:
+            best, best_err = x, err
     return best
 
 
@@ -196,9 +229,10 @@ def fit(rows: Sequence[Mapping[str, str]], source: str = "<rows>",
     a = np.array([[f.events.get(k, 0.0) / f.ns for k in free] for f in one])
     b = np.array([(f.ns - charge({k: n for k, n in f.events.items() if k not in free}, fixed))
                   / f.ns for f in one])
-    # each constant at least its physical minimum: x = lo + y with y >= 0
+    # each constant inside its physical range (model.priors.PRIOR, never widened to fit)
     lo = np.array([priors.PRIOR[k].lo for k in free])
-    x = lo + nnls(a, b - a @ lo)
+    hi = np.array([priors.PRIOR[k].hi for k in free])
+    x = box_lsq(a, b, lo, hi)
     values.update({k: float(f"{v:.4g}") for k, v in zip(free, x)})
     return FitResult(values, one, [f for f in figs if f.cpus != 1], source)
 
@@ -207,7 +241,7 @@ def report(res: FitResult) -> list[str]:
     """Lines: the fitted constants, then measured against charged ns per call for every
     figure (one-CPU fitted, multi-CPU predicted)."""
     out = [f"fitted to {len(res.figures)} one-CPU figures of {res.source}: "
-           + ", ".join(f"{k} = {res.values[k]:g}" for k in FIT)]
+           + ", ".join(f"{k} = {res.values[k]:g}{edge_note(k, res.values[k])}" for k in FIT)]
     for what, figs in (("fitted", res.figures), ("predicted", res.checks)):
         for f in figs:
             got = charge(f.events, res.values)
@@ -215,6 +249,17 @@ def report(res: FitResult) -> list[str]:
                        f"measured {f.ns:7.1f} ns  model {got:7.1f} ns  "
                        f"({(got - f.ns) / f.ns:+.0%}, {f.runs} runs)")
     return out
+
+
+def edge_note(name: str, value: float) -> str:
+    """`` (at its range minimum)`` or ``maximum`` where a fitted value sits on an edge of
+    its :data:`slabtune.model.priors.PRIOR` range (the data would move it further), else
+    empty."""
+    p = priors.PRIOR[name]
+    for edge, what in ((p.lo, "minimum"), (p.hi, "maximum")):
+        if abs(value - edge) <= 1e-3 * max(abs(edge), 1.0):
+            return f" (at its range {what})"
+    return ""
 
 
 def to_toml(res: FitResult, command: str) -> str:
@@ -234,7 +279,8 @@ def to_toml(res: FitResult, command: str) -> str:
     for k in cost.FIELDS:
         p = priors.PRIOR[k]
         rng = f"range {p.lo:g}-{p.hi:g}" if p.lo < p.hi else "fixed"
-        lines.append(f"{k} = {res.values[k]:.6g}  # {rng}: {p.why}")
+        edge = edge_note(k, res.values[k]) if k in FIT else ""
+        lines.append(f"{k} = {res.values[k]:.6g}  # {rng}{edge}: {p.why}")
     lines += ["", "[fitted]"]
     for k in FIT:
         lines.append(f'{k} = "one-CPU timings of the real 7.2 allocator in User Mode Linux '

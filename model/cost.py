@@ -309,10 +309,19 @@ def zone_hold_ns(order, pcp_max, c: CostParams):
 
 
 def slab_setup_ns(order, objs_per_slab, c: CostParams):
-    """Per-slab setup or teardown work: struct page work for 2**order pages plus freelist
-    construction for each object (allocate_slab / __free_slab)."""
+    """Setup of one new slab (7.2 allocate_slab()): struct page work for its 2**order
+    pages (alloc_slab_page()'s compound page, account_slab()) plus the free pointer of
+    each of its objects (the freelist loop or shuffle_freelist(), setup_object()).
+    Charged per slab allocated, never per object allocated."""
     pages = jnp.exp2(jnp.asarray(order, _F32))
     return pages * c.page_setup_ns + jnp.asarray(objs_per_slab, _F32) * c.object_setup_ns
+
+
+def slab_teardown_ns(order, c: CostParams):
+    """Teardown of one freed slab (7.2 __free_slab()): struct page work for its 2**order
+    pages (__ClearPageSlab(), unaccount_slab(), free_frozen_pages()' per-page checks).
+    No per-object work: a freed slab's objects are not touched again."""
+    return jnp.exp2(jnp.asarray(order, _F32)) * c.page_setup_ns
 
 
 def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
@@ -322,15 +331,127 @@ def base_ns_per_op(r: OpRates, order, objs_per_slab, pcp_max, c: CostParams):
     refill_objects() takes whole slabs off the partial list under the list_lock
     (get_partial_node_bulk, per slab) and pops their objects after dropping it, and a
     flush frees its objects through __kmem_cache_free_bulk() outside the lock (it takes
-    the list_lock only for a slab that changes list)."""
-    page = page_call_ns(order, pcp_max, c) + slab_setup_ns(order, objs_per_slab, c)
+    the list_lock only for a slab that changes list).  A new slab costs a page allocator
+    call and its setup (:func:`slab_setup_ns`), a freed one a page allocator call and its
+    teardown (:func:`slab_teardown_ns`)."""
+    call = page_call_ns(order, pcp_max, c)
     return (r.alloc_fast * c.alloc_fast_ns + r.free_fast * c.free_fast_ns
             + r.alloc_slow * c.alloc_slow_ns + r.free_slow * c.free_slow_ns
             + r.remote_free * c.line_remote_ns
             + r.sheaf_swap * c.sheaf_swap_ns
             + r.sheaf_objects_moved * c.sheaf_object_ns
             + r.cpu_partial_drain * c.cpu_partial_drain_ns
-            + (r.slab_alloc + r.slab_free) * page)
+            + r.slab_alloc * (call + slab_setup_ns(order, objs_per_slab, c))
+            + r.slab_free * (call + slab_teardown_ns(order, c)))
+
+
+class SlubCounts(NamedTuple):
+    """SLUB_STATS-like counters of one CPU per operation (or per call), the input of
+    :func:`priced_events`.  The names are SLUB_STATS' where it has the event; floats or
+    arrays of one shape.
+
+    ``alloc_fast``/``free_fast``: ALLOC_FASTPATH/FREE_FASTPATH (a CPU-slab or sheaf hit;
+    7.x counts every object alloc_from_pcs()/free_to_pcs() hands out, also one that
+    first replaced the main sheaf).  ``alloc_slow``/``free_slow``: ALLOC_SLOWPATH/
+    FREE_SLOWPATH (___slab_alloc(), __slab_free()).  ``remote_free``: frees of another
+    node's object that move cross-node lines outside any lock (the model's count; 0
+    where unknown).  ``barn_get``/``barn_put`` and ``_fail``: BARN_GET, BARN_PUT,
+    BARN_GET_FAIL, BARN_PUT_FAIL.  ``sheaf_refill``/``sheaf_flush``: objects moved into
+    and out of sheaves (7.x SHEAF_REFILL/SHEAF_FLUSH count objects).  ``slab_alloc``/
+    ``slab_free``: ALLOC_SLAB/FREE_SLAB.  ``cpu_partial_drain``: CPU_PARTIAL_DRAIN.
+    ``list_lock``: node list_lock sections (no SLUB_STATS counter: the model counts them,
+    a timing run estimates them, :func:`slabtune.calibrate.umlfit.slub_counts`)."""
+
+    alloc_fast: jnp.ndarray
+    alloc_slow: jnp.ndarray
+    free_fast: jnp.ndarray
+    free_slow: jnp.ndarray
+    remote_free: jnp.ndarray
+    barn_get: jnp.ndarray
+    barn_get_fail: jnp.ndarray
+    barn_put: jnp.ndarray
+    barn_put_fail: jnp.ndarray
+    sheaf_refill: jnp.ndarray
+    sheaf_flush: jnp.ndarray
+    slab_alloc: jnp.ndarray
+    slab_free: jnp.ndarray
+    cpu_partial_drain: jnp.ndarray
+    list_lock: jnp.ndarray
+
+
+class PricedEvents(NamedTuple):
+    """What the cost model charges per operation: the rates :func:`base_ns_per_op` prices
+    and the lock sections :func:`solve` queues (``list_lock``, ``barn_lock``; zone lock
+    sections follow from ``rates.slab_alloc + rates.slab_free``, :func:`zone_lock_per_call`)."""
+
+    rates: OpRates
+    list_lock: jnp.ndarray
+    barn_lock: jnp.ndarray
+
+
+def priced_events(s: SlubCounts, remote_free_lines=1.0) -> PricedEvents:
+    """THE mapping from counters to priced events, used by the model
+    (:func:`slabtune.model.metrics.op_rates`, :func:`~slabtune.model.metrics.lock_sections`)
+    and by the cost fit (:func:`slabtune.calibrate.umlfit.events`) alike.
+
+    From 7.2 mm/slub.c (and the CPU-slab kernels' paths the model counts the same way):
+
+    * every fast path (ALLOC_FASTPATH, FREE_FASTPATH) at ``alloc_fast_ns``/``free_fast_ns``,
+      including the call that first replaced its main sheaf: the replacement is priced by
+      what it did, below, not as a slow path.  A swap with the spare
+      (``swap(pcs->main, pcs->spare)`` in __pcs_replace_empty_main()/full_main()) is two
+      pointer writes in the same local_lock section and has no SLUB_STATS counter: no
+      charge of its own;
+    * ALLOC_SLOWPATH/FREE_SLOWPATH (___slab_alloc(), __slab_free() outside the lock) at
+      ``alloc_slow_ns``/``free_slow_ns``;
+    * a sheaf exchange with the barn, BARN_GET or BARN_PUT (barn_replace_empty_sheaf(),
+      barn_replace_full_sheaf(), or the barn_put_full_sheaf() of
+      __pcs_install_empty_sheaf(), each counted once): ``sheaf_swap_ns`` outside the lock
+      and one barn lock section;
+    * a failed attempt, BARN_GET_FAIL or BARN_PUT_FAIL: one barn lock section and no
+      exchange (an upper bound for SLUB: 7.2 skips the lock when its racy
+      ``data_race(barn->nr_full)``/``nr_empty`` check already fails; SLAB's view counts
+      its alien lock sections here, slab_dynamics.PRICED_AS).  What follows the failure
+      is priced by its own counters: the refill (refill_sheaf() -> refill_objects():
+      get_partial_node_bulk()'s list_lock section, new slabs) or the flush
+      (sheaf_flush_unused() -> __kmem_cache_free_bulk(): __slab_free() per slab, a
+      list_lock section per slab that changes list);
+    * each object refilled or flushed (SHEAF_REFILL, SHEAF_FLUSH: objects in 7.x) at
+      ``sheaf_object_ns``, outside any lock;
+    * each list_lock section at its hold (and lines and wait, in :func:`solve`);
+    * each new slab (ALLOC_SLAB) a page allocator call plus its setup, per slab
+      (:func:`slab_setup_ns`); each freed slab (FREE_SLAB) a page allocator call plus its
+      per-page teardown (:func:`slab_teardown_ns`), no per-object work; zone lock sections
+      per call by :func:`zone_lock_per_call`;
+    * each remote free ``remote_free_lines`` cross-node lines (1 for SLUB, 0 for SLAB's
+      alien free, ``SimConfig.remote_free_lines``), each CPU_PARTIAL_DRAIN at
+      ``cpu_partial_drain_ns``.
+
+    Works on floats and arrays alike (no jax call)."""
+    rates = OpRates(
+        alloc_fast=s.alloc_fast, free_fast=s.free_fast,
+        alloc_slow=s.alloc_slow, free_slow=s.free_slow,
+        remote_free=s.remote_free * remote_free_lines,
+        sheaf_swap=s.barn_get + s.barn_put,
+        sheaf_objects_moved=s.sheaf_refill + s.sheaf_flush,
+        cpu_partial_drain=s.cpu_partial_drain,
+        slab_alloc=s.slab_alloc, slab_free=s.slab_free,
+    )
+    return PricedEvents(rates=rates, list_lock=s.list_lock,
+                        barn_lock=s.barn_get + s.barn_put + s.barn_get_fail + s.barn_put_fail)
+
+
+def one_cpu_ns(ev: PricedEvents, order, objs_per_slab, pcp_max, c: CostParams):
+    """ns per op of a CPU alone on its locks (one CPU: no line moves, no lock is
+    contended): :func:`base_ns_per_op` plus each lock section's hold, the zone lock's per
+    page allocator call (:func:`zone_hold_ns` x :func:`zone_lock_per_call`).  What
+    :func:`solve` gives for one rep of weight 1 (:func:`slabtune.model.metrics.compute`
+    on a one-CPU machine), and what the cost fit prices a one-CPU timing with."""
+    r = ev.rates
+    zone = zone_lock_per_call(order, pcp_max, c) * zone_hold_ns(order, pcp_max, c)
+    return (base_ns_per_op(r, order, objs_per_slab, pcp_max, c)
+            + ev.list_lock * c.list_lock_hold_ns + ev.barn_lock * c.barn_lock_hold_ns
+            + (r.slab_alloc + r.slab_free) * zone)
 
 
 def lock_line_counts(c: CostParams, zone_blocks=1.0):

@@ -91,26 +91,35 @@ def per_kop(counters, weight, x):
     return 1000.0 * _safe_div(jnp.sum(w * _f(x)), jnp.sum(w * _f(counters.ops)))
 
 
-def op_rates(counters, sheaf_capacity, remote_free_lines=1.0) -> cost.OpRates:
-    """Per-op event rates of each rep, in the terms the cost model charges.
-    ``remote_free_lines``: cross-node lines one remote free moves outside any lock
-    (``SimConfig.remote_free_lines``: 1 for SLUB, 0 for SLAB's alien free), so that
-    ``remote_free`` is priced as that many line transfers per remote free."""
+def slub_counts(counters, sheaf_capacity) -> cost.SlubCounts:
+    """A run's counters per operation of each rep, as SLUB_STATS counts them
+    (:class:`slabtune.model.cost.SlubCounts`): the simulation counts sheaf refills and
+    flushes as events, SLUB_STATS (7.x) as objects, so each is ``sheaf_capacity``
+    objects; ``list_lock`` is the simulation's own count of sections."""
     g = lambda n: per_op(counters, n)  # noqa: E731
-    # a sheaf replacement (__pcs_replace_empty_main/full_main) is a fast path to
-    # SLUB_STATS but costs what a slow path costs: it is priced as one
-    return cost.OpRates(
-        alloc_fast=g("alloc_fast") - g("sheaf_alloc_replace"),
-        free_fast=g("free_fast") - g("sheaf_free_replace"),
-        alloc_slow=g("alloc_slow") + g("sheaf_alloc_replace"),
-        free_slow=g("free_slow") + g("sheaf_free_replace"),
-        remote_free=g("remote_free") * _f(remote_free_lines),
-        sheaf_swap=g("barn_get") + g("barn_put"),
-        sheaf_objects_moved=(g("sheaf_refill") + g("sheaf_flush")) * _f(sheaf_capacity),
-        cpu_partial_drain=g("cpu_partial_drain"),
-        slab_alloc=g("slab_alloc"),
-        slab_free=g("slab_free"),
-    )
+    cap = _f(sheaf_capacity)
+    return cost.SlubCounts(
+        alloc_fast=g("alloc_fast"), alloc_slow=g("alloc_slow"),
+        free_fast=g("free_fast"), free_slow=g("free_slow"), remote_free=g("remote_free"),
+        barn_get=g("barn_get"), barn_get_fail=g("barn_get_fail"),
+        barn_put=g("barn_put"), barn_put_fail=g("barn_put_fail"),
+        sheaf_refill=g("sheaf_refill") * cap, sheaf_flush=g("sheaf_flush") * cap,
+        slab_alloc=g("slab_alloc"), slab_free=g("slab_free"),
+        cpu_partial_drain=g("cpu_partial_drain"), list_lock=g("list_lock"))
+
+
+def priced_events(counters, sheaf_capacity, remote_free_lines=1.0) -> cost.PricedEvents:
+    """Per-op priced events of each rep: :func:`slabtune.model.cost.priced_events` (the
+    one mapping, which the cost fit uses too) of :func:`slub_counts`.
+    ``remote_free_lines``: cross-node lines one remote free moves outside any lock
+    (``SimConfig.remote_free_lines``: 1 for SLUB, 0 for SLAB's alien free)."""
+    return cost.priced_events(slub_counts(counters, sheaf_capacity), _f(remote_free_lines))
+
+
+def op_rates(counters, sheaf_capacity, remote_free_lines=1.0) -> cost.OpRates:
+    """Per-op event rates of each rep, in the terms :func:`slabtune.model.cost.
+    base_ns_per_op` charges: the ``rates`` of :func:`priced_events`."""
+    return priced_events(counters, sheaf_capacity, remote_free_lines).rates
 
 
 def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
@@ -163,19 +172,18 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     own = jnp.asarray(cfg.rep_node)[:, None] == nodes[None, :]          # (R, N)
     mem = jnp.asarray(cfg.rep_mem_node)[:, None] == nodes[None, :]
     memless = (jnp.asarray(cfg.rep_memoryless) > 0)[:, None]
-    ll = per_op(counters, "list_lock")[:, None]
+    ev = priced_events(counters, cfg.sheaf_capacity, cfg.remote_free_lines)
+    ll = ev.list_lock[:, None]
     ll_remote = per_op(counters, "list_lock_remote")[:, None]
     by_node = _f(counters.list_lock_node)[None, :]
     others = jnp.where(own, 0.0, by_node)
     spread = _safe_div(others, jnp.sum(others, axis=1, keepdims=True))
     spread = jnp.where(jnp.sum(others, axis=1, keepdims=True) > 0, spread, _f(mem & ~own))
     list_acq = jnp.where(memless, ll * _f(mem), (ll - ll_remote) * _f(own) + ll_remote * spread)
-    barn_ops = sum(per_op(counters, n) for n in
-                   ("barn_get", "barn_put", "barn_get_fail", "barn_put_fail"))
-    barn_acq = barn_ops[:, None] * _f(own)
+    barn_acq = ev.barn_lock[:, None] * _f(own)
     zone_acq = cost.zone_lock_per_call(cfg.order, pcp_max, c) * (
-        per_op(counters, "slab_alloc")[:, None] * _f(mem)
-        + per_op(counters, "slab_free")[:, None] * slab_free_nodes(list_acq, mem))
+        ev.rates.slab_alloc[:, None] * _f(mem)
+        + ev.rates.slab_free[:, None] * slab_free_nodes(list_acq, mem))
     acq = jnp.concatenate([list_acq, barn_acq, zone_acq], axis=1)
     remote = jnp.tile(~own, (1, len(LOCK_KINDS)))
     mult = jnp.tile(jnp.maximum(_f(cfg.node_weight), 1.0), len(LOCK_KINDS))
@@ -193,8 +201,7 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
                             jnp.full((n_nodes,), cost.zone_hold_ns(cfg.order, pcp_max, c))])
     # SLAB moves its batches under the list_lock (refill, flush, alien and reap drains)
     moved_ns = _f(cfg.objects_under_list_lock) * c.sheaf_object_ns * _safe_div(
-        (per_op(counters, "sheaf_refill") + per_op(counters, "sheaf_flush"))
-        * _f(cfg.sheaf_capacity), ll[:, 0])                                  # (R,)
+        ev.rates.sheaf_objects_moved, ll[:, 0])                              # (R,)
     line = line.at[:, :n_nodes].add(moved_ns[:, None] * _f(list_acq > 0))
     far = _f(~own)
     far_acq = list_acq * far
@@ -314,7 +321,7 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     wsum = lambda x: jnp.sum(w * _f(x))  # noqa: E731
     kop = lambda x: per_kop(counters, w, x)  # noqa: E731
 
-    rates = op_rates(counters, cfg.sheaf_capacity, cfg.remote_free_lines)
+    rates = priced_events(counters, cfg.sheaf_capacity, cfg.remote_free_lines).rates
     alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
     acq, line, hold, mult, nested = lock_sections(counters, cfg, pcp_max, c)

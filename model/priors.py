@@ -25,31 +25,44 @@ class Prior(NamedTuple):
 
 #: Prior value and physical range of every cost constant (ns unless stated), for a 2020s
 #: server core.  Ranges are physical bounds (what the operation must cost at least and
-#: can cost at most on such a core), widened where the real allocator measured outside
-#: a first guess (the UML timings of ``slabtune calibrate``, noted in the text).
+#: can cost at most on such a core); each text names where its range comes from (a
+#: published microbenchmark, a kernel measurement, the kernel structure it counts).
+#: Sources named below: [B15] Jesper Dangaard Brouer's SLUB bulk-API commits of 2015
+#: (fbd02630c6e3 "slub: initial bulk free implementation": fast path alloc+free 43 cycles,
+#: 10.8 ns, and local_irq_save/restore 37 cycles, 9.4 ns, on an i7-4790K at 4 GHz);
+#: [MLC] Intel Memory Latency Checker, L2-to-L2 modified intervention 40-42 ns on one
+#: socket of a Xeon E5-2660 v4 (John McCalpin, Intel developer forum, "Core-to-Core
+#: Communication Latency in Skylake/Kaby Lake"); [UML] the real 7.2 allocator timed in
+#: User Mode Linux (calibrate/data/uml-7.2-2026-11-24*.csv, docs/LAB.md).  A range is
+#: never widened to take a fitted value: a fit that wants more sits at the edge and says so
+#: (``slabtune calibrate fit``).
 PRIOR: dict[str, Prior] = {
     "alloc_fast_ns": Prior(8.0, 5.0, 30.0, "this_cpu_cmpxchg_double or a sheaf pop under "
-                           "local_trylock, with the alloc hooks (15 ns on the real 7.2 "
-                           "allocator in UML, slabtune calibrate fit)"),
+                           "local_trylock, with the alloc hooks: from half the 10.8 ns "
+                           "alloc+free pair of [B15] to twice the 15.7 ns call of [UML]"),
     "free_fast_ns": Prior(8.0, 5.0, 30.0, "lockless free to the CPU's own slab or sheaf, with "
-                          "the free hooks (16 ns on 7.2 in UML)"),
+                          "the free hooks: from half the 10.8 ns pair of [B15] to twice "
+                          "the 15.4 ns call of [UML]"),
     "alloc_slow_ns": Prior(80.0, 50.0, 150.0, "___slab_alloc outside the lock"),
     "free_slow_ns": Prior(80.0, 50.0, 150.0, "__slab_free cmpxchg on a foreign slab"),
-    "sheaf_swap_ns": Prior(10.0, 5.0, 600.0, "replacing the main sheaf outside the barn "
-                           "lock: a few pointer swaps when hot (5-20 ns) up to the whole "
-                           "__pcs_replace_empty_main/full_main path with its local_lock "
-                           "drop and retake and rechecks (over 400 ns on 7.2 in UML)"),
+    "sheaf_swap_ns": Prior(10.0, 5.0, 600.0, "a sheaf exchange with the barn outside its "
+                           "lock: a few pointer swaps when hot (5 ns) up to the whole "
+                           "__pcs_replace_empty_main/full_main path with its irqsave "
+                           "section (about 500 ns per exchange in [UML], bursts of 256: "
+                           "upper bound 600)"),
     "sheaf_object_ns": Prior(2.0, 1.0, 100.0, "one object moved between a sheaf and a slab: "
-                             "a pointer copy when the object's line is cached, up to a miss "
-                             "to memory on its free pointer (at its 1 ns minimum on 7.2 in "
-                             "UML once new slabs are priced per object)"),
+                             "a pointer copy when the object's line is cached (1 ns), up to "
+                             "a miss to memory on its free pointer (local DRAM, 70-100 ns idle "
+                             "latency as Intel MLC reports it on 2020s Xeons)"),
     "cpu_partial_drain_ns": Prior(40.0, 20.0, 100.0, "unfreezing a CPU's partial slabs"),
     "list_lock_hold_ns": Prior(50.0, 20.0, 150.0, "spin_lock_irqsave/unlock_irqrestore "
-                               "(about 20 ns uncontended) around a few dozen instructions "
-                               "of list work on lines already moved (they are priced "
+                               "(about 20 ns uncontended: the 9.4 ns irq save/restore of "
+                               "[B15] and an uncontended atomic) around a few dozen "
+                               "instructions of list work on lines already moved (priced "
                                "apart, list_lock_lines x line)"),
     "barn_lock_hold_ns": Prior(40.0, 20.0, 150.0, "a list_del/list_add under the barn lock"),
-    "line_local_ns": Prior(40.0, 30.0, 60.0, "cache-line transfer within a node"),
+    "line_local_ns": Prior(40.0, 30.0, 60.0, "cache-line transfer within a node: [MLC] "
+                           "40-42 ns for a modified line between two cores of one socket"),
     "line_remote_ns": Prior(150.0, 100.0, 300.0, "cache-line transfer across nodes"),
     "pcp_call_ns": Prior(100.0, 50.0, 200.0, "per-CPU page list hit"),
     "buddy_call_ns": Prior(400.0, 200.0, 1000.0, "buddy allocator call"),
@@ -62,8 +75,9 @@ PRIOR: dict[str, Prior] = {
     "page_setup_ns": Prior(40.0, 20.0, 100.0, "struct page/folio setup per 4 KiB page"),
     "object_setup_ns": Prior(3.0, 1.0, 100.0, "writing the free pointer of each object "
                              "of a new slab (allocate_slab's freelist): a store to a cached "
-                             "line, up to a miss to memory per object of a cold slab (about "
-                             "60 ns on 7.2 in UML, slub_min_order 0 to 3)"),
+                             "line (1 ns), up to a miss to memory per object of a cold slab "
+                             "(local DRAM, 70-100 ns idle latency as Intel MLC reports it "
+                             "on 2020s Xeons)"),
     "queueing": Prior(1.0, 1.0, 1.0, "closed-queue waits on (a flag, not a time)"),
     "list_lock_lines": Prior(cost.OPTIONAL_DEFAULTS["list_lock_lines"], 2.0, 4.0,
                              "lines per list_lock section (count): kmem_cache_node's first "

@@ -294,3 +294,37 @@ def test_a_cost_file_of_the_open_queue_model_still_loads():
     new, _ = cost.parse_cost_toml("[cost]\nalloc_fast_ns = 7.0\n", base=base)
     assert all(float(a) == float(b) for a, b in zip(old, new))
     assert float(old.queueing) == 1.0
+
+
+def test_a_freed_slab_pays_its_pages_not_its_objects(default):
+    # allocate_slab() writes every object's free pointer; __free_slab() touches the pages
+    # only.  So object_setup_ns is charged per slab allocated (times its objects), never
+    # on a slab free, and never per object allocated.
+    zero = cost.OpRates(*([jnp.float32(0.0)] * len(cost.OpRates._fields)))
+    call = float(cost.page_call_ns(3, 3, default))
+    new = float(cost.base_ns_per_op(zero._replace(slab_alloc=jnp.float32(1.0)), 3, 64, 3,
+                                    default))
+    freed = float(cost.base_ns_per_op(zero._replace(slab_free=jnp.float32(1.0)), 3, 64, 3,
+                                      default))
+    assert new == pytest.approx(call + 8 * float(default.page_setup_ns)
+                                + 64 * float(default.object_setup_ns))
+    assert freed == pytest.approx(call + 8 * float(default.page_setup_ns))
+    assert float(cost.slab_teardown_ns(3, default)) == pytest.approx(
+        8 * float(default.page_setup_ns))
+
+
+def test_priced_events_the_one_mapping():
+    # SLUB_STATS-like counters to priced events: exchanges (BARN_GET/BARN_PUT) move a
+    # sheaf, failed attempts only take the barn lock, objects refilled and flushed are
+    # counted in objects, remote frees in lines.
+    s = cost.SlubCounts(alloc_fast=1.0, alloc_slow=0.1, free_fast=0.9, free_slow=0.2,
+                        remote_free=0.5, barn_get=0.03, barn_get_fail=0.02, barn_put=0.04,
+                        barn_put_fail=0.01, sheaf_refill=0.56, sheaf_flush=0.28,
+                        slab_alloc=0.07, slab_free=0.06, cpu_partial_drain=0.0,
+                        list_lock=0.05)
+    ev = cost.priced_events(s, remote_free_lines=2.0)
+    assert ev.rates.sheaf_swap == pytest.approx(0.07)
+    assert ev.barn_lock == pytest.approx(0.10)
+    assert ev.rates.sheaf_objects_moved == pytest.approx(0.84)
+    assert ev.rates.remote_free == pytest.approx(1.0)
+    assert (ev.rates.alloc_fast, ev.rates.alloc_slow, ev.list_lock) == (1.0, 0.1, 0.05)

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from slabtune.model import cost as cost_model
 from slabtune.model import dynamics, metrics, policy, profiles, topology, workloads
 from slabtune.sweeps import simconfig
 
@@ -317,3 +318,61 @@ def test_freed_slabs_load_their_own_nodes_zone_lock_with_a_line_per_block():
     c_own = c._replace(list_lock_remote=_per_rep([0, 0]), list_lock_node=np.array([0, 100, 0, 0]))
     acq, _, _, _ = (np.asarray(x) for x in metrics.lock_classes(c_own, cfg, 3, cost))
     assert acq[1, 2 * n] == 0.0 and acq[1, 2 * n + 1] == pytest.approx(0.001)
+
+
+def test_a_lone_cpu_is_priced_as_the_cost_fit_prices_a_calibration_run():
+    # One mapping from counters to priced events (cost.priced_events) serves the model and
+    # the cost fit: the counters of a one-CPU run of bursts of 1024 on a 512-byte cache
+    # (order 0, 8 objects, sheaves of 28: what 7.2 gave in UML), as the simulation counts
+    # them (refills and flushes as events), give through metrics.compute the ns per pair
+    # that calibrate.umlfit charges the same run (refills and flushes in objects, one
+    # list_lock section per refill, per slab made partial and per slab discarded).
+    from slabtune.calibrate import umlfit
+
+    cfg, st = _cfg(profile="v7.1", cpus=1, nodes=1, size=512)
+    assert (int(st.order), int(st.objs_per_slab), int(st.sheaf_capacity)) == (0, 8, 28)
+    pairs = 100_000
+    n = dict(barn_get=977, barn_get_fail=2453, barn_put=977, barn_put_fail=2441,
+             slab_alloc=8152, slab_free=8105, free_add_partial=3124)
+    lock = n["barn_get_fail"] + n["free_add_partial"] + n["slab_free"]
+    c = _counters(ops=_per_rep([2 * pairs]), allocs=_per_rep([pairs]),
+                  frees=_per_rep([pairs]), alloc_fast=_per_rep([pairs]),
+                  free_fast=_per_rep([pairs]),
+                  **{k: _per_rep([v]) for k, v in n.items() if k != "free_add_partial"},
+                  sheaf_refill=_per_rep([n["barn_get_fail"]]),
+                  sheaf_flush=_per_rep([n["barn_put_fail"]]),
+                  list_lock=_per_rep([lock]), list_lock_node=np.array([lock, 0, 0, 0]))
+    got = float(_metrics(c, cfg, object_size=512).ns_per_op)
+    row = {k: v / pairs for k, v in n.items()}
+    row.update(alloc_fastpath=1.0, free_fastpath=1.0, alloc_slowpath=0.0, free_slowpath=0.0,
+               alloc_slab=row.pop("slab_alloc"), free_slab=row.pop("slab_free"),
+               sheaf_refill=28 * n["barn_get_fail"] / pairs,
+               sheaf_flush=28 * n["barn_put_fail"] / pairs, order=0, objs_per_slab=8)
+    values = {k: float(v) for k, v in COST._asdict().items()}
+    want = sum(umlfit.charge(umlfit.events(row, side), values) for side in ("alloc", "free"))
+    assert got == pytest.approx(want, rel=1e-5)
+    # and it is two per-op prices of the mapped counters (a pair is two ops)
+    ev = metrics.priced_events(c, cfg.sheaf_capacity, cfg.remote_free_lines)
+    one = np.asarray(cost_model.one_cpu_ns(ev, 0, 8, 3, COST))[0]
+    assert got == pytest.approx(2 * float(one), rel=1e-5)
+
+
+def test_a_replacement_is_priced_by_what_it_did():
+    # 7.x counts every sheaf hit as a fast path, also the call that replaced its main
+    # sheaf; the model prices that call as the fast path plus the exchange, refill or
+    # flush it made, never as a slow path.  A swap with the spare costs nothing more.
+    cfg, _ = _cfg(profile="v7.1", cpus=1, nodes=1, size=512)
+    ops = _per_rep([1000])
+    swaps = _counters(ops=ops, alloc_fast=_per_rep([500]), free_fast=_per_rep([500]),
+                      sheaf_alloc_replace=_per_rep([20]), sheaf_free_replace=_per_rep([20]))
+    plain = _counters(ops=ops, alloc_fast=_per_rep([500]), free_fast=_per_rep([500]))
+    r = metrics.op_rates(swaps, cfg.sheaf_capacity, cfg.remote_free_lines)
+    assert float(np.asarray(r.alloc_slow)[0]) == 0.0
+    assert float(np.asarray(r.alloc_fast)[0]) == pytest.approx(0.5)
+    assert float(_metrics(swaps, cfg).ns_per_op) == float(_metrics(plain, cfg).ns_per_op)
+    # a failed barn attempt: a barn lock section, no exchange
+    fail = _counters(ops=ops, alloc_fast=_per_rep([500]), free_fast=_per_rep([500]),
+                     barn_get_fail=_per_rep([10]))
+    ev = metrics.priced_events(fail, cfg.sheaf_capacity, cfg.remote_free_lines)
+    assert float(np.asarray(ev.rates.sheaf_swap)[0]) == 0.0
+    assert float(np.asarray(ev.barn_lock)[0]) == pytest.approx(0.01)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
+import statistics
 import tomllib
 
 import numpy as np
@@ -41,22 +43,25 @@ def test_local_churn_is_all_fast_path(result):
 
 
 def test_the_fit_is_a_least_squares_optimum_of_relative_errors(result):
-    # Moving any fitted constant by 5% either way (not below its physical minimum) makes
-    # the sum of squared relative errors over the fitted figures no smaller.
+    # Moving any fitted constant by 5% either way (inside its physical range) makes the
+    # sum of squared relative errors over the fitted figures no smaller.
     def sse(values):
         return sum(((umlfit.charge(f.events, values) - f.ns) / f.ns) ** 2
                    for f in result.figures)
     best = sse(result.values)
     for name in umlfit.FIT:
         for factor in (0.95, 1.05):
-            moved = max(result.values[name] * factor, priors.PRIOR[name].lo)
+            p = priors.PRIOR[name]
+            moved = min(max(result.values[name] * factor, p.lo), p.hi)
             assert sse({**result.values, name: moved}) >= best - 1e-6
 
 
 def test_slab_orders_separate_the_per_object_cost_of_a_new_slab(result):
     # The same bursts on slabs of order 0 to 3 (sysfs order read back per run): objects per
-    # slab double with each order while new slabs per pair fall, and the fitted per-object
-    # cost of a new slab is a cache miss, not a store to a cached line.
+    # slab double with each order while new slabs per pair fall, and so do the objects set
+    # up per pair (larger slabs are reused before they empty), while the objects a refill
+    # moves stay 0.687 per call: the refill's objects carry a miss-sized cost each, a new
+    # slab's objects far less.
     bursts = sorted((f for f in result.figures if f.scenario.startswith("local_burst_1024")
                      and f.side == "alloc"), key=lambda f: f.events["pcp_call_ns"],
                     reverse=True)
@@ -64,17 +69,28 @@ def test_slab_orders_separate_the_per_object_cost_of_a_new_slab(result):
     objs = [f.events["object_setup_ns"] / f.events["pcp_call_ns"] for f in bursts]
     assert objs == [8.0, 16.0, 32.0, 64.0]
     assert [f.ns for f in bursts] == sorted((f.ns for f in bursts), reverse=True)
-    assert 20.0 <= result.values["object_setup_ns"] <= priors.PRIOR["object_setup_ns"].hi
+    setups = [f.events["object_setup_ns"] for f in bursts]
+    assert setups == sorted(setups, reverse=True) and setups[0] > 1.4 * setups[-1]
+    assert [round(f.events["sheaf_object_ns"], 3) for f in bursts] == [0.687] * 4
+    assert 20.0 <= result.values["sheaf_object_ns"] <= priors.PRIOR["sheaf_object_ns"].hi
+    assert result.values["object_setup_ns"] < result.values["sheaf_object_ns"] / 2
 
 
-def test_nnls_matches_an_unconstrained_solution_when_that_is_non_negative():
+def test_box_lsq_is_the_unconstrained_solution_inside_and_the_best_on_the_box():
     rng = np.random.default_rng(1)
     a = rng.uniform(0, 1, (8, 3))
+    lo, hi = np.array([0.0, 0.0, 0.0]), np.array([5.0, 5.0, 5.0])
     x = np.array([2.0, 0.5, 3.0])
-    np.testing.assert_allclose(umlfit.nnls(a, a @ x), x, rtol=1e-9)
-    # a negative optimum is clipped to a support without it
-    got = umlfit.nnls(a, a @ np.array([2.0, -1.0, 3.0]))
-    assert np.all(got >= 0) and got[1] == 0.0
+    np.testing.assert_allclose(umlfit.box_lsq(a, a @ x, lo, hi), x, rtol=1e-9)
+    # an optimum outside the box lands on it, and no point of a grid over the box does
+    # better
+    b = a @ np.array([2.0, -1.0, 7.0])
+    got = umlfit.box_lsq(a, b, lo, hi)
+    assert np.all(got >= lo) and np.all(got <= hi) and got[1] == 0.0 and got[2] == 5.0
+    err = np.sum((a @ got - b) ** 2)
+    grid = np.linspace(0, 5, 26)
+    assert all(np.sum((a @ np.array(p) - b) ** 2) >= err - 1e-9
+               for p in itertools.product(grid, grid, grid))
 
 
 def test_the_packaged_table_is_this_fit(result):
@@ -104,3 +120,84 @@ def test_cli_writes_the_cost_file_and_rejects_a_missing_csv(tmp_path):
     with contextlib.redirect_stderr(err):
         assert cli.main(["calibrate", "fit", "--data", str(tmp_path / "none.csv")]) == 2
     assert err.getvalue().strip().count("\n") == 0 and "--data" in err.getvalue()
+
+
+def _by_scenario(figs):
+    out: dict[str, dict[str, umlfit.Figure]] = {}
+    for f in figs:
+        out.setdefault(f.scenario, {})[f.side] = f
+    return out
+
+
+def _packaged_values():
+    params, _ = simconfig.load_cost()
+    return {k: float(v) for k, v in params._asdict().items()}
+
+
+#: One-CPU runs the packaged table does not bring within 10%: the free side of bursts of
+#: 1024 at orders 0 and 3 (per pair 0.77 and 1.13).  UML pays about 500 ns per irqsave
+#: lock section (the barn exchange fits 500 ns; the list_lock sections of flushes, free
+#: to move, fit 570 ns against a range of 20-150), and the sections per flush fall with
+#: the order; inside their physical ranges no constant carries that (docs/MODEL.md).
+NOT_WITHIN_10 = {"local_burst_1024": 0.773, "local_burst_1024_order3": 1.132}
+
+
+@pytest.mark.parametrize("scenario", ["local", "local_burst_256", "local_burst_1024",
+                                      "local_burst_1024_order1", "local_burst_1024_order2",
+                                      "local_burst_1024_order3"])
+def test_the_packaged_table_reproduces_its_calibration_timings(result, scenario):
+    # Each one-CPU calibration run: its counters priced by the model (the one mapping,
+    # cost.priced_events, then cost.one_cpu_ns: what metrics.compute gives a lone CPU,
+    # tests/test_metrics.py) under the packaged table, against the measured ns per pair.
+    values = _packaged_values()
+    sides = _by_scenario(result.figures)[scenario]
+    measured = sum(f.ns for f in sides.values())
+    model = sum(umlfit.charge(f.events, values) for f in sides.values())
+    if scenario in NOT_WITHIN_10:
+        # the miss is what the docs and the report state, to the second decimal
+        assert model / measured == pytest.approx(NOT_WITHIN_10[scenario], abs=0.01)
+    else:
+        assert model == pytest.approx(measured, rel=0.10)
+
+
+def test_events_are_the_models_pricing_of_the_mapped_counters(result):
+    # umlfit.events is read off the model's own pricing by linearity: charging its counts
+    # at any table gives cost.one_cpu_ns of cost.priced_events of the call's counters.
+    rows = umlfit.read_rows(umlfit.default_data())
+    row = {k[:-len("_per_pair")]: statistics.median(float(r[k]) for r in rows
+                                                     if r["scenario"] == "local_burst_1024"
+                                                     and r["cpus"] == "1")
+           for k in rows[0] if k.endswith("_per_pair")}
+    row.update(order=0, objs_per_slab=8)
+    values = _packaged_values()
+    table = cost.cost_from_mapping(values)
+    for side in ("alloc", "free"):
+        ev = cost.priced_events(umlfit.slub_counts(row, side))
+        want = float(cost.one_cpu_ns(ev, 0, 8, umlfit.PCP_MAX, table))
+        assert umlfit.charge(umlfit.events(row, side), values) == pytest.approx(want, rel=1e-5)
+
+
+def test_a_barn_exchange_is_cheaper_than_a_refill_from_slabs_as_uml_measured(result):
+    # UML: bursts of 256 add one barn exchange per 32 calls and nothing else over local
+    # churn; bursts of 1024 at order 3 add refills from slabs (28 objects, a few new
+    # slabs).  Per event, measured: the exchange about 0.5 us, the refill about 1.8 us.
+    one = _by_scenario(result.figures)
+    a256, loc, a1024 = (one[s]["alloc"] for s in ("local_burst_256", "local",
+                                                  "local_burst_1024_order3"))
+    exchange = (a256.ns - loc.ns) / a256.events["sheaf_swap_ns"]
+    refill = ((a1024.ns - loc.ns - a1024.events["sheaf_swap_ns"] * exchange)
+              / a1024.events["list_lock_hold_ns"])
+    assert 400 < exchange < 650 and refill > 2.5 * exchange
+    # the packaged table prices them the same way round: an exchange (BARN_GET) against
+    # a refill (BARN_GET_FAIL, 28 objects, its list_lock section), per event
+    values = _packaged_values()
+    table = cost.cost_from_mapping(values)
+    zero = dict.fromkeys(cost.SlubCounts._fields, 0.0)
+
+    def price(**kw):
+        return float(cost.one_cpu_ns(cost.priced_events(cost.SlubCounts(**{**zero, **kw})),
+                                     0, 8, 3, table))
+    model_exchange = price(barn_get=1.0)
+    model_refill = price(barn_get_fail=1.0, sheaf_refill=28.0, list_lock=1.0)
+    assert model_exchange == pytest.approx(values["sheaf_swap_ns"] + values["barn_lock_hold_ns"])
+    assert model_refill > 2.5 * model_exchange

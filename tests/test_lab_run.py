@@ -37,6 +37,7 @@ profile = "v6.1"
 [workload]
 kind = "producer_consumer"
 depth = 16
+drain = "eager"
 
 [run]
 steps = 1500
@@ -582,6 +583,7 @@ slab_max_order = 2
 [workload]
 kind = "producer_consumer"
 depth = 16
+drain = "eager"
 
 [run]
 steps = 1200
@@ -658,6 +660,7 @@ shared = 2
 kind = "local"
 live = 64
 burst = 32
+drain = "eager"
 other_ns = 50000.0
 
 [run]
@@ -728,6 +731,7 @@ profile = "v6.1"
 [workload]
 kind = "block_io"
 depth = 32
+drain = "eager"
 other_ns = 50000.0
 
 [run]

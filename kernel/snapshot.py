@@ -19,13 +19,13 @@ from __future__ import annotations
 import csv
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
 
 from slabtune.errors import SlabtuneError
+from slabtune.results.safeio import DATA_LIMIT, check_input, write_atomic
 
 #: Required columns, in order.  CPU and node columns hold kernel list syntax ("0-63", "0,2").
 SNAPSHOT_COLUMNS: tuple[str, ...] = (
@@ -323,11 +323,7 @@ def read_snapshot(path: str | os.PathLike) -> pl.DataFrame:
         raise SlabtuneError(f"{path}: cannot read snapshot: no such file")
     if path.is_dir():
         raise SlabtuneError(f"{path}: cannot read snapshot: is a directory")
-    try:
-        with open(path, "rb") as fh:
-            fh.read(1)
-    except OSError as err:
-        raise SlabtuneError(f"{path}: cannot read snapshot: {err.strerror}") from None
+    check_input(path, DATA_LIMIT, "snapshot")   # a regular file, bounded: not a FIFO
     if suffix == ".csv":
         _check_csv_header(path)
     try:
@@ -366,25 +362,8 @@ def write_snapshot(df: pl.DataFrame, path: str | os.PathLike) -> Path:
     path = Path(path)
     suffix = _check_suffix(path)
     df = validate_snapshot(df, str(path))
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise SlabtuneError(f"{path}: cannot write snapshot: directory {parent} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=parent)
-    except OSError as err:
-        raise SlabtuneError(f"{path}: cannot write snapshot: {err.strerror}") from None
-    os.close(fd)
-    try:
-        if suffix == ".csv":
-            df.write_csv(tmp)
-        else:
-            df.write_parquet(tmp)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise SlabtuneError(f"{path}: cannot write snapshot: {err.strerror}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, (lambda fh: df.write_csv(fh)) if suffix == ".csv"
+                 else (lambda fh: df.write_parquet(fh)), "snapshot")
     return path
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import re
 import secrets
 import shutil
@@ -51,6 +52,7 @@ from slabtune.errors import SlabtuneError
 from slabtune.kernel import build, lab_boot, labmod
 from slabtune.model import bootparams
 from slabtune.native import cache_dir
+from slabtune.results.safeio import write_atomic
 
 #: The kernel of kernels.tsv this runner boots.
 UML_KERNEL = "7.2-uml"
@@ -502,13 +504,14 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path | str, header: Seque
         raise UmlError("no rows to write")
     fields = list(rows[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        for line in header:
-            fh.write(f"# {line}\n")
-        w = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _fmt(r.get(k)) for k in fields})
+    fh = io.StringIO(newline="")
+    for line in header:
+        fh.write(f"# {line}\n")
+    w = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _fmt(r.get(k)) for k in fields})
+    write_atomic(path, fh.getvalue(), "--out")
 
 
 def _fmt(v: Any) -> Any:

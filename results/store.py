@@ -8,7 +8,11 @@ Layout of a run directory::
         part-000001.parquet    ...
 
 Parts and the manifest are written to a temporary name in the same directory and renamed
-(``os.replace``), so a reader or a resumed run never sees half a file.  A chunk's part is
+(``os.replace``, through :func:`slabtune.results.safeio.write_atomic`), so a reader or a
+resumed run never sees half a file.  A part marked done carries its size and sha256 in the
+manifest: ``results show`` refuses a run whose part differs (naming it) and ``--resume``
+computes that chunk again (:meth:`Run.damaged_parts`); a manifest from before the checksums
+is checked by its parts' row counts.  A chunk's part is
 written before its state flips to ``done``, by the driver (:meth:`Run.write_part`) or by a
 worker on the same host (:func:`write_part_file`, then the driver's :meth:`Run.commit_part`);
 a run killed in between recomputes that chunk on ``--resume`` and replaces the part with
@@ -24,10 +28,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import fcntl
+import hashlib
 import itertools
 import json
-import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from typing import Any
 import polars as pl
 
 from slabtune.errors import SlabtuneError
+from slabtune.results.safeio import read_bounded, write_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -51,13 +57,22 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+#: Largest manifest read (a run of 10^6 chunks writes about 150 MB of states).
+MANIFEST_LIMIT = 512 << 20
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, data, "run")
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """A file's size in bytes and sha256 (hex), read in 1 MiB blocks."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+            n += len(block)
+    return n, h.hexdigest()
 
 
 def write_part_file(run_dir, i: int, df: pl.DataFrame) -> tuple[str, int]:
@@ -67,9 +82,7 @@ def write_part_file(run_dir, i: int, df: pl.DataFrame) -> tuple[str, int]:
     replaces it with the same rows.  Safe to call from a worker process."""
     name = _PART.format(i)
     path = Path(run_dir) / name
-    tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
-    df.write_parquet(tmp, statistics=True)
-    os.replace(tmp, path)
+    write_atomic(path, lambda fh: df.write_parquet(fh, statistics=True), "run")
     return name, path.stat().st_size
 
 
@@ -172,8 +185,10 @@ class Run:
         path = self.path / name
         if not path.is_file():
             raise StoreError(f"chunk {i}: part {path} is missing")
+        size, digest = file_digest(path)
         state = {"state": "done", "rows": int(rows), "part": name, "written": now_iso()}
         state.update(info)
+        state.update(bytes=size, sha256=digest)
         self.manifest["chunks"]["states"][str(i)] = state
         self.save()
         return path
@@ -199,12 +214,64 @@ class Run:
         self.save()
 
     def clean_temporaries(self) -> int:
-        """Remove temporary files a killed writer left behind; returns how many."""
+        """Before a resumed attempt: remove temporary files a killed writer left behind
+        (returns how many), and put every chunk whose part is damaged
+        (:meth:`damaged_parts`) back to pending, with a note on stderr naming the part, so
+        this attempt computes it again."""
         n = 0
-        for p in self.path.glob(".*.tmp-*"):
-            p.unlink(missing_ok=True)
-            n += 1
+        for pattern in (".*.tmp-*", ".*.tmp"):
+            for p in self.path.glob(pattern):
+                p.unlink(missing_ok=True)
+                n += 1
+        damaged = self.damaged_parts()
+        for i, name, why in damaged:
+            print(f"slabtune: note: run {self.run_id}: {name} {why}; chunk {i} is computed "
+                  "again", file=sys.stderr)
+            self.manifest["chunks"]["states"][str(i)] = {
+                "state": "damaged", "part": name, "error": why, "when": now_iso()}
+        if damaged:
+            self.save()
         return n
+
+    def damaged_parts(self) -> list[tuple[int, str, str]]:
+        """``(chunk, part, what is wrong)`` for every done chunk whose part is missing, or
+        differs from the size and sha256 the manifest recorded when it was written (a
+        truncated or edited part); a manifest written before checksums (no ``sha256``) is
+        checked by the part's parquet row count instead."""
+        out = []
+        for i in self.done_chunks():
+            st = self.manifest["chunks"]["states"][str(i)]
+            name = st["part"]
+            path = self.path / name
+            if not path.is_file() or path.is_symlink():
+                out.append((i, name, "is missing (or not a regular file)"))
+                continue
+            if "sha256" in st:
+                size, digest = file_digest(path)
+                if size != st.get("bytes", size):
+                    out.append((i, name, f"is {size} bytes, the manifest says {st['bytes']} "
+                                          "(truncated or edited)"))
+                elif digest != st["sha256"]:
+                    out.append((i, name, "differs from the sha256 in the manifest (edited or "
+                                         "damaged)"))
+                continue
+            try:
+                n = pl.scan_parquet(str(path)).select(pl.len()).collect().item()
+            except (pl.exceptions.PolarsError, OSError) as err:
+                out.append((i, name, f"is not readable parquet ({_first_line(err)})"))
+                continue
+            if n != int(st["rows"]):
+                out.append((i, name, f"holds {n} rows, the manifest says {st['rows']}"))
+        return out
+
+    def verify(self) -> None:
+        """Raise one StoreError naming the first damaged part (and how many there are)."""
+        bad = self.damaged_parts()
+        if bad:
+            i, name, why = bad[0]
+            more = f" ({len(bad) - 1} more damaged parts)" if len(bad) > 1 else ""
+            raise StoreError(f"run {self.run_id}: chunk {i}: {self.path / name} {why}{more}; "
+                             "sweep run --resume computes it again")
 
     # ------------------------------------------------------------------ locking
 
@@ -220,7 +287,7 @@ class Run:
             "run_dir": str(self.path),
             "spec": m["spec"]["name"],
             "spec_hash": m["spec_hash"],
-            "evaluator": m["spec"]["evaluator"],
+            "evaluator": m["spec"].get("evaluator"),
             "state": "complete" if self.complete else "partial",
             "rows": self.rows,
             "chunks_done": len(self.done_chunks()),
@@ -329,12 +396,57 @@ def open_run(path) -> Run:
     if not mf.is_file():
         raise StoreError(f"run: {p} is not a run directory (no {MANIFEST})")
     try:
-        manifest = json.loads(mf.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise StoreError(f"run: {mf} is unreadable: {err}") from None
-    if manifest.get("format") != FORMAT:
-        raise StoreError(f"run: {mf} has format {manifest.get('format')!r}, expected {FORMAT}")
+        manifest = json.loads(read_bounded(mf, MANIFEST_LIMIT, "run"))
+    except SlabtuneError as err:
+        raise StoreError(str(err)) from None
+    except (OSError, ValueError) as err:
+        raise StoreError(f"run: {mf} is unreadable: {_first_line(err)}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise StoreError(f"run: {mf} has format {got!r}, expected {FORMAT}")
+    check_manifest(manifest, mf)
     return Run(p, manifest)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [err.__class__.__name__])[0]
+
+
+def check_manifest(m: dict, where) -> None:
+    """The fields a reader relies on have their types, and every done chunk names its own
+    part file (never a path elsewhere); else one StoreError naming the field."""
+    def bad(field: str, what: str) -> StoreError:
+        return StoreError(f"run: {where}: {field} {what} (a damaged or edited manifest)")
+
+    for key in ("run_id", "spec_hash", "started"):
+        if not isinstance(m.get(key), str):
+            raise bad(key, "is missing or not a string")
+    spec = m.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise bad("spec.name", "is missing or not a string")
+    cols = m.get("columns")
+    if not isinstance(cols, list) or not all(
+            isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) for c in cols):
+        raise bad("columns", "is not a list of [name, type, categories]")
+    chunks = m.get("chunks")
+    if not isinstance(chunks, dict):
+        raise bad("chunks", "is missing")
+    total = chunks.get("total")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise bad("chunks.total", "is not a count")
+    states = chunks.get("states")
+    if not isinstance(states, dict):
+        raise bad("chunks.states", "is not a table")
+    for k, v in states.items():
+        if not k.isdigit() or not isinstance(v, dict) or int(k) >= max(total, 1):
+            raise bad(f"chunks.states.{k}", "is not a chunk of this run")
+        if v.get("state") == "done":
+            if v.get("part") != _PART.format(int(k)):
+                raise bad(f"chunks.states.{k}.part", f"{str(v.get('part'))[:60]!r} is not "
+                          f"{_PART.format(int(k))}")
+            r = v.get("rows")
+            if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+                raise bad(f"chunks.states.{k}.rows", "is not a count")
 
 
 def resolve_run(ref, out_dir="runs") -> Run:
@@ -355,22 +467,29 @@ def resolve_run(ref, out_dir="runs") -> Run:
 
 def iter_runs(out_dir="runs") -> Iterator[Run]:
     """Every readable run under ``out_dir``, oldest first."""
+    return iter([r for r, _ in scan_runs(out_dir) if r is not None])
+
+
+def scan_runs(out_dir="runs") -> list[tuple[Run | None, str | None]]:
+    """Every directory under ``out_dir`` with a manifest, oldest first: ``(run, None)`` for
+    a readable one, ``(None, "DIR: what is wrong")`` for a damaged one (after the readable
+    ones), so one damaged run never hides the others."""
     out = Path(out_dir)
     if not out.is_dir():
-        return iter(())
-    runs = []
+        return []
+    runs, damaged = [], []
     for d in sorted(out.iterdir()):
-        if (d / MANIFEST).is_file():
+        if (d / MANIFEST).exists():
             try:
                 runs.append(open_run(d))
-            except StoreError:
-                continue
+            except StoreError as err:
+                damaged.append((None, f"{d}: {str(err).removeprefix('run: ')}"))
     runs.sort(key=lambda r: (r.manifest.get("started") or "", r.run_id))
-    return iter(runs)
+    return [(r, None) for r in runs] + damaged
 
 
 def list_runs(out_dir="runs") -> pl.DataFrame:
-    """One row per run under ``out_dir`` (see :meth:`Run.summary`)."""
+    """One row per readable run under ``out_dir`` (see :meth:`Run.summary`)."""
     rows = [r.summary() for r in iter_runs(out_dir)]
     schema = {"run_id": pl.String, "run_dir": pl.String, "spec": pl.String,
               "spec_hash": pl.String, "evaluator": pl.String, "state": pl.String,

@@ -3,7 +3,8 @@
 Each command group lives in a module of :mod:`slabtune.commands` that exposes
 ``register(subparsers)``; the handler it sets as ``func`` returns the exit code.
 Errors a user can cause (bad input, unreadable files, impossible topologies) print one line
-``slabtune: error: ...`` and exit 2, without a traceback.
+``slabtune: error: ...`` and exit 2, without a traceback; so does any ``OSError`` that
+reaches the top (a full disk, an I/O error, a name too long), naming the path.
 """
 
 from __future__ import annotations
@@ -181,10 +182,17 @@ def _run(argv) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except _USER_ERRORS as err:
+    except BrokenPipeError:
+        raise                                # main(): the reader went away, not an error
+    except _USER_ERRORS + (OSError,) as err:
+        # OSError: the backstop for a system error no caller turned into its own line
+        # (ENOSPC, EIO, ENAMETOOLONG, EROFS...): the path and the system's words, exit 2.
         msg = str(err) or err.__class__.__name__
-        if isinstance(err, OSError) and err.filename:
-            msg = f"{err.filename}: {err.strerror}"
+        if isinstance(err, OSError) and (err.filename or err.strerror):
+            where = f"{err.filename}: " if err.filename else ""
+            if err.filename2:
+                where = f"{err.filename} -> {err.filename2}: "
+            msg = f"{where}{err.strerror or msg}"
         print(f"slabtune: error: {msg.splitlines()[0] if msg else msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

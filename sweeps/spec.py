@@ -66,6 +66,7 @@ from slabtune.errors import SlabtuneError
 from slabtune.model import caches, profiles
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.topology import MAX_CPUS, MAX_NODES
+from slabtune.results.safeio import TEXT_LIMIT, read_bounded
 
 #: Spec sections whose keys are axes, in grid order.
 AXIS_SECTIONS: tuple[str, ...] = ("topology", "cache", "kernel", "boot", "policy", "workload")
@@ -304,19 +305,11 @@ def load(spec: str) -> SweepSpec:
 def read_text_file(path, field: str) -> str:
     """The UTF-8 text of an input file (a spec, config, cost or candidate file).  Each way
     reading can fail is one :class:`SlabtuneError` naming ``field`` and the path: missing,
-    a directory, a path through a file, unreadable, not UTF-8 (binary)."""
+    a directory, a path through a file, unreadable, not UTF-8 (binary), not a regular file
+    (a device such as /dev/zero, a FIFO), larger than TEXT_LIMIT (16 MiB: checked before a
+    byte is read, slabtune.results.safeio.read_bounded)."""
     p = os.fspath(path)
-    try:
-        with open(p, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise SlabtuneError(f"{field}: {p}: no such file") from None
-    except IsADirectoryError:
-        raise SlabtuneError(f"{field}: {p} is a directory, not a file") from None
-    except NotADirectoryError:
-        raise SlabtuneError(f"{field}: {p}: a parent of it is a file, not a directory") from None
-    except OSError as err:
-        raise SlabtuneError(f"{field}: {p}: cannot read: {err.strerror or err}") from None
+    raw = read_bounded(p, TEXT_LIMIT, field)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -75,10 +75,9 @@ def _int_arg(flag: str, text: str, lo: int, hi: int) -> int:
 
 
 def _fit(args) -> int:
-    from pathlib import Path
-
     from slabtune.calibrate import umlfit
     from slabtune.commands.paths import output_file
+    from slabtune.results.safeio import write_atomic
 
     data = args.data or umlfit.default_data()
     res = umlfit.fit(umlfit.read_rows(data), source=umlfit.sources(data))
@@ -90,10 +89,7 @@ def _fit(args) -> int:
     if args.out is None:
         print(text, end="")
         return 0
-    out = output_file("--out", args.out)
-    tmp = Path(str(out) + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    out = write_atomic(output_file("--out", args.out), text, "--out")
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -46,15 +46,19 @@ def _not_a_file(flag: str, p: Path) -> Path:
 
 
 def output_file(flag: str, path) -> Path:
-    """A file the command writes: not a directory, in a directory that exists."""
+    """A file the command writes: not a directory, in a directory that exists, and not an
+    existing device, FIFO, socket or symbolic link (slabtune.results.safeio.check_output:
+    the one rule of every written file), checked before any work."""
+    from slabtune.results.safeio import check_output
+
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir() and not p.is_symlink():
         raise SlabtuneError(f"{flag}: {p} is a directory, not a file")
     _through_file(flag, p)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise SlabtuneError(f"{flag}: directory {parent} does not exist")
-    return p
+    return check_output(p, flag)
 
 
 def input_file(flag: str, path) -> Path:

@@ -58,6 +58,7 @@ def _fit_cost(args, cost, meta) -> int:
     """``--fit-cost``: simulate once, report before, fit, write, report after."""
     from slabtune.calibrate import fitcost, reproduce
     from slabtune.model import priors
+    from slabtune.results.safeio import write_atomic
     from slabtune.sweeps import simconfig
 
     path = fitcost.check_out_path(args.fit_cost)
@@ -65,9 +66,9 @@ def _fit_cost(args, cost, meta) -> int:
     before = reproduce.evaluate(cost=cost, cost_meta=meta, arms=arms)
     result = fitcost.fit(arms)
     # The work mode is always written: the file stays remakeable if the default changes.
-    path.write_text(fitcost.to_toml(
+    write_atomic(path, fitcost.to_toml(
         result, shlex.join(["slabtune", "reproduce", "--work", args.work,
-                            "--fit-cost", args.fit_cost])))
+                            "--fit-cost", args.fit_cost])), "--fit-cost")
     new_cost, new_meta = simconfig.load_cost(path)
     after = reproduce.evaluate(cost=new_cost, cost_meta=new_meta, arms=arms)
     old = {k: float(v) for k, v in cost._asdict().items()}

@@ -37,20 +37,32 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _list(args) -> int:
+    """One line per run; a damaged run (unreadable or edited manifest) gets a line of its
+    own saying what is wrong, and the others are listed as usual."""
     from slabtune.commands.paths import input_dir
     from slabtune.results import store
 
     input_dir("--out", args.out)
-    df = store.list_runs(args.out)
+    rows, damaged = [], []
+    for run, err in store.scan_runs(args.out):
+        if run is not None:
+            try:
+                rows.append(run.summary())
+                continue
+            except (KeyError, TypeError, ValueError, OSError) as e:
+                err = f"{run.path}: manifest field {e} is missing or malformed"
+        damaged.append(err)
     if args.json:
-        print(jsonout.dumps(df.to_dicts()))
+        print(jsonout.dumps(rows + [{"state": "damaged", "error": e} for e in damaged]))
         return 0
-    if df.height == 0:
+    if not rows and not damaged:
         print(f"no runs under {args.out}")
         return 0
-    for r in df.iter_rows(named=True):
+    for r in rows:
         print(f"{r['run_id']}  {r['state']:8s}  rows {r['rows']:>9d}  chunks "
               f"{r['chunks_done']}/{r['chunks']}  {r['evaluator']}  started {r['started']}")
+    for e in damaged:
+        print(f"damaged: {e}")
     return 0
 
 
@@ -66,6 +78,7 @@ def _show(args) -> int:
 
     input_dir("--out", args.out)
     run = store.resolve_run(args.run, args.out)
+    run.verify()             # a truncated or edited part is one line naming it
     summary = run.summary()
     lf = run.scan()
     schema = dict(lf.collect_schema()) if run.done_chunks() else run.schema()

@@ -9,12 +9,14 @@ rendered by vl-convert.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import altair as alt
 import polars as pl
 
 from slabtune.errors import SlabtuneError
+from slabtune.results.safeio import check_output, write_atomic
 
 FORMATS = (".html", ".png", ".svg")
 
@@ -104,8 +106,7 @@ def save(chart: alt.TopLevelMixin, out: str | Path) -> Path:
                             f"(use {', '.join(FORMATS)})")
     if not path.parent.is_dir():
         raise SlabtuneError(f"out: directory {path.parent} does not exist")
-    if suffix == ".html":
-        chart.save(str(path), inline=True)
-    else:
-        chart.save(str(path))
-    return path
+    check_output(path, "out")                 # before rendering: a device or link is refused
+    buf = io.BytesIO() if suffix == ".png" else io.StringIO()
+    chart.save(buf, format=suffix[1:], **({"inline": True} if suffix == ".html" else {}))
+    return write_atomic(path, buf.getvalue(), "out")

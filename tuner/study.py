@@ -37,7 +37,7 @@ from slabtune.model import bootparams, profiles, slab
 from slabtune.sweeps.spec import SpecError, check_name, read_text_file
 from slabtune.tuner import fleet as fleets
 from slabtune.tuner import objectives as fleet_objectives
-from slabtune.tuner import optuna_internals
+from slabtune.tuner import optuna_internals, storage_guard
 from slabtune.tuner import space as search_space
 
 DIRECTIONS = ("minimize", "minimize")
@@ -198,6 +198,7 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
             _check_parent(url, path)
             if not create and not path.exists():
                 raise SlabtuneError(f"storage: {url!r}: database file does not exist")
+            storage_guard.check_sqlite(url, path)      # not another program's database
     try:
         storage = optuna.storages.RDBStorage(url)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
@@ -226,6 +227,7 @@ def _open_journal(url: str, journal: str, create: bool) -> optuna.storages.BaseS
     _check_parent(url, path)
     if not create and not path.exists():
         raise SlabtuneError(f"storage: {url!r}: journal file does not exist")
+    storage_guard.check_journal(url, path)             # not a text file, device or FIFO
     from optuna.storages.journal import JournalFileBackend, JournalStorage
     if create:
         moved = repair_torn_journal(path)

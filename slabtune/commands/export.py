@@ -5,7 +5,6 @@ or (SLAB) a script of /proc/slabinfo tunables."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -27,6 +26,7 @@ def register(subparsers) -> None:
 def _export(args) -> int:
     from slabtune.commands.paths import output_file
     from slabtune.results import export
+    from slabtune.results.safeio import write_atomic
     from slabtune.tuner import study as studies
 
     if args.out:
@@ -44,8 +44,7 @@ def _export(args) -> int:
             print("note: this policy also sets /proc/slabinfo tunables: export --format "
                   "slabinfo", file=sys.stderr)
     if args.out:
-        out = Path(args.out)
-        out.write_text(text)
+        out = write_atomic(args.out, text, "--out")
         print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -111,6 +111,7 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     import datetime as _dt
 
     from slabtune.results import charts, export, pareto
+    from slabtune.results.safeio import write_atomic
     from slabtune.tuner import study
 
     spec = study.load_spec("tune_quick")
@@ -150,7 +151,7 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     for fmt, fname in (("cmdline", "cmdline.txt"), ("grub", "99-slabtune.cfg"),
                        ("tmpfiles", "slabtune.conf"), ("json", "report.json")):
         path = run_dir / fname
-        path.write_text(export.render(cand, fmt))
+        write_atomic(path, export.render(cand, fmt), "--out")
         written.append((f"export ({fmt})", path))
     print("    kernel command line: " + (run_dir / "cmdline.txt").read_text().strip())
     for line in export.kernel_change_notes(cand):

@@ -49,6 +49,7 @@ import numpy as np
 
 from slabtune.errors import SlabtuneError
 from slabtune.model import cost, priors
+from slabtune.results.safeio import TEXT_LIMIT, read_bounded
 
 #: The constants the fit moves, one per kind of event the one-CPU scenarios separate: the
 #: sheaf fast paths (local churn), the exchange of a sheaf with the barn (bursts of 256),
@@ -320,8 +321,9 @@ def read_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
         p = Path(path)
         if not p.is_file():
             raise SlabtuneError(f"--data: {path} is not a file")
-        with open(p, newline="") as fh:
-            out += list(csv.DictReader(ln for ln in fh if not ln.startswith("#")))
+        text = read_bounded(p, TEXT_LIMIT, "--data").decode("utf-8", "replace")
+        out += list(csv.DictReader(ln for ln in text.splitlines(keepends=True)
+                                   if not ln.startswith("#")))
     return out
 
 

@@ -79,6 +79,8 @@ def _fit(args) -> int:
     from slabtune.commands.paths import output_file
     from slabtune.results.safeio import write_atomic
 
+    if args.out is not None:
+        output_file("--out", args.out)      # a device, link or directory: refused before the fit
     data = args.data or umlfit.default_data()
     res = umlfit.fit(umlfit.read_rows(data), source=umlfit.sources(data))
     command = "slabtune calibrate fit" + "".join(f" --data {umlfit.source_name(d)}"
@@ -101,6 +103,8 @@ def _calibrate(args) -> int:
     from slabtune.errors import SlabtuneError
     from slabtune.kernel import build, uml
 
+    if args.out is not None:
+        output_file("--out", args.out)               # before looking for the kernel
     image = uml.kernel_image()                       # one line when not built
     limit = uml.nr_cpus()
     cpus = sorted({_int_arg("--cpus", c, 1, limit) for c in (args.cpus or ["1", "2"])})

@@ -139,3 +139,57 @@ def test_package_exports_are_lazy():
     assert results_pkg.open_run is store.open_run
     with pytest.raises(AttributeError):
         results_pkg.nonesuch  # noqa: B018
+
+
+def _done_run(tmp_path):
+    run = _run(tmp_path)
+    for i in range(3):
+        run.write_part(i, _df([i, i + 1], ["v6.1", "v7.0"], [0, i]))
+    return run
+
+
+def test_a_part_carries_its_size_and_sha256(tmp_path):
+    import hashlib
+
+    run = _done_run(tmp_path)
+    st = store.open_run(run.path).manifest["chunks"]["states"]["1"]
+    data = (run.path / "part-000001.parquet").read_bytes()
+    assert st["bytes"] == len(data) and st["sha256"] == hashlib.sha256(data).hexdigest()
+    assert store.open_run(run.path).damaged_parts() == []
+
+
+def test_a_resumed_run_computes_a_damaged_part_again(tmp_path, capsys):
+    """Truncated part 0, edited part 2: clean_temporaries (the start of every resumed
+    attempt) puts both chunks back to pending with a note naming the part; part 1 stays."""
+    run = _done_run(tmp_path)
+    p0, p2 = run.path / "part-000000.parquet", run.path / "part-000002.parquet"
+    p0.write_bytes(p0.read_bytes()[:30])
+    data = bytearray(p2.read_bytes())
+    data[len(data) // 2] ^= 1
+    p2.write_bytes(bytes(data))
+    again = store.open_run(run.path)
+    assert [(i, n) for i, n, _ in again.damaged_parts()] == [(0, p0.name), (2, p2.name)]
+    with pytest.raises(store.StoreError, match="chunk 0: .*part-000000.parquet is .* bytes"):
+        again.verify()
+    again.clean_temporaries()
+    err = capsys.readouterr().err
+    assert "part-000000.parquet" in err and "part-000002.parquet" in err
+    again = store.open_run(run.path)
+    assert again.pending_chunks() == [0, 2] and again.done_chunks() == [1]
+    again.write_part(0, _df([0, 1], ["v6.1", "v7.0"], [0, 0]))
+    assert again.damaged_parts() == []
+
+
+def test_a_manifest_from_before_checksums_is_checked_by_row_counts(tmp_path):
+    run = _done_run(tmp_path)
+    mf = run.path / store.MANIFEST
+    m = json.loads(mf.read_text())
+    for st in m["chunks"]["states"].values():
+        del st["sha256"], st["bytes"]
+    m["chunks"]["states"]["1"]["rows"] = 5                # the part holds 2
+    mf.write_text(json.dumps(m))
+    old = store.open_run(run.path)
+    assert [(i, why) for i, _, why in old.damaged_parts()] == [
+        (1, "holds 2 rows, the manifest says 5")]
+    (run.path / "part-000002.parquet").write_bytes(b"PAR1 not parquet")
+    assert [i for i, _, _ in store.open_run(run.path).damaged_parts()] == [1, 2]

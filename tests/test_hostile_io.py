@@ -1,0 +1,349 @@
+"""Hostile paths through the real CLI (issue 33): every command's output path and input
+file, against a device (/dev/null, /dev/full, /dev/zero), a FIFO, a directory, a symbolic
+link (to a regular file or to a device), a file over the size bound, a text file or a
+foreign SQLite database as an Optuna storage, and damaged run directories.
+
+Each case: exit 2, one stderr line ``slabtune: error: ...`` naming the field, no traceback,
+and the target untouched: a device is still that device, a link still the same link, a
+FIFO still a FIFO, another file's bytes unchanged, nothing new beside it.  Every refusal
+happens before the command's real work, so no case compiles JAX or starts Ray; the table
+runs in a few seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import resource
+import sqlite3
+import stat
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slabtune import cli
+from slabtune.errors import SlabtuneError
+from slabtune.results import safeio, store
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "hackbench-v5.11.toml"
+TUNE_QUICK = ROOT / "sweeps" / "tune_quick.toml"
+SNAPSHOT = Path(__file__).parent / "data" / "host_snapshot_6.18.csv"
+PREFIX = "slabtune: error: "
+
+
+def run(*argv) -> tuple[int, str, str]:
+    """``slabtune ARGV`` in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def one_error(rc: int, err: str, *needles: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(PREFIX), lines[0]
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def fingerprint(p: Path):
+    """What must not change about a path: its type, device number, link target, bytes."""
+    st = os.lstat(p)
+    fp = {"mode": stat.S_IFMT(st.st_mode), "rdev": st.st_rdev, "ino": st.st_ino}
+    if stat.S_ISLNK(st.st_mode):
+        fp["link"] = os.readlink(p)
+    elif stat.S_ISREG(st.st_mode):
+        fp["bytes"] = p.read_bytes()
+    return fp
+
+
+def listing(d: Path) -> list[str]:
+    return sorted(os.listdir(d))
+
+
+# --------------------------------------------------------------------------- outputs
+
+#: Commands that write a user-named file, with OUT where the path goes.
+OUTPUT_COMMANDS = [
+    ["kernel", "snapshot", "--out", "OUT"],
+    ["export", "--study", "s", "--trial", "0", "--format", "grub", "--out", "OUT"],
+    ["plot", "orders", "--out", "OUT"],
+    ["plot", "pareto", "--study", "s", "--out", "OUT"],
+    ["reproduce", "--fit-cost", "OUT"],
+    ["calibrate", "fit", "--out", "OUT"],
+    ["calibrate", "uml", "--out", "OUT"],
+    ["guest", "boot", "--out", "OUT"],
+]
+
+
+def _hostile_out(kind: str, d: Path) -> tuple[Path, list[Path]]:
+    """An output path of ``kind`` under ``d`` and the paths that must stay as they are."""
+    victim = d / "victim.csv"
+    victim.write_bytes(b"another program's file\n")
+    if kind in ("/dev/null", "/dev/full"):
+        return Path(kind), [Path(kind), victim]
+    p = d / "out.csv"
+    if kind == "link-to-file":
+        p.symlink_to(victim)
+    elif kind == "link-to-device":
+        p.symlink_to("/dev/null")
+    elif kind == "dangling-link":
+        p.symlink_to(d / "nowhere.csv")
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "directory":
+        p.mkdir()
+    return p, [p, victim]
+
+
+OUT_KINDS = ["/dev/null", "/dev/full", "link-to-file", "link-to-device", "dangling-link",
+             "fifo", "directory"]
+
+
+@pytest.mark.parametrize("kind", OUT_KINDS)
+@pytest.mark.parametrize("argv", OUTPUT_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_was(
+        tmp_path, monkeypatch, argv, kind):
+    monkeypatch.chdir(tmp_path)
+    out, keep = _hostile_out(kind, tmp_path)
+    before = {p: fingerprint(p) for p in keep}
+    names = listing(tmp_path)
+    rc, _, err = run(*[str(out) if a == "OUT" else a for a in argv])
+    flag = argv[argv.index("OUT") - 1]
+    one_error(rc, err, flag, str(out))
+    assert {p: fingerprint(p) for p in keep} == before
+    assert listing(tmp_path) == names             # no temporary file left, nothing created
+
+
+def test_a_name_too_long_for_the_filesystem_is_one_line(tmp_path):
+    rc, _, err = run("export", "--study", "s", "--trial", "0", "--format", "json",
+                     "--out", tmp_path / ("x" * 300 + ".json"))
+    one_error(rc, err, "too long")
+
+
+def test_write_atomic_replaces_a_regular_file_keeping_its_mode(tmp_path):
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    out.chmod(0o640)
+    safeio.write_atomic(out, "new\n")
+    assert out.read_text() == "new\n" and stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert listing(tmp_path) == ["out.txt"]
+
+
+def test_a_planted_link_at_a_temporary_name_is_never_followed(tmp_path):
+    """calibrate fit used OUT.tmp, a fixed name: a link planted there made it overwrite the
+    link's target.  The temporary name is now random and opened O_EXCL|O_NOFOLLOW."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    out = tmp_path / "cost.toml"
+    for name in ("cost.toml.tmp", ".cost.toml.tmp"):
+        (tmp_path / name).symlink_to(victim)
+    safeio.write_atomic(out, "x = 1\n")
+    assert victim.read_bytes() == b"keep me" and out.read_text() == "x = 1\n"
+    assert all((tmp_path / n).is_symlink() for n in ("cost.toml.tmp", ".cost.toml.tmp"))
+
+
+def test_a_write_error_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A write that fails midway (EFBIG here, from a file size limit: ENOSPC and EIO take
+    the same path) is one line naming the path; the old file is intact and the temporary
+    file is gone."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "snap.csv"
+    out.write_text("old contents\n")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        rc, _, err = run("kernel", "snapshot", "--out", out)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    one_error(rc, err, str(out), "too large")
+    assert out.read_text() == "old contents\n"
+    assert listing(tmp_path) == ["snap.csv"]
+
+
+# --------------------------------------------------------------------------- inputs
+
+def _hostile_in(kind: str, d: Path, suffix: str) -> Path:
+    p = d / f"in{suffix}"
+    if kind == "/dev/zero":
+        return Path("/dev/zero")
+    if kind == "link-to-zero":
+        p.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "directory":
+        p.mkdir()
+    elif kind == "huge":
+        with open(p, "wb") as fh:     # sparse: no disk used, no time spent
+            fh.truncate((safeio.DATA_LIMIT if suffix == ".csv" else safeio.TEXT_LIMIT) + 1)
+    return p
+
+
+IN_KINDS = ["/dev/zero", "link-to-zero", "fifo", "directory", "huge"]
+#: Commands that read a user-named file, with IN where it goes, its suffix, and the field.
+INPUT_COMMANDS = [
+    (["simulate", "IN"], ".toml", "config"),
+    (["simulate", str(EXAMPLE), "--cost", "IN"], ".toml", "cost"),
+    (["reproduce", "--cost", "IN"], ".toml", "cost"),
+    (["sweep", "plan", "IN"], ".toml", "spec"),
+    (["sweep", "run", "IN"], ".toml", "spec"),
+    (["tune", "IN", "--trials", "1"], ".toml", "spec"),
+    (["kernel", "check", "--snapshot", "IN"], ".csv", "snapshot"),
+    (["lab", "run", "IN"], ".toml", "CONFIG"),
+    (["validate", "--candidate", "IN", "--topologies", "validate_quick"], ".json", "--candidate"),
+    (["calibrate", "fit", "--data", "IN"], ".csv", "--data"),
+]
+
+
+@pytest.mark.parametrize("kind", IN_KINDS)
+@pytest.mark.parametrize("argv, suffix, field", INPUT_COMMANDS,
+                         ids=[" ".join(c[0][:2]) + f"-{i}" for i, c in enumerate(INPUT_COMMANDS)])
+def test_an_input_that_is_not_a_bounded_regular_file_is_refused_before_reading(
+        tmp_path, monkeypatch, argv, suffix, field, kind):
+    monkeypatch.chdir(tmp_path)
+    src = _hostile_in(kind, tmp_path, suffix)
+    names = listing(tmp_path)
+    rc, _, err = run(*[str(src) if a == "IN" else a for a in argv])
+    line = one_error(rc, err, field)
+    assert str(src) in line or src.name in line, line
+    assert listing(tmp_path) == names
+
+
+def test_read_bounded_refuses_a_file_that_grows_past_the_limit_while_read(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 100)
+    assert safeio.read_bounded(p, 100, "f") == b"x" * 100
+    with pytest.raises(SlabtuneError, match="f: .* 100 bytes, over the 99-byte limit"):
+        safeio.read_bounded(p, 99, "f")
+
+
+# --------------------------------------------------------------------------- storages
+
+def _foreign_sqlite(p: Path) -> bytes:
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.execute("INSERT INTO people VALUES ('ada')")
+    con.commit()
+    con.close()
+    return p.read_bytes()
+
+
+@pytest.mark.parametrize("argv", [
+    ["tune", str(TUNE_QUICK), "--trials", "1", "--storage", "STORAGE"],
+    ["export", "--study", "s", "--trial", "0", "--format", "json", "--storage", "STORAGE"],
+    ["pareto", "--study", "s", "--storage", "STORAGE"],
+], ids=["tune", "export", "pareto"])
+@pytest.mark.parametrize("kind", ["text-journal", "foreign-sqlite", "text-as-sqlite",
+                                  "zero-journal", "fifo-journal", "zero-sqlite"])
+def test_a_storage_that_is_not_optunas_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch, argv, kind):
+    """A plain text file as a journal, another program's SQLite database, a text file as
+    SQLite, a device or FIFO: refused, the file's bytes and the folder as they were (no
+    Optuna tables added, no torn-tail side file, no study.db)."""
+    monkeypatch.chdir(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shopping: milk\nbread")             # no newline at the end: 'torn'
+    other = tmp_path / "other.db"
+    _foreign_sqlite(other)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    url = {"text-journal": f"journal:{notes}", "foreign-sqlite": f"sqlite:///{other}",
+           "text-as-sqlite": f"sqlite:///{notes}", "zero-journal": "journal:/dev/zero",
+           "fifo-journal": f"journal:{fifo}", "zero-sqlite": "sqlite:////dev/zero"}[kind]
+    before = {p: fingerprint(p) for p in (notes, other, fifo)}
+    names = listing(tmp_path)
+    rc, _, err = run(*[url if a == "STORAGE" else a for a in argv])
+    one_error(rc, err, "storage:")
+    assert {p: fingerprint(p) for p in (notes, other, fifo)} == before
+    assert listing(tmp_path) == names
+
+
+def test_an_optuna_journal_and_a_new_file_are_accepted(tmp_path):
+    from slabtune.tuner import storage_guard
+
+    j = tmp_path / "j.log"
+    storage_guard.check_journal("journal:j", j)                      # missing: fine
+    j.write_text("")
+    storage_guard.check_journal("journal:j", j)                      # empty: fine
+    j.write_text(json.dumps({"op_code": 0, "worker_id": "w", "study_name": "s"}) + "\n")
+    storage_guard.check_journal("journal:j", j)
+    db = tmp_path / "s.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE studies (study_id INTEGER)")
+    con.execute("CREATE TABLE alembic_version (version_num TEXT)")
+    con.commit()
+    con.close()
+    storage_guard.check_sqlite("sqlite:///s.db", db)
+
+
+# --------------------------------------------------------------------------- damaged runs
+
+SPEC = {"name": "s", "chunk_size": 3, "evaluator": "structural"}
+COLUMNS = [("cpus", "int32", None), ("order", "int32", None)]
+
+
+def _run_with_parts(out: Path, parts: int = 3) -> store.Run:
+    run = store.create_run(out, spec=SPEC, spec_hash="ab" * 32, spec_text="[sweep]",
+                           n_chunks=parts, columns=COLUMNS, versions={}, git_revision=None)
+    for i in range(parts):
+        run.write_part(i, pl.DataFrame([pl.Series("cpus", [i, i + 1], pl.Int32),
+                                        pl.Series("order", [0, 1], pl.Int32)]))
+    run.finish()
+    return run
+
+
+def test_results_list_reports_a_damaged_run_on_its_own_line_and_lists_the_rest(tmp_path):
+    good = _run_with_parts(tmp_path)
+    bad = tmp_path / "s-bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    edited = tmp_path / "s-edited"
+    edited.mkdir()
+    m = json.loads((good.path / "manifest.json").read_text())
+    m["chunks"]["total"] = "many"
+    (edited / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = run("results", "list", "--out", tmp_path)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith(good.run_id) and "complete" in lines[0]
+    assert [ln.split(":", 1)[0] for ln in lines[1:]] == ["damaged", "damaged"]
+    assert str(bad) in lines[1] and "unreadable" in lines[1]
+    assert str(edited) in lines[2] and "chunks.total" in lines[2]
+    rc, out, _ = run("results", "list", "--out", tmp_path, "--json")
+    rows = json.loads(out)
+    assert [r["state"] for r in rows] == ["complete", "damaged", "damaged"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "edit", "delete", "swap"])
+def test_results_show_names_a_damaged_part(tmp_path, damage):
+    run_ = _run_with_parts(tmp_path)
+    part = run_.path / "part-000001.parquet"
+    if damage == "truncate":
+        part.write_bytes(part.read_bytes()[:-20])
+    elif damage == "edit":
+        data = bytearray(part.read_bytes())
+        data[40] ^= 0xFF
+        part.write_bytes(bytes(data))
+    elif damage == "delete":
+        part.unlink()
+    else:                                  # another chunk's rows under this chunk's name
+        part.write_bytes((run_.path / "part-000002.parquet").read_bytes())
+    rc, _, err = run("results", "show", run_.path)
+    one_error(rc, err, "chunk 1", "part-000001.parquet")
+
+
+def test_a_manifest_naming_a_part_outside_the_run_is_refused(tmp_path):
+    run_ = _run_with_parts(tmp_path)
+    mf = run_.path / "manifest.json"
+    m = json.loads(mf.read_text())
+    m["chunks"]["states"]["0"]["part"] = "../../etc/passwd"
+    mf.write_text(json.dumps(m))
+    rc, _, err = run("results", "show", run_.path)
+    one_error(rc, err, "chunks.states.0.part", "part-000000.parquet")

@@ -641,6 +641,10 @@ def _check_axis_set(names: list[str], schema: dict[str, AxisDef], ev_name: str, 
             raise SpecError(f"{schema[req].section}.{req}: evaluator {ev_name} needs this axis")
 
 
+#: The range of an integer axis column (the grid and the parts hold int32).
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
 def _list_of_tables(doc: dict) -> list:
     ex = doc.get("exclude", [])
     if not isinstance(ex, list) or not all(isinstance(e, dict) for e in ex):
@@ -690,6 +694,9 @@ def _scalar(field, v, ax: Axis):
     if ax.kind is int:
         if not _is_int(v):
             raise SpecError(f"{field}: {v!r} is not an integer")
+        if not INT32_MIN <= v <= INT32_MAX:      # compared with the grid's int32 columns
+            raise SpecError(f"{field}: {v} is outside the int32 range of axis values "
+                            f"({INT32_MIN}..{INT32_MAX})")
         return v
     if not isinstance(v, str):
         raise SpecError(f"{field}: {v!r} is not a string")

@@ -311,6 +311,8 @@ def parse_search(table, profile: profiles.KernelProfile) -> SearchSpace:
     seed = table.get("seed")
     if seed is not None:
         seed = _int_field("search.seed", seed)
+        if not 0 <= seed <= 2 ** 32 - 1:    # numpy's RandomState, which Optuna's samplers use
+            raise SlabtuneError(f"search.seed: {seed} is outside 0..{2 ** 32 - 1}")
     knobs_t = table.get("knobs")
     if not isinstance(knobs_t, Mapping) or not knobs_t:
         raise SlabtuneError("search.knobs: expected a table with at least one knob")

@@ -21,10 +21,25 @@ from slabtune.results.safeio import check_output, write_atomic
 FORMATS = (".html", ".png", ".svg")
 
 
+#: Marks of the front's points by reach (what deploying each takes), in legend order.
+REACH_MARKS = {
+    "default": ("circle", "#7f7f7f"),
+    "boot": ("circle", "#1f77b4"),
+    "sysfs": ("square", "#2ca02c"),
+    "slabinfo": ("square", "#2ca02c"),
+    "boot+sysfs": ("diamond", "#17becf"),
+    "boot+slabinfo": ("diamond", "#17becf"),
+    "kernel": ("triangle-up", "#d62728"),
+}
+#: Legend title of the reach marks.
+REACH_TITLE = "reach (kernel: needs a rebuilt kernel)"
+
+
 def pareto_chart(points: pl.DataFrame, baseline: dict, title: str = "Pareto front") -> alt.Chart:
     """All trials (feasible and not), the non-dominated ones joined by a step line, and the
     baseline policy as a labelled cross.  ``points`` has columns trial, memory, time,
-    feasible, pareto."""
+    feasible, pareto and optionally reach (slabtune.tuner.study.front_report): the front's
+    points are then drawn with a shape and colour per reach, with a legend."""
     df = points.with_columns(
         pl.when(pl.col("pareto")).then(pl.lit("Pareto front"))
         .when(pl.col("feasible")).then(pl.lit("feasible"))
@@ -46,7 +61,22 @@ def pareto_chart(points: pl.DataFrame, baseline: dict, title: str = "Pareto fron
         x=x, y=y, tooltip=["label:N", "memory:Q", "time:Q"])
     btext = alt.Chart(base).mark_text(align="left", dx=10, dy=-8, color="#d62728").encode(
         x=x, y=y, text="label:N")
-    return (cloud + front + bmark + btext).properties(title=title, width=520, height=360)
+    layers = cloud + front
+    if "reach" in df.columns and df.filter(pl.col("pareto") & pl.col("reach").is_not_null()
+                                           ).height:
+        marked = df.filter(pl.col("pareto") & pl.col("reach").is_not_null())
+        present = [r for r in REACH_MARKS if r in set(marked["reach"].to_list())]
+        present += sorted(set(marked["reach"].to_list()) - set(present))
+        shape = alt.Shape("reach:N", title=REACH_TITLE, scale=alt.Scale(
+            domain=present, range=[REACH_MARKS.get(r, ("cross", ""))[0] for r in present]))
+        rcolor = alt.Color("reach:N", title=REACH_TITLE, scale=alt.Scale(
+            domain=present, range=[REACH_MARKS.get(r, ("", "#000000"))[1] for r in present]))
+        layers = layers + alt.Chart(marked).mark_point(size=90, filled=True).encode(
+            x=x, y=y, shape=shape, color=rcolor,
+            tooltip=["trial:Q", "memory:Q", "time:Q", "reach:N"])
+    return (layers + bmark + btext).resolve_scale(color="independent", shape="independent"
+                                                  ).properties(title=title, width=520,
+                                                               height=360)
 
 
 def orders_heatmap(grid: pl.DataFrame, title: str = "slab order") -> alt.Chart:
@@ -69,8 +99,12 @@ def fleet_chart(gains: pl.DataFrame, title: str = "gain against the baseline per
                 ) -> alt.Chart:
     """Per-topology gains: ``gains`` has columns trial, topology, objective (memory | time)
     and gain (fraction, positive = better than the baseline)."""
+    label = pl.col("trial").cast(pl.Utf8)
+    if "reach" in gains.columns:
+        label = pl.concat_str([label, pl.lit(" ("), pl.col("reach").fill_null("?"),
+                               pl.lit(")")])
     df = gains.with_columns((pl.col("gain") * 100).alias("gain_pct"),
-                            pl.col("trial").cast(pl.Utf8).alias("trial_label"))
+                            label.alias("trial_label"))
     return alt.Chart(df).mark_bar().encode(
         x=alt.X("topology:N", title=None),
         xOffset=alt.XOffset("trial_label:N"),
@@ -84,7 +118,8 @@ def fleet_chart(gains: pl.DataFrame, title: str = "gain against the baseline per
 
 def gains_frame(report: dict, trials: list[int] | None = None) -> pl.DataFrame:
     """Long frame of per-topology gains of Pareto points (all, or the trials named) from a
-    :func:`slabtune.results.pareto.study_pareto` report."""
+    :func:`slabtune.results.pareto.study_pareto` report, with each point's reach (null
+    when the report has none)."""
     rows = []
     for p in report["points"]:
         if trials is not None and p["trial"] not in trials:
@@ -92,9 +127,10 @@ def gains_frame(report: dict, trials: list[int] | None = None) -> pl.DataFrame:
         for topo, g in p["gains"].items():
             for obj in ("memory", "time"):
                 rows.append({"trial": p["trial"], "topology": topo, "objective": obj,
-                             "gain": float(g[obj])})
+                             "gain": float(g[obj]), "reach": p.get("reach")})
     return pl.DataFrame(rows, schema={"trial": pl.Int64, "topology": pl.Utf8,
-                                      "objective": pl.Utf8, "gain": pl.Float64})
+                                      "objective": pl.Utf8, "gain": pl.Float64,
+                                      "reach": pl.Utf8})
 
 
 def save(chart: alt.TopLevelMixin, out: str | Path) -> Path:

@@ -58,6 +58,50 @@ class ExportedPolicy:
     params: Mapping[str, int]
     #: SLAB: cache -> (limit, batchcount, shared) written to /proc/slabinfo.
     slabinfo: Mapping[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    #: What deploying it takes (slabtune.tuner.space.policy_reach): default, boot, sysfs,
+    #: slabinfo, boot+sysfs, boot+slabinfo or kernel.
+    reach: str = "default"
+
+
+#: :attr:`ExportedPolicy.reach` values and what each means in an export header.
+REACH_TEXT = {
+    "default": "default (changes nothing the kernel does not already do)",
+    "boot": "boot (boot parameters only; a stock kernel takes it)",
+    "sysfs": "sysfs (per-cache sysfs values written after boot; a stock kernel takes it)",
+    "slabinfo": "slabinfo (/proc/slabinfo tunables written after boot; a stock kernel "
+                "takes it)",
+    "boot+sysfs": "boot+sysfs (boot parameters and per-cache sysfs values; a stock kernel "
+                  "takes it)",
+    "boot+slabinfo": "boot+slabinfo (boot parameter and /proc/slabinfo tunables; a stock "
+                     "kernel takes it)",
+    "kernel": "kernel (needs a rebuilt kernel: the knobs below are not applied here)",
+}
+
+
+def one_line(value, limit: int = 200) -> str:
+    """``value`` as one printable line for a comment of an exported file: anything but
+    printable ASCII (newlines, carriage returns, other controls, non-ASCII) is escaped as
+    Python's ascii() writes it, and the text is cut at ``limit`` characters.  Names are
+    validated where they are read (slabtune.tuner.study.load_study); this keeps a name
+    that got past that as data, never a line of its own."""
+    text = str(value)
+    out = "".join(ch if " " <= ch <= "~" else ascii(ch)[1:-1] for ch in text)
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def _check(c: ExportedPolicy) -> None:
+    """The strings and numbers an export writes are what they claim to be; anything else
+    is one line naming the field (the study's name, its reach, its objectives)."""
+    if one_line(c.study) != str(c.study):
+        raise SlabtuneError(f"study: name {one_line(c.study, 60)} is not one printable line")
+    if c.reach not in REACH_TEXT:
+        raise SlabtuneError(f"reach: {one_line(c.reach, 40)} is not one of "
+                            f"{', '.join(REACH_TEXT)}")
+    for field, v in (("memory", c.memory), ("time", c.time),
+                     ("baseline.memory", c.baseline.get("memory")),
+                     ("baseline.time", c.baseline.get("time"))):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise SlabtuneError(f"trial {c.trial}: {field} {one_line(v, 40)} is not a number")
 
 
 def boot_fragment(c: ExportedPolicy, prefix: str | None = None) -> str:
@@ -110,24 +154,31 @@ def slabinfo_lines(c: ExportedPolicy) -> list[str]:
 
 
 def _header(c: ExportedPolicy, comment: str = "#") -> list[str]:
-    out = [f"{comment} slabtune: study {c.study}, trial {c.trial}, kernel profile {c.profile.name}",
+    """The comment lines that open a grub, tmpfiles or slabinfo export; every string in
+    them is :func:`one_line`."""
+    out = [f"{comment} slabtune: study {one_line(c.study)}, trial {int(c.trial)}, "
+           f"kernel profile {one_line(c.profile.name)}",
+           f"{comment} reach: {REACH_TEXT[c.reach]}",
            f"{comment} modelled fleet memory overhead {c.memory:.4f} (baseline "
            f"{c.baseline['memory']:.4f}), time {c.time:.2f} ns/op "
            f"(baseline {c.baseline['time']:.2f})"]
     for k in c.kernel_change:
-        out.append(f"{comment} needs a kernel change (not applied here): {k.knob}={k.value} "
-                   f"(kernel default {k.baseline}; {k.doc})")
+        out.append(f"{comment} needs a kernel change (not applied here): "
+                   f"{one_line(k.knob)}={int(k.value)} (kernel default {int(k.baseline)}; "
+                   f"{one_line(k.doc)})")
     return out
 
 
 def kernel_change_notes(c: ExportedPolicy) -> list[str]:
     """One line per knob that only a kernel change applies."""
-    return [f"note: {k.knob}={k.value} needs a kernel change (default {k.baseline}): {k.doc}"
+    return [f"note: {one_line(k.knob)}={int(k.value)} needs a kernel change (default "
+            f"{int(k.baseline)}): {one_line(k.doc)}"
             for k in c.kernel_change]
 
 
 def render(c: ExportedPolicy, fmt: str, prefix: str | None = None) -> str:
     """The exported text in format ``fmt`` (cmdline, grub, tmpfiles or json)."""
+    _check(c)
     if fmt == "cmdline":
         return boot_fragment(c, prefix) + "\n"
     if fmt == "grub":
@@ -179,6 +230,7 @@ def report(c: ExportedPolicy, prefix: str | None = None) -> dict:
         "study": c.study,
         "trial": c.trial,
         "profile": c.profile.name,
+        "reach": c.reach,
         "objectives": {"memory": c.memory, "time": c.time},
         "baseline": {"memory": float(c.baseline["memory"]), "time": float(c.baseline["time"])},
         "params": dict(c.params),

@@ -8,7 +8,7 @@ This module never imports JAX.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import optuna
@@ -49,13 +49,33 @@ def gains(values: Iterable[float], baseline: Iterable[float]) -> list[float]:
     return [1.0 - v / b if b else 0.0 for v, b in zip(values, baseline)]
 
 
-def study_pareto(study: optuna.Study) -> dict:
+def collapse_equal(points: list[dict]) -> tuple[list[dict], int]:
+    """Points with equal objective vectors (memory, time) collapsed to one: the one that
+    changes the fewest knobs from the kernel's values (``changed``; without it every point
+    counts alike), then the lowest trial number.  The kept point lists the others' trial
+    numbers in ``same_as``.  Returns the kept points, in the input order, and how many
+    were collapsed."""
+    groups: dict[tuple[float, float], list[dict]] = {}
+    for p in points:
+        groups.setdefault((p["memory"], p["time"]), []).append(p)
+    keep = {}
+    for group in groups.values():
+        best = min(group, key=lambda p: (p.get("changed", 0), p["trial"]))
+        keep[best["trial"]] = sorted(p["trial"] for p in group if p is not best)
+    out = [dict(p, same_as=keep[p["trial"]]) for p in points if p["trial"] in keep]
+    return out, len(points) - len(out)
+
+
+def study_pareto(study: optuna.Study,
+                 annotate: Callable[[list[dict]], dict[int, dict]] | None = None) -> dict:
     """The Pareto front of a slabtune study with per-topology gains against the baseline.
 
     Returns ``{"study", "baseline": {"memory", "time"}, "topologies", "points": [{"trial",
-    "memory", "time", "params", "gains": {topology: {"memory", "time"}}}]}``, points sorted
-    by memory.  Infeasible trials (regression constraints) are left out, as in
-    ``Study.best_trials``.
+    "memory", "time", "params", "gains": {topology: {"memory", "time"}}, "same_as"}],
+    "collapsed"}``, points sorted by memory.  Infeasible trials (regression constraints)
+    are left out, as in ``Study.best_trials``.  ``annotate`` maps the points to extra fields
+    per trial (slabtune.tuner.study.front_report: ``reach``, ``settings``, ``changed``...);
+    then points with equal objectives collapse (:func:`collapse_equal`).
     """
     attrs = study.user_attrs
     base = attrs.get("slabtune_baseline")
@@ -80,6 +100,10 @@ def study_pareto(study: optuna.Study) -> dict:
             "gains": {name: {"memory": gm[i], "time": gt[i]} for i, name in enumerate(topos)
                       if i < len(gm) and i < len(gt)},
         })
+    if annotate is not None and points:
+        extra = annotate(points)
+        points = [dict(p, **extra.get(p["trial"], {})) for p in points]
+    points, collapsed = collapse_equal(points)
     return {
         "study": study.study_name,
         "baseline": {"memory": float(base["memory"]), "time": float(base["time"])},
@@ -91,21 +115,26 @@ def study_pareto(study: optuna.Study) -> dict:
         "n_trials": len(study.get_trials(deepcopy=False,
                                          states=(optuna.trial.TrialState.COMPLETE,))),
         "points": points,
+        "collapsed": collapsed,
     }
 
 
-def all_points(study: optuna.Study) -> pl.DataFrame:
-    """Every complete trial as a frame (trial, memory, time, feasible, pareto)."""
+def all_points(study: optuna.Study, reach: dict[int, str] | None = None) -> pl.DataFrame:
+    """Every complete trial as a frame (trial, memory, time, feasible, pareto, reach):
+    ``reach`` maps trials to their reach (slabtune.tuner.study.front_report's
+    ``front_reach``); trials it leaves out get null."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     front = {t.number for t in study.best_trials} if trials else set()
+    reach = reach or {}
     return pl.DataFrame({
         "trial": [t.number for t in trials],
         "memory": [float(t.values[0]) for t in trials],
         "time": [float(t.values[1]) for t in trials],
         "feasible": [not t.constraints or max(t.constraints.values()) <= 0 for t in trials],
         "pareto": [t.number in front for t in trials],
+        "reach": [reach.get(t.number) for t in trials],
     }, schema={"trial": pl.Int64, "memory": pl.Float64, "time": pl.Float64,
-               "feasible": pl.Boolean, "pareto": pl.Boolean})
+               "feasible": pl.Boolean, "pareto": pl.Boolean, "reach": pl.Utf8})
 
 
 def _pick(columns: Sequence[str], candidates: Sequence[str], what: str) -> str:
@@ -137,11 +166,26 @@ def run_pareto(run_dir: str | Path) -> pl.DataFrame:
     return sweep_pareto(run.scan())
 
 
+def reach_counts(points: Sequence[dict]) -> dict[str, int]:
+    """How many points have each reach (points without one are left out)."""
+    out: dict[str, int] = {}
+    for p in points:
+        if "reach" in p:
+            out[p["reach"]] = out.get(p["reach"], 0) + 1
+    return out
+
+
 def format_table(report: dict, max_params: int | None = None) -> str:
-    """A plain-text table of a :func:`study_pareto` report."""
+    """A plain-text table of a :func:`study_pareto` report.  With the annotations of
+    slabtune.tuner.study.front_report, each row shows its reach and the settings it changes
+    under the names a kernel engineer knows (``report["legend"]`` explains each column;
+    ``-`` is the kernel's value); otherwise the raw searched params."""
     pts = report["points"]
+    collapsed = report.get("collapsed", 0)
     lines = [f"study {report['study']}: {report['n_trials']} trials, "
-             f"{len(pts)} on the Pareto front",
+             f"{len(pts)} on the Pareto front"
+             + (f" ({collapsed} more with the same objectives collapsed into them: the one "
+                "changing the fewest knobs is shown)" if collapsed else ""),
              f"baseline: memory overhead {report['baseline']['memory']:.4f}, "
              f"time {report['baseline']['time']:.2f} ns/op"]
     obj = report.get("objectives") or {}
@@ -151,17 +195,43 @@ def format_table(report: dict, max_params: int | None = None) -> str:
     if obj.get("max_regression") is not None:
         lines.append(f"constraint: no topology regresses more than "
                      f"{100 * obj['max_regression']:.0f}% on either objective")
+    counts = reach_counts(pts)
+    if counts:
+        lines.append("reach: " + ", ".join(f"{n} {r}" for r, n in counts.items())
+                     + " (boot: boot parameters; sysfs/slabinfo: written at run time; "
+                       "kernel: needs a rebuilt kernel)")
     if not pts:
         return "\n".join(lines)
-    names = sorted({k for p in pts for k in p["params"]})
-    if max_params is not None:
-        names = names[:max_params]
-    head = ["trial", "memory", "time"] + names
-    rows = [[str(p["trial"]), f"{p['memory']:.4f}", f"{p['time']:.2f}"]
-            + [str(p["params"].get(n, "")) for n in names] for p in pts]
+    annotated = all("settings" in p for p in pts)
+    if annotated:
+        legend = report.get("legend") or {}
+        used = {k for p in pts for k in p["settings"]}
+        names = [k for k in legend if k in used] + sorted(used - set(legend))
+        head = ["trial", "reach", "memory", "time"] + names
+        rows = [[str(p["trial"]), p["reach"], f"{p['memory']:.4f}", f"{p['time']:.2f}"]
+                + [p["settings"].get(n, "-") for n in names] for p in pts]
+    else:
+        names = sorted({k for p in pts for k in p["params"]})
+        if max_params is not None:
+            names = names[:max_params]
+        head = ["trial", "memory", "time"] + names
+        rows = [[str(p["trial"]), f"{p['memory']:.4f}", f"{p['time']:.2f}"]
+                + [str(p["params"].get(n, "")) for n in names] for p in pts]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     fmt = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))  # noqa: E731
     lines += ["", fmt(head)] + [fmt(r) for r in rows]
+    if annotated:
+        lines += [f"  {n}: {report['legend'][n]}" for n in names if n in report.get("legend", {})]
+        lines.append("  -: the kernel's value")
+        inert = [p for p in pts if p.get("inert")]
+        if inert:
+            lines.append("  set with no effect on this fleet: " + "; ".join(
+                f"trial {p['trial']}: {', '.join(p.get('inert_names') or p['inert'])}"
+                for p in inert))
+    dup = [p for p in pts if p.get("same_as")]
+    if dup:
+        lines.append("  same objectives as: " + "; ".join(
+            f"trial {p['trial']} = {', '.join(map(str, p['same_as']))}" for p in dup))
     lines += ["", "gains against the baseline per topology (memory% / time%, + is better):"]
     topos = report["topologies"]
     th = ["trial"] + topos

@@ -101,3 +101,32 @@ def test_cli_plot_all_three(tmp_path):
                        "--cpus")
     assert_clean_error(run_cli("plot", "pareto", "--study", "quick", "--storage", url, "--out",
                                str(tmp_path / "p.jpeg")), "unknown chart format")
+
+
+@pytest.mark.slow
+def test_pareto_chart_marks_each_front_point_by_reach(tmp_path):
+    """The front's points carry a shape and colour per reach with a legend; a front that
+    mixes reaches shows each (the kernel mark where a point needs a rebuilt kernel)."""
+    from slabtune.tuner import study as studies
+
+    study, _url, _runner = quick_study()
+    rep = studies.front_report(study)
+    pts = pareto.all_points(study, rep["front_reach"])
+    front = pts.filter(pl.col("pareto"))
+    assert front["reach"].null_count() == 0
+    assert set(front["reach"]) <= {"boot", "sysfs", "boot+sysfs", "default"}
+    assert pts.filter(~pl.col("pareto"))["reach"].null_count() == pts.height - front.height
+    svg = charts.save(charts.pareto_chart(pts, rep["baseline"]), tmp_path / "f.svg").read_text()
+    assert charts.REACH_TITLE in svg
+    for r in set(front["reach"]):
+        assert f">{r}<" in svg, r
+    # a hand-made front with a kernel point: its legend entry and triangle mark are drawn
+    mixed = pts.with_columns(pl.when(pl.col("trial") == front["trial"][0]).then(pl.lit("kernel"))
+                             .otherwise(pl.col("reach")).alias("reach"))
+    spec = charts.pareto_chart(mixed, rep["baseline"]).to_dict()
+    layer = next(lyr for lyr in spec["layer"] if lyr.get("encoding", {}).get("shape"))
+    scale = layer["encoding"]["shape"]["scale"]
+    assert scale["range"][scale["domain"].index("kernel")] == "triangle-up"
+    df = charts.gains_frame(rep, [p["trial"] for p in rep["points"][:2]])
+    svg = charts.save(charts.fleet_chart(df), tmp_path / "g.svg").read_text()
+    assert f"{rep['points'][0]['trial']} ({rep['points'][0]['reach']})" in svg

@@ -4,6 +4,7 @@ lines, JSON reports; kernel-change knobs listed; bad trials and values fail clea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 
@@ -64,20 +65,69 @@ def test_grub_tmpfiles_and_json_formats():
         study.user_attrs["slabtune_baseline"]["memory"])
 
 
+KERNEL_SPEC = """
+[fleet]
+profile = "v6.18"
+[[fleet.topology]]
+name = "laptop-8"
+cpus = 8
+[[fleet.workload]]
+[fleet.workload.caches]
+dentry = { live_per_cpu = 4096 }
+"kmalloc-64" = { live_per_cpu = 2048 }
+[search]
+reach = "kernel"
+[search.knobs]
+slub_min_objects = { choices = [0, 16] }
+order_objects_mul = { low = 1, high = 8 }
+min_partial_lo = { low = 0, high = 10 }
+"""
+
+
+@functools.cache
+def _kernel_study():
+    """Three policies of a study that opted in to kernel knobs: the order heuristic's
+    coefficient alone, the same with slub_min_objects set (calculate_order() then never
+    reads the coefficient), and a min_partial clamp with the coefficient."""
+    spec = studies.parse_spec(KERNEL_SPEC, "kspec")
+    runner, _ = studies.create_or_resume(spec, "kexport", "memory:")
+    policies = [{"slub_min_objects": 0, "order_objects_mul": 7, "min_partial_lo": 5},
+                {"slub_min_objects": 16, "order_objects_mul": 7, "min_partial_lo": 5},
+                {"slub_min_objects": 0, "order_objects_mul": 4, "min_partial_lo": 8}]
+    runner.record(policies, runner.evaluator.evaluate(policies))
+    return runner.study
+
+
+@pytest.mark.slow
 def test_kernel_change_knobs_are_listed_never_dropped():
-    study, _url, _runner, _front_ = _front()
-    t = next(t for t in study.trials
-             if t.params["order_objects_mul"] != 4 and t.params["slub_min_objects"] == 0)
-    c = studies.candidate(study, t.number)
-    assert [k.knob for k in c.kernel_change] == ["order_objects_mul"]
-    note = f"order_objects_mul={t.params['order_objects_mul']}"
+    study = _kernel_study()
+    c = studies.candidate(study, 0)
+    assert [k.knob for k in c.kernel_change] == ["order_objects_mul"] and c.reach == "kernel"
+    note = "order_objects_mul=7"
     assert note in export.render(c, "grub") and note in export.render(c, "tmpfiles")
     assert any(note in n for n in export.kernel_change_notes(c))
-    assert json.loads(export.render(c, "json"))["kernel_change"][0]["knob"] == "order_objects_mul"
+    rep = json.loads(export.render(c, "json"))
+    assert rep["kernel_change"][0]["knob"] == "order_objects_mul" and rep["reach"] == "kernel"
+    assert "# reach: kernel (needs a rebuilt kernel" in export.render(c, "grub")
     # with slub_min_objects set the heuristic's coefficients are never used: nothing to change
-    t = next(t for t in study.trials
-             if t.params["order_objects_mul"] != 4 and t.params["slub_min_objects"] > 0)
-    assert studies.candidate(study, t.number).kernel_change == ()
+    c = studies.candidate(study, 1)
+    assert c.kernel_change == () and c.reach == "boot"
+    assert "# reach: boot (boot parameters only" in export.render(c, "tmpfiles")
+    # min_partial_lo 8 lifts kmalloc-64's clamp(ilog2(64) / 2, 5, 10) = 5: a sysfs write
+    c = studies.candidate(study, 2)
+    assert c.reach == "sysfs" and c.sysfs["kmalloc-64"]["min_partial"] == 8
+    assert "# reach: sysfs" in export.render(c, "tmpfiles")
+
+
+@pytest.mark.slow
+def test_export_header_reach_matches_the_pareto_report():
+    study, _url, _runner, _front_ = _front()
+    rep = studies.front_report(study)
+    for p in rep["points"][:4]:
+        c = studies.candidate(study, p["trial"])
+        assert c.reach == p["reach"] != "kernel"
+        lines = export.render(c, "grub").splitlines()
+        assert lines[1] == f"# reach: {export.REACH_TEXT[c.reach]}"
 
 
 def _synthetic(profile: str, boot: dict) -> export.ExportedPolicy:
@@ -120,3 +170,107 @@ def test_cli_export_and_clean_errors(tmp_path):
     assert_clean_error(run_cli("export", "--study", "quick", "--storage", url, "--trial", "0",
                                "--format", "json", "--out", str(tmp_path / "no" / "x.json")),
                        "--out")
+
+
+# --------------------------------------------------------------------------- injection
+
+EVIL = ('x\nGRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX init=/bin/sh"\n'
+        'w /etc/shadow - - - - root::0:0:99999:7:::\r\n"\'; $(reboot) `id` | & > /tmp/x #')
+_TOKEN = re.compile(r"slab_(min_order|max_order|min_objects)=\d+|slab_nomerge")
+_TMPFILES = re.compile(r"w /sys/kernel/slab/[\w.-]+/(min_partial|cpu_partial) - - - - \d+")
+
+
+def assert_only_expected_lines(fmt: str, text: str) -> None:
+    """Every line an export holds is a comment or the one active form of its format."""
+    lines = text.splitlines()
+    assert text.endswith("\n") and "\r" not in text
+    if fmt == "cmdline":
+        assert len(lines) == 1 and all(_TOKEN.fullmatch(t) for t in lines[0].split())
+    elif fmt == "grub":
+        active = [ln for ln in lines if not ln.startswith("#")]
+        assert len(active) <= 1
+        for ln in active:
+            m = re.fullmatch(r'GRUB_CMDLINE_LINUX_DEFAULT="\$GRUB_CMDLINE_LINUX_DEFAULT (.*)"', ln)
+            assert m and all(_TOKEN.fullmatch(t) for t in m.group(1).split()), ln
+    elif fmt == "tmpfiles":
+        assert all(ln.startswith("#") or _TMPFILES.fullmatch(ln) for ln in lines), text
+    else:
+        json.loads(text)
+    for ln in lines:
+        assert ln.isprintable() and ln.isascii(), ln
+
+
+def _run_dir(tmp_path, name: str):
+    """A tune run directory with a real Optuna SQLite study.db (8 tune_quick trials)."""
+    _study, _url, runner = quick_study()
+    run = tmp_path / name
+    r, url = studies.create_or_resume(runner.spec, name, None, run, evaluator=runner.evaluator)
+    r.run(8, 8)
+    return run, run / studies.DB_NAME
+
+
+def _sql(db, query: str, *args) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    with con:
+        assert con.execute(query, args).rowcount >= 1, query
+    con.close()
+
+
+@pytest.mark.slow
+def test_a_study_name_with_newlines_never_reaches_an_exported_file(tmp_path):
+    """issue 33: a run directory whose study.db names its study with newlines, quotes and
+    shell metacharacters; --run reads the name from the database.  Every format is refused
+    with one line naming the study's name, and nothing is written."""
+    run, db = _run_dir(tmp_path, "inj")
+    _sql(db, "UPDATE studies SET study_name = ?", EVIL)
+    with pytest.raises(SlabtuneError) as err:
+        studies.load_study(None, None, run)
+    assert "\n" not in str(err.value) and "study name stored in" in str(err.value)
+    for fmt in ("grub", "tmpfiles"):
+        out = tmp_path / f"out.{fmt}"
+        assert_clean_error(run_cli("export", "--run", str(run), "--trial", "0", "--format", fmt,
+                                   "--out", str(out)), "study: the study name stored in")
+        assert not out.exists()
+    assert_clean_error(run_cli("pareto", "--run", str(run)), "study: the study name stored in")
+
+
+@pytest.mark.slow
+def test_tampered_params_and_attrs_are_refused_or_stay_data(tmp_path):
+    """A param name with a newline is refused naming the trial; newlines, quotes and shell
+    metacharacters in the study's topology names and spec name stay data: every format
+    holds only its expected lines (JSON escapes them)."""
+    run, db = _run_dir(tmp_path, "inj2")
+    _sql(db, "UPDATE trial_params SET param_name = ? WHERE trial_id = "
+             "(SELECT MIN(trial_id) FROM trials) AND param_name = 'slub_max_order'", EVIL)
+    study = studies.load_study(None, None, run)
+    first = min(t.number for t in study.trials)
+    with pytest.raises(SlabtuneError) as err:
+        studies.candidate(study, first)
+    msg = str(err.value)
+    assert msg.startswith(f"trial {first}: param ") and "\n" not in msg
+    topos = json.dumps([EVIL + str(i) for i in range(4)])
+    _sql(db, "UPDATE study_user_attributes SET value_json = ? WHERE key = ?", topos,
+         studies.ATTR_TOPOLOGIES)
+    _sql(db, "UPDATE study_user_attributes SET value_json = ? WHERE key = ?",
+         json.dumps(EVIL), "slabtune_spec_name")
+    study = studies.load_study(None, None, run)
+    for t in study.trials[1:]:
+        c = studies.candidate(study, t.number)
+        for fmt in ("cmdline", "grub", "tmpfiles", "json"):
+            text = export.render(c, fmt)
+            assert_only_expected_lines(fmt, text)
+            if fmt == "json":
+                assert EVIL + "0" in json.loads(text)["gains"]
+
+
+def test_one_line_escapes_every_control_character():
+    s = export.one_line(EVIL + "\u2028\x1b[2J\t\x00")
+    assert s.isprintable() and s.isascii() and "\n" not in s
+    assert s.startswith("x\\nGRUB_CMDLINE_LINUX=") and "\\u2028\\x1b[2J\\t\\x00" in s
+    assert export.one_line("a" * 300).endswith("...") and len(export.one_line("a" * 300)) == 203
+    c = dataclasses.replace(_synthetic("v6.18", {"slub_max_order": 1}), study=EVIL)
+    for fmt in export.FORMATS[:4]:
+        with pytest.raises(SlabtuneError, match=r"^study: name .* is not one printable line$"):
+            export.render(c, fmt)

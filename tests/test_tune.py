@@ -248,7 +248,7 @@ def test_space_uses_plain_optuna_distributions():
     d = spec.space.distributions()
     assert isinstance(d["slub_max_order"], optuna.distributions.IntDistribution)
     assert isinstance(d["slub_min_objects"], optuna.distributions.CategoricalDistribution)
-    assert {k.reach for k in spec.space.knobs} == {"boot", "sysfs", "kernel"}
+    assert {k.reach for k in spec.space.knobs} == {"boot", "sysfs"}
     assert space.KNOBS["slub_min_order"].reach == "boot"
     assert space.KNOBS["min_partial_lo"].reach == "sysfs"
     assert space.KNOBS["sheaf_small"].reach == "kernel"
@@ -347,6 +347,7 @@ maple_node = { live_per_cpu = 512 }
 dentry = { live_per_cpu = 4096 }
 [search]
 seed = 1
+reach = "kernel"
 [search.knobs]
 sheaf_small = { low = 4, high = 120 }
 sheaf_256 = { low = 4, high = 60 }
@@ -376,9 +377,15 @@ def test_sheaf_and_barn_knobs_on_v7_0():
     assert base.time_topo[0, 1] > base.time_topo[0, 0]
     r, _ = studies.create_or_resume(spec, "v70", "memory:", evaluator=ev)
     r.run(8, 8)
-    t = next(t for t in r.study.trials if t.params["sheaf_small"] != 60)
+    # a sheaf_small that changes dentry's capacity (after the kmalloc round-up) is a kernel
+    # change; one that rounds to the kernel's capacity changes nothing and is not listed
+    cap = lambda p: objectives.cache_values(spec.fleet, p)["dentry"]["sheaf_capacity"]  # noqa: E731
+    t = next(t for t in r.study.trials if cap(t.params) != cap({}))
     c = studies.candidate(r.study, t.number)
-    assert "sheaf_small" in [k.knob for k in c.kernel_change]
+    assert "sheaf_small" in [k.knob for k in c.kernel_change] and c.reach == "kernel"
+    same = {"sheaf_small": next(v for v in range(4, 121) if v != 60 and cap({"sheaf_small": v})
+                                == cap({}))}
+    assert studies.deploy(spec, [same])[0].inert == ("sheaf_small",)
     assert all(set(v) == {"min_partial"} for v in c.sysfs.values())  # no cpu_partial in v7.0
     assert c.boot == {}
 
@@ -677,4 +684,103 @@ def test_bad_cost_file_is_one_line_naming_it(tmp_path, cost, field):
     (tmp_path / "spec.toml").write_text(_spec_with_cost(name))
     p = run_cli("tune", "spec.toml", "--trials", "1", "--json", cwd=tmp_path)
     assert_clean_error(p, field)
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- reach
+
+
+@pytest.mark.parametrize("reaches, want", [
+    ((), "default"), (("boot",), "boot"), (("sysfs", "sysfs"), "sysfs"),
+    (("sysfs", "boot"), "boot+sysfs"), (("boot", "sysfs", "kernel"), "kernel"),
+    (("kernel",), "kernel"), (("slabinfo", "boot"), "boot+slabinfo"),
+])
+def test_policy_reach_is_the_most_a_changed_knob_needs(reaches, want):
+    assert space.policy_reach(reaches) == want
+    assert space.is_stock(want) == (want != "kernel")
+
+
+def test_builtin_tune_specs_search_only_what_a_stock_kernel_takes():
+    """Every built-in spec's knobs are boot parameters, sysfs files or /proc/slabinfo
+    tunables, so every point of their fronts deploys on the kernel as built."""
+    for name in ("tune_quick", "tune_dynamics", "tune_sweep_quick", "tune_slab_quick"):
+        spec = studies.load_spec(name)
+        assert spec.space.reach == "stock", name
+        assert {k.reach for k in spec.space.knobs} <= {"boot", "sysfs", "slabinfo"}, name
+
+
+_REACH_SPEC = ('[fleet]\nprofile = "v6.18"\n[[fleet.topology]]\ncpus = 8\n[[fleet.workload]]\n'
+               '[fleet.workload.caches]\ndentry = { live_per_cpu = 1000 }\n'
+               '"kmalloc-64" = { live_per_cpu = 1000 }\n[search]\n{reach}[search.knobs]\n'
+               'slub_min_objects = { choices = [0, 16] }\n{knobs}\n')
+
+
+def _reach_spec(reach: str, knobs: str) -> str:
+    return _REACH_SPEC.replace("{reach}", reach).replace("{knobs}", knobs)
+
+
+@pytest.mark.parametrize("knob", ["order_objects_mul = { low = 1, high = 8 }",
+                                  "sheaf_small = { low = 0, high = 64 }",
+                                  "barn_max_full = {}"])
+def test_a_kernel_knob_needs_the_explicit_opt_in(knob):
+    name = knob.split()[0]
+    with pytest.raises(SlabtuneError) as err:
+        studies.parse_spec(_reach_spec("", knob))
+    msg = str(err.value)
+    assert msg.startswith(f"search.knobs.{name}: needs a rebuilt kernel") and "\n" not in msg
+    assert 'reach = "kernel"' in msg
+    spec = studies.parse_spec(_reach_spec('reach = "kernel"\n', knob))
+    assert spec.space.reach == "kernel" and name in spec.space.names
+    with pytest.raises(SlabtuneError, match="search.reach: 'rebuilt' is not one of stock, kernel"):
+        studies.parse_spec(_reach_spec('reach = "rebuilt"\n', knob))
+
+
+def test_a_stored_spec_from_before_the_opt_in_still_reads():
+    """Studies created when kernel knobs needed no opt-in keep opening (pareto, export):
+    their stored spec reads with reach "kernel"."""
+    text = _reach_spec("", "order_objects_mul = { low = 1, high = 8 }")
+    spec = studies.parse_spec(text, stored=True)
+    assert spec.space.reach == "kernel"
+
+
+def test_live_knobs_follow_what_the_kernel_reads():
+    """A changed knob counts only where the kernel reads it for some fleet cache:
+    calculate_order() takes slub_min_objects over 4 * (fls(nr_cpus) + 1), so the
+    coefficients are inert once it is set; the fleet (dentry 192 B, kmalloc-64) has no
+    cache >= PAGE_SIZE, so set_cpu_partial()'s page class is inert; min_partial_lo above
+    every cache's clamp(ilog2(size) / 2, 5, 10) changes every cache's value."""
+    from slabtune.tuner import reach
+
+    spec = studies.parse_spec(_reach_spec(
+        'reach = "kernel"\n', "order_objects_mul = {}\ncpu_partial_page = {}\n"
+        "cpu_partial_small = {}\nmin_partial_lo = {}"))
+    got = reach.deploy_of(spec.fleet, [
+        {"slub_min_objects": 16, "order_objects_mul": 7},
+        {"slub_min_objects": 0, "order_objects_mul": 7},
+        {"cpu_partial_page": 100, "min_partial_lo": 7},
+        {"cpu_partial_small": 100},
+        {"slub_min_objects": 16},
+        {},
+    ])
+    assert [(d.live, d.inert, d.reach) for d in got] == [
+        (("slub_min_objects",), ("order_objects_mul",), "boot"),
+        (("order_objects_mul",), (), "kernel"),
+        (("min_partial_lo",), ("cpu_partial_page",), "sysfs"),
+        (("cpu_partial_small",), (), "sysfs"),
+        (("slub_min_objects",), (), "boot"),
+        ((), (), "default"),
+    ]
+    assert got[0].changed == 2 and got[4].changed == 1
+    assert got[1].settings == {"min_objects rule": "7*(fls+1)"}
+    assert got[2].settings == {"min_partial": "ilog2/2 in 7..10"}
+    assert got[4].settings == {"slab_min_objects=": "16"}
+
+
+@pytest.mark.slow
+def test_cli_tune_refuses_a_kernel_knob_without_the_opt_in(tmp_path):
+    bad = tmp_path / "kernel.toml"
+    bad.write_text(studies.load_spec("tune_quick").text.replace(
+        "[search.knobs]\n", "[search.knobs]\norder_objects_mul = { low = 1, high = 8 }\n"))
+    assert_clean_error(run_cli("tune", str(bad), "--trials", "1", cwd=tmp_path),
+                       "search.knobs.order_objects_mul: needs a rebuilt kernel")
     assert not (tmp_path / "runs").exists()

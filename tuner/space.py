@@ -15,6 +15,20 @@ A knob is one integer the model reads.  Each is marked with its *reach*:
 * ``slabinfo`` (SLAB profiles only): a per-cache tunable written at run time as
   ``echo "name limit batchcount shared" > /proc/slabinfo`` (slabinfo_write()).
 
+Checked against mm/slub.c and mm/slab_common.c: ``slub_min_order=``, ``slub_max_order=``,
+``slub_min_objects=`` are ``__setup`` parameters (``slab_*`` aliases from v6.8),
+``slub_nomerge``/``slab_nomerge`` a ``__setup`` flag; ``min_partial`` (min_partial_store(),
+any value) and ``cpu_partial`` (cpu_partial_store(), slub_set_cpu_partial(); v7.0 refuses
+non-zero) are writable ``SLAB_ATTR``s; ``sheaf_capacity`` is ``SLAB_ATTR_RO`` (v6.18 on), and
+MAX_FULL_SHEAVES/MAX_EMPTY_SHEAVES and calculate_order()'s ``4 * (fls(nr_cpus) + 1)`` are
+compiled in.
+
+A *policy's* reach (:func:`policy_reach`) is what deploying it takes: ``default`` (no knob
+differs from the kernel's), ``boot``, ``sysfs`` (or ``slabinfo``), ``boot+sysfs`` (both, no
+rebuild), or ``kernel`` as soon as one knob needs a rebuilt kernel.  A stock kernel takes
+every reach but ``kernel``.  A spec searches stock knobs only unless its ``[search]`` table
+says ``reach = "kernel"``; naming a kernel knob without it is a one-line error.
+
 A SLAB profile (``slab-*``) has its own knobs (:data:`SLAB_KNOBS`): ``slab_max_order`` (its
 boot parameter, v3.4 on) and the three /proc/slabinfo tunables; ``memoryless_fallback`` is
 the kernel version's, not a knob.  A SLUB knob on a SLAB profile, or a SLAB one on a SLUB
@@ -25,11 +39,13 @@ The space is read from the ``[search]`` table of a tune spec::
     [search]
     sampler = "nsga2"          # or "tpe"
     seed = 0
+    reach = "kernel"           # default "stock": boot and sysfs knobs only
     [search.knobs]
     slub_max_order = { low = 1, high = 5 }
     slub_min_objects = { choices = [0, 8, 16, 32] }
     cpu_partial_small = { low = 0, high = 240, step = 8 }
     min_partial_lo = {}        # the knob's full kernel range
+    sheaf_small = { low = 0, high = 64 }   # kernel: needs reach = "kernel"
 
 Params are stored in Optuna with plain ``IntDistribution``/``CategoricalDistribution`` under
 the knob names, so a study opens in optuna-dashboard unchanged.
@@ -49,6 +65,12 @@ from slabtune.model import profiles, slab
 Reach = Literal["boot", "sysfs", "kernel", "slabinfo"]
 REACHES: tuple[str, ...] = ("boot", "sysfs", "kernel", "slabinfo")
 SAMPLERS: tuple[str, ...] = ("nsga2", "tpe")
+#: ``[search] reach``: ``stock`` searches what a stock kernel takes (boot parameters, sysfs,
+#: /proc/slabinfo); ``kernel`` also allows knobs that need a rebuilt kernel.
+SEARCH_REACHES: tuple[str, ...] = ("stock", "kernel")
+#: Policy reaches (:func:`policy_reach`), from least to most to deploy.
+POLICY_REACHES: tuple[str, ...] = ("default", "boot", "sysfs", "slabinfo", "boot+sysfs",
+                                   "boot+slabinfo", "kernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +144,7 @@ SLAB_SHARED_MAX = 64
 #: Value of a /proc/slabinfo tunable in the baseline (and when not searched): each cache
 #: keeps its enable_cpucache() value (batchcount: ``(limit + 1) / 2`` of a searched limit).
 SLAB_CACHE_DEFAULT = -1
+SLAB_TUNABLE_NAMES: tuple[str, ...] = ("limit", "batchcount", "shared")
 
 #: SLAB's knobs (see the module docstring).  Ranges: slab_max_order_setup() (0..10);
 #: slabinfo_write() (limit >= 1, 1 <= batchcount <= limit, shared >= 0), capped as above.
@@ -137,6 +160,130 @@ SLAB_KNOBS: dict[str, KnobDef] = {k.name: k for k in (
     KnobDef("shared", "slabinfo", 0, SLAB_SHARED_MAX, None,
             "shared array of a node: shared * batchcount objects (enable_cpucache(): 8)"),
 )}
+
+
+def policy_reach(knob_reaches) -> str:
+    """What deploying a policy takes, from the reaches of the knobs it changes (live ones:
+    :mod:`slabtune.tuner.reach`): ``kernel`` if any needs a rebuilt kernel, else the run-time
+    and boot parts joined (``boot``, ``sysfs``, ``slabinfo``, ``boot+sysfs``,
+    ``boot+slabinfo``), ``default`` when it changes nothing."""
+    got = set(knob_reaches)
+    unknown = got - set(REACHES)
+    if unknown:
+        raise ValueError(f"unknown knob reach {sorted(unknown)[0]!r}")
+    if "kernel" in got:
+        return "kernel"
+    parts = [r for r in ("boot", "sysfs", "slabinfo") if r in got]
+    return "+".join(parts) if parts else "default"
+
+
+def is_stock(reach: str) -> bool:
+    """Whether a policy of this reach runs on a stock kernel (no rebuild)."""
+    return reach != "kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Knobs shown together under the name a kernel engineer knows them by (the pareto
+    table, ``pareto --json``'s ``settings``): a boot parameter, a sysfs file or, for the
+    kernel-change coefficients, the kernel constant or formula they replace."""
+
+    knobs: tuple[str, ...]
+    reach: Reach
+    #: Column name; ``{prefix}`` becomes the profile's boot-parameter prefix (slab_ from v6.8).
+    name: str
+    #: How the family's values are shown; ``{knob}`` fields are the knobs' values.
+    fmt: str
+    #: What the column holds and where it goes (the table's legend).
+    doc: str
+
+
+_CLASSES = "by object size >= 4096 / >= 1024 / >= 256 / < 256 B"
+
+#: Families in table order.
+FAMILIES: tuple[Family, ...] = (
+    Family(("slub_min_order",), "boot", "{prefix}_min_order=", "{slub_min_order}",
+           "boot parameter (default 0)"),
+    Family(("slub_max_order",), "boot", "{prefix}_max_order=", "{slub_max_order}",
+           "boot parameter (default 3, PAGE_ALLOC_COSTLY_ORDER)"),
+    Family(("slub_min_objects",), "boot", "{prefix}_min_objects=", "{slub_min_objects}",
+           "boot parameter (default 0: 4 * (fls(nr_cpus) + 1))"),
+    Family(("slub_nomerge",), "boot", "{prefix}_nomerge", "{slub_nomerge}",
+           "boot flag: no cache merged into another"),
+    Family(("min_partial_divisor", "min_partial_lo", "min_partial_hi"), "sysfs",
+           "min_partial", "ilog2/{min_partial_divisor} in {min_partial_lo}..{min_partial_hi}",
+           "sysfs /sys/kernel/slab/<cache>/min_partial, written per cache as "
+           "clamp(ilog2(size) / d, lo, hi) (set_min_partial()'s rule; default ilog2/2 in 5..10)"),
+    Family(("cpu_partial_page", "cpu_partial_1k", "cpu_partial_256", "cpu_partial_small"),
+           "sysfs", "cpu_partial",
+           "{cpu_partial_page}/{cpu_partial_1k}/{cpu_partial_256}/{cpu_partial_small}",
+           f"sysfs /sys/kernel/slab/<cache>/cpu_partial, objects {_CLASSES} "
+           "(set_cpu_partial()'s classes)"),
+    Family(("slab_max_order",), "boot", "slab_max_order=", "{slab_max_order}",
+           "SLAB boot parameter (default 1)"),
+    Family(("limit", "batchcount", "shared"), "slabinfo", "slabinfo",
+           "{limit}/{batchcount}/{shared}",
+           "SLAB: limit/batchcount/shared written to /proc/slabinfo for every fleet cache"),
+    Family(("order_objects_mul", "order_objects_add"), "kernel", "min_objects rule",
+           "{order_objects_mul}*(fls+{order_objects_add})",
+           "kernel change: calculate_order()'s min_objects = mul * (fls(nr_cpus) + add) "
+           "(order_objects_mul/_add; kernel 4*(fls+1))"),
+    Family(("sheaf_page", "sheaf_1k", "sheaf_256", "sheaf_small"), "kernel",
+           "sheaf_capacity", "{sheaf_page}/{sheaf_1k}/{sheaf_256}/{sheaf_small}",
+           f"kernel change: base sheaf capacity {_CLASSES} (sheaf_*; read-only in sysfs)"),
+    Family(("barn_max_full", "barn_max_empty"), "kernel", "barn", "{barn_max_full}/"
+           "{barn_max_empty}", "kernel change: MAX_FULL_SHEAVES/MAX_EMPTY_SHEAVES "
+           "(barn_max_full/_empty; kernel 10/10)"),
+)
+
+
+def family_name(fam: Family, profile) -> str:
+    """A family's column name for ``profile``: boot parameters in the newest spelling it
+    accepts (``slab_*`` from v6.8, else ``slub_*``)."""
+    prefixes = getattr(profile, "boot_param_prefixes", ("slub",))
+    return fam.name.format(prefix=prefixes[-1])
+
+
+def settings(values: Mapping[str, int], changed, profile) -> dict[str, str]:
+    """The families a policy changes, as ``{column name: text}`` in :data:`FAMILIES` order:
+    ``values`` are every knob's effective value, ``changed`` the knobs that differ from the
+    baseline.  A SLAB tunable left at its cache's own value reads ``dflt``; the nomerge flag
+    reads ``on``/``off``."""
+    changed = set(changed)
+    out = {}
+    for fam in FAMILIES:
+        if not changed & set(fam.knobs):
+            continue
+        shown = {k: ("dflt" if k in SLAB_TUNABLE_NAMES and values.get(k) == SLAB_CACHE_DEFAULT
+                     else values.get(k, "?")) for k in fam.knobs}
+        text = fam.fmt.format(**shown)
+        if fam.knobs == ("slub_nomerge",):
+            text = "on" if int(values.get("slub_nomerge", 0)) else "off"
+        out[family_name(fam, profile)] = text
+    return out
+
+
+#: A knob's part of its family, where the family holds several (engineer_name()).
+_PART = {"min_partial_divisor": "d", "min_partial_lo": "lo", "min_partial_hi": "hi",
+         "cpu_partial_page": ">= 4096 B", "cpu_partial_1k": ">= 1024 B",
+         "cpu_partial_256": ">= 256 B", "cpu_partial_small": "< 256 B"}
+
+
+def engineer_name(knob: str, profile) -> str:
+    """One knob as a kernel engineer names it: its boot parameter or sysfs file (with its
+    part of the family's rule: ``min_partial lo``, ``cpu_partial >= 1024 B``); kernel-change
+    coefficients and SLAB tunables keep their own names."""
+    for fam in FAMILIES:
+        if knob in fam.knobs and fam.reach in ("boot", "sysfs"):
+            name = family_name(fam, profile)
+            return f"{name} {_PART[knob]}" if knob in _PART else name
+    return knob
+
+
+def legend(profile) -> dict[str, str]:
+    """Every family's column name for ``profile`` and what it holds."""
+    table = knobs_for(profile)
+    return {family_name(f, profile): f.doc for f in FAMILIES if f.knobs[0] in table}
 
 
 def knobs_for(profile) -> dict[str, KnobDef]:
@@ -215,6 +362,8 @@ class SearchSpace:
     knobs: tuple[Knob, ...]
     sampler: str = "nsga2"
     seed: int | None = None
+    #: ``[search] reach``: ``stock`` (default) or ``kernel`` (:data:`SEARCH_REACHES`).
+    reach: str = "stock"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -242,8 +391,10 @@ def _int_field(where: str, value) -> int:
     return value
 
 
-def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
-    """Validate one ``[search.knobs]`` entry against the knob's kernel range and the profile."""
+def parse_knob(name: str, table, profile: profiles.KernelProfile,
+               reach: str = "kernel") -> Knob:
+    """Validate one ``[search.knobs]`` entry against the knob's kernel range and the profile;
+    with ``reach = "stock"`` a knob that needs a rebuilt kernel is refused."""
     where = f"search.knobs.{name}"
     table_of = knobs_for(profile)
     if name not in table_of:
@@ -262,6 +413,10 @@ def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
     if not _profile_has(profile, kd.needs):
         raise SlabtuneError(f"{where}: profile {profile.name} has no {kd.needs}; "
                             "the knob means nothing there")
+    if kd.reach == "kernel" and reach != "kernel":
+        raise SlabtuneError(f"{where}: needs a rebuilt kernel ({kd.doc}); a stock kernel "
+                            "takes boot and sysfs knobs only: add reach = \"kernel\" to "
+                            "[search] to search it")
     if not isinstance(table, Mapping):
         raise SlabtuneError(f"{where}: expected a table such as {{ low = 0, high = 4 }}")
     unknown = set(table) - {"low", "high", "step", "choices"}
@@ -298,11 +453,13 @@ def parse_knob(name: str, table, profile: profiles.KernelProfile) -> Knob:
     return Knob(name, kd.reach, low, high, step)
 
 
-def parse_search(table, profile: profiles.KernelProfile) -> SearchSpace:
-    """Build a :class:`SearchSpace` from a spec's ``[search]`` table."""
+def parse_search(table, profile: profiles.KernelProfile, stored: bool = False) -> SearchSpace:
+    """Build a :class:`SearchSpace` from a spec's ``[search]`` table.  ``stored``: the spec
+    of an existing study, which may predate ``reach`` (kernel knobs were then searched
+    without it); its reach is ``kernel`` when it holds a kernel knob."""
     if not isinstance(table, Mapping):
         raise SlabtuneError("search: expected a [search] table")
-    unknown = set(table) - {"sampler", "seed", "knobs"}
+    unknown = set(table) - {"sampler", "seed", "knobs", "reach"}
     if unknown:
         raise SlabtuneError(f"search.{sorted(unknown)[0]}: unknown field")
     sampler = table.get("sampler", "nsga2")
@@ -316,8 +473,16 @@ def parse_search(table, profile: profiles.KernelProfile) -> SearchSpace:
     knobs_t = table.get("knobs")
     if not isinstance(knobs_t, Mapping) or not knobs_t:
         raise SlabtuneError("search.knobs: expected a table with at least one knob")
-    knobs = tuple(parse_knob(n, t, profile) for n, t in knobs_t.items())
-    return SearchSpace(profile=profile, knobs=knobs, sampler=sampler, seed=seed)
+    reach = table.get("reach", "stock")
+    if reach not in SEARCH_REACHES:
+        raise SlabtuneError(f"search.reach: {reach!r} is not one of {', '.join(SEARCH_REACHES)} "
+                            "(stock: boot and sysfs knobs; kernel: also knobs that need a "
+                            "rebuilt kernel)")
+    knobs = tuple(parse_knob(n, t, profile, "kernel" if stored else reach)
+                  for n, t in knobs_t.items())
+    if stored and any(k.reach == "kernel" for k in knobs):
+        reach = "kernel"
+    return SearchSpace(profile=profile, knobs=knobs, sampler=sampler, seed=seed, reach=reach)
 
 
 def make_sampler(space: SearchSpace) -> optuna.samplers.BaseSampler:

@@ -93,11 +93,13 @@ def builtin_spec_path(name: str) -> Path | None:
 
 
 def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None,
-               cost_text: str | None = None) -> TuneSpec:
+               cost_text: str | None = None, stored: bool = False) -> TuneSpec:
     """Parse tune-spec text; every error is one line naming the field.  ``fleet_sweep``:
     the sweep spec its ``[fleet] sweep`` named when the study was created (kept in the
     study), used instead of loading that name again; ``cost_text`` likewise for the cost
-    file ``[objectives] cost`` names (a relative path is read from the working directory)."""
+    file ``[objectives] cost`` names (a relative path is read from the working directory).
+    ``stored``: the spec of an existing study (kept as it was created; it may search kernel
+    knobs without ``[search] reach``, from before that rule)."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -118,7 +120,7 @@ def parse_spec(text: str, name: str = "spec", fleet_sweep: dict | None = None,
         else:
             sweep = fleets.load_sweep(doc["fleet"]["sweep"])
     fleet = fleets.parse_fleet(doc["fleet"], sweep)
-    space = search_space.parse_search(doc["search"], fleet.profile)
+    space = search_space.parse_search(doc["search"], fleet.profile, stored)
     objectives = fleet_objectives.parse_objectives(doc.get("objectives"))
     if objectives.cost is None:
         cost_text = None
@@ -378,9 +380,23 @@ def load_study(study_name: str | None, storage: str | None,
         raise SlabtuneError(f"study: no study named {study_name!r} in {url}") from None
     except ValueError as err:   # a journal or database it cannot replay
         raise SlabtuneError(f"storage: {url!r}: unreadable: {_first_line(err)}") from None
+    _check_stored_name(study.study_name, url)
     if not is_complete(study):
         raise SlabtuneError(_not_a_slabtune_study(study, url))
     return study
+
+
+def _check_stored_name(name, url: str) -> None:
+    """A study name read from a storage is a name slabtune could have created
+    (:func:`check_study_name`): it reaches exported boot and system files, so one with
+    newlines, quotes or shell metacharacters is refused, shown escaped and cut short."""
+    try:
+        check_study_name(name)
+    except SlabtuneError:
+        shown = ascii(name) if len(str(name)) <= 60 else ascii(str(name)[:60]) + "..."
+        raise SlabtuneError(f"study: the study name stored in {url} ({shown}) is not a plain "
+                            "name (letters, digits, '-', '_', '.'); refusing to read it"
+                            ) from None
 
 
 def is_complete(study: optuna.Study) -> bool:
@@ -411,7 +427,7 @@ def study_spec(study: optuna.Study) -> TuneSpec:
     return parse_spec(study.user_attrs[ATTR_SPEC],
                       study.user_attrs.get("slabtune_spec_name", "spec"),
                       study.user_attrs.get(ATTR_FLEET_SWEEP),
-                      study.user_attrs.get(ATTR_COST))
+                      study.user_attrs.get(ATTR_COST), stored=True)
 
 
 # --------------------------------------------------------------------------- running
@@ -677,22 +693,81 @@ def as_json(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=lambda o: np.asarray(o).tolist())
 
 
+def _checked_params(spec: TuneSpec, ft: optuna.trial.FrozenTrial) -> dict[str, int]:
+    """A stored trial's params, each a knob of the study's space holding an integer in its
+    range; a tampered trial is one line naming the trial and the param."""
+    dists = spec.space.distributions()
+    out = {}
+    for k, v in ft.params.items():
+        if k not in dists:
+            raise SlabtuneError(f"trial {ft.number}: param {ascii(k)[:60]} is not a knob the "
+                                f"study searches ({', '.join(dists)})")
+        d = dists[k]
+        ok = not isinstance(v, bool) and (isinstance(v, int)
+                                          or isinstance(v, float) and v.is_integer())
+        if ok and isinstance(d, optuna.distributions.CategoricalDistribution):
+            ok = int(v) in d.choices
+        elif ok:
+            ok = d.low <= int(v) <= d.high and (int(v) - d.low) % d.step == 0
+        if not ok:
+            raise SlabtuneError(f"trial {ft.number}: param {k} = {ascii(v)[:40]} is outside "
+                                "the study's range for it")
+        out[k] = int(v)
+    return out
+
+
+def deploy(spec: TuneSpec, params_list) -> list:
+    """:class:`slabtune.tuner.reach.Deploy` (live and inert changed knobs, reach, settings)
+    of trial params, boot parameters taken as the kernel applies them."""
+    from slabtune.tuner import reach
+
+    return reach.deploy_of(spec.fleet, [effective_params(p, spec) for p in params_list])
+
+
+def front_report(study: optuna.Study) -> dict:
+    """:func:`slabtune.results.pareto.study_pareto` with each point's reach, the settings
+    it changes under their kernel names (and the legend of those names), its changed and
+    inert knobs; points with equal objectives collapsed to the one changing the fewest
+    knobs.  ``front_reach`` gives the reach of every front trial, collapsed ones included."""
+    from slabtune.results import pareto
+
+    spec = study_spec(study)
+    seen: dict[int, dict] = {}
+
+    def annotate(points):
+        got = deploy(spec, [p["params"] for p in points])
+        for p, d in zip(points, got):
+            seen[p["trial"]] = d.as_dict()
+        return seen
+
+    rep = pareto.study_pareto(study, annotate)
+    rep["legend"] = search_space.legend(spec.fleet.profile)
+    rep["front_reach"] = {t: d["reach"] for t, d in seen.items()}
+    rep["search_reach"] = spec.space.reach
+    return rep
+
+
 def candidate(study: optuna.Study, number: int):
     """Everything :mod:`slabtune.results.export` needs about trial ``number``: effective boot
     parameters that differ from the kernel defaults, per-cache sysfs values of the searched
-    sysfs knob families (from the model), knobs that need a kernel change, and gains."""
+    sysfs knob families (from the model), the live knobs that need a kernel change (a knob
+    set to no effect on the fleet, :mod:`slabtune.tuner.reach`, is not one), its reach and
+    gains.  Params a study does not search, or out of range, are refused."""
     from slabtune.results import export
 
     spec = study_spec(study)
     ft = get_trial(study, number)
-    eff = effective_params(ft.params, spec)
+    params = _checked_params(spec, ft)
+    eff = effective_params(params, spec)
+    dep = deploy(spec, [params])[0]
     profile = spec.fleet.profile
     if profiles.is_slab(profile):
-        return _slab_candidate(study, number, ft, spec, eff)
+        return dataclasses.replace(_slab_candidate(study, number, ft, spec, eff),
+                                   reach=dep.reach)
     base = search_space.baseline_values(profile)
     boot = {k: int(eff[k]) for k in search_space.KNOBS if search_space.KNOBS[k].reach == "boot"
             and k in eff and int(eff[k]) != base[k]}
-    searched = set(ft.params)
+    searched = set(params)
     per_cache = None
     sysfs: dict[str, dict[str, int]] = {}
     for attr, family in export.SYSFS_FAMILIES.items():
@@ -704,17 +779,12 @@ def candidate(study: optuna.Study, number: int):
             per_cache = fleet_objectives.cache_values(spec.fleet, eff)
         for cache, vals in per_cache.items():
             sysfs.setdefault(cache, {})[attr] = vals[attr]
-    # a non-zero slub_min_objects replaces the heuristic, so its coefficients then change
-    # nothing (calculate_order() never evaluates them)
-    inert = ({"order_objects_mul", "order_objects_add"} if int(eff.get("slub_min_objects", 0))
-             else set())
     kernel = tuple(export.KernelChange(k, int(eff[k]), base[k], search_space.KNOBS[k].doc)
-                   for k in ft.params if search_space.KNOBS[k].reach == "kernel"
-                   and int(eff[k]) != base[k] and k not in inert)
+                   for k in dep.live if search_space.KNOBS[k].reach == "kernel")
     b = study.user_attrs[ATTR_BASELINE]
     gains = _gains(study, ft)
     return export.ExportedPolicy(study=study.study_name, trial=number, profile=profile,
                        memory=float(ft.values[0]), time=float(ft.values[1]),
                        baseline={"memory": b["memory"], "time": b["time"]}, boot=boot,
                        sysfs=sysfs, kernel_change=kernel, gains=gains,
-                       params={k: int(v) for k, v in ft.params.items()})
+                       params=params, reach=dep.reach)

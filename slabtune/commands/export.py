@@ -35,6 +35,7 @@ def _export(args) -> int:
     cand = studies.candidate(study, args.trial)
     text = export.render(cand, args.format, args.prefix)
     if args.format == "cmdline":
+        print(f"note: reach {export.REACH_TEXT[cand.reach]}", file=sys.stderr)
         for line in export.kernel_change_notes(cand):
             print(line, file=sys.stderr)
         if cand.sysfs:

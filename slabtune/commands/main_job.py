@@ -130,11 +130,12 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     _done(t0, f"study {name} in {url}")
 
     _stage(4, "Pareto front of memory overhead against modelled time per operation")
-    rep = pareto.study_pareto(runner.study)
+    rep = study.front_report(runner.study)
     print(pareto.format_table(rep))
 
     t0 = _stage(5, "drawing the Pareto front")
-    chart = charts.pareto_chart(pareto.all_points(runner.study), rep["baseline"],
+    chart = charts.pareto_chart(pareto.all_points(runner.study, rep["front_reach"]),
+                                rep["baseline"],
                             title=f"{name}: memory against time per op")
     for suffix in ("html", "png"):
         written.append((f"Pareto chart ({suffix})",
@@ -142,17 +143,17 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     _done(t0, "chart written")
 
     t0 = _stage(6, "exporting the chosen policy's boot parameters")
-    cands = {p["trial"]: study.candidate(runner.study, p["trial"]) for p in rep["points"]}
-    chosen = pick_candidate(rep, lambda p: not export.kernel_change_notes(cands[p["trial"]]))
+    chosen = pick_candidate(rep, lambda p: p.get("reach") != "kernel")
     if chosen is None:
         _done(t0, "no Pareto point to export")
         return
-    cand = cands[chosen["trial"]]
+    cand = study.candidate(runner.study, chosen["trial"])
     for fmt, fname in (("cmdline", "cmdline.txt"), ("grub", "99-slabtune.cfg"),
                        ("tmpfiles", "slabtune.conf"), ("json", "report.json")):
         path = run_dir / fname
         write_atomic(path, export.render(cand, fmt), "--out")
         written.append((f"export ({fmt})", path))
+    print(f"    reach: {export.REACH_TEXT[cand.reach]}")
     print("    kernel command line: " + (run_dir / "cmdline.txt").read_text().strip())
     for line in export.kernel_change_notes(cand):
         print(f"    {line}")

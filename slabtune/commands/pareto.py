@@ -1,5 +1,6 @@
 """``slabtune pareto``: the non-dominated policies of a tune study (or configurations of a
-sweep run) with both objectives and per-topology gains against the baseline."""
+sweep run) with both objectives, what deploying each takes (its reach) and per-topology
+gains against the baseline."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ def register(subparsers) -> None:
                      help="a tune run directory (with study.db) or a sweep run directory")
     p.add_argument("--storage", metavar="URL", help="storage URL (default: the run's study.db)")
     p.add_argument("--json", action="store_true",
-                   help='print {"baseline": {...}, "points": [{trial, memory, time, params}]}; '
-                        + jsonout.NON_FINITE_HELP)
+                   help='print {"baseline": {...}, "collapsed": N, "reach": {REACH: count}, '
+                        '"points": [{trial, memory, time, reach, settings, params, knobs, '
+                        'inert, same_as, gains}]}; reach is boot, sysfs, boot+sysfs (a stock '
+                        'kernel takes it) or kernel (needs a rebuilt kernel); points with '
+                        'equal objectives are collapsed into the one changing the fewest '
+                        'knobs (same_as: the others); ' + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_pareto)
 
 
@@ -37,12 +42,15 @@ def _pareto(args) -> int:
     from slabtune.tuner import study as studies
 
     study = studies.load_study(args.study, args.storage, args.run)
-    rep = pareto.study_pareto(study)
+    rep = studies.front_report(study)
     if args.json:
+        keys = ("trial", "memory", "time", "reach", "settings", "params", "knobs", "inert",
+                "same_as", "gains")
         print(jsonout.dumps({"study": rep["study"], "baseline": rep["baseline"],
-                             "points": [{k: p[k] for k in ("trial", "memory", "time",
-                                                           "params", "gains")}
-                                        for p in rep["points"]]}))
+                             "collapsed": rep["collapsed"],
+                             "reach": pareto.reach_counts(rep["points"]),
+                             "legend": rep["legend"],
+                             "points": [{k: p[k] for k in keys} for p in rep["points"]]}))
     else:
         print(pareto.format_table(rep))
     return 0

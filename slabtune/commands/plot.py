@@ -69,8 +69,8 @@ def _plot_pareto(args) -> int:
 
     _check_out(args)
     study = studies.load_study(args.study, args.storage, args.run)
-    rep = pareto.study_pareto(study)
-    chart = charts.pareto_chart(pareto.all_points(study), rep["baseline"],
+    rep = studies.front_report(study)
+    chart = charts.pareto_chart(pareto.all_points(study, rep["front_reach"]), rep["baseline"],
                             title=f"{study.study_name}: memory against time per op")
     return _done(charts.save(chart, args.out))
 
@@ -110,12 +110,12 @@ def _plot_orders(args) -> int:
 
 def _plot_fleet(args) -> int:
     from slabtune.errors import SlabtuneError
-    from slabtune.results import charts, pareto
+    from slabtune.results import charts
     from slabtune.tuner import study as studies
 
     _check_out(args)
     study = studies.load_study(args.study, args.storage, args.run)
-    rep = pareto.study_pareto(study)
+    rep = studies.front_report(study)
     if not rep["points"]:
         raise SlabtuneError(f"study: {study.study_name!r} has no feasible complete trial")
     if args.trial:

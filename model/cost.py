@@ -68,6 +68,7 @@ class CostParams(NamedTuple):
     barn_lock_lines: jnp.ndarray
     zone_lock_lines: jnp.ndarray
     zone_block_lines: jnp.ndarray
+    array_object_ns: jnp.ndarray
 
 
 #: One line per constant: what it stands for in the kernel.
@@ -117,12 +118,17 @@ DOCS: dict[str, str] = {
                         "(a count): struct pages other CPUs wrote last, the block's buddy "
                         "and the free-list neighbours __free_one_page() and "
                         "__rmqueue_smallest()/expand() unlink and link",
+    "array_object_ns": "SLAB: moving one object pointer between array caches or between an "
+                       "array and its slab (transfer_objects()' memcpy, free_block() and "
+                       "slab_get_obj() per object); SLUB's refill and flush objects are "
+                       "sheaf_object_ns",
 }
 
 #: Constants a cost file may leave out, with the value they take then (the physical priors
 #: of :data:`slabtune.model.priors.PRIOR`): the per-acquisition line counts came after
 #: the first cost files, which charged one line per acquisition; ``queueing`` came with the
-#: closed-queue waits.
+#: closed-queue waits; ``array_object_ns`` (SLAB's objects moved) came with the one mapping
+#: from counters to priced events, before which SLAB's moves were priced as sheaf objects.
 #: Names older cost files may carry that no longer exist: ``rho_max`` capped the utilisation
 #: of the open M/M/1 queue the closed queue replaced (a closed queue needs no cap).  A file
 #: that sets one still loads; the value is not used.
@@ -133,6 +139,7 @@ OPTIONAL_DEFAULTS: dict[str, float] = {
     "barn_lock_lines": 3.0,
     "zone_lock_lines": 4.0,
     "zone_block_lines": 5.0,
+    "array_object_ns": 2.0,
 }
 
 FIELDS: tuple[str, ...] = CostParams._fields
@@ -216,7 +223,7 @@ def rig_cost(values: dict, pcp_batch: float) -> CostParams:
     out = {k: float(values.get(k, 0.0)) for k in RIG_FREE}
     out.update(line_local_ns=0.0, line_remote_ns=0.0, queueing=0.0, pcp_batch=float(pcp_batch),
                list_lock_lines=1.0, barn_lock_lines=1.0, zone_lock_lines=1.0,
-               zone_block_lines=1.0)
+               zone_block_lines=1.0, array_object_ns=0.0)
     return CostParams(**{k: jnp.asarray(out[k], _F32) for k in FIELDS})
 
 
@@ -417,7 +424,8 @@ def priced_events(s: SlubCounts, remote_free_lines=1.0) -> PricedEvents:
       (sheaf_flush_unused() -> __kmem_cache_free_bulk(): __slab_free() per slab, a
       list_lock section per slab that changes list);
     * each object refilled or flushed (SHEAF_REFILL, SHEAF_FLUSH: objects in 7.x) at
-      ``sheaf_object_ns``, outside any lock;
+      ``sheaf_object_ns``, outside any lock (SLAB's view: the objects its arrays move, at
+      ``array_object_ns``, :func:`slabtune.model.metrics.with_object_price`);
     * each list_lock section at its hold (and lines and wait, in :func:`solve`);
     * each new slab (ALLOC_SLAB) a page allocator call plus its setup, per slab
       (:func:`slab_setup_ns`); each freed slab (FREE_SLAB) a page allocator call plus its

@@ -122,6 +122,22 @@ def op_rates(counters, sheaf_capacity, remote_free_lines=1.0) -> cost.OpRates:
     return priced_events(counters, sheaf_capacity, remote_free_lines).rates
 
 
+def with_object_price(cfg, c: cost.CostParams) -> cost.CostParams:
+    """The table a configuration's moved objects are priced by: SLAB's (the view's
+    ``objects_under_list_lock`` above 0) move object pointers between array caches and
+    slabs (transfer_objects(), free_block(), slab_get_obj(): ``array_object_ns`` each),
+    where SLUB's refills and flushes read or write each object's free pointer
+    (``sheaf_object_ns``); so for SLAB ``sheaf_object_ns`` takes ``array_object_ns``."""
+    slab = _f(cfg.objects_under_list_lock) > 0
+    return c._replace(sheaf_object_ns=jnp.where(slab, c.array_object_ns, c.sheaf_object_ns))
+
+
+def slab_table(c: cost.CostParams) -> cost.CostParams:
+    """The table SLAB's moved objects are priced by everywhere (the structural set too):
+    ``sheaf_object_ns`` takes ``array_object_ns`` (:func:`with_object_price`)."""
+    return c._replace(sheaf_object_ns=c.array_object_ns)
+
+
 def lock_classes(counters, cfg, pcp_max, c: cost.CostParams):
     """:func:`lock_sections` without the nested drains: ``(acq, line, hold, mult)``."""
     return lock_sections(counters, cfg, pcp_max, c)[:4]
@@ -152,7 +168,8 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     SLAB (``cfg.objects_under_list_lock``) moves the objects of a refill, flush or drain
     under the list_lock (cache_alloc_refill(), cache_flusharray(), __drain_alien_cache(),
     drain_array(): transfer_objects() or free_block() with ``n->list_lock`` held), so each
-    of rep r's list_lock sections is longer by ``sheaf_object_ns`` times the objects it
+    of rep r's list_lock sections is longer by ``array_object_ns`` (:func:`with_object_price`)
+    times the objects it
     moves per acquisition; that time is also returned in ``nested``.
     SLAB's alien locks (the barn classes of slab_dynamics.slub_view()) also hold the drains
     done under them: 6.1 __cache_free_alien() and reap_alien() (3.1 cache_free_alien(),
@@ -167,6 +184,7 @@ def lock_sections(counters, cfg, pcp_max, c: cost.CostParams):
     Returns ``acq (R, 3N)``, ``line (R, 3N)``, ``hold (3N,)``, ``multiplicity (3N,)``,
     ``nested (R,)``.
     """
+    c = with_object_price(cfg, c)
     n_nodes = cfg.node_weight.shape[-1]
     nodes = jnp.arange(n_nodes)
     own = jnp.asarray(cfg.rep_node)[:, None] == nodes[None, :]          # (R, N)
@@ -322,7 +340,8 @@ def compute(counters, cfg, c: cost.CostParams, *, pcp_max, object_size, steps,
     kop = lambda x: per_kop(counters, w, x)  # noqa: E731
 
     rates = priced_events(counters, cfg.sheaf_capacity, cfg.remote_free_lines).rates
-    alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max, c)
+    alloc_ns = cost.base_ns_per_op(rates, cfg.order, cfg.objs_per_slab, pcp_max,
+                                   with_object_price(cfg, c))
     other = jnp.broadcast_to(_f(other_ns), alloc_ns.shape)
     acq, line, hold, mult, nested = lock_sections(counters, cfg, pcp_max, c)
     duty = ops / jnp.maximum(_f(steps), 1.0)

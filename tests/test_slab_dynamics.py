@@ -473,9 +473,9 @@ def test_a_drain_under_the_alien_lock_lengthens_its_section_not_the_holders_time
 def test_slab_moves_its_batches_under_the_list_lock():
     """cache_alloc_refill() and cache_flusharray() move their batch with the node's
     list_lock held (transfer_objects() or the slab loop / free_block()), where SLUB moves a
-    sheaf's objects outside it: each SLAB list_lock section is longer by sheaf_object_ns
+    sheaf's objects outside it: each SLAB list_lock section is longer by array_object_ns
     per object it moves.  Hand-built: two CPUs of node 0, 1000 ops each, 50 local list_lock
-    acquisitions moving 600 objects: 12 objects, 12 x 1 ns more per section, 0.6 ns per op
+    acquisitions moving 600 objects: 12 objects, 12 x 2 ns more per section, 1.2 ns per op
     that the holder already pays outside the lock (so it comes off its base time); a SLUB
     config with the same counts gets none of it."""
     from importlib import resources
@@ -485,7 +485,7 @@ def test_slab_moves_its_batches_under_the_list_lock():
 
     text = resources.files("slabtune.model").joinpath("cost_default.toml").read_text()
     table, _ = cost_model.parse_cost_toml(text, "cost_default.toml")
-    assert float(table.sheaf_object_ns) == 1.0
+    assert float(table.array_object_ns) == 2.0
     cfg = _cfg("slab-v3.1", Topology.uniform(4, 2), {"kind": "local", "live": 40})
     two = np.array([1000, 1000] + [0] * (sd.R - 2), np.int32)
     locks = np.array([50, 50] + [0] * (sd.R - 2), np.int32)
@@ -498,6 +498,6 @@ def test_slab_moves_its_batches_under_the_list_lock():
         "objects_under_list_lock"])
     _, line_s, _, _, nested_s = metrics.lock_sections(cnt, slub, 3, table)
     line, line_s = np.asarray(line), np.asarray(line_s)
-    assert line[0, 0] - line_s[0, 0] == pytest.approx(12.0, rel=1e-5)
-    assert np.asarray(nested)[:2] == pytest.approx([0.6, 0.6], rel=1e-5)
+    assert line[0, 0] - line_s[0, 0] == pytest.approx(24.0, rel=1e-5)
+    assert np.asarray(nested)[:2] == pytest.approx([1.2, 1.2], rel=1e-5)
     assert np.asarray(nested_s)[:2].tolist() == [0.0, 0.0]

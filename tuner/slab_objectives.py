@@ -290,7 +290,7 @@ def _structural(sa, *, fa, cost, pcp_max, fallback):
     order = jnp.broadcast_to(jnp.asarray(sa["order"])[:, :, None, :], reps[0][1].shape)
     objs = jnp.broadcast_to(jnp.asarray(sa["objs_per_slab"])[:, :, None, :], order.shape)
     lines = slab.alien_section_lines(jnp.asarray(sa["alien_limit"], _F32)[:, :, None, :])
-    return memory, priced_time(reps, order, objs, fa, cost, pcp_max,
+    return memory, priced_time(reps, order, objs, fa, metrics.slab_table(cost), pcp_max,
                                barn=metrics.alien_section(lines, cost))
 
 

@@ -160,6 +160,22 @@ def _restore_signal_handlers(previous: dict) -> None:
         _collecting[0] = False
 
 
+def _jax_backend_failure() -> str | None:
+    """Why JAX cannot start a backend in this process, or None when it can (or was never
+    imported): asked again with ``jax.devices()`` after a command failed, since JAX strips
+    its own frames from the traceback of the error it raised.  JAX_PLATFORMS naming a
+    platform this machine lacks fails so: ``cuda`` without CUDA (an AssertionError in
+    xla_bridge.backends, jax 0.4-0.7), an unknown name (RuntimeError "Unable to initialize
+    backend")."""
+    if "jax" not in sys.modules:
+        return None
+    try:
+        sys.modules["jax"].devices()
+    except Exception as err:  # noqa: BLE001 - whatever the backend set-up raises
+        return (str(err).strip().splitlines() or ["no backend of that name is installed"])[0]
+    return None
+
+
 def main(argv=None) -> int:
     """Run one command; ``slabtune ... | head`` ends quietly when ``head`` stops reading.
     SIGTERM and SIGHUP end it like Ctrl-C (cleanup runs), with status 128 + signal."""
@@ -194,6 +210,14 @@ def _run(argv) -> int:
                 where = f"{err.filename} -> {err.filename2}: "
             msg = f"{where}{err.strerror or msg}"
         print(f"slabtune: error: {msg.splitlines()[0] if msg else msg}", file=sys.stderr)
+        return 2
+    except (RuntimeError, AssertionError):
+        why = _jax_backend_failure()
+        if why is None:
+            raise
+        want = os.environ.get("JAX_PLATFORMS", "")
+        print(f"slabtune: error: JAX_PLATFORMS={want!r}: JAX cannot start that backend "
+              f"here ({why}); unset it or use JAX_PLATFORMS=cpu", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         signum = err.signum if isinstance(err, Terminated) else \

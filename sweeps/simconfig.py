@@ -201,7 +201,10 @@ def parse_topology(tab: dict) -> topologies.Topology:
     if not isinstance(ml, list):
         raise ConfigError("topology.memoryless_nodes: must be a list of node ids")
     for n in ml:
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < nodes:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ConfigError(f"topology.memoryless_nodes: {n!r} is not a node id (an "
+                              "integer)")
+        if not 0 <= n < nodes:
             raise ConfigError(
                 f"topology.memoryless_nodes: node {n!r} does not exist (nodes = {nodes})")
     node_cpus = tab.get("node_cpus")

@@ -874,3 +874,78 @@ def test_fleet_bad_distances_name_the_topology(tmp_path, monkeypatch):
         "cpus = 96\nnodes = 2\nmemoryless_nodes = [1]\ndistances = [[10, 20], [20, 9]]"))
     rc, _, err = run("tune", spec, "--trials", "0", "--storage", "memory:")
     error_line(rc, err, "fleet.topology[3]", "distances: [1][1] = 9")
+
+
+# --------------------------------------------------------------------------- issue 33 item 7
+
+@pytest.mark.parametrize("value", ["[2147483648]", "{ gt = -9223372036854775808 }",
+                                   "{ le = 2147483648 }"])
+def test_exclude_integers_outside_int32_are_refused(tmp_path, value):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nname = "x"\nevaluator = "structural"\n[topology]\ncpus = [1, 2]\n'
+                    '[cache]\ncache = ["kmalloc-64"]\n[kernel]\nprofile = "v6.18"\n'
+                    f"[[exclude]]\ncpus = {value}\n")
+    rc, _, err = run("sweep", "plan", spec)
+    error_line(rc, err, "exclude[0].cpus.", "outside the int32 range")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 32), "99999999999999999999"])
+def test_a_search_seed_out_of_range_is_refused_before_the_study_is_created(
+        tmp_path, monkeypatch, seed):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "t.toml"
+    spec.write_text(TUNE_QUICK.read_text().replace("seed = 0", f"seed = {seed}"))
+    rc, _, err = run("tune", spec, "--trials", "1")
+    error_line(rc, err, "search.seed", "outside 0..4294967295")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_fleet_from_the_seeds_sweep_has_one_topology_per_machine():
+    """possible = 0 means 'as many as present': seeds.toml's possible = [0, 256] at 256
+    CPUs named one machine twice, and `[fleet] sweep = "seeds"` always failed."""
+    from slabtune.tuner.fleet import parse_fleet
+
+    fleet = parse_fleet({"sweep": "seeds", "profile": "v6.18"})
+    names = [t.name for t in fleet.topologies]
+    assert len(names) == len(set(names))
+    assert "256cpu" in names and not any(n.startswith("256cpu-256possible") for n in names)
+
+
+def test_a_memoryless_node_that_is_not_an_integer_says_so(tmp_path, monkeypatch):
+    cfg = write_toml(tmp_path / "c.toml", sim_doc(topology={
+        "cpus": 8, "nodes": 4, "memoryless_nodes": [1.0]}))
+    rc, _, err = run("simulate", cfg)
+    error_line(rc, err, "topology.memoryless_nodes: 1.0 is not a node id")
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "t.toml"
+    spec.write_text(TUNE_QUICK.read_text().replace("memoryless_nodes = [1]",
+                                                   "memoryless_nodes = [1.0]"))
+    rc, _, err = run("tune", spec, "--trials", "0", "--storage", "memory:")
+    error_line(rc, err, "fleet.topology[3].memoryless_nodes: 1.0 is not a node id")
+
+
+def test_two_spellings_of_one_cache_in_a_workload_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "t.toml"
+    text = TUNE_QUICK.read_text()
+    line = '"kmalloc-64" = { live_per_cpu = 8192, ops = 1.0 }'
+    assert line in text
+    spec.write_text(text.replace(line, line + '\n"kmalloc-1k" = { live_per_cpu = 8 }\n'
+                                 '"kmalloc-1024" = { live_per_cpu = 8 }', 1))
+    rc, _, err = run("tune", spec, "--trials", "0", "--storage", "memory:")
+    error_line(rc, err, "caches.kmalloc-1024: names cache kmalloc-1k again")
+
+
+def test_jax_platforms_naming_a_missing_backend_is_one_line(tmp_path):
+    """JAX_PLATFORMS=cuda on a machine without CUDA: JAX raises a bare AssertionError while
+    choosing its backend (in a process of its own: this one's JAX is already set up)."""
+    env = dict(os.environ, JAX_PLATFORMS="cuda")
+    p = subprocess.run([sys.executable, "-m", "slabtune", "simulate", str(EXAMPLE)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    try:
+        import jax
+        jax.devices("gpu")
+        pytest.skip("this machine has a GPU backend")
+    except RuntimeError:
+        pass
+    error_line(p.returncode, p.stderr, "JAX_PLATFORMS='cuda'", "cannot start that backend")

@@ -88,6 +88,10 @@ def _id_list(where: str, t: Mapping) -> list:
     ml = t.get("memoryless_nodes", [])
     if not isinstance(ml, list):
         raise SlabtuneError(f"{where}.memoryless_nodes: expected a list of node ids, got {ml!r}")
+    for n in ml:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise SlabtuneError(f"{where}.memoryless_nodes: {n!r} is not a node id (an "
+                                "integer)")
     return ml
 
 
@@ -229,6 +233,10 @@ def _parse_workloads(wl_t) -> tuple[tuple[CacheInfo, ...], tuple[FleetWorkload, 
                 raise SlabtuneError(f"{cw}.{sorted(bad)[0]}: unknown field")
             live = check_number(f"{cw}.live_per_cpu", ct.get("live_per_cpu"), 1.0, 1e9)
             ops = check_number(f"{cw}.ops", ct.get("ops", 1.0), 0.0)
+            if info.name in entries:      # two spellings of one cache: kmalloc-1k, -1024
+                first = next(n for n in caches if get_cache(n).name == info.name)
+                raise SlabtuneError(f"{cw}: names cache {info.name} again (as {first!r} "
+                                    "before); give each cache once per workload")
             entries[info.name] = (live, ops)
             if info.name not in cache_names:
                 cache_names.append(info.name)
@@ -349,7 +357,9 @@ def sweep_fleet_topologies(sweep, profile: profiles.KernelProfile,
     ml, possible = col("memoryless_nodes"), col("possible")
     seen, out = set(), []
     for i in np.flatnonzero(keep):
-        key = (int(present[i]), int(nodes[i]), int(ml[i]), int(possible[i]))
+        # possible 0 means "= present": the same machine as possible == present
+        key = (int(present[i]), int(nodes[i]), int(ml[i]),
+               max(int(possible[i]), int(present[i])))
         if key in seen:
             continue
         seen.add(key)

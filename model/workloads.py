@@ -411,12 +411,13 @@ def hold_levels(live, burst, free_cum) -> tuple[np.ndarray, np.ndarray]:
     round(sum_o share[o][r] * (L_o - h_o))`` (``L - B//2`` with bursts), ``share[o][r]``
     the fraction of ``o``'s objects ``r`` frees (the steps of ``free_cum``'s row ``o``, out
     of 65536; rounded half up in integers), and a free run frees at most the excess.  So
-    each sender's objects in flight sit in ``[L - h, L + h]`` (a local rep frees its own:
-    its floor is its own ``L - h``): receivers consume at the rate that keeps the queues
-    full.  The engines free a rep's pending objects oldest first (FIFO within ``pend``),
-    so an object lives about ``L`` of its sender's ops: lifetimes are long, not
-    free-next-step; this is the only lifetime model (``drain = "eager"`` is the old
-    free-when-possible one)."""
+    the senders' objects in flight sit in ``[L - h, L + h]`` on average (a local rep
+    frees its own: its floor is its own ``L - h``; the rule bounds the senders' sum, and
+    one sender's count wanders about it as a free's origin is drawn by what is pending):
+    receivers consume at the rate that keeps the queues full.  A free takes the oldest
+    object of its origin, so an object lives about ``L`` of its sender's ops: lifetimes
+    are long, not free-next-step; this is the only lifetime model (``drain = "eager"`` is
+    the old free-when-possible one)."""
     live = np.asarray(live, np.int64)
     burst = np.asarray(burst, np.int64)
     alloc = live > 0

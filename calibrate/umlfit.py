@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -92,9 +93,29 @@ def _num(row: Mapping[str, str], key: str) -> float:
         raise SlabtuneError(f"{key}: missing in a calibration row of scenario "
                             f"{row.get('scenario')!r}")
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
         raise SlabtuneError(f"{key}: {v!r} is not a number") from None
+    if not math.isfinite(x) or x < 0:
+        raise SlabtuneError(f"{key}: {v!r} in a calibration row of scenario "
+                            f"{row.get('scenario')!r} is not a finite count or time >= 0")
+    return x
+
+
+#: A timed call's plausible range in ns: above 0 (UML's clock steps 256 ns, so a mean over
+#: 1e5 calls is never 0) and below 1 ms (brackets over 50 us are left out of the mean).
+NS_RANGE = (0.0, 1e6)
+
+
+def _ns(row: Mapping[str, str], key: str) -> float:
+    """A timing of a calibration row, inside :data:`NS_RANGE` (a zero, negative, infinite
+    or 1e308 timing is one line naming the column and the scenario)."""
+    x = _num(row, key)
+    if not NS_RANGE[0] < x < NS_RANGE[1]:
+        raise SlabtuneError(f"{key}: {x:g} ns in a calibration row of scenario "
+                            f"{row.get('scenario')!r} is outside ({NS_RANGE[0]:g}, "
+                            f"{NS_RANGE[1]:g}) ns")
+    return x
 
 
 def _opt(row: Mapping[str, str], key: str, default: float) -> float:
@@ -184,7 +205,7 @@ def figures(rows: Sequence[Mapping[str, str]]) -> list[Figure]:
         med["objs_per_slab"] = statistics.median(_opt(r, "objs_per_slab", SLAB_OBJECTS)
                                                  for r in rs)
         for side in ("alloc", "free"):
-            ns = statistics.median(_num(r, f"{side}_ns_per_call") for r in rs)
+            ns = statistics.median(_ns(r, f"{side}_ns_per_call") for r in rs)
             out.append(Figure(scen, cpus, side, len(rs), ns, events(med, side)))
     return out
 

@@ -949,3 +949,22 @@ def test_jax_platforms_naming_a_missing_backend_is_one_line(tmp_path):
     except RuntimeError:
         pass
     error_line(p.returncode, p.stderr, "JAX_PLATFORMS='cuda'", "cannot start that backend")
+
+
+@pytest.mark.parametrize("value, needle", [("0", "0 ns"), ("inf", "'inf'"), ("-5", "'-5'"),
+                                           ("1e308", "1e+308 ns"), ("nan", "'nan'")])
+def test_calibrate_fit_refuses_an_impossible_timing_and_writes_nothing(tmp_path, value, needle):
+    src = ROOT / "calibrate" / "data" / "uml-7.2-2026-11-24.csv"
+    lines = src.read_text().splitlines(keepends=True)
+    body = [i for i, ln in enumerate(lines) if not ln.startswith("#")]
+    header = lines[body[0]].strip().split(",")
+    cells = lines[body[1]].rstrip("\n").split(",")
+    assert cells[header.index("ok")] == "1"
+    cells[header.index("free_ns_per_call")] = value
+    lines[body[1]] = ",".join(cells) + "\n"
+    data = tmp_path / "bad.csv"
+    data.write_text("".join(lines))
+    out = tmp_path / "cost.toml"
+    rc, _, err = run("calibrate", "fit", "--data", data, "--out", out)
+    error_line(rc, err, "free_ns_per_call", needle, "scenario")
+    assert not out.exists()

@@ -120,7 +120,11 @@ def _plot_fleet(args) -> int:
         raise SlabtuneError(f"study: {study.study_name!r} has no feasible complete trial")
     if args.trial:
         on_front = {p["trial"] for p in rep["points"]}
+        kept = {t: p["trial"] for p in rep["points"] for t in p["same_as"]}
         for t in args.trial:
+            if t in kept:
+                raise SlabtuneError(f"--trial: {t} has the same objectives as trial {kept[t]}, "
+                                    "which changes fewer knobs: plot that one")
             if t not in on_front:
                 studies.get_trial(study, t)  # unknown trial: one clean line
                 raise SlabtuneError(f"--trial: {t} is not on the Pareto front")

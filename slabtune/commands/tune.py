@@ -26,7 +26,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "tune", help="search policies for the Pareto front of memory against time per op",
         description="Run a multi-objective Optuna study (NSGA-II or TPE, from the spec) over "
-                    "the knobs of a tune spec's [search] table, evaluated over its [fleet] "
+                    "the knobs of a tune spec's [search] table (boot parameters and sysfs "
+                    "values unless [search] reach = \"kernel\" allows knobs that need a "
+                    "rebuilt kernel), evaluated over its [fleet] "
                     "(inline [[fleet.topology]]/[[fleet.workload]] tables, or sweep = NAME|PATH "
                     "taking a sweep spec's topologies and caches). Each batch is written to "
                     "the storage in one go. SPEC is a TOML file or a built-in name "
@@ -151,6 +153,7 @@ def _tune(args) -> int:
 def _check_mode(args) -> str:
     """Which way the study is filled; options of another mode are one-line errors."""
     from slabtune.errors import SlabtuneError
+    from slabtune.model import limits
 
     if args.exhaustive and args.sampler == "population":
         raise SlabtuneError("--exhaustive: give it or --sampler population, not both")
@@ -177,6 +180,10 @@ def _check_mode(args) -> str:
         raise SlabtuneError(f"--generations: {args.generations} is negative")
     if args.population is not None and args.population < 4:
         raise SlabtuneError(f"--population: {args.population} must be at least 4")
+    if args.population is not None:
+        limits.check("population", args.population, "--population")
+    if args.trials is not None:
+        limits.check("trials", args.trials, "--trials")
     if args.record_sample < 0:
         raise SlabtuneError(f"--record-sample: {args.record_sample} is negative")
     if args.max_points is not None and args.max_points < 1:

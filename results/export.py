@@ -8,7 +8,10 @@ parameter is ``slab_max_order=`` and its per-cache tunables are a ``slabinfo`` s
 ``echo "name limit batchcount shared" > /proc/slabinfo`` lines (one cache per write, as
 slabinfo_write() takes them, which tmpfiles.d cannot express).  Knobs that only a kernel
 change reaches are listed as such in every format (comments, stderr notes, a JSON field),
-never dropped silently.  Pure Python; never imports JAX.
+never dropped silently, and every export says what deploying the policy takes (its reach:
+a ``# reach:`` header line, a JSON field).  Every string written into a file is checked or
+escaped to one printable line (:func:`one_line`): names are data, never lines of their
+own.  Pure Python; never imports JAX.
 """
 
 from __future__ import annotations

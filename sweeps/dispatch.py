@@ -234,8 +234,24 @@ def _remove_stale_temp_dirs() -> None:
 
 
 def _probe(address: str, timeout: float = 5.0) -> None:
-    """Fail fast on a ``host:port`` nobody listens on (ray.init would retry for minutes)."""
-    if "://" in address or address == "auto" or ":" not in address:
+    """Fail fast on a ``host:port`` nobody listens on (ray.init would retry for minutes).
+    ``auto`` is first resolved as ray.init resolves it (the last ``ray start``'s address in
+    Ray's temp dir, ray_current_cluster, or a running GCS): a stale file naming a cluster
+    that is gone made ray.init hang for over 3 minutes."""
+    shown = address
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:           # another Ray layout: leave it to ray.init
+            return
+        try:
+            resolved = canonicalize_bootstrap_address("auto")
+        except (ConnectionError, ValueError) as err:
+            raise SlabtuneError(f"--ray-address: auto: {_first_line(err)}") from None
+        if not resolved:
+            return
+        address, shown = resolved, f"auto ({resolved}, from Ray's ray_current_cluster file)"
+    if "://" in address or ":" not in address:
         return
     host, _, port = address.rpartition(":")
     try:
@@ -246,8 +262,12 @@ def _probe(address: str, timeout: float = 5.0) -> None:
         with socket.create_connection((host, port_no), timeout=timeout):
             pass
     except OSError as err:
-        raise SlabtuneError(f"--ray-address: cannot connect to {address}: "
+        raise SlabtuneError(f"--ray-address: cannot connect to {shown}: "
                             f"{err.strerror or err}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [err.__class__.__name__])[0]
 
 
 #: Signals whose Python handlers :func:`_latched_signals` guards while chunks run.

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from slabtune.model import cost as cost_model
-from slabtune.model import policy, profiles, slab
+from slabtune.model import limits, policy, profiles, slab
 from slabtune.model.constants import STRUCTURE_FIELDS
 from slabtune.sweeps.simconfig import ConfigError, SimSpec
 
@@ -119,7 +119,11 @@ def bursts_together(cfg):
 def simulate_specs(specs: list[SimSpec], together=None):
     """Structure, dynamics configuration and counters of every spec (one padded batch per
     step count); returns three lists in the order of ``specs``.  ``together`` (one bool per
-    spec, default none): those specs' bursty reps start in step (:func:`bursts_together`)."""
+    spec, default none): those specs' bursty reps start in step (:func:`bursts_together`).
+    Refused before anything runs when the batch is over model.limits' ``model_ops``."""
+    limits.check("model_ops", sum(limits.model_ops(s.topology.present, s.steps, s.ops_per_step)
+                                  for s in specs),
+                 "run.steps", f" of {len(specs)} config{'s' if len(specs) != 1 else ''}")
     import jax
 
     from slabtune.sweeps.evaluators import configure_jax

@@ -63,7 +63,7 @@ from importlib import resources
 from typing import Any
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import caches, profiles
+from slabtune.model import caches, limits, profiles
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.topology import MAX_CPUS, MAX_NODES
 from slabtune.results.safeio import TEXT_LIMIT, read_bounded
@@ -241,12 +241,21 @@ def over_grid_limit(spec: SweepSpec) -> bool:
 
 
 def check_grid_size(spec: SweepSpec) -> None:
-    """Refuse a grid over :data:`MAX_GRID_ROWS` configurations, naming its size."""
+    """Refuse a grid over :data:`MAX_GRID_ROWS` configurations, naming its size, or one cut
+    into more chunks than model.limits' ``chunks`` (each a Ray task and a manifest state:
+    6.6e9 rows in chunks of 1 was 6.6e9 tasks)."""
     if over_grid_limit(spec):
         axes = " x ".join(f"{a.name}[{len(a)}]" for a in spec.axes)
         raise SpecError(f"grid: {spec.product} configurations ({axes}) are over the limit of "
                         f"{MAX_GRID_ROWS} per sweep; narrow an axis or split the sweep into "
                         "several specs")
+    chunks = -(-spec.product // spec.chunk_size)
+    try:
+        limits.check("chunks", chunks, "sweep.chunk_size",
+                     f" ({spec.product:,} configurations in chunks of {spec.chunk_size:,}; "
+                     "a larger chunk_size makes fewer)")
+    except SlabtuneError as err:
+        raise SpecError(str(err)) from None
 
 
 def from_dict(d: dict) -> SweepSpec:

@@ -968,3 +968,93 @@ def test_calibrate_fit_refuses_an_impossible_timing_and_writes_nothing(tmp_path,
     rc, _, err = run("calibrate", "fit", "--data", data, "--out", out)
     error_line(rc, err, "free_ns_per_call", needle, "scenario")
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- issue 33 item 4
+
+CHUNKY_SPEC = """
+[sweep]
+name = "chunky"
+evaluator = "structural"
+chunk_size = 1
+[topology]
+cpus = { range = [1, 8192] }
+nodes = { range = [1, 64] }
+[cache]
+size = { range = [8, 4096] }
+[kernel]
+profile = "v6.18"
+"""
+
+
+def test_a_grid_cut_into_too_many_chunks_is_refused_before_a_run_exists(tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "chunky.toml"
+    spec.write_text(CHUNKY_SPEC)
+    chunks = 8192 * 64 * (4096 - 8 + 1)
+    rc, out, err = run("sweep", "plan", spec)
+    assert rc == 0 and f"refused: sweep run would refuse this grid: sweep.chunk_size: " \
+                       f"{chunks:,} chunks" in out
+    rc, _, err = run("sweep", "run", spec, "--out", tmp_path / "runs")
+    error_line(rc, err, "sweep.chunk_size", f"{chunks:,} chunks", "SLABTUNE_MAX_CHUNKS")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_limit_is_raised_or_lowered_by_its_variable_and_a_bad_value_is_named(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLABTUNE_MAX_CHUNKS", "1")          # quick.toml has 2 chunks
+    rc, _, err = run("sweep", "run", "quick", "--out", tmp_path / "runs")
+    error_line(rc, err, "sweep.chunk_size", "2 chunks", "over the limit of 1")
+    monkeypatch.setenv("SLABTUNE_MAX_CHUNKS", "lots")
+    rc, _, err = run("sweep", "run", "quick", "--out", tmp_path / "runs")
+    error_line(rc, err, "SLABTUNE_MAX_CHUNKS: 'lots' is not an integer")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_simulation_over_the_model_bound_is_refused_before_it_runs(tmp_path):
+    cfg = write_toml(tmp_path / "c.toml", sim_doc(run={"steps": 10_000_000,
+                                                       "ops_per_step": 1024, "seed": 1}))
+    t0 = time.perf_counter()
+    rc, _, err = run("simulate", cfg)
+    error_line(rc, err, "run.steps", "modelled ops", "SLABTUNE_MAX_MODEL_OPS")
+    assert time.perf_counter() - t0 < 60        # refused, not run (the run takes hours)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--sampler", "population", "--generations", "1", "--population", "100000000"],
+     "--population: 100,000,000 candidates per generation is over the limit of 65,536"),
+    (["--trials", "10000000"], "--trials: 10,000,000 trials in one call is over the limit"),
+])
+def test_tune_bounds_are_checked_before_the_study_is_created(tmp_path, monkeypatch, argv,
+                                                             needle):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run("tune", TUNE_QUICK, *argv)
+    error_line(rc, err, needle)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ray_address_auto_with_a_stale_cluster_file_fails_fast(tmp_path, monkeypatch):
+    """A ray_current_cluster file naming a cluster that is gone: ray.init hung over 3
+    minutes; the address it resolves to is probed first."""
+    import socket
+
+    from slabtune.errors import SlabtuneError
+    from slabtune.sweeps import dispatch
+
+    with socket.socket() as s:           # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    t0 = time.perf_counter()
+    try:
+        dispatch._probe("auto")
+    except SlabtuneError as err:
+        assert f":{port}" in str(err) and "--ray-address: cannot connect to auto" in str(err)
+    else:
+        pytest.skip("a live Ray cluster on this machine answers 'auto'")
+    assert time.perf_counter() - t0 < 30

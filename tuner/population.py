@@ -48,6 +48,7 @@ import numpy as np
 from jax import lax
 
 from slabtune.errors import SlabtuneError
+from slabtune.model import limits
 from slabtune.tuner import front as fronts
 from slabtune.tuner import grid as grids
 
@@ -384,6 +385,7 @@ def run(runner, generations: int, population: int | None = None, seed: int | Non
         raise SlabtuneError(f"--generations: {generations} is negative")
     spec, study = runner.spec, runner.study
     population = population or POPULATION[spec.objectives.name]
+    limits.check("population", population, "--population")
     seed = seed if seed is not None else (spec.space.seed or 0)
     t0 = time.perf_counter()
     search = searcher(runner.evaluator, grids.grid_of(spec.space), seed, population, archive,

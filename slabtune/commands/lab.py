@@ -88,6 +88,7 @@ def _lab(args) -> int:
         kernels = lab.resolve_kernels(args.kernel,
                                       slab=bool(configs) and all(map(lab.is_slab_config,
                                                                      configs)))
+        _check_predictions(configs, len(kernels))
     if args.timeout is not None and not 0 < args.timeout <= 3600:
         raise SlabtuneError(f"--timeout: {args.timeout} is outside (0, 3600]")
     output_dir("--out", args.out)
@@ -96,6 +97,23 @@ def _lab(args) -> int:
                       schedule=args.schedule or "free")
     _print(args, res)
     return 1 if res.failed else 0
+
+
+def _check_predictions(configs, n_kernels: int) -> None:
+    """The model's predictions of every (config, kernel) pair, warm-up included, within
+    model.limits' ``model_ops``: refused before the run directory exists or a kernel boots
+    (steps 1e7 x ops_per_step 1024 ran 10 minutes at full CPU before any boot)."""
+    from slabtune.kernel import labmod
+    from slabtune.model import limits
+    from slabtune.sweeps import simconfig
+
+    total = 0
+    for c in configs:
+        s = simconfig.parse_doc(c.doc)
+        total += limits.model_ops(s.topology.present, labmod.warmup_steps(s.steps) + s.steps,
+                                  s.ops_per_step)
+    limits.check("model_ops", total * n_kernels, "run.steps",
+                 f" of {len(configs)} config(s) x {n_kernels} kernel(s), warm-up included")
 
 
 def _show(args) -> int:

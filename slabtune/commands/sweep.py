@@ -102,10 +102,18 @@ def _human_bytes(n: int) -> str:
 
 
 def _plan(args) -> int:
+    import dataclasses
+
     from slabtune.sweeps import runner
+    from slabtune.sweeps import spec as sweep_spec
 
     spec, _ = _load(args.spec)
     p = runner.plan(spec)
+    if p.refused is None:
+        try:                                 # the chunk bound (model.limits), as run checks it
+            sweep_spec.check_grid_size(spec)
+        except sweep_spec.SpecError as err:
+            p = dataclasses.replace(p, refused=str(err))
     if args.json:
         print(jsonout.dumps({"spec": spec.name, "spec_hash": spec.hash,
                              "evaluator": spec.evaluator,

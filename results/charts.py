@@ -32,7 +32,12 @@ REACH_MARKS = {
     "kernel": ("triangle-up", "#d62728"),
 }
 #: Legend title of the reach marks.
-REACH_TITLE = "reach (kernel: needs a rebuilt kernel)"
+REACH_TITLE = "reach"
+
+
+def reach_label(reach: str) -> str:
+    """A reach as the legend shows it: whether a stock kernel takes it."""
+    return f"{reach} (rebuilt kernel)" if reach == "kernel" else f"{reach} (stock kernel)"
 
 
 def pareto_chart(points: pl.DataFrame, baseline: dict, title: str = "Pareto front") -> alt.Chart:
@@ -67,10 +72,14 @@ def pareto_chart(points: pl.DataFrame, baseline: dict, title: str = "Pareto fron
         marked = df.filter(pl.col("pareto") & pl.col("reach").is_not_null())
         present = [r for r in REACH_MARKS if r in set(marked["reach"].to_list())]
         present += sorted(set(marked["reach"].to_list()) - set(present))
-        shape = alt.Shape("reach:N", title=REACH_TITLE, scale=alt.Scale(
-            domain=present, range=[REACH_MARKS.get(r, ("cross", ""))[0] for r in present]))
-        rcolor = alt.Color("reach:N", title=REACH_TITLE, scale=alt.Scale(
-            domain=present, range=[REACH_MARKS.get(r, ("", "#000000"))[1] for r in present]))
+        marked = marked.with_columns(pl.col("reach").map_elements(
+            reach_label, return_dtype=pl.Utf8).alias("deploy"))
+        labels = [reach_label(r) for r in present]
+        legend = alt.Legend(title=REACH_TITLE, labelLimit=400)
+        shape = alt.Shape("deploy:N", legend=legend, scale=alt.Scale(
+            domain=labels, range=[REACH_MARKS.get(r, ("cross", ""))[0] for r in present]))
+        rcolor = alt.Color("deploy:N", legend=legend, scale=alt.Scale(
+            domain=labels, range=[REACH_MARKS.get(r, ("", "#000000"))[1] for r in present]))
         layers = layers + alt.Chart(marked).mark_point(size=90, filled=True).encode(
             x=x, y=y, shape=shape, color=rcolor,
             tooltip=["trial:Q", "memory:Q", "time:Q", "reach:N"])

@@ -117,16 +117,16 @@ def test_pareto_chart_marks_each_front_point_by_reach(tmp_path):
     assert set(front["reach"]) <= {"boot", "sysfs", "boot+sysfs", "default"}
     assert pts.filter(~pl.col("pareto"))["reach"].null_count() == pts.height - front.height
     svg = charts.save(charts.pareto_chart(pts, rep["baseline"]), tmp_path / "f.svg").read_text()
-    assert charts.REACH_TITLE in svg
+    assert f">{charts.REACH_TITLE}<" in svg
     for r in set(front["reach"]):
-        assert f">{r}<" in svg, r
+        assert f">{r} (stock kernel)<" in svg, r
     # a hand-made front with a kernel point: its legend entry and triangle mark are drawn
     mixed = pts.with_columns(pl.when(pl.col("trial") == front["trial"][0]).then(pl.lit("kernel"))
                              .otherwise(pl.col("reach")).alias("reach"))
     spec = charts.pareto_chart(mixed, rep["baseline"]).to_dict()
     layer = next(lyr for lyr in spec["layer"] if lyr.get("encoding", {}).get("shape"))
     scale = layer["encoding"]["shape"]["scale"]
-    assert scale["range"][scale["domain"].index("kernel")] == "triangle-up"
+    assert scale["range"][scale["domain"].index("kernel (rebuilt kernel)")] == "triangle-up"
     df = charts.gains_frame(rep, [p["trial"] for p in rep["points"][:2]])
     svg = charts.save(charts.fleet_chart(df), tmp_path / "g.svg").read_text()
     assert f"{rep['points'][0]['trial']} ({rep['points'][0]['reach']})" in svg

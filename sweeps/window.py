@@ -50,22 +50,26 @@ class Windowed(NamedTuple):
     second: object
 
 
-def run_window(keys, cfgs, warmup: int, steps: int, engine_name: str | None = None) -> Windowed:
-    """SLUB counters of a batch over steps ``warmup``..``warmup + steps`` and over its two
-    halves (``steps`` even), from three runs of the engine
-    (:func:`slabtune.sweeps.dynsim.run_batch`) to ``warmup``, ``warmup + steps / 2`` and
-    ``warmup + steps`` steps, subtracted by :func:`window_counters`.  The engines return
-    only a run's end, so the three runs replay their shared first steps: ``3 * warmup +
-    1.5 * steps`` steps in all."""
-    from slabtune.sweeps import dynsim
+def run_window(keys, cfgs, warmup: int, steps: int, run=None) -> Windowed:
+    """Counters of a batch over steps ``warmup``..``warmup + steps`` and over its two
+    halves (``steps // 2`` steps, then the rest), from three runs of ``run(keys, cfgs,
+    steps)`` (default :func:`slabtune.sweeps.dynsim.run_batch`; SLAB's
+    :func:`~slabtune.sweeps.dynsim.run_slab_batch` works alike) to ``warmup``, ``warmup +
+    steps // 2`` and ``warmup + steps`` steps, subtracted by :func:`window_counters`.  The
+    engines return only a run's end, so the three runs replay their shared first steps:
+    about ``3 * warmup + 1.5 * steps`` steps in all."""
+    if run is None:
+        from slabtune.sweeps import dynsim
 
-    if steps < 2 or steps % 2:
-        raise ValueError(f"steps: {steps} is not an even number of at least 2")
+        run = dynsim.run_batch
+    if steps < 2:
+        raise ValueError(f"steps: {steps} is fewer than the 2 steps of two halves")
     mid, end = warmup + steps // 2, warmup + steps
-    late = dynsim.run_batch(keys, cfgs, end, engine_name)
-    middle = dynsim.run_batch(keys, cfgs, mid, engine_name)
-    early = dynsim.run_batch(keys, cfgs, warmup, engine_name) if warmup > 0 else None
-    if early is None:
+    late = run(keys, cfgs, end)
+    middle = run(keys, cfgs, mid)
+    if warmup > 0:
+        early = run(keys, cfgs, warmup)
+    else:
         early = type(late)(**{n: np.zeros_like(np.asarray(getattr(late, n)))
                               for n in type(late)._fields})
     return Windowed(window=window_counters(early, late, warmup, end),

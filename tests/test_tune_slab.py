@@ -95,22 +95,33 @@ def test_structural_trials_equal_the_slab_structure(tmp_path):
 
 def test_dynamics_trials_equal_slabtune_simulate(tmp_path):
     """A dynamics-set trial's objectives are the SLAB dynamics of its policy as
-    ``slabtune simulate`` runs it (same structure, tunables, workload, seed and steps),
-    priced by the same metrics: memory (memory - live) / live, time ns_per_op / 2."""
+    ``slabtune simulate`` runs it (same structure, tunables, workload and seed), counted
+    over the trial's window as the lab counts it (the run to the window's end less the run
+    to the warm-up's, sweeps/window.py), priced by the same metrics over the window's
+    steps: memory (memory - live) / live, time ns_per_op / 2."""
+    import dataclasses
+
+    from slabtune.sweeps.window import window_counters
+
     steps, seed = 48, 7
     runner = _runner(tmp_path, _spec({"set": "dynamics", "steps": steps, "seed": seed}))
     runner.run(6, 6)
+    warm, win = runner.evaluator._fn.plan
+    assert (win >= steps).all()
     done = _done(runner.study)
     assert done
-    specs = []
     for t in done:
+        i = t.number
         doc = {"topology": {"cpus": CPUS}, "cache": {"name": "kmalloc-256"},
                "policy": {"profile": PROFILE, "params": dict(t.params)},
                "workload": {"kind": "local", "live": LIVE, "burst": 0},
-               "run": {"steps": steps, "seed": seed}}
-        specs.append(simconfig.parse_doc(doc))
-    rows = simulate.run(specs, simconfig.load_cost()[0])
-    for t, row in zip(done, rows):
+               "run": {"steps": int(win[i]), "seed": seed}}
+        spec = simconfig.parse_doc(doc)
+        ends = [dataclasses.replace(spec, steps=int(n)) for n in (warm[i], warm[i] + win[i])]
+        structs, cfgs, (early, late) = simulate.simulate_specs(ends)
+        counters = window_counters(early, late, int(warm[i]), int(warm[i] + win[i]))
+        [row] = simulate.metrics_of([spec], structs[1:], cfgs[1:], [counters],
+                                    simconfig.load_cost()[0])
         live = row["live_bytes"]
         assert t.values[0] == pytest.approx((row["memory_bytes"] - live) / live, rel=1e-5)
         assert t.values[1] == pytest.approx(row["ns_per_op"] / 2.0, rel=1e-5)

@@ -153,4 +153,5 @@ def evaluate_rows(evaluator, grid: Grid, genomes: np.ndarray, block: int | None 
             g = np.concatenate([g, np.repeat(g[:1], block - n, 0)])
         ev = evaluator.evaluate_values(knob_values(grid, g))
         parts.append([x[:n] for x in ev])
-    return Evaluation(*(np.concatenate([p[j] for p in parts]) for j in range(4)))
+    return Evaluation(*(np.concatenate([p[j] for p in parts])
+                        for j in range(len(Evaluation._fields))))

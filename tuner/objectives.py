@@ -271,39 +271,181 @@ def structural_objectives(values, prof: policy.ProfileArrays, fa: FleetArrays,
 
 # --------------------------------------------------------------------------- dynamics set
 
-#: Live objects per CPU a dynamics workload keeps at most (the simulation runs a few hundred
-#: steps; a larger live set would never be reached).
-DYN_LIVE_MAX = 256
-#: Dynamics steps and base seed when the spec's [objectives] table names none.
-DYN_STEPS = 256
+#: Dynamics base seed when the spec's [objectives] table names none.
 DYN_SEED = 0
+#: Steady state (docs/TUNING.md, "Objective sets"): the longest run (``ops_per_step``) a
+#: SLUB point gets, and the share of its live set one run may be at most (1/32: the hold
+#: band's half-width, workloads.hold_levels, so a run never jumps across the band).
+RUN_MAX = 64
+RUN_SHARE = 32
+#: Ops per rep in each half of a counted window at least: time per op is driven by rare
+#: costly events (a slab from the page allocator, a refill of a small per-CPU array), and a
+#: half of a few hundred ops sees a handful (SLAB at limit 4, live 100: halves of 412 ops
+#: 9.8% apart in time per op, memory equal).
+HALF_MIN_OPS = 2048
+#: The window's halves must agree within this share of the window's value, in memory held
+#: and in ns per op, per (topology, workload); else the point is not in steady state.
+STEADY_TOL = 0.05
+#: The live objects per CPU a point holds over its window must be within this share of the
+#: fleet's declared live_per_cpu.
+OCCUPANCY_TOL = 0.10
+#: A (topology, workload) whose baseline is not in steady state with the derived schedule
+#: gets its warm-up and window doubled, up to this many times (:meth:`DynamicsObjectives.
+#: settle`).
+SETTLE_DOUBLINGS = 5
+#: A trial's (topology, workload) still moving is run again with its warm-up and window
+#: doubled, up to this many times, before its objectives are reported as not in steady
+#: state.
+RETRY_DOUBLINGS = 2
 
 
-def dynamics_workload(wl: FleetWorkload, k: int) -> dict:
-    """The dynamics workload standing for fleet workload ``wl`` on cache ``k``.
+def dynamics_workload(wl: FleetWorkload, k: int, topology: Topology | None = None) -> dict:
+    """The dynamics workload standing for fleet workload ``wl`` on cache ``k`` (on
+    ``topology``), holding the fleet's declared live set (workloads ``drain = "hold"``).
 
-    Mapping (workload kinds: model/workloads.py):
+    Mapping (workload kinds: model/workloads.py), ``L`` = round(live_per_cpu):
 
     * ``foreign_free > 0``: objects are freed by other CPUs than the one that allocated
       them (__slab_free on a slab that is not the freeing CPU's own), so the workload is
-      ``producer_consumer`` (senders allocate, receivers free) with ``depth`` = the live
-      objects per CPU and ``cross_node`` = ``foreign_free`` (the share of those frees
-      crossing to another node class, where the topology has one);
-    * ``foreign_free == 0``: ``local`` (every CPU frees its own objects) with ``live`` = the
-      live objects per CPU and ``burst`` = round(churn * live) (churn drains the live set
-      in bursts of that many frees; 0 interleaves allocs and frees at random).
-
-    Live objects per CPU are capped at :data:`DYN_LIVE_MAX`.
+      ``producer_consumer`` (senders allocate, receivers free) with ``depth`` = ``2 * L``
+      (senders are half the CPUs, so the machine holds ``L`` per CPU) and ``cross_node`` =
+      ``foreign_free`` (the share of those frees crossing to another node class, where the
+      topology has one);
+    * ``foreign_free == 0``, or a topology of one CPU (no other CPU to free on): ``local``
+      (every CPU frees its own objects) with ``live`` = ``L`` and ``burst`` =
+      round(churn * L) (churn turns over that share of the live set in bursts; 0
+      interleaves allocs and frees at random).
     """
-    live = max(1, min(int(round(wl.live_per_cpu[k])), DYN_LIVE_MAX))
-    if wl.foreign_free > 0:
-        return {"kind": "producer_consumer", "depth": live, "cross_node": wl.foreign_free}
+    live = max(1, int(round(wl.live_per_cpu[k])))
+    one_cpu = topology is not None and sum(topology.node_cpus) < 2
+    if wl.foreign_free > 0 and not one_cpu:
+        return {"kind": "producer_consumer", "depth": 2 * live, "cross_node": wl.foreign_free}
     return {"kind": "local", "live": live, "burst": int(round(wl.churn * live))}
+
+
+class Schedule(NamedTuple):
+    """How one point is simulated: the run length, the warm-up and the counted window (all
+    in steps)."""
+
+    ops_per_step: int
+    warmup: int
+    window: int
+
+
+def steady_schedule(wl, run_max: int = RUN_MAX, window: int | None = None) -> Schedule:
+    """The run length, warm-up and counted window that put a point in steady state, from its
+    :class:`~slabtune.model.workloads.Workload` (one configuration's (R,) arrays).
+
+    No kernel function: the workload's timing.  An allocating rep ``o`` (active, with an
+    allocation cap ``live_target[o]``) allocates a share ``a_o`` of its ops once it holds
+    its live set: 1 for a sender (``alloc_p`` 65536), 1/2 for bursts (``burst`` allocations,
+    then as many frees) and ``alloc_p / 65536`` for random interleaving.  A rep ``j`` must
+    do ``a_j + sum_o a_o share[o][j]`` runs a step to keep up (its allocations and the frees
+    of objects pending to it, ``share`` the steps of ``free_cum``); the busiest sets the
+    pace ``theta = min(1, 1 / max load)``.  Runs are ``b = clip(min cap // RUN_SHARE, 1,
+    run_max)`` ops.  ``fill = ceil(max cap / b)`` steps fill every live set (the engines
+    free nothing below a rep's hold floor, so until then a rep allocates on every op) and
+    ``turn = max_o ceil(cap_o / (a_o theta b))`` steps let every allocating rep allocate
+    its whole live set once more: the warm-up is ``fill + turn``.  Each half of the window
+    is ``ceil(turn / 2)`` steps (at least :data:`HALF_MIN_OPS` ops), rounded up to whole burst
+    cycles (``2 * ceil(burst / b)`` steps; runs never cross a burst phase) so that both
+    halves average the same phases; ``window`` (the spec's ``[objectives] steps``) is a
+    floor under the derived window.  These are floors: :meth:`DynamicsObjectives.settle`
+    lengthens them where the baseline is still moving."""
+    from slabtune.model.workloads import PROB_ONE
+
+    alloc_p = np.asarray(wl.alloc_p, np.int64)
+    cap = np.asarray(wl.live_target, np.int64)
+    burst = np.asarray(wl.burst, np.int64)
+    alloc = (np.asarray(wl.active) > 0) & (cap > 0) & (alloc_p > 0)
+    if not alloc.any():
+        raise ValueError("no CPU allocates")
+    a = np.where(alloc_p >= PROB_ONE, 1.0, np.where(burst > 0, 0.5, alloc_p / PROB_ONE))
+    a = np.where(alloc, a, 0.0)
+    fc = np.asarray(wl.free_cum, np.int64)
+    share = np.diff(np.concatenate([np.zeros((fc.shape[0], 1), np.int64), fc], axis=1),
+                    axis=1).clip(0) / PROB_ONE
+    load = a + (a[:, None] * share).sum(axis=0)
+    theta = min(1.0, 1.0 / float(load.max()))
+    b = int(np.clip(int(cap[alloc].min()) // RUN_SHARE, 1, run_max))
+    fill = -(-int(cap[alloc].max()) // b)
+    turn = int(np.ceil((cap[alloc] / (a[alloc] * theta * b)).max()))
+    half = max(-(-turn // 2), -(-HALF_MIN_OPS // b))
+    bursts = burst[alloc & (burst > 0)]
+    if len(bursts):
+        cycle = 2 * -(-int(bursts.max()) // b)
+        half = -(-half // cycle) * cycle
+    return Schedule(b, fill + turn, max(2 * half, window or 0))
+
+
+class SteadyRuns:
+    """Runs a batch of dynamics points in steady state: every point ``q`` of the ``Q``
+    points of a policy has its :class:`Schedule`; a batch of ``B`` policies lays its
+    configurations out policy-major (``b * Q + q``), each with its warm-up and window
+    (:meth:`plan`, lengthened where a retry needs it).  Configurations with the same
+    warm-up and window run together: three runs of the engine each
+    (:func:`slabtune.sweeps.window.run_window`), giving the counters of the window and of
+    its two halves, put back in the batch's order."""
+
+    def __init__(self, schedules: list[Schedule], run):
+        self.schedules = schedules
+        self.run = run
+        self.Q = len(schedules)
+
+    def plan(self, B: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B * Q,) warm-up and window steps of a batch of ``B`` policies."""
+        return (np.tile([s.warmup for s in self.schedules], B).astype(np.int64),
+                np.tile([s.window for s in self.schedules], B).astype(np.int64))
+
+    def __call__(self, keys, cfgs, warm, win, idx=None):
+        """Counters (a :class:`~slabtune.sweeps.window.Windowed`) of the configurations
+        ``idx`` (default all) of ``cfgs``, each over its window ``win[i]`` after
+        ``warm[i]`` steps, in ``idx``'s order."""
+        from slabtune.sweeps import window as sw
+
+        idx = np.arange(len(warm)) if idx is None else np.asarray(idx)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j, i in enumerate(idx):
+            groups.setdefault((int(warm[i]), int(win[i])), []).append(j)
+        out = None
+        for (w, n), js in groups.items():
+            sel = idx[js]
+            sub = jax.tree_util.tree_map(functools.partial(_take, idx=sel), cfgs)
+            got = sw.run_window(keys[jnp.asarray(sel)], sub, w, n, run=self.run)
+            if out is None:
+                out = [{f: np.zeros((len(idx),) + np.shape(getattr(c, f))[1:],
+                                    np.asarray(getattr(c, f)).dtype) for f in c._fields}
+                       for c in got]
+            for dst, c in zip(out, got):
+                for f in c._fields:
+                    dst[f][js] = np.asarray(getattr(c, f))
+        kind = type(got.window)
+        return sw.Windowed(*(kind(**d) for d in out))
+
+
+def _scatter(dst, idx, src) -> None:
+    """Put the counters of ``src`` (Windowed) into rows ``idx`` of ``dst``, in place."""
+    for d, s in zip(dst, src):
+        for f in d._fields:
+            getattr(d, f)[idx] = getattr(s, f)
+
+
+def _take(x, idx):
+    return np.asarray(x)[idx]
+
+
+def _point_live(counters, cfg):
+    """(P,) live objects per CPU each point held over the window (objects_inuse, rep
+    weighted)."""
+    w = np.asarray(cfg.rep_weight, np.float64)
+    inuse = np.asarray(counters.objects_inuse, np.float64)
+    return (w * inuse).sum(-1) / np.maximum(w.sum(-1), 1e-30)
 
 
 class DynamicsObjectives:
     """The ``dynamics`` objective set: per-topology memory and time of a batch of policies
-    measured by the dynamics model (model/dynamics.py) instead of the structural proxy.
+    measured by the dynamics model (model/dynamics.py) in steady state, at the fleet's
+    declared live sets.
 
     Points: every (topology ``t``, workload-cache pair ``p``) the fleet uses (a workload's
     cache with live objects), one :class:`~slabtune.model.dynamics.SimConfig` each, built
@@ -311,26 +453,31 @@ class DynamicsObjectives:
     workload of :func:`dynamics_workload`; a policy replaces the fields config_from takes
     from the structure and its overrides (order, objs_per_slab, min_partial,
     cpu_partial_slabs, sheaf_capacity, barn limits) with its own, by config_from's rules.
-    All (policy x point) configs of a batch run in one ``simulate_batch`` call (batch padded
-    like the structural set, so compiles are reused), seeded per point (seed + t * P + p,
-    the same random stream for every policy), then ``metrics.compute`` (vmapped).
+    Each point runs with the :class:`Schedule` of :func:`steady_schedule` and is counted
+    over its window only, as the lab counts the kernel (:class:`SteadyRuns`; seeded per
+    point, seed + t * P + p, the same random stream for every policy); ``metrics.compute``
+    (vmapped) turns the window's counters into memory and time.
 
     Aggregation, like the structural set: memory per workload is the overhead bytes of its
     caches (memory_bytes - live_bytes) over their live bytes, workloads weighted; time per
     workload is ns per alloc-or-free op (metrics ns_per_op / 2: it is per alloc+free pair)
     weighted by the caches' op shares, workloads weighted.  Both (B, T).
+
+    Steady state is checked on every point of every batch (:meth:`check`): a (policy,
+    topology) whose window halves disagree, or whose live set is not the declared one, gets
+    NaN objectives (the trial fails) and a one-line reason in :attr:`notes`.
     """
+
+    run_max = RUN_MAX
 
     def __init__(self, fleet: Fleet, prof: policy.ProfileArrays, fa: FleetArrays,
                  cost: cost_model.CostParams, pcp_max: int, objective: ObjectiveSpec):
         from slabtune.model import dynamics
+        from slabtune.sweeps import dynsim
 
         self.fleet, self.prof, self.fa, self.cost, self.pcp_max = fleet, prof, fa, cost, pcp_max
-        self.steps = objective.steps if objective.steps is not None else DYN_STEPS
         seed = objective.seed if objective.seed is not None else DYN_SEED
-        #: (workload index, cache index) pairs simulated, per topology
-        self.pairs = [(w, k) for w, wl in enumerate(fleet.workloads)
-                      for k in range(len(fleet.caches)) if wl.live_per_cpu[k] > 0]
+        self._pairs_and_weights(fleet, fa)
         T, Pn = len(fleet.topologies), len(self.pairs)
         base = baseline_values(fleet.profile)
         st, _ = jax.jit(policy_structure)({k: np.array([v], np.int32) for k, v in base.items()},
@@ -342,11 +489,16 @@ class DynamicsObjectives:
             for w, k in self.pairs:
                 s_tk = policy.Structure(*(x[t, k] for x in st))
                 try:
-                    cfgs.append(dynamics.config_from(s_tk, fleet.profile, ft.topology,
-                                              dynamics_workload(fleet.workloads[w], k)))
+                    cfgs.append(dynamics.config_from(
+                        s_tk, fleet.profile, ft.topology,
+                        dynamics_workload(fleet.workloads[w], k, ft.topology)))
                 except ValueError as err:
                     raise SlabtuneError(f"fleet.topology {ft.name}: dynamics workload of "
                                         f"{fleet.workloads[w].name}: {err}") from None
+        self._run = dynsim.run_batch
+        self._schedule(cfgs, objective)
+        cfgs = [c._replace(ops_per_step=np.int32(s.ops_per_step))
+                for c, s in zip(cfgs, self.steady.schedules)]
         self.template = dynamics.stack_configs(cfgs)                      # (T * P,)
         self.seeds = (seed + np.arange(T * Pn)).astype(np.uint32)
         self.has_cpu_partial = fleet.profile.has_cpu_partial
@@ -354,8 +506,20 @@ class DynamicsObjectives:
         tk = [(t, k) for t in range(T) for _, k in self.pairs]
         self._t_idx = np.array([t for t, _ in tk])
         self._k_idx = np.array([k for _, k in tk])
+        self._structure = jax.jit(policy_structure)
+        self.settle(self.configs({k: np.array([v], np.int32) for k, v in base.items()}))
+
+    def _pairs_and_weights(self, fleet: Fleet, fa: FleetArrays) -> None:
+        """The simulated (workload, cache) pairs, their declared live sets, object sizes and
+        op shares, and the jitted metrics; shared with SLAB's set."""
+        #: (workload index, cache index) pairs simulated, per topology
+        self.pairs = [(w, k) for w, wl in enumerate(fleet.workloads)
+                      for k in range(len(fleet.caches)) if wl.live_per_cpu[k] > 0]
+        T, Pn = len(fleet.topologies), len(self.pairs)
         osz = np.array([fleet.caches[k].object_size for _, k in self.pairs], np.float32)
         self.object_size = np.tile(osz, T)
+        self.declared = np.tile(np.array([max(1, int(round(fleet.workloads[w].live_per_cpu[k])))
+                                          for w, k in self.pairs], np.float64), T)
         ops = np.asarray(fa.ops)
         # (P, W) one-hot of each pair's workload and (P,) its op share within the workload
         self.pair_w = np.zeros((Pn, len(fleet.workloads)), np.float32)
@@ -363,11 +527,39 @@ class DynamicsObjectives:
         for i, (w, k) in enumerate(self.pairs):
             self.pair_w[i, w] = 1.0
             self.pair_ops[i] = ops[w, k]
-        self._structure = jax.jit(policy_structure)
         self._metrics = jax.jit(functools.partial(
-            _dynamics_aggregate, cost=cost, pcp_max=pcp_max, steps=self.steps, T=T,
+            _dynamics_aggregate, cost=self.cost, pcp_max=self.pcp_max, T=T,
             pair_w=jnp.asarray(self.pair_w), pair_ops=jnp.asarray(self.pair_ops),
             w_weight=fa.w_weight))
+        self.notes: list[str] = []
+
+    def _schedule(self, cfgs, objective: ObjectiveSpec) -> None:
+        """Every point's :class:`Schedule` (:func:`steady_schedule`)."""
+        T, Pn = len(self.fleet.topologies), len(self.pairs)
+        scheds = []
+        for i, c in enumerate(cfgs):
+            try:
+                scheds.append(steady_schedule(c.workload, self.run_max, objective.steps))
+            except ValueError as err:
+                t, p = divmod(i, Pn)
+                raise SlabtuneError(
+                    f"fleet.topology {self.fleet.topologies[t].name}: dynamics workload of "
+                    f"{self.fleet.workloads[self.pairs[p][0]].name}: {err}") from None
+        assert len(scheds) == T * Pn
+        self.steady = SteadyRuns(scheds, self._run)
+
+    def settle(self, base_cfg) -> None:
+        """Lengthen the schedules until the baseline policy (``base_cfg``, one policy's
+        points) is in steady state within half of :data:`STEADY_TOL` (a margin for the
+        trials, which are checked against the whole): each (topology, workload) that
+        :meth:`check` finds moving gets the warm-up and the window of its points doubled,
+        at most :data:`SETTLE_DOUBLINGS` times, and every later batch starts from those.
+        The derived schedule is a floor: slow mechanisms (a memoryless node's lists filling
+        with slabs its CPUs never take back) drift for many turnovers of the live set."""
+        self.measure(base_cfg, 1, tol=STEADY_TOL / 2, retries=SETTLE_DOUBLINGS)
+        warm, win = self.plan
+        self.steady = SteadyRuns([s._replace(warmup=int(w), window=int(n)) for s, w, n in
+                                  zip(self.steady.schedules, warm, win)], self._run)
 
     def configs(self, values) -> dynamics.SimConfig:
         """The stacked configs of a batch, laid out (b, t, p) policy-major: the template
@@ -397,32 +589,131 @@ class DynamicsObjectives:
                             barn_max_empty=rep("barn_max_empty"))
 
     def __call__(self, values) -> PerTopology:
-        from slabtune.sweeps import dynsim
-
         cfg = self.configs(values)
-        B = len(np.asarray(values["barn_max_full"]))
+        return self.measure(cfg, len(np.asarray(values["barn_max_full"])))
+
+    #: A function of (counters, configs) returning the SLUB counters and configs that
+    #: ``metrics.compute`` prices (SLAB's slub_view); None for SLUB.
+    view = None
+
+    def measure(self, cfg, B: int, tol: float = STEADY_TOL,
+                retries: int | None = None) -> PerTopology:
+        """Run ``cfg`` (B policies' points, policy-major) in steady state and return the
+        window's (B, T) objectives, NaN where a (policy, topology) is not in steady state
+        (:meth:`check`).  The points of a (policy, topology, workload) found moving run
+        again with their warm-up and window doubled, up to ``retries`` times (default
+        :data:`RETRY_DOUBLINGS`), priced through :attr:`view`.  The final warm-ups and
+        windows are left in :attr:`plan`."""
+        retries = RETRY_DOUBLINGS if retries is None else retries
         keys = jax.vmap(jax.random.key)(np.tile(self.seeds, B))
-        counters = dynsim.run_batch(keys, cfg, self.steps)
-        return self._metrics(counters, cfg, np.tile(self.object_size, B))
+        warm, win = self.steady.plan(B)
+        got = self.steady(keys, cfg, warm, win)
+        osz = np.tile(self.object_size, B)
+        T, Pn = len(self.fleet.topologies), len(self.pairs)
+        pair_wl = np.array([w for w, _ in self.pairs])
+        for attempt in range(retries + 1):
+            steps = (win.astype(np.float32), (win // 2).astype(np.float32),
+                     (win - win // 2).astype(np.float32))
+            outs, live = [], None
+            for i, (c, n) in enumerate(zip(got, steps)):
+                c, v = self.view(c, cfg) if self.view is not None else (c, cfg)
+                outs.append(self._metrics(c, v, osz, n))
+                if i == 0:
+                    live = _point_live(c, v)
+            res = self.check(*outs, live, B, tol, warm)
+            bad = self.unsteady[:, :, pair_wl].reshape(-1)                 # (B * T * P,)
+            if attempt == retries or not bad.any():
+                break
+            idx = np.flatnonzero(bad)
+            warm[idx] *= 2
+            win[idx] *= 2
+            _scatter(got, idx, self.steady(keys, cfg, warm, win, idx))
+        assert len(warm) == B * T * Pn
+        self.plan = (warm, win)
+        return res
+
+    def check(self, whole, first, second, live, B: int, tol: float = STEADY_TOL,
+              warm=None) -> PerTopology:
+        """The window's objectives with NaN where a (policy, topology) is not in steady
+        state, and :attr:`notes` (one line per policy, empty where all are): a workload
+        whose window halves differ by more than :data:`STEADY_TOL` of the window in memory
+        held or in ns per op, or a point whose live objects per CPU are more than
+        :data:`OCCUPANCY_TOL` off the declared ones."""
+        T, Pn = len(self.fleet.topologies), len(self.pairs)
+        mem = np.asarray(whole.memory, np.float64).copy()
+        tim = np.asarray(whole.time, np.float64).copy()
+        parts = [tuple(np.asarray(x, np.float64) for x in (o.held, o.t_w))
+                 for o in (whole, first, second)]
+        (held, t_w), (h1, t1), (h2, t2) = parts
+        d_mem = np.abs(h1 - h2) / np.maximum(held, 1e-30)                  # (B, T, W)
+        d_time = np.abs(t1 - t2) / np.maximum(t_w, 1e-30)
+        used = self.pair_w.sum(0) > 0                                      # (W,)
+        moving = ((d_mem > tol) | (d_time > tol)) & used
+        occ = np.asarray(live, np.float64).reshape(B, T, Pn) / self.declared.reshape(T, Pn)
+        off = np.abs(occ - 1.0) > OCCUPANCY_TOL
+        #: (B, T, W) the (policy, topology, workload) not in steady state
+        self.unsteady = moving | (off.astype(np.float32) @ self.pair_w > 0)
+        self.notes = [""] * B
+        for b in range(B):
+            notes = []
+            for t in range(T):
+                name = self.fleet.topologies[t].name
+                for p in np.flatnonzero(off[b, t]):
+                    w, k = self.pairs[p]
+                    notes.append(
+                        f"fleet.topology {name}, workload {self.fleet.workloads[w].name}, "
+                        f"cache {self.fleet.caches[k].name}: {occ[b, t, p] * 100:.0f}% of "
+                        f"the declared live set held over the counted window "
+                        f"({live[b * T * Pn + t * Pn + p]:.0f} live objects per CPU against "
+                        f"{self.declared[t * Pn + p]:.0f})")
+                for w in np.flatnonzero(moving[b, t]):
+                    ws = [int(warm[(b * T + t) * Pn + p]) if warm is not None
+                          else self.steady.schedules[t * Pn + p].warmup
+                          for p in range(Pn) if self.pairs[p][0] == w]
+                    notes.append(
+                        f"fleet.topology {name}, workload {self.fleet.workloads[w].name}: "
+                        f"not in steady state after {max(ws)} warm-up "
+                        f"steps: the window's halves differ by "
+                        f"{d_mem[b, t, w] * 100:.1f}% in memory held "
+                        f"({h1[b, t, w] / 1024:.0f} against {h2[b, t, w] / 1024:.0f} KiB) "
+                        f"and {d_time[b, t, w] * 100:.1f}% in time per op "
+                        f"({t1[b, t, w]:.1f} against {t2[b, t, w]:.1f} ns); tolerance "
+                        f"{tol * 100:.0f}%")
+                if off[b, t].any() or moving[b, t].any():
+                    mem[b, t] = tim[b, t] = np.nan
+            self.notes[b] = "; ".join(notes)
+        return PerTopology(memory=mem, time=tim)
 
 
-def _dynamics_aggregate(counters, cfg, object_size, *, cost, pcp_max, steps, T, pair_w,
-                        pair_ops, w_weight) -> PerTopology:
-    """Metrics of every (policy, topology, pair) config, aggregated to (B, T) (see
-    :class:`DynamicsObjectives`)."""
+class _Aggregate(NamedTuple):
+    """Window metrics of a batch: (B, T) objectives, and per (B, T, W) the memory held by
+    each workload's caches (bytes, live included) and its ns per op."""
+
+    memory: jnp.ndarray
+    time: jnp.ndarray
+    held: jnp.ndarray
+    t_w: jnp.ndarray
+
+
+def _dynamics_aggregate(counters, cfg, object_size, steps, *, cost, pcp_max, T, pair_w,
+                        pair_ops, w_weight) -> _Aggregate:
+    """Metrics of every (policy, topology, pair) config over ``steps`` (per config: the
+    counted window's steps), aggregated to (B, T) (see :class:`DynamicsObjectives`)."""
     from slabtune.model import metrics
 
-    met = jax.vmap(lambda cnt, c, osz: metrics.compute(cnt, c, cost, pcp_max=pcp_max,
-                                                 object_size=osz, steps=steps))(
-        counters, cfg, object_size)
+    met = jax.vmap(lambda cnt, c, osz, n: metrics.compute(cnt, c, cost, pcp_max=pcp_max,
+                                                          object_size=osz, steps=n))(
+        counters, cfg, object_size, steps)
     Pn = pair_w.shape[0]
     shape = (-1, T, Pn)
-    over = jnp.reshape(met.memory_bytes - met.live_bytes, shape)
+    total = jnp.reshape(met.memory_bytes, shape)
     live = jnp.reshape(met.live_bytes, shape)
     ns = jnp.reshape(met.ns_per_op, shape) / 2.0
-    mem_w = (over @ pair_w) / jnp.maximum(live @ pair_w, 1.0)          # (B, T, W)
+    held = total @ pair_w                                             # (B, T, W)
+    mem_w = ((total - live) @ pair_w) / jnp.maximum(live @ pair_w, 1.0)
     t_w = (ns * pair_ops) @ pair_w
-    return PerTopology(memory=(mem_w * w_weight).sum(-1), time=(t_w * w_weight).sum(-1))
+    return _Aggregate(memory=(mem_w * w_weight).sum(-1), time=(t_w * w_weight).sum(-1),
+                      held=held, t_w=t_w)
 
 
 ObjectiveSet = Callable[..., PerTopology]
@@ -438,7 +729,8 @@ class ObjectiveSpec:
     #: Largest allowed per-topology regression against the baseline, as a fraction
     #: (0.05 = 5%); None for no constraint.
     max_regression: float | None = None
-    #: ``dynamics`` set only: simulated steps per config and the base seed (None: defaults).
+    #: ``dynamics`` set only: the counted window's steps at least (None: each point's own,
+    #: :func:`steady_schedule`) and the base seed (None: :data:`DYN_SEED`).
     steps: int | None = None
     seed: int | None = None
     #: A cost file (path as the spec writes it) whose constants override the packaged ones
@@ -466,7 +758,7 @@ def parse_objectives(table) -> ObjectiveSpec:
         raise SlabtuneError(f"objectives.{'steps' if steps is not None else 'seed'}: only "
                             f"the dynamics set simulates")
     if steps is not None:
-        steps = check_int("objectives.steps", steps, 1, 1 << 20)
+        steps = check_int("objectives.steps", steps, 2, 1 << 20)
     if seed is not None:
         seed = check_int("objectives.seed", seed, 0, (1 << 31) - 1)
     cost = table.get("cost")
@@ -482,6 +774,10 @@ class Evaluation(NamedTuple):
     time: np.ndarray
     memory_topo: np.ndarray
     time_topo: np.ndarray
+    #: (B,) object array: per policy, why its objectives are NaN (``dynamics`` set: a
+    #: point not in steady state, :meth:`DynamicsObjectives.check`), "" where they are not
+    #: or the set gives no reason; None where not computed.
+    notes: np.ndarray | None = None
 
 
 #: Smallest padded batch: the baseline, one-at-a-time trials and batches up to this size
@@ -528,7 +824,9 @@ class FleetEvaluator:
         self._topo_w = self._topo_w / self._topo_w.sum()
         # the baseline rides in the batched shape, so a batched study compiles one shape
         full = self.evaluate([{}] * MIN_BUCKET)
-        self.baseline = Evaluation(*(x[:1] for x in full))
+        self.baseline = Evaluation(*(x[:1] for x in full[:4]))
+        if full.notes is not None and full.notes[0]:
+            raise SlabtuneError(f"objectives: the baseline policy: {full.notes[0]}")
 
     def evaluate(self, params_list) -> Evaluation:
         """Objectives of each policy in ``params_list`` (knob -> value mappings; knobs left
@@ -557,8 +855,11 @@ class FleetEvaluator:
         out = self._fn(padded)
         mem = np.asarray(out.memory, np.float64)[:n]
         tim = np.asarray(out.time, np.float64)[:n]
+        notes = np.full(n, "", object)
+        if isinstance(getattr(self._fn, "notes", None), list):
+            notes[:] = self._fn.notes[:n]
         return Evaluation(memory=mem @ self._topo_w, time=tim @ self._topo_w,
-                          memory_topo=mem, time_topo=tim)
+                          memory_topo=mem, time_topo=tim, notes=notes)
 
     @property
     def traceable(self) -> Callable[[Mapping[str, jnp.ndarray]], PerTopology] | None:

@@ -31,6 +31,7 @@ import numpy as np
 from slabtune.errors import SlabtuneError
 from slabtune.model import cost as cost_model
 from slabtune.model import slab
+from slabtune.tuner import objectives as obj
 from slabtune.tuner.space import SLAB_CACHE_DEFAULT
 
 if TYPE_CHECKING:
@@ -294,43 +295,51 @@ def _structural(sa, *, fa, cost, pcp_max, fallback):
                                barn=metrics.alien_section(lines, cost))
 
 
-class SlabDynamicsObjectives:
-    """The ``dynamics`` set for a SLAB fleet: every (policy, topology, workload-cache) point
-    one :class:`~slabtune.model.slab_dynamics.SlabSimConfig`
+class SlabDynamicsObjectives(obj.DynamicsObjectives):
+    """The ``dynamics`` set for a SLAB fleet: every (policy, topology, workload-cache)
+    point one :class:`~slabtune.model.slab_dynamics.SlabSimConfig`
     (:func:`~slabtune.model.slab_dynamics.config_from` with the policy's structure and
     tunables, and the workload of :func:`slabtune.tuner.objectives.dynamics_workload`),
-    simulated in one ``simulate_batch`` call seeded per point as the SLUB set seeds, priced
-    through :func:`~slabtune.model.slab_dynamics.slub_view` by ``metrics.compute``, and
-    aggregated by the SLUB set's :func:`~slabtune.tuner.objectives._dynamics_aggregate`."""
+    run in steady state as the SLUB set runs its points (the same schedules,
+    :func:`~slabtune.tuner.objectives.steady_schedule` with one op per step: SLAB's
+    engines have no runs; the same counted window, check and seeds), priced through
+    :func:`~slabtune.model.slab_dynamics.slub_view` by ``metrics.compute``, and
+    aggregated by the SLUB set's :func:`~slabtune.tuner.objectives._dynamics_aggregate`.
+    """
+
+    run_max = 1
 
     def __init__(self, fleet: Fleet, fa: FleetArrays, cost: cost_model.CostParams,
                  pcp_max: int, objective: ObjectiveSpec):
-        from slabtune.tuner import objectives as obj
+        from slabtune.model import slab_dynamics
+        from slabtune.sweeps import dynsim
 
-        self.fleet = fleet
-        self.steps = objective.steps if objective.steps is not None else obj.DYN_STEPS
+        self.fleet, self.fa, self.cost, self.pcp_max = fleet, fa, cost, pcp_max
         seed = objective.seed if objective.seed is not None else obj.DYN_SEED
-        self.pairs = [(w, k) for w, wl in enumerate(fleet.workloads)
-                      for k in range(len(fleet.caches)) if wl.live_per_cpu[k] > 0]
+        self._pairs_and_weights(fleet, fa)
         T, Pn = len(fleet.topologies), len(self.pairs)
         self.seeds = (seed + np.arange(T * Pn)).astype(np.uint32)
-        osz = np.array([fleet.caches[k].object_size for _, k in self.pairs], np.float32)
-        self.object_size = np.tile(osz, T)
-        ops = np.asarray(fa.ops)
-        pair_w = np.zeros((Pn, len(fleet.workloads)), np.float32)
-        pair_ops = np.zeros(Pn, np.float32)
-        for i, (w, k) in enumerate(self.pairs):
-            pair_w[i, w] = 1.0
-            pair_ops[i] = ops[w, k]
-        self._metrics = jax.jit(functools.partial(
-            obj._dynamics_aggregate, cost=cost, pcp_max=pcp_max, steps=self.steps, T=T,
-            pair_w=jnp.asarray(pair_w), pair_ops=jnp.asarray(pair_ops), w_weight=fa.w_weight))
         self._cfg_cache: dict = {}
+        self._run = dynsim.run_slab_batch
+        self.view = slab_dynamics.slub_view
+        base = self._base_structures()
+        self._schedule([self.point_config(base[t][k], t, w, k)
+                        for t in range(T) for w, k in self.pairs], objective)
+        self.settle(self.configs({"slab_max_order": np.array([slab.default_max_order()]),
+                                  **{k: np.array([SLAB_CACHE_DEFAULT])
+                                     for k in ("limit", "batchcount", "shared")}})[0])
+
+    def _base_structures(self):
+        return policy_structures(self.fleet, {
+            "slab_max_order": np.array([slab.default_max_order()]),
+            "limit": np.array([SLAB_CACHE_DEFAULT]),
+            "batchcount": np.array([SLAB_CACHE_DEFAULT]),
+            "shared": np.array([SLAB_CACHE_DEFAULT])})[0]
 
     def point_config(self, st: slab.SlabStructure, t: int, w: int, k: int):
-        """The SlabSimConfig of one point (the structure carries the policy's tunables)."""
+        """The SlabSimConfig of one point (the structure carries the policy's
+        tunables)."""
         from slabtune.model import slab_dynamics
-        from slabtune.tuner.objectives import dynamics_workload
 
         key = (st, t, w, k)
         if key not in self._cfg_cache:
@@ -338,24 +347,22 @@ class SlabDynamicsObjectives:
             try:
                 self._cfg_cache[key] = slab_dynamics.config_from(
                     st, self.fleet.profile, ft.topology,
-                    dynamics_workload(self.fleet.workloads[w], k))
+                    obj.dynamics_workload(self.fleet.workloads[w], k, ft.topology))
             except ValueError as err:
                 raise SlabtuneError(f"fleet.topology {ft.name}: dynamics workload of "
                                     f"{self.fleet.workloads[w].name}: {err}") from None
         return self._cfg_cache[key]
 
     def configs(self, values):
-        """Stacked configs of a batch, laid out (b, t, p) policy-major, and (B,) validity (a
-        policy the kernel refuses runs the baseline's configs, and its objectives are NaN)."""
+        """Stacked configs of a batch, laid out (b, t, p) policy-major, and (B,)
+        validity (a policy the kernel refuses runs the baseline's configs, and its
+        objectives are NaN)."""
         from slabtune.model import slab_dynamics
 
         structs = policy_structures(self.fleet, values)
-        valid = np.array([all(st is not None for row in sb for st in row) for sb in structs])
-        base = policy_structures(self.fleet, {"slab_max_order":
-                                              np.array([slab.default_max_order()]),
-                                              "limit": np.array([SLAB_CACHE_DEFAULT]),
-                                              "batchcount": np.array([SLAB_CACHE_DEFAULT]),
-                                              "shared": np.array([SLAB_CACHE_DEFAULT])})[0]
+        valid = np.array([all(st is not None for row in sb for st in row)
+                          for sb in structs])
+        base = self._base_structures()
         cfgs = []
         for b, sb in enumerate(structs):
             for t in range(len(self.fleet.topologies)):
@@ -365,19 +372,12 @@ class SlabDynamicsObjectives:
         return slab_dynamics.stack_configs(cfgs), valid
 
     def __call__(self, values):
-        from slabtune.model import slab_dynamics
-        from slabtune.sweeps import dynsim
-        from slabtune.tuner.objectives import PerTopology
-
         cfg, valid = self.configs(values)
-        B = len(valid)
-        keys = jax.vmap(jax.random.key)(np.tile(self.seeds, B))
-        counters, view = slab_dynamics.slub_view(
-            dynsim.run_slab_batch(keys, cfg, self.steps), cfg)
-        out = self._metrics(counters, view, np.tile(self.object_size, B))
+        out = self.measure(cfg, len(valid))
         bad = np.where(valid, 0.0, np.nan)[:, None]
-        return PerTopology(memory=np.asarray(out.memory) + bad,
-                           time=np.asarray(out.time) + bad)
+        self.notes = [n if v else "" for n, v in zip(self.notes, valid)]
+        return obj.PerTopology(memory=np.asarray(out.memory) + bad,
+                               time=np.asarray(out.time) + bad)
 
 
 #: SLAB objective sets by the names of :data:`slabtune.tuner.objectives.OBJECTIVE_SETS`.

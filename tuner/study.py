@@ -54,6 +54,18 @@ ATTR_COST = "slabtune_cost"
 #: with the study's ATTR_TOPOLOGIES).
 ATTR_TOPO = "per_topology"
 ATTR_EXCESS = "regression_excess"
+#: Trial user attr of a failed dynamics-set trial: why (points not in steady state,
+#: objectives.DynamicsObjectives.check), one line.
+ATTR_NOT_STEADY = "not_steady"
+
+
+def _trial_attrs(ev: fleet_objectives.Evaluation, i: int) -> dict:
+    """Row ``i``'s per-topology objectives, and why it failed where it is not in steady
+    state."""
+    attrs = {ATTR_TOPO: {"memory": ev.memory_topo[i].tolist(), "time": ev.time_topo[i].tolist()}}
+    if ev.notes is not None and ev.notes[i]:
+        attrs[ATTR_NOT_STEADY] = ev.notes[i]
+    return attrs
 DEFAULT_RUNS = Path("runs")
 DB_NAME = "study.db"
 
@@ -514,9 +526,7 @@ class StudyRunner:
         and regression constraint, as ``Trial.set_user_attr``, ``Trial.set_constraint`` and
         ``Study.tell`` would; a non-finite objective fails the trial as ``Study.tell``
         does.  Returns the finished trials."""
-        user_attrs = [{ATTR_TOPO: {"memory": ev.memory_topo[i].tolist(),
-                                   "time": ev.time_topo[i].tolist()}}
-                      for i in range(len(trials))]
+        user_attrs = [_trial_attrs(ev, i) for i in range(len(trials))]
         values = [[float(ev.memory[i]), float(ev.time[i])] for i in range(len(trials))]
         constraint = None if excess is None else [float(x) for x in excess]
         return optuna_internals.tell_batch(self._asker, trials, values, user_attrs,
@@ -537,8 +547,7 @@ class StudyRunner:
         for i, params in enumerate(params_list):
             values = [float(ev.memory[i]), float(ev.time[i])]
             ok = all(np.isfinite(values))
-            attrs = {ATTR_TOPO: {"memory": ev.memory_topo[i].tolist(),
-                                 "time": ev.time_topo[i].tolist()}}
+            attrs = _trial_attrs(ev, i)
             if user_attrs is not None:
                 attrs.update(user_attrs[i])
             trials.append(optuna.trial.create_trial(

@@ -136,6 +136,11 @@ def _tune(args) -> int:
         what = None
     dt = time.perf_counter() - t0
     total = len(runner.study.trials)
+    moving = [t.user_attrs[study.ATTR_NOT_STEADY] for t in runner.study.trials[before:]
+              if study.ATTR_NOT_STEADY in t.user_attrs]
+    if moving:
+        print(f"slabtune: warning: {len(moving)} trials failed, not in steady state "
+              f"(first: {moving[0]})", file=sys.stderr)
     if args.json:
         print(jsonout.dumps({"study": runner.study.study_name, "storage": url, "trials": total,
                              **extra}))

@@ -456,10 +456,29 @@ def one_cpu_ns(ev: PricedEvents, order, objs_per_slab, pcp_max, c: CostParams):
     :func:`solve` gives for one rep of weight 1 (:func:`slabtune.model.metrics.compute`
     on a one-CPU machine), and what the cost fit prices a one-CPU timing with."""
     r = ev.rates
-    zone = zone_lock_per_call(order, pcp_max, c) * zone_hold_ns(order, pcp_max, c)
     return (base_ns_per_op(r, order, objs_per_slab, pcp_max, c)
             + ev.list_lock * c.list_lock_hold_ns + ev.barn_lock * c.barn_lock_hold_ns
-            + (r.slab_alloc + r.slab_free) * zone)
+            + zone_sections(r, order, pcp_max, c) * zone_hold_ns(order, pcp_max, c))
+
+
+def zone_sections(r: OpRates, order, pcp_max, c: CostParams):
+    """zone->lock sections per op: one page allocator call per new or freed slab, each
+    :func:`zone_lock_per_call` sections (a pcp refill or drain serves ``pcp_batch``
+    calls)."""
+    return (r.slab_alloc + r.slab_free) * zone_lock_per_call(order, pcp_max, c)
+
+
+def irq_off_sections(ev: PricedEvents, order, pcp_max, c: CostParams):
+    """Lock sections per op taken with interrupts disabled: every list_lock section
+    (7.2 mm/slub.c ``spin_lock_irqsave(&n->list_lock, flags)``), every barn lock section
+    (``spin_lock_irqsave(&barn->lock, flags)`` in barn_get_empty_sheaf(),
+    barn_replace_empty_sheaf() and the others) and every zone->lock section
+    (:func:`zone_sections`; mm/page_alloc.c rmqueue_bulk(), free_pcppages_bulk(),
+    rmqueue_buddy() and free_one_page() take ``spin_lock_irqsave(&zone->lock, flags)``).
+    The sheaf fast paths (``local_trylock``) and the per-CPU page lists (``pcp_spin_trylock``
+    on SMP) mask no interrupts.  What a calibration rig's per-section overhead multiplies
+    (:data:`slabtune.calibrate.umlfit.RIG`); never part of a hardware table's price."""
+    return ev.list_lock + ev.barn_lock + zone_sections(ev.rates, order, pcp_max, c)
 
 
 def lock_line_counts(c: CostParams, zone_blocks=1.0):

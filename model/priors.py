@@ -45,11 +45,12 @@ PRIOR: dict[str, Prior] = {
                           "the 15.4 ns call of [UML]"),
     "alloc_slow_ns": Prior(80.0, 50.0, 150.0, "___slab_alloc outside the lock"),
     "free_slow_ns": Prior(80.0, 50.0, 150.0, "__slab_free cmpxchg on a foreign slab"),
-    "sheaf_swap_ns": Prior(10.0, 5.0, 600.0, "a sheaf exchange with the barn outside its "
-                           "lock: a few pointer swaps when hot (5 ns) up to the whole "
-                           "__pcs_replace_empty_main/full_main path with its irqsave "
-                           "section (about 500 ns per exchange in [UML], bursts of 256: "
-                           "upper bound 600)"),
+    "sheaf_swap_ns": Prior(10.0, 5.0, 200.0, "a sheaf exchange with the barn outside its "
+                           "lock: a few pointer swaps when hot (5 ns) up to two misses to "
+                           "memory, the sheaf's header and the CPU's slub_percpu_sheaves "
+                           "(local DRAM, 70-100 ns idle latency as Intel MLC reports it on "
+                           "2020s Xeons); the barn lock section is priced apart, and what "
+                           "UML adds to it is the rig's (RIG_PRIOR)"),
     "sheaf_object_ns": Prior(2.0, 1.0, 100.0, "one object moved between a sheaf and a slab: "
                              "a pointer copy when the object's line is cached (1 ns), up to "
                              "a miss to memory on its free pointer (local DRAM, 70-100 ns idle "
@@ -106,6 +107,19 @@ PRIOR: dict[str, Prior] = {
                               "its successor, expand() links each half split off; one merge "
                               "or split per block on average: 6 lines freed, 4 taken (2 "
                               "with none, 8 with two)"),
+}
+#: The calibration rig's constants (:data:`slabtune.calibrate.umlfit.RIG`): what User Mode
+#: Linux adds to an operation beyond the table's price.  Fitted with the table's constants
+#: to the same UML timings, never part of a cost table, never applied to a hardware
+#: prediction.
+RIG_PRIOR: dict[str, Prior] = {
+    "uml_section_ns": Prior(0.0, 0.0, 600.0, "UML's overhead per lock section taken with "
+                            "interrupts off (list_lock, barn lock, zone->lock): 0, as on "
+                            "hardware (UML masks interrupts by storing a thread-local "
+                            "flag, arch/um/os-Linux/signal.c), up to what one whole barn "
+                            "exchange with its one barn lock section costs over local "
+                            "churn in [UML], bursts of 256: 513 ns per exchange on the "
+                            "allocation side, 580 ns on the free side"),
 }
 #: Remote cache-line transfers cost at least this many local ones.
 REMOTE_OVER_LOCAL = 2.0

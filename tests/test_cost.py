@@ -328,3 +328,26 @@ def test_priced_events_the_one_mapping():
     assert ev.rates.sheaf_objects_moved == pytest.approx(0.84)
     assert ev.rates.remote_free == pytest.approx(1.0)
     assert (ev.rates.alloc_fast, ev.rates.alloc_slow, ev.list_lock) == (1.0, 0.1, 0.05)
+
+
+def test_irq_off_sections_count_every_irqsave_lock_section():
+    # 7.2 takes the list_lock, the barn lock (exchanges and failed attempts alike) and
+    # zone->lock with spin_lock_irqsave; the sheaf fast paths and the per-CPU page lists
+    # mask no interrupts.  A zone->lock section serves pcp_batch page allocator calls for
+    # orders the per-CPU lists cache, one call above them.
+    default, _ = simconfig.load_cost()
+    s = cost.SlubCounts(alloc_fast=1.0, alloc_slow=0.1, free_fast=0.9, free_slow=0.2,
+                        remote_free=0.5, barn_get=0.03, barn_get_fail=0.02, barn_put=0.04,
+                        barn_put_fail=0.01, sheaf_refill=0.56, sheaf_flush=0.28,
+                        slab_alloc=0.07, slab_free=0.06, cpu_partial_drain=0.3,
+                        list_lock=0.05)
+    ev = cost.priced_events(s)
+    batch = float(default.pcp_batch)
+    assert float(cost.irq_off_sections(ev, 0, 3, default)) == pytest.approx(
+        0.05 + 0.10 + 0.13 / batch)
+    assert float(cost.irq_off_sections(ev, 4, 3, default)) == pytest.approx(
+        0.05 + 0.10 + 0.13)
+    # fast paths alone take none
+    fast = cost.SlubCounts(**{**dict.fromkeys(cost.SlubCounts._fields, 0.0),
+                              "alloc_fast": 1.0, "free_fast": 1.0})
+    assert float(cost.irq_off_sections(cost.priced_events(fast), 0, 3, default)) == 0.0

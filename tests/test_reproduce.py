@@ -67,6 +67,14 @@ HACKBENCH_COLLAPSE_MISSING = (
     "and saturates the zone lock, which is where that mode's 24.4x comes from")
 #: Rows whose direction the model does not give today, and the mechanism missing.
 OPEN_DIRECTIONS: dict = {
+    "IOPS, doubled sheaf capacity vs barns on memoryless nodes":
+        "1.001x against 1.21x, flat (within reproduce.FLAT): with the derived work (1782 ns "
+        "per op outside the allocator) halving the barn exchanges saves almost nothing, as "
+        "an exchange costs a server 45 ns (sheaf_swap_ns 5 and the barn hold 40, plus its "
+        "lines and wait); it read 1.006x while the table priced the exchange at UML's "
+        "540 ns (before the rig term, uml_section_ns). With no other work (--work none) "
+        "the direction agrees (2.10x); 1.21x needs the allocator about a sixth of the CPU "
+        "time (docs/MODEL.md)",
     "netio sys time (avg of 50), dynamic vs static min_partial":
         "no difference (1.00x against 0.87x), and none is possible under 2.6.27's rules "
         "on one node: its __slab_free() discards every slab it empties (no min_partial "

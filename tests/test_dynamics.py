@@ -25,8 +25,13 @@ def _struct(profile, size=256, topo=ONE_NODE, explicit_sheaf=0):
 
 def _run(profile, topo, wl, size=256, seed=0, structure=None, together=False, **kw):
     """Counters and config; ``together``: the bursty reps start in step
-    (simulate.bursts_together), every CPU freeing at once."""
+    (simulate.bursts_together), every CPU freeing at once.  A workload table without
+    ``drain`` frees eagerly: these properties are stated for freers that free whatever is
+    pending (tests/test_workload_occupancy.py checks the held occupancy)."""
     from slabtune.sweeps.simulate import bursts_together
+
+    if isinstance(wl, dict):
+        wl = {"drain": "eager", **wl}
 
     prof = profiles.get_profile(profile)
     st = structure if structure is not None else _struct(profile, size, topo)
@@ -291,7 +296,8 @@ def test_workload_parameters_are_checked():
         workloads.producer_consumer(ONE_NODE, cross_node=1.5)
     with pytest.raises(workloads.WorkloadError, match="bogus"):
         workloads.build("local", ONE_NODE, bogus=1)
-    assert workloads.spec_params("block_io") == ("depth", "completion_remote", "completions")
+    assert workloads.spec_params("block_io") == ("depth", "completion_remote", "completions",
+                                                 "drain")
     with pytest.raises(workloads.WorkloadError, match="completions"):
         workloads.block_io(ONE_NODE, completions=16)
 
@@ -779,7 +785,8 @@ def test_two_cpus_bursting_out_of_step_pass_full_sheaves_through_the_barn():
     prof = profiles.get_profile("v7.1")
     st = policy.structure(512, topo.possible, topo.present, topo.online,
                           policy.profile_arrays(prof), is_kmalloc=True)
-    cfg = dynamics.config_from(st, prof, topo, {"kind": "local", "live": 1024, "burst": 1024})
+    cfg = dynamics.config_from(st, prof, topo, {"kind": "local", "live": 1024, "burst": 1024,
+                                                "drain": "eager"})
     assert np.asarray(cfg.workload.phase_first)[:2].tolist() == [1024, 512]
     cap, steps = int(cfg.sheaf_capacity), 9 * 1024
     assert 10 <= cap < 1024 // int(cfg.barn_max_full)    # one CPU's burst overflows the barn

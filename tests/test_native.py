@@ -43,11 +43,13 @@ def binary():
 def _spec(profile: str, workload: dict, *, cpus: int = 2, nodes: int = 1, memoryless=(),
           cache: dict | None = None, params: dict | None = None, steps: int = 2000,
           seed: int = 7):
+    """A config of the model's; a workload table without ``drain`` frees eagerly (these
+    properties were stated for freers that free whatever is pending)."""
     doc = {
         "topology": {"cpus": cpus, "nodes": nodes, "memoryless_nodes": list(memoryless)},
         "cache": cache or {"name": "kmalloc-256"},
         "policy": {"profile": profile, "params": params or {}},
-        "workload": workload,
+        "workload": {"drain": "eager", **workload},
         "run": {"steps": steps, "seed": seed},
     }
     return simconfig.parse_doc(doc)
@@ -323,6 +325,25 @@ def test_serial_mode_is_repeatable_and_in_rep_order(binary):
     # step, so no step of a busy receiver is wasted once messages flow
     frees = sum(t["counters"]["frees"] for t in a.per_thread)
     assert frees >= a.counters["allocs"] - sum(cfg.live_target)
+
+
+def test_held_queues_keep_their_depth(binary):
+    # drain = "hold" (model workloads.hold_levels, the binary's --hold): receivers free only
+    # above their share of the senders' depth - h, so each sender keeps its depth in flight
+    # (within h = depth // 32) where eager receivers keep a few
+    depth = 256
+    spec = _spec("v6.1", {"kind": "producer_consumer", "depth": depth, "drain": "hold"},
+                 cpus=4, nodes=1, steps=3 * depth)
+    cfg, res = _run(spec, binary, serial=1)
+    assert set(cfg.hold) == {0, depth - depth // 32}
+    send = [t["outstanding"] for t in _threads(res) if cfg.alloc_p[t["rep"]] > 0]
+    assert send and all(n <= depth + depth // 32 for n in send)
+    assert abs(sum(send) / len(send) - depth) <= 0.05 * depth, send
+    eager = _spec("v6.1", {"kind": "producer_consumer", "depth": depth}, cpus=4,
+                  steps=3 * depth)
+    _, res = _run(eager, binary, serial=1)
+    assert all(t["outstanding"] < depth // 8 for t in res.per_thread
+               if t["active"] and t["counters"]["allocs"] > 0)
 
 
 # --------------------------------------------------------------------------- interface

@@ -393,9 +393,41 @@ def load_study(study_name: str | None, storage: str | None,
     except ValueError as err:   # a journal or database it cannot replay
         raise SlabtuneError(f"storage: {url!r}: unreadable: {_first_line(err)}") from None
     _check_stored_name(study.study_name, url)
+    _check_readable(study, url)
     if not is_complete(study):
         raise SlabtuneError(_not_a_slabtune_study(study, url))
+    check_stored_trials(study)
     return study
+
+
+def _check_readable(study: optuna.Study, url: str) -> None:
+    """The study's attributes and trials decode (Optuna raises KeyError or a JSON error on
+    an edited distribution or attribute); else one line naming the storage."""
+    try:
+        _ = study.user_attrs
+        study.get_trials(deepcopy=False)
+    except (KeyError, ValueError, TypeError) as err:
+        raise SlabtuneError(f"storage: {url!r}: study {study.study_name}: its stored "
+                            f"attributes or trials do not decode (a damaged or edited "
+                            f"database): {_first_line(err)}") from None
+
+
+def check_stored_trials(study: optuna.Study) -> None:
+    """A study read back holds what slabtune wrote: two objectives (memory, time), and in
+    every complete trial two values and params that are knobs of its space, in range
+    (:func:`_checked_params`).  A tampered or foreign study is one line naming the trial and
+    the field, before pareto, plot or export reads it (they raised KeyError, IndexError)."""
+    if len(study.directions) != len(OBJECTIVE_NAMES):
+        raise SlabtuneError(f"study: {study.study_name} has {len(study.directions)} "
+                            f"objectives; a slabtune study has {len(OBJECTIVE_NAMES)} "
+                            f"({', '.join(OBJECTIVE_NAMES)})")
+    spec = study_spec(study)
+    for ft in study.get_trials(deepcopy=False,
+                               states=(optuna.trial.TrialState.COMPLETE,)):
+        if len(ft.values or ()) != len(OBJECTIVE_NAMES):
+            raise SlabtuneError(f"trial {ft.number}: {len(ft.values or ())} objective values, "
+                                f"not {len(OBJECTIVE_NAMES)} ({', '.join(OBJECTIVE_NAMES)})")
+        _checked_params(spec, ft)
 
 
 def _check_stored_name(name, url: str) -> None:

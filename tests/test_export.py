@@ -244,19 +244,19 @@ def test_tampered_params_and_attrs_are_refused_or_stay_data(tmp_path):
     run, db = _run_dir(tmp_path, "inj2")
     _sql(db, "UPDATE trial_params SET param_name = ? WHERE trial_id = "
              "(SELECT MIN(trial_id) FROM trials) AND param_name = 'slub_max_order'", EVIL)
-    study = studies.load_study(None, None, run)
-    first = min(t.number for t in study.trials)
-    with pytest.raises(SlabtuneError) as err:
-        studies.candidate(study, first)
+    first = 0   # the lowest trial_id of a fresh database is trial 0
+    with pytest.raises(SlabtuneError) as err:   # refused on reading the study or the trial
+        studies.candidate(studies.load_study(None, None, run), first)
     msg = str(err.value)
     assert msg.startswith(f"trial {first}: param ") and "\n" not in msg
+    _sql(db, "UPDATE trial_params SET param_name = 'slub_max_order' WHERE param_name = ?", EVIL)
     topos = json.dumps([EVIL + str(i) for i in range(4)])
     _sql(db, "UPDATE study_user_attributes SET value_json = ? WHERE key = ?", topos,
          studies.ATTR_TOPOLOGIES)
     _sql(db, "UPDATE study_user_attributes SET value_json = ? WHERE key = ?",
          json.dumps(EVIL), "slabtune_spec_name")
     study = studies.load_study(None, None, run)
-    for t in study.trials[1:]:
+    for t in study.trials:
         c = studies.candidate(study, t.number)
         for fmt in ("cmdline", "grub", "tmpfiles", "json"):
             text = export.render(c, fmt)

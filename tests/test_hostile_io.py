@@ -347,3 +347,56 @@ def test_a_manifest_naming_a_part_outside_the_run_is_refused(tmp_path):
     mf.write_text(json.dumps(m))
     rc, _, err = run("results", "show", run_.path)
     one_error(rc, err, "chunks.states.0.part", "part-000000.parquet")
+
+
+# --------------------------------------------------------------------------- tampered studies
+
+TAMPERING = {
+    "unknown param": "UPDATE trial_params SET param_name = 'bogus' WHERE param_id = "
+                     "(SELECT MIN(param_id) FROM trial_params)",
+    "one value": "DELETE FROM trial_values WHERE objective = 1 AND trial_id = "
+                 "(SELECT MIN(trial_id) FROM trials)",
+    "one objective": "DELETE FROM study_directions WHERE objective = 1",
+    "param out of range": "UPDATE trial_params SET param_value = 99, distribution_json = "
+                          "'{\"name\": \"IntDistribution\", \"attributes\": {\"log\": false, "
+                          "\"step\": 1, \"low\": 0, \"high\": 99}}' WHERE param_name = "
+                          "'slub_max_order'",
+    "broken distribution": "UPDATE trial_params SET distribution_json = '{}' WHERE param_id = "
+                           "(SELECT MIN(param_id) FROM trial_params)",
+}
+NEEDLES = {"unknown param": "param 'bogus' is not a knob", "one value": "1 objective values",
+           "one objective": "has 1 objectives", "param out of range":
+           "slub_max_order = 99 is outside", "broken distribution": "do not decode"}
+
+
+@pytest.fixture(scope="module")
+def tune_run(tmp_path_factory):
+    """A tune run directory with a real SQLite study.db of 8 tune_quick trials."""
+    from _tune_helpers import quick_study
+
+    from slabtune.tuner import study as studies
+
+    _study, _url, runner = quick_study()
+    run_dir = tmp_path_factory.mktemp("tune") / "t"
+    r, _ = studies.create_or_resume(runner.spec, "t", None, run_dir, evaluator=runner.evaluator)
+    r.run(8, 8)
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", list(TAMPERING))
+def test_a_tampered_study_is_one_line_in_every_reader(tmp_path, tune_run, what):
+    import shutil
+
+    run_dir = tmp_path / "t"
+    shutil.copytree(tune_run, run_dir)
+    con = sqlite3.connect(run_dir / "study.db")
+    with con:
+        assert con.execute(TAMPERING[what]).rowcount >= 1
+    con.close()
+    for argv in (["export", "--run", run_dir, "--trial", "0", "--format", "json"],
+                 ["pareto", "--run", run_dir],
+                 ["plot", "fleet", "--run", run_dir, "--out", tmp_path / "f.html"]):
+        rc, _, err = run(*argv)
+        one_error(rc, err, NEEDLES[what])
+    assert not (tmp_path / "f.html").exists()

@@ -400,3 +400,17 @@ def test_a_tampered_study_is_one_line_in_every_reader(tmp_path, tune_run, what):
         rc, _, err = run(*argv)
         one_error(rc, err, NEEDLES[what])
     assert not (tmp_path / "f.html").exists()
+
+
+@pytest.mark.parametrize("record", [{"ok": True, "kernel": "7.2"}, "not a record", [1, 2]])
+def test_lab_show_of_a_malformed_record_is_one_line(tmp_path, record):
+    run_ = store.create_run(tmp_path, spec={"name": "lab", "chunk_size": 1, "evaluator": "lab"},
+                            spec_hash="cd" * 32, spec_text="", n_chunks=1, columns=[],
+                            versions={}, git_revision=None, extra={"kind": "lab"})
+    run_.manifest["chunks"]["states"]["0"] = {"state": "failed", "record": record}
+    run_.save()
+    for extra in ([], ["--json"]):
+        rc, out, err = run("lab", "show", run_.path, "--out", tmp_path, *extra)
+        one_error(rc, err, "lab show:", "chunk 0: record", "malformed" if isinstance(
+            record, dict) else "not a table")
+        assert out == ""

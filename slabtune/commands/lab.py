@@ -5,6 +5,8 @@ the model's.  The work lives in :mod:`slabtune.validate.lab`; this module parses
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 
 from slabtune.commands import jsonout
@@ -132,8 +134,51 @@ def _show(args) -> int:
         raise SlabtuneError(f"lab show: {extra[0]} does not apply to show")
     input_dir("--out", args.out)
     run = store.resolve_run(args.configs[0], args.out)
-    _print(args, lab.stored_run(run, repredict=args.repredict))
+    # A record edited or damaged in the manifest is one line naming the run, not a
+    # traceback halfway through the table: the output is built first, then printed.
+    _check_records(run)
+    buf = io.StringIO()
+    try:
+        res = lab.stored_run(run, repredict=args.repredict)
+        with contextlib.redirect_stdout(buf):
+            _print(args, res)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        if isinstance(err, SlabtuneError):
+            raise
+        what = f"field {err}" if isinstance(err, KeyError) else \
+            (str(err).splitlines() or [type(err).__name__])[0]
+        raise SlabtuneError(f"lab show: {run.path}: a stored record is malformed ({what}; "
+                            "a damaged or edited manifest)") from None
+    sys.stdout.write(buf.getvalue())
     return 0
+
+
+#: Fields of a stored lab record (validate.lab.combine) and the types lab show relies on.
+_RECORD_FIELDS = {"kernel": str, "ok": bool, "config": dict, "predicted": dict,
+                  "measured": (dict, type(None))}
+
+
+def _check_records(run) -> None:
+    """Every record in a lab run's manifest has the fields :func:`_print` reads, with their
+    types; else one line naming the chunk and the field."""
+    from slabtune.errors import SlabtuneError
+
+    states = run.manifest["chunks"]["states"]
+    for k in sorted(states, key=int):
+        rec = states[k].get("record") if isinstance(states[k], dict) else None
+        if rec is None:
+            continue
+        where = f"lab show: {run.path}: chunk {k}: record"
+        if not isinstance(rec, dict):
+            raise SlabtuneError(f"{where} is a {type(rec).__name__}, not a table (a damaged "
+                                "or edited manifest)")
+        for field, kind in _RECORD_FIELDS.items():
+            if not isinstance(rec.get(field), kind):
+                raise SlabtuneError(f"{where}.{field} is missing or malformed (a damaged or "
+                                    "edited manifest)")
+        if not isinstance(rec["config"].get("doc"), dict):
+            raise SlabtuneError(f"{where}.config.doc is missing or malformed (a damaged or "
+                                "edited manifest)")
 
 
 def _print(args, res) -> None:

@@ -1058,3 +1058,21 @@ def test_ray_address_auto_with_a_stale_cluster_file_fails_fast(tmp_path, monkeyp
     else:
         pytest.skip("a live Ray cluster on this machine answers 'auto'")
     assert time.perf_counter() - t0 < 30
+
+
+def test_a_pinned_guest_workload_cpu_beyond_a_topology_is_refused():
+    """cpu_a/cpu_b pin the guest workload to CPUs: one past a fleet topology's online CPUs
+    made every guest of it fail after booting; now it is refused when the spec is read."""
+    from slabtune.errors import SlabtuneError
+    from slabtune.validate.spec import load_spec, parse_spec
+
+    text = (ROOT / "sweeps" / "validate_quick.toml").read_text()
+    base = load_spec("validate_quick")
+    smallest = min(base.fleet.topologies, key=lambda t: t.topology.online)
+    n = smallest.topology.online
+    pinned = text.replace('mode = "hackbench"', f'mode = "crosscpu"\ncpu_a = 0\ncpu_b = {n}', 1)
+    with pytest.raises(SlabtuneError, match=rf"validate.workload\[0\].cpu_b: CPU {n} does not "
+                                            rf"exist on fleet.topology {smallest.name}"):
+        parse_spec(pinned, "v")
+    assert parse_spec(pinned.replace(f"cpu_b = {n}", f"cpu_b = {n - 1}"), "v").workloads[0] \
+        .cpu_b == n - 1

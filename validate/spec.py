@@ -105,6 +105,14 @@ def parse_spec(text: str, name: str) -> ValidateSpec:
             guest.topology_qemu_args(t.topology, mem)
         except SlabtuneError as err:
             raise SlabtuneError(f"fleet.topology {t.name}: {err}") from None
+        for i, ws in enumerate(wls):     # the workload pins to CPUs every guest must have
+            for field in ("cpu_a", "cpu_b"):
+                cpu = getattr(ws, field)
+                if cpu is not None and cpu >= t.topology.online:
+                    raise SlabtuneError(f"validate.workload[{i}].{field}: CPU {cpu} does not "
+                                        f"exist on fleet.topology {t.name} "
+                                        f"({t.topology.online} online CPUs, "
+                                        f"0..{t.topology.online - 1})")
     native = _parse_native(v.get("native", {}), fleet)
     return ValidateSpec(name, text, fleet, tuple(wls), float(timeout), retries, mem, accel,
                         native, boots)

@@ -16,6 +16,7 @@ import polars as pl
 from slabtune.errors import SlabtuneError
 from slabtune.kernel import snapshot
 from slabtune.model.topology import Topology, TopologyError
+from slabtune.results.safeio import read_bounded
 
 #: Per-cache sysfs files that fill required snapshot columns (sheaf_capacity is optional).
 _CACHE_FILES = ("object_size", "slab_size", "order", "objs_per_slab", "min_partial",
@@ -45,9 +46,17 @@ class HostTopology:
     node_distances: tuple[str, ...] = ()
 
 
+#: Largest sysfs or procfs file read (sysfs attributes are at most a page; a tree copied
+#: from a guest under --root may hold anything).
+_FILE_LIMIT = 1 << 20
+
+
 def _read_text(path: Path) -> str:
+    """A sysfs/procfs file under the root, refused unless a regular file of at most
+    _FILE_LIMIT bytes (a FIFO or device planted in a --root tree would block or never
+    end; slabtune.results.safeio.read_bounded)."""
     try:
-        return path.read_text().strip()
+        return read_bounded(path, _FILE_LIMIT, "--root").decode(errors="replace").strip()
     except OSError as err:
         raise SlabtuneError(f"{path}: cannot read: {err.strerror or err}") from None
 

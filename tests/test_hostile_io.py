@@ -414,3 +414,20 @@ def test_lab_show_of_a_malformed_record_is_one_line(tmp_path, record):
         one_error(rc, err, "lab show:", "chunk 0: record", "malformed" if isinstance(
             record, dict) else "not a table")
         assert out == ""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_kernel_snapshot_root_with_a_planted_fifo_or_device_is_one_line(tmp_path, monkeypatch,
+                                                                        kind):
+    """A tree copied from a guest (--root) is input too: a FIFO where a sysfs file belongs
+    blocked the command forever, a link to /dev/zero never ended."""
+    monkeypatch.chdir(tmp_path)
+    cpu = tmp_path / "root/sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(cpu / "possible")
+    else:
+        (cpu / "possible").symlink_to("/dev/zero")
+    rc, _, err = run("kernel", "snapshot", "--root", tmp_path / "root", "--out", "s.csv")
+    one_error(rc, err, "--root", "possible", "FIFO" if kind == "fifo" else "character device")
+    assert not (tmp_path / "s.csv").exists()

@@ -363,10 +363,13 @@ TAMPERING = {
                           "'slub_max_order'",
     "broken distribution": "UPDATE trial_params SET distribution_json = '{}' WHERE param_id = "
                            "(SELECT MIN(param_id) FROM trial_params)",
+    "fraction": "UPDATE trial_params SET param_value = param_value + 0.5 WHERE param_name = "
+                "'slub_max_order' AND trial_id = (SELECT MAX(trial_id) FROM trials)",
 }
 NEEDLES = {"unknown param": "param 'bogus' is not a knob", "one value": "1 objective values",
            "one objective": "has 1 objectives", "param out of range":
-           "slub_max_order = 99 is outside", "broken distribution": "do not decode"}
+           "slub_max_order = 99 is outside", "broken distribution": "do not decode",
+           "fraction": "is stored as a fraction"}
 
 
 @pytest.fixture(scope="module")

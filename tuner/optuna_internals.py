@@ -249,3 +249,26 @@ def _write_journal(storage, study_id: int, trials) -> None:
     backend.append_logs(buf.logs)
     with storage._thread_lock:
         storage._sync_with_backend()
+
+
+def stored_param_values(study: optuna.Study) -> list[tuple[int, str, float]] | None:
+    """``(trial number, param name, stored value)`` of every param of ``study`` as its RDB
+    storage holds it (the internal float), or None for another storage.  Reading a trial,
+    Optuna turns an IntDistribution's stored value into ``int(value)``
+    (``IntDistribution.to_external_repr``), so a value edited to 2.5 reads back as 2: only
+    the stored value shows the edit."""
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    rdb = getattr(study._storage, "_backend", None)
+    if not isinstance(rdb, optuna.storages.RDBStorage):
+        return None
+    with _create_scoped_session(rdb.scoped_session) as session:
+        rows = session.execute(
+            sa.select(models.TrialModel.number, models.TrialParamModel.param_name,
+                      models.TrialParamModel.param_value)
+            .join(models.TrialParamModel,
+                  models.TrialParamModel.trial_id == models.TrialModel.trial_id)
+            .where(models.TrialModel.study_id == study._study_id)).all()
+    return [(int(n), str(k), float(v)) for n, k, v in rows]

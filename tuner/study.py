@@ -428,6 +428,10 @@ def check_stored_trials(study: optuna.Study) -> None:
             raise SlabtuneError(f"trial {ft.number}: {len(ft.values or ())} objective values, "
                                 f"not {len(OBJECTIVE_NAMES)} ({', '.join(OBJECTIVE_NAMES)})")
         _checked_params(spec, ft)
+    for number, name, value in optuna_internals.stored_param_values(study) or ():
+        if not value.is_integer():        # every knob is an integer: 2.5 would read as 2
+            raise SlabtuneError(f"trial {number}: param {ascii(name)[:60]} = {value!r} is "
+                                "stored as a fraction; every knob is an integer")
 
 
 def _check_stored_name(name, url: str) -> None:

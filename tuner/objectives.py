@@ -423,6 +423,20 @@ class SteadyRuns:
         return sw.Windowed(*(kind(**d) for d in out))
 
 
+def same_rows(values) -> np.ndarray:
+    """(B,) for each policy of a batch (knob -> (B,) values) the first policy with the same
+    knob values."""
+    rows = np.stack([np.asarray(v) for _, v in sorted(values.items())], axis=1)
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)]
+
+
+def _take_rows(windowed, rows):
+    """A :class:`~slabtune.sweeps.window.Windowed` of the given rows of each counter."""
+    return type(windowed)(*(type(c)(**{f: np.array(np.asarray(getattr(c, f))[rows])
+                                       for f in c._fields}) for c in windowed))
+
+
 def _scatter(dst, idx, src) -> None:
     """Put the counters of ``src`` (Windowed) into rows ``idx`` of ``dst``, in place."""
     for d, s in zip(dst, src):
@@ -590,24 +604,31 @@ class DynamicsObjectives:
 
     def __call__(self, values) -> PerTopology:
         cfg = self.configs(values)
-        return self.measure(cfg, len(np.asarray(values["barn_max_full"])))
+        return self.measure(cfg, len(np.asarray(values["barn_max_full"])),
+                            same=same_rows(values))
 
     #: A function of (counters, configs) returning the SLUB counters and configs that
     #: ``metrics.compute`` prices (SLAB's slub_view); None for SLUB.
     view = None
 
-    def measure(self, cfg, B: int, tol: float = STEADY_TOL,
-                retries: int | None = None) -> PerTopology:
+    def measure(self, cfg, B: int, tol: float = STEADY_TOL, retries: int | None = None,
+                same=None) -> PerTopology:
         """Run ``cfg`` (B policies' points, policy-major) in steady state and return the
         window's (B, T) objectives, NaN where a (policy, topology) is not in steady state
         (:meth:`check`).  The points of a (policy, topology, workload) found moving run
         again with their warm-up and window doubled, up to ``retries`` times (default
-        :data:`RETRY_DOUBLINGS`), priced through :attr:`view`.  The final warm-ups and
-        windows are left in :attr:`plan`."""
+        :data:`RETRY_DOUBLINGS`), priced through :attr:`view`.  ``same`` (B,): for each
+        policy the first one of the batch with the same knobs (:func:`same_rows`; a
+        padded batch repeats its first policy), whose runs it shares.  The final warm-ups
+        and windows are left in :attr:`plan`."""
         retries = RETRY_DOUBLINGS if retries is None else retries
         keys = jax.vmap(jax.random.key)(np.tile(self.seeds, B))
         warm, win = self.steady.plan(B)
-        got = self.steady(keys, cfg, warm, win)
+        Q = self.steady.Q
+        rep = np.arange(B) if same is None else np.asarray(same)
+        src = (rep[:, None] * Q + np.arange(Q)).reshape(-1)       # the config each copies
+        runs = np.flatnonzero(src == np.arange(B * Q))
+        got = _take_rows(self.steady(keys, cfg, warm, win, runs), np.searchsorted(runs, src))
         osz = np.tile(self.object_size, B)
         T, Pn = len(self.fleet.topologies), len(self.pairs)
         pair_wl = np.array([w for w, _ in self.pairs])
@@ -624,10 +645,13 @@ class DynamicsObjectives:
             bad = self.unsteady[:, :, pair_wl].reshape(-1)                 # (B * T * P,)
             if attempt == retries or not bad.any():
                 break
-            idx = np.flatnonzero(bad)
+            idx = np.flatnonzero(bad & (src == np.arange(B * Q)))
             warm[idx] *= 2
             win[idx] *= 2
-            _scatter(got, idx, self.steady(keys, cfg, warm, win, idx))
+            warm, win = warm[src], win[src]
+            members = np.flatnonzero(np.isin(src, idx))
+            _scatter(got, members, _take_rows(self.steady(keys, cfg, warm, win, idx),
+                                              np.searchsorted(idx, src[members])))
         assert len(warm) == B * T * Pn
         self.plan = (warm, win)
         return res

@@ -373,7 +373,7 @@ class SlabDynamicsObjectives(obj.DynamicsObjectives):
 
     def __call__(self, values):
         cfg, valid = self.configs(values)
-        out = self.measure(cfg, len(valid))
+        out = self.measure(cfg, len(valid), same=obj.same_rows(values))
         bad = np.where(valid, 0.0, np.nan)[:, None]
         self.notes = [n if v else "" for n, v in zip(self.notes, valid)]
         return obj.PerTopology(memory=np.asarray(out.memory) + bad,

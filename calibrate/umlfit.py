@@ -49,6 +49,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -197,14 +198,20 @@ def events(row: Mapping[str, float], side: str) -> dict[str, float]:
     return out
 
 
+def section_events(ev: cost.PricedEvents, order: int, pcp_max: int,
+                   c: cost.CostParams) -> dict[str, float]:
+    """Rig events of priced events: ``uml_section_ns`` once per lock section taken with
+    interrupts disabled (:func:`slabtune.model.cost.irq_off_sections`; ``c`` gives
+    ``pcp_batch``).  What the fit (:func:`rig_events`) and ``validate --target uml``
+    (:func:`slabtune.validate.uml.predict`) both count the rig term on."""
+    return {"uml_section_ns": float(cost.irq_off_sections(ev, int(order), pcp_max, c))}
+
+
 def rig_events(row: Mapping[str, float], side: str) -> dict[str, float]:
-    """Rig events per call of one side: ``uml_section_ns`` once per lock section taken
-    with interrupts disabled (:func:`slabtune.model.cost.irq_off_sections` of the same
-    priced events as :func:`events`)."""
-    ev = cost.priced_events(slub_counts(row, side))
-    table = cost.rig_cost({}, priors.PRIOR["pcp_batch"].value)
-    return {"uml_section_ns": float(cost.irq_off_sections(ev, int(row["order"]), PCP_MAX,
-                                                          table))}
+    """Rig events per call of one side: :func:`section_events` of the same priced events
+    as :func:`events`."""
+    return section_events(cost.priced_events(slub_counts(row, side)), int(row["order"]),
+                          PCP_MAX, cost.rig_cost({}, priors.PRIOR["pcp_batch"].value))
 
 
 def charge(ev: Mapping[str, float], values: Mapping[str, float]) -> float:
@@ -212,9 +219,45 @@ def charge(ev: Mapping[str, float], values: Mapping[str, float]) -> float:
     return sum(n * values[k] for k, n in ev.items())
 
 
+def in_rig(table_ns: float, rig_ev: Mapping[str, float], rig: Mapping[str, float]) -> float:
+    """ns in the rig (User Mode Linux) of what the table prices at ``table_ns``: that price
+    plus the rig term, each rig event (:func:`section_events`) times its constant in
+    ``rig`` (a constant ``rig`` lacks counts 0)."""
+    return table_ns + sum(n * rig.get(k, 0.0) for k, n in rig_ev.items())
+
+
 def rig_ns(f: Figure, values: Mapping[str, float], rig: Mapping[str, float]) -> float:
     """ns per call of a figure in the rig: the table's price plus the rig term."""
-    return charge(f.events, values) + charge(f.rig, rig)
+    return in_rig(charge(f.events, values), f.rig, rig)
+
+
+#: How a cost file's header names a rig constant fitted with its table (:func:`to_toml`
+#: writes it, :func:`read_rig` reads it back).
+RIG_LINE = "#   {name} = {value:g} ns, what UML adds to each lock section taken with interrupts off"
+_RIG_RE = re.compile(r"^#\s+(\w+) = (\S+) ns, what UML adds to each lock section")
+
+
+def read_rig(text: str, source: str) -> dict[str, float]:
+    """The rig constants (:data:`RIG`) a cost file's header names (:data:`RIG_LINE`, as
+    ``calibrate fit`` writes them beside the table they were fitted with); empty when it
+    names none.  A value that is no number or outside its :data:`slabtune.model.priors.
+    RIG_PRIOR` range is one error line naming the constant and ``source``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _RIG_RE.match(line)
+        if m is None or m.group(1) not in RIG:
+            continue
+        name, raw = m.groups()
+        try:
+            v = float(raw)
+        except ValueError:
+            v = math.nan
+        p = priors.RIG_PRIOR[name]
+        if not p.lo <= v <= p.hi:
+            raise SlabtuneError(f"{source}: {name}: {raw!r} in the header is not a number "
+                                f"in {p.lo:g}-{p.hi:g} ns")
+        out[name] = v
+    return out
 
 
 def figures(rows: Sequence[Mapping[str, str]]) -> list[Figure]:
@@ -361,8 +404,7 @@ def to_toml(res: FitResult, command: str) -> str:
         "# one-CPU figures (ns per allocation and per free call) of the real 7.2 allocator",
         f"# timed in User Mode Linux ({res.source}); every other constant is its prior.",
         "# Fitted with them, and not a constant of this table (the rig's, not the hardware's):",
-        *(f"#   {k} = {v:g} ns, what UML adds to each lock section taken with interrupts off"
-          for k, v in res.rig.items()),
+        *(RIG_LINE.format(name=k, value=v) for k, v in res.rig.items()),
         "# No constant is fitted to a published figure.",
         "",
         "[cost]",

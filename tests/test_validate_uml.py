@@ -283,3 +283,106 @@ def test_validate_target_uml_times_the_real_allocator(ray_local, tmp_path, capsy
         assert b["predicted_ns"] == pytest.approx(a["predicted_ns"], rel=1e-5)
         assert b["measured_ns"] == a["measured_ns"]
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the rig term
+
+
+def test_the_uml_prediction_is_the_model_price_plus_the_rig_term_per_irq_off_section():
+    """UML costs ``uml_section_ns`` more per lock section taken with interrupts off
+    (7.2's list_lock, barn lock and zone->lock are all spin_lock_irqsave): the predicted
+    UML time of a pair is the model's hardware time plus that constant times the pair's
+    irq-off sections.  Computed here independently: the constant from the packaged cost
+    file's header (where calibrate fit writes it), the sections from the model's own
+    per-1000-ops lock figures (metrics.compute: list_lock_per_kop, barn_lock_per_kop,
+    zone_lock_per_kop) of the same simulation, times 2 / 1000 per pair."""
+    import re
+    import tomllib
+
+    from slabtune.model import profiles
+    from slabtune.sweeps import simconfig, simulate
+    from slabtune.validate import lab
+    from slabtune.validate.candidates import parse_candidates
+    from slabtune.validate.spec import parse_spec
+
+    header = simconfig.default_cost_text()
+    (rig_ns,) = map(float, re.findall(r"^#\s+uml_section_ns = ([0-9.]+) ns", header, re.M))
+    assert 0 < rig_ns <= 600
+    prof = profiles.PROFILES["v7.1"]
+    spec = parse_spec(SPEC, "spec")
+    cands = parse_candidates(tomllib.loads(CANDIDATES), "cands", prof)
+    docs = [uml.pair_doc(spec, c, t, prof)[0] for c in cands for t in ("up-1", "smp-2")]
+    got = uml.predict(docs, prof)
+    cost, _ = simconfig.load_cost(None)
+    rows = simulate.run([lab.spec_for(d, prof) for d in docs], cost)
+    for p, m in zip(got, rows):
+        sections = 2.0 / 1000.0 * (m["list_lock_per_kop"] + m["barn_lock_per_kop"]
+                                   + m["zone_lock_per_kop"])
+        assert sections > 0.01    # bursts of 1024 take the barn and the list_lock
+        assert p["table_ns_per_pair"] == pytest.approx(m["ns_per_op"], rel=1e-6)
+        assert p["rig_events_per_pair"]["uml_section_ns"] == pytest.approx(sections, rel=1e-4)
+        assert p["ns_per_pair"] == pytest.approx(m["ns_per_op"] + rig_ns * sections, rel=1e-5)
+        assert p["rig"] == {"values": {"uml_section_ns": rig_ns},
+                            "source": "cost_default.toml header"}
+
+
+def test_the_rig_term_is_read_from_the_cost_file_header(tmp_path):
+    # a table fitted with the rig term names it in its header; one that does not gives the
+    # table's price alone, and says so
+    line = ("#   uml_section_ns = 321.5 ns, what UML adds to each lock section taken with "
+            "interrupts off\n")
+    named = tmp_path / "named.toml"
+    named.write_text(line + "[cost]\nalloc_fast_ns = 10\n")
+    assert uml.rig_term(str(named)) == {"values": {"uml_section_ns": 321.5},
+                                        "source": f"{named} header"}
+    bare = tmp_path / "bare.toml"
+    bare.write_text("[cost]\nalloc_fast_ns = 10\n")
+    assert uml.rig_term(str(bare))["values"] == {}
+    assert "none named in" in uml.rig_term(str(bare))["source"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(line.replace("321.5", "900") + "[cost]\n")
+    with pytest.raises(SlabtuneError, match=r"bad.toml: uml_section_ns: '900' in the header "
+                                            r"is not a number in 0-600 ns"):
+        uml.rig_term(str(bad))
+
+
+def test_the_report_gives_rank_and_absolute_agreement():
+    # three pairs: predicted 150 (table 100) against 120 measured, 300 (table 250) against
+    # 400, 450 (table 400) against 500
+    def td(i: int, table: float, rig: float) -> dict:
+        t = _td()
+        t["index"] = i
+        t["candidate"] = {"id": f"c{i}", "boot": {}, "knobs": {}}
+        t["uml"]["predicted"].update(
+            ns_per_pair=table + rig, table_ns_per_pair=table,
+            rig_events_per_pair={"uml_section_ns": rig / 500.0},
+            rig={"values": {"uml_section_ns": 500.0}, "source": "cost_default.toml header"})
+        return t
+
+    rows = [r for i, (table, rig, ns) in enumerate([(100.0, 50.0, 120.0),
+                                                    (250.0, 50.0, 400.0),
+                                                    (400.0, 50.0, 500.0)])
+            for r in uml.pair_rows(td(i, table, rig), [_good(0, ns)], 1)]
+    by = {(r["task"], r["field"]): r for r in rows}
+    assert by[(0, uml.UML_FIELD)]["predicted"] == 150.0
+    assert "the table's 100.0 ns + the rig term (uml_section_ns 500 ns x 0.1000 per pair; " \
+        "cost_default.toml header)" in by[(0, uml.UML_FIELD)]["note"]
+    assert by[(0, uml.UML_TABLE_FIELD)]["predicted"] == 100.0
+    assert by[(0, uml.UML_TABLE_FIELD)]["comparable"] is False
+    from slabtune.validate.schema import ROW_SCHEMA
+
+    s = uml.summary(pl.DataFrame(rows, schema=ROW_SCHEMA))
+    assert s["spearman"] == pytest.approx(1.0)
+    assert s["ratio"] == {"median": pytest.approx(0.9), "min": pytest.approx(0.75),
+                          "max": pytest.approx(1.25)}
+    assert s["table_alone"] == {"pairs": 3, "spearman": pytest.approx(1.0),
+                                "ratio": {"median": pytest.approx(0.8),
+                                          "min": pytest.approx(0.625),
+                                          "max": pytest.approx(100 / 120)}}
+    assert [p["ratio"] for p in s["pair_table"]] == [pytest.approx(1.25), pytest.approx(0.75),
+                                                     pytest.approx(0.9)]
+    assert [p["table_ns"] for p in s["pair_table"]] == [100.0, 250.0, 400.0]
+    text = "\n".join(uml.format_summary(s))
+    assert "predicted / measured ns per pair (the model's price plus UML's rig term per " \
+           "irq-off lock section): median 0.90 (0.75-1.25); the table's price alone: median " \
+           "0.80 (0.62-0.83), Spearman 1.000" in text

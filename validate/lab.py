@@ -310,6 +310,8 @@ def _predicted(specs, structs, cfgs, counters, cost) -> list[dict]:
                 name: float(metrics.per_kop(cnt, cfg.rep_weight, getattr(cnt, field)))
                 * (cap if per_sheaf else 1)
                 for name, (field, per_sheaf) in MODEL_COUNTERS.items()}
+            # the model's own list_lock sections (SLUB_STATS has no counter for them)
+            rec["list_lock_per_kop"] = float(row["list_lock_per_kop"])
         out.append(rec)
     return out
 

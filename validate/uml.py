@@ -22,10 +22,16 @@ median over the good runs of the allocator's bracketed ns per alloc+free pair
 (:func:`slabtune.kernel.uml.timing`).  Each round's runs are kept in the run's manifest
 as it ends, so ``validate --resume`` runs only the rounds a pair still lacks.
 
-The predicted figure is the model's ``ns_per_op`` (metrics.py, per alloc+free pair: the
-quantity the tuner's time objective halves to ns per op) of the same document under the
-cost table in force; :func:`repredict` computes it again from the stored documents, so a
-new cost model is checked against the stored times without booting anything.
+The predicted figure is what the calibration predicts a UML timing with: the model's
+``ns_per_op`` (metrics.py, per alloc+free pair: the quantity the tuner's time objective
+halves to ns per op) of the same document under the cost table in force, plus the rig term
+(:func:`slabtune.calibrate.umlfit.in_rig`): ``uml_section_ns``, what UML adds to each lock
+section taken with interrupts off, times the model's irq-off sections per pair
+(:func:`slabtune.calibrate.umlfit.section_events`), the constant read from the cost file's
+header where ``calibrate fit`` stores it with the table it was fitted with
+(:func:`rig_term`).  The table's price alone is kept beside it (:data:`UML_TABLE_FIELD`).
+:func:`repredict` computes both again from the stored documents, so a new cost model is
+checked against the stored times without booting anything.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from slabtune.errors import SlabtuneError
 
 #: The row of a pair's timing: model ns per pair against the median measured ns per pair.
 UML_FIELD = "uml_ns_per_pair"
+#: The cost table's price alone (no rig term) against the same measured figure: not
+#: comparable, kept to show what the rig term moves.
+UML_TABLE_FIELD = "uml_table_ns_per_pair"
 #: Measured only: every bracket per pair, the ones above long_ns (a preempted host thread)
 #: included.
 UML_ALL_FIELD = "uml_ns_per_pair_all"
@@ -61,7 +70,9 @@ MIN_OPS, MAX_OPS = 1_000, 10_000_000
 SOURCE_TEXT = ("the real 7.2 allocator in User Mode Linux: median over interleaved runs of "
                "the ns its kmem_cache_alloc/free calls took per alloc+free pair "
                "(ktime brackets, clock cost subtracted) vs the model's ns per pair for the "
-               "same document under the UML kernel's profile and the cost table in force")
+               "same document under the UML kernel's profile and the cost table in force, "
+               "plus the rig term the calibration fitted with that table (uml_section_ns "
+               "per lock section taken with interrupts off)")
 
 
 def host_cores() -> int:
@@ -195,22 +206,86 @@ def check_pairs(cands, spec, topologies: Sequence[str]) -> dict:
 # --------------------------------------------------------------------------- the model
 
 
-def predict(docs: Sequence[Mapping[str, Any]], profile, cost=None) -> list[dict]:
-    """The model's side of each document under ``profile``: ns per alloc+free pair
-    (metrics ``ns_per_op``), the structure, and every counter of
+def rig_term(cost_path: str | None = None) -> dict:
+    """The rig term UML adds to the cost table's price, as the calibration fitted it with
+    that table: the ``uml_section_ns`` the cost file's header names
+    (:func:`slabtune.calibrate.umlfit.read_rig`; the packaged ``cost_default.toml``, or
+    ``cost_path``).  ``{"values": {name: ns}, "source": text}``; a file that names none
+    gives no rig term (the table's price alone), and says so in ``source``."""
+    from slabtune.calibrate import umlfit
+    from slabtune.sweeps import simconfig
+
+    if cost_path is None:
+        text, name = simconfig.default_cost_text(), "cost_default.toml"
+    else:
+        from slabtune.sweeps.spec import read_text_file
+
+        text, name = read_text_file(cost_path, "--cost"), str(cost_path)
+    values = umlfit.read_rig(text, name)
+    return {"values": values,
+            "source": f"{name} header" if values else f"none named in {name}: the table's "
+                                                      "price alone"}
+
+
+def model_counts(counters_per_pair: Mapping[str, float], list_lock_per_pair: float):
+    """The model's events per alloc+free pair as :class:`slabtune.model.cost.SlubCounts`:
+    its SLUB_STATS counters (:data:`slabtune.validate.lab.MODEL_COUNTERS`, sheaf refills
+    and flushes in objects as 7.x counts them) and its own list_lock sections.  A remote
+    free takes no lock on this path, so it is left at 0."""
+    from slabtune.model import cost as cost_model
+    from slabtune.validate.lab import MODEL_COUNTERS
+
+    vals = dict.fromkeys(cost_model.SlubCounts._fields, 0.0)
+    for name, (field, _) in MODEL_COUNTERS.items():
+        vals[field] = float(counters_per_pair.get(name, 0.0))
+    vals["list_lock"] = float(list_lock_per_pair)
+    return cost_model.SlubCounts(**vals)
+
+
+def predict(docs: Sequence[Mapping[str, Any]], profile, cost=None,
+            rig: Mapping[str, Any] | None = None) -> list[dict]:
+    """The model's side of each document under ``profile``: ns per alloc+free pair in UML
+    (``ns_per_pair``: the table's price, metrics ``ns_per_op`` as ``table_ns_per_pair``,
+    plus the rig term per irq-off lock section, :func:`slabtune.calibrate.umlfit.in_rig`
+    of :func:`slabtune.calibrate.umlfit.section_events`, ``rig`` from :func:`rig_term`,
+    default the packaged table's), the structure, and every counter of
     :data:`slabtune.validate.lab.MODEL_COUNTERS` per pair (the lab's per-1000-ops figures,
     :func:`slabtune.validate.lab.predict`, times 2 / 1000: a pair is two ops)."""
+    from slabtune.calibrate import umlfit
+    from slabtune.model import cost as cost_model
+    from slabtune.sweeps import simconfig
     from slabtune.validate import lab
 
+    if cost is None:
+        cost, _ = simconfig.load_cost(None)
+    rig = rig_term() if rig is None else rig
+    pcp_max = cost_model.pcp_max_order(profile.version)
     out = []
     # UML runs count from empty caches (no warm-up window): the whole run on both sides
     for p in lab.predict([(d, profile) for d in docs], cost, windows=[False] * len(docs)):
-        out.append({"ns_per_pair": p["ns_per_op"], "profile": p["profile"],
-                    "structure": {k: int(p["structure"][k]) for k in
-                                  ("order", "objs_per_slab", "min_partial", "sheaf_capacity")},
-                    "counters_per_pair": {k: v * 2.0 / 1000.0
-                                          for k, v in p["counters_per_kop"].items()}})
+        per_pair = {k: v * 2.0 / 1000.0 for k, v in p["counters_per_kop"].items()}
+        ev = cost_model.priced_events(model_counts(per_pair,
+                                                   p["list_lock_per_kop"] * 2.0 / 1000.0))
+        structure = {k: int(p["structure"][k]) for k in
+                     ("order", "objs_per_slab", "min_partial", "sheaf_capacity")}
+        rig_ev = umlfit.section_events(ev, structure["order"], pcp_max, cost)
+        table_ns = float(p["ns_per_op"])
+        out.append({"ns_per_pair": umlfit.in_rig(table_ns, rig_ev, rig["values"]),
+                    "table_ns_per_pair": table_ns, "rig_events_per_pair": rig_ev,
+                    "rig": {"values": dict(rig["values"]), "source": rig["source"]},
+                    "profile": p["profile"], "structure": structure,
+                    "counters_per_pair": per_pair})
     return out
+
+
+def rig_note(pred: Mapping[str, Any]) -> str:
+    """What a predicted UML figure is made of, for the rows' notes."""
+    if "table_ns_per_pair" not in pred:
+        return "predicted: the cost table's price alone (stored before the rig term)"
+    terms = ", ".join(f"{k} {pred['rig']['values'].get(k, 0.0):g} ns x {n:.4f} per pair"
+                      for k, n in pred["rig_events_per_pair"].items())
+    return (f"predicted: the table's {pred['table_ns_per_pair']:.1f} ns + the rig term "
+            f"({terms}; {pred['rig']['source']})")
 
 
 def model_task(tds: Sequence[Mapping[str, Any]], spec_text: str, spec_name: str) -> dict:
@@ -311,8 +386,9 @@ def noise(values: Sequence[float]) -> dict | None:
 
 def pair_rows(td: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], runs_wanted: int
               ) -> list[dict]:
-    """Store rows of one pair from its runs: :data:`UML_FIELD` (model against the median
-    ns per pair of the good runs), :data:`UML_ALL_FIELD` (measured only) and one
+    """Store rows of one pair from its runs: :data:`UML_FIELD` (model with the rig term
+    against the median ns per pair of the good runs), :data:`UML_TABLE_FIELD` (the table's
+    price alone, not comparable), :data:`UML_ALL_FIELD` (measured only) and one
     ``uml_counters.<name>`` row per SLUB_STATS counter the model has (medians per pair).
     A pair without a good run is one failed row with the first error and console tail."""
     from slabtune.kernel.guest import CONSOLE_TAIL_CHARS
@@ -345,7 +421,12 @@ def pair_rows(td: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], runs_wan
             + f"; relative sd {ns['rel_sd']:.3f}")
     out = [row(dict(td), **common, field=UML_FIELD, predicted=float(pred["ns_per_pair"]),
                measured=ns["median"], unit="ns per alloc+free pair", comparable=True,
-               note=note),
+               note=f"{note}; {rig_note(pred)}"),
+           *([row(dict(td), **common, field=UML_TABLE_FIELD,
+                  predicted=float(pred["table_ns_per_pair"]), measured=ns["median"],
+                  unit="ns per alloc+free pair", comparable=False,
+                  note="the cost table's price alone, without the rig term")]
+             if "table_ns_per_pair" in pred else []),
            row(dict(td), **common, field=UML_ALL_FIELD, predicted=None,
                measured=statistics.median(float(r["ns_per_pair_all"]) for r in good),
                unit="ns per alloc+free pair", comparable=False,
@@ -411,7 +492,10 @@ def dispatch(run, tds: list[dict], spec, opts: Mapping[str, Any], timeout_s: flo
 
 def summary(rows, manifest: Mapping[str, Any] | None = None) -> dict:
     """The UML part of a report, from store rows: Spearman of predicted against measured
-    ns per pair, the ceiling ties allow, the repeat noise (relative standard deviation of
+    ns per pair, the ceiling ties allow, the absolute agreement (``ratio``: predicted over
+    measured ns per pair, median, least and most; :func:`ratios`), the same two figures
+    for the cost table's price alone (``table_alone``, where the rows have it), the repeat
+    noise (relative standard deviation of
     each pair's runs: median and worst; median standard error in ns), each pair's figures,
     and the topologies skipped with their reasons."""
     import polars as pl
@@ -424,6 +508,10 @@ def summary(rows, manifest: Mapping[str, Any] | None = None) -> dict:
                       & pl.col("measured").is_not_null()).sort("task")
     failed = rows.filter((pl.col("target") == "uml") & (pl.col("status") == "failed")).height
     kept = manifest.get("uml_runs") or {}
+    table = dict(rows.filter((pl.col("target") == "uml") & (pl.col("status") == "ok")
+                             & (pl.col("field") == UML_TABLE_FIELD)
+                             & pl.col("predicted").is_not_null())
+                 .select("task", "predicted").iter_rows())
     pairs, rel_sd, stderr = [], [], []
     for r in use.iter_rows(named=True):
         good = [x["ns_per_pair"] for x in kept.get(str(r["task"]), []) if x.get("ok")]
@@ -433,14 +521,22 @@ def summary(rows, manifest: Mapping[str, Any] | None = None) -> dict:
             stderr.append(nz["stderr"])
         pairs.append({"task": r["task"], "candidate": r["candidate"], "topology": r["topology"],
                       "predicted_ns": r["predicted"], "measured_ns": r["measured"],
+                      "ratio": r["predicted"] / r["measured"] if r["measured"] else None,
+                      "table_ns": table.get(r["task"]),
                       "runs": nz["n"] if nz else None,
                       "rel_sd": nz["rel_sd"] if nz else None,
                       "rel_range": nz["rel_range"] if nz else None})
     p, m = use["predicted"].to_list(), use["measured"].to_list()
     res = statistics.median(stderr) if stderr else None
+    with_table = [(table[t], x) for t, x in zip(use["task"].to_list(), m) if t in table]
     out = {"pairs": use.height, "failed": failed,
            "candidates": use["candidate"].n_unique(),
            "spearman": spearman(p, m), "spearman_ceiling": spearman_ceiling(p),
+           "ratio": ratios(p, m),
+           "table_alone": ({"pairs": len(with_table),
+                            "spearman": spearman(*map(list, zip(*with_table))),
+                            "ratio": ratios(*map(list, zip(*with_table)))}
+                           if with_table else None),
            "distinct_predictions": len(set(p)),
            "noise": {"median_rel_sd": statistics.median(rel_sd) if rel_sd else None,
                      "worst_rel_sd": max(rel_sd) if rel_sd else None,
@@ -456,6 +552,15 @@ def summary(rows, manifest: Mapping[str, Any] | None = None) -> dict:
     return out
 
 
+def ratios(predicted: Sequence[float], measured: Sequence[float]) -> dict | None:
+    """Predicted over measured ns per pair: median, least and most (None without a pair
+    measured above 0)."""
+    r = [a / b for a, b in zip(predicted, measured) if b]
+    if not r:
+        return None
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+
+
 def format_summary(s: Mapping[str, Any]) -> list[str]:
     """Text lines of :func:`summary` (nothing for a run without UML rows)."""
     if not s["pairs"] and not s["failed"] and not s["skipped_topologies"]:
@@ -466,12 +571,20 @@ def format_summary(s: Mapping[str, Any]) -> list[str]:
             return "n/a"
         return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
 
+    def fr(r):
+        return "n/a" if not r else (f"median {r['median']:.2f} "
+                                    f"({r['min']:.2f}-{r['max']:.2f})")
+
     nz = s["noise"]
     lines = [f"uml (the real 7.2 allocator, timed natively): {s['pairs']} pairs of "
              f"{s['candidates']} candidates, {s['failed']} failed; Spearman "
              f"{f(s['spearman'])} (ceiling {f(s['spearman_ceiling'])}, "
              f"{s['distinct_predictions']} distinct predictions)"
              + (" [predictions recomputed by today's model]" if s["repredicted"] else ""),
+             f"  predicted / measured ns per pair (the model's price plus UML's rig term per "
+             f"irq-off lock section): {fr(s.get('ratio'))}"
+             + (f"; the table's price alone: {fr(s['table_alone']['ratio'])}, Spearman "
+                f"{f(s['table_alone']['spearman'])}" if s.get("table_alone") else ""),
              f"  repeat noise: relative sd median {f(nz['median_rel_sd'], True)}, worst "
              f"{f(nz['worst_rel_sd'], True)}; median standard error "
              f"{f(nz['median_stderr_ns'])} ns"]
@@ -482,7 +595,8 @@ def format_summary(s: Mapping[str, Any]) -> list[str]:
     for p in s["pair_table"]:
         lines.append(f"    {p['candidate']!s:<14} {p['topology']!s:<14} predicted "
                      f"{p['predicted_ns']:8.1f} ns  measured {p['measured_ns']:8.1f} ns  "
-                     f"(runs {p['runs']}, rel sd {f(p['rel_sd'], True)})")
+                     + (f"(x{p['ratio']:.2f}) " if p.get("ratio") else "")
+                     + f"(runs {p['runs']}, rel sd {f(p['rel_sd'], True)})")
     return lines
 
 
@@ -497,6 +611,7 @@ def repredict(run, rows, cost_path: str | None = None):
     from slabtune.sweeps import simconfig
 
     cost, _ = simconfig.load_cost(cost_path)
+    rig = rig_term(cost_path)
     states = run.manifest["chunks"]["states"]
     items = []
     for i, st in states.items():
@@ -511,11 +626,12 @@ def repredict(run, rows, cost_path: str | None = None):
     new: dict[int, dict] = {}
     for release, group in by_profile.items():
         prof = profiles.detect_profile(release)
-        for (i, _, _), pred in zip(group, predict([d for _, d, _ in group], prof, cost)):
+        for (i, _, _), pred in zip(group, predict([d for _, d, _ in group], prof, cost, rig)):
             new[i] = pred
     keys = []
     for i, pred in new.items():
         keys.append((i, UML_FIELD, pred["ns_per_pair"], pred["profile"]))
+        keys.append((i, UML_TABLE_FIELD, pred["table_ns_per_pair"], pred["profile"]))
         for name, v in pred["counters_per_pair"].items():
             keys.append((i, UML_COUNTER_PREFIX + name, v, pred["profile"]))
     upd = pl.DataFrame(keys, schema={"task": pl.Int64, "field": pl.String,

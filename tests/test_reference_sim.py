@@ -28,17 +28,25 @@ TOPOS = {
     # class 1 stands for three nodes, told apart by the reps' homes (workloads.rep_homes)
     "4mem": Topology.uniform(16, 4),
 }
+#: Freers that free whatever is pending (drain = "eager"); the edge cases add held ones.
 WORKLOADS = {
-    "local": {"kind": "local", "live": 40},
-    "local_burst": {"kind": "local", "live": 70, "burst": 20},
-    "producer_consumer": {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3},
-    "request_response": {"kind": "request_response", "threads": 6, "irq_free": 0.8},
-    "block_io": {"kind": "block_io", "depth": 20, "completion_remote": True},
+    "local": {"kind": "local", "live": 40, "drain": "eager"},
+    "local_burst": {"kind": "local", "live": 70, "burst": 20, "drain": "eager"},
+    "producer_consumer": {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3,
+                          "drain": "eager"},
+    "request_response": {"kind": "request_response", "threads": 6, "irq_free": 0.8,
+                         "drain": "eager"},
+    "block_io": {"kind": "block_io", "depth": 20, "completion_remote": True, "drain": "eager"},
 }
+#: Held occupancy (workloads.hold_levels): freers free only above their share.
+HOLD = dict(drain="hold")
 
 
 def _cfg(profile, topo, wl, size=256, explicit_sheaf=0, **kw):
-    """One configuration (``kw``: config_from overrides, ops_per_step among them)."""
+    """One configuration (``kw``: config_from overrides, ops_per_step among them); a
+    workload table without ``drain`` frees eagerly, as these tests were written for."""
+    if isinstance(wl, dict):
+        wl = {"drain": "eager", **wl}
     prof = profiles.get_profile(profile)
     st = policy.structure(size, topo.possible, topo.present, topo.online,
                       policy.profile_arrays(prof), explicit_sheaf=explicit_sheaf)
@@ -109,6 +117,14 @@ def test_equal_every_profile_and_workload(profile, wl):
     dict(profile="v6.1", size=512, topo="4mem", wl="producer_consumer", kw=dict()),
     dict(profile="v7.1", size=512, topo="4mem", wl="producer_consumer",
          kw=dict(sheaf_capacity=5, barn_max_full=1)),
+    # held queues and live sets: freers free only above their share of the senders' L - h
+    dict(profile="v6.1", size=512, topo="2mem", wl="producer_consumer", kw=dict(),
+         wl_extra=HOLD),
+    dict(profile="v7.1", size=256, topo="3node", wl="local_burst", kw=dict(), wl_extra=HOLD),
+    dict(profile="v6.18", size=256, topo="2node_memless", wl="request_response", kw=dict(),
+         wl_extra=dict(HOLD, irq_self_free=0.3), explicit_sheaf=32),
+    dict(profile="v7.0", size=512, topo="2node_memless", wl="block_io",
+         kw=dict(sheaf_capacity=5), wl_extra=dict(HOLD, completions=4)),
 ])
 def test_equal_edge_configs(case):
     want = _assert_equal(_case_cfg(case), seed=7)
@@ -165,6 +181,12 @@ def test_runs_equal_reference(b, profile, explicit_sheaf, wl):
     dict(profile="v6.1", size=512, topo="4mem", wl="producer_consumer", kw=dict()),
     dict(profile="v7.1", size=512, topo="4mem", wl="producer_consumer",
          kw=dict(sheaf_capacity=5, barn_max_full=1)),
+    # held occupancy: free runs stop at the excess over the freer's hold
+    dict(profile="v6.1", size=256, topo="2node_memless", wl="producer_consumer", kw=dict(),
+         wl_extra=HOLD),
+    dict(profile="v7.1", size=512, topo="1node16", wl="local", kw=dict(), wl_extra=HOLD),
+    dict(profile="v7.0", size=256, topo="3node", wl="request_response", kw=dict(),
+         wl_extra=HOLD),
 ])
 def test_runs_equal_reference_edge_configs(b, case):
     want = _assert_equal(_case_cfg(case, ops_per_step=b), seed=b)

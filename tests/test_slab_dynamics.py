@@ -39,15 +39,26 @@ TOPOS = {
     "4mem": Topology.uniform(16, 4),
 }
 WORKLOADS = {
-    "local": {"kind": "local", "live": 40},
-    "local_burst": {"kind": "local", "live": 150, "burst": 70},
-    "producer_consumer": {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3},
-    "request_response": {"kind": "request_response", "threads": 6, "irq_free": 0.8},
-    "block_io": {"kind": "block_io", "depth": 20, "completion_remote": True},
+    "local": {"kind": "local", "live": 40, "drain": "eager"},
+    "local_burst": {"kind": "local", "live": 150, "burst": 70, "drain": "eager"},
+    "producer_consumer": {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3,
+                          "drain": "eager"},
+    "request_response": {"kind": "request_response", "threads": 6, "irq_free": 0.8,
+                         "drain": "eager"},
+    "block_io": {"kind": "block_io", "depth": 20, "completion_remote": True,
+                 "drain": "eager"},
+    # held at the declared occupancy (workloads.hold_levels)
+    "pc_held": {"kind": "producer_consumer", "depth": 50, "cross_node": 0.3,
+                "drain": "hold"},
+    "local_burst_held": {"kind": "local", "live": 150, "burst": 70, "drain": "hold"},
 }
 
 
 def _cfg(profile, topo, wl, size=256, **kw):
+    """A workload table without ``drain`` frees eagerly: the properties below were stated
+    for freers that free whatever is pending."""
+    if isinstance(wl, dict):
+        wl = {"drain": "eager", **wl}
     prof = profiles.SLAB_PROFILES[profile]
     return sd.config_from(sd.structure_for(size, topo, prof), prof, topo, wl, **kw)
 
@@ -96,12 +107,14 @@ def _random_workload(rng, topo):
 def random_config(seed: int):
     """A randomised configuration: topology, profile, object size, the numa_mem_id()
     switch, /proc/slabinfo tunables (short arrays and small batches flush and refill
-    often), free_limit (small ones make free_block() destroy slabs), reap interval."""
+    often), free_limit (small ones make free_block() destroy slabs), reap interval; one
+    seed in four holds the declared occupancy (drain = "hold"), the others free eagerly."""
     rng = np.random.default_rng(seed)
+    drain = "hold" if seed % 4 == 0 else "eager"
     while True:
         topo = TOPOS[rng.choice(list(TOPOS))]
         try:
-            wl = workloads.build(**_random_workload(rng, topo), topology=topo)
+            wl = workloads.build(**_random_workload(rng, topo), topology=topo, drain=drain)
             break
         except workloads.WorkloadError:
             continue

@@ -262,7 +262,7 @@ def test_frees_between_nodes_of_one_class_are_remote_on_7x():
     prof = profiles.get_profile("v7.1")
     st = policy.structure(512, 16, 16, 16, policy.profile_arrays(prof))
     cfg = dynamics.config_from(st, prof, FOUR, {"kind": "producer_consumer", "depth": 64,
-                                                "cross_node": 0.5})
+                                                "cross_node": 0.5, "drain": "eager"})
     steps = 3000
     c = dynamics.counters_numpy(dynamics.simulate(jax.random.key(4), cfg, steps))
     w = np.asarray(cfg.rep_weight, np.float64)

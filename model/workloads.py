@@ -280,6 +280,15 @@ def _free_cum(rows: list[list[float]]) -> np.ndarray:
     return out
 
 
+def free_shares(free_cum) -> np.ndarray:
+    """``share[o][r]``, (R, R) int64 out of 65536: the fraction of rep ``o``'s objects rep
+    ``r`` frees, the steps of ``free_cum``'s row ``o`` (no kernel function: the
+    workload's who-frees-what)."""
+    fc = np.asarray(free_cum, np.int64)
+    share = np.diff(np.concatenate([np.zeros((fc.shape[0], 1), np.int64), fc], axis=1), axis=1)
+    return np.maximum(share, 0)
+
+
 #: Fraction bits of :func:`lag_weights`' multipliers (a lag is kept in 1/16ths of an
 #: allocation), the largest multiplier (shares below 1/4096 count as 1/4096) and the
 #: objects in flight a lag counts at most: their product stays below 2**31.
@@ -305,9 +314,7 @@ def lag_weights(free_cum) -> tuple[np.ndarray, int]:
     0``, else 0 (a sender with one freer has no spread), and how many reps are such a
     freer (columns of ``mul`` with an entry above 0).  The engines' use:
     :func:`slabtune.model.dynamics.pc_window`."""
-    fc = np.asarray(free_cum, np.int64)
-    share = np.diff(np.concatenate([np.zeros((fc.shape[0], 1), np.int64), fc], axis=1), axis=1)
-    share = np.maximum(share, 0)
+    share = free_shares(free_cum)
     many = (share > 0).sum(axis=1) >= 2
     mul = np.zeros(share.shape, np.int64)
     for o in np.flatnonzero(many):
@@ -426,11 +433,7 @@ def hold_levels(live, burst, free_cum) -> tuple[np.ndarray, np.ndarray]:
     above = np.where(burst > 0, burst - burst // 2, h)
     cap = np.where(alloc, live + above, 0)
     floor = np.where(alloc, live - below, 0)
-    fc = np.asarray(free_cum, np.int64)
-    share = np.diff(np.concatenate([np.zeros((fc.shape[0], 1), np.int64), fc], axis=1),
-                    axis=1)
-    share = np.maximum(share, 0)
-    hold = ((share * floor[:, None]).sum(axis=0) + PROB_ONE // 2) // PROB_ONE
+    hold = ((free_shares(free_cum) * floor[:, None]).sum(axis=0) + PROB_ONE // 2) // PROB_ONE
     return cap.astype(np.int32), hold.astype(np.int32)
 
 

@@ -909,12 +909,15 @@ class FleetEvaluator:
 
     def regression_excess(self, ev: Evaluation) -> np.ndarray:
         """Per policy: the worst per-topology regression against the baseline on either
-        objective, minus the allowed fraction (<= 0 is feasible; 0 where unconstrained)."""
+        objective, minus the allowed fraction (<= 0 is feasible; 0 where unconstrained;
+        inf where an objective is NaN: a policy not evaluated, such as one not in steady
+        state, is not feasible, and Optuna takes no NaN constraint)."""
         if self.objective.max_regression is None:
             return np.zeros(len(ev.memory))
         rm = ev.memory_topo / self.baseline.memory_topo - 1.0
         rt = ev.time_topo / self.baseline.time_topo - 1.0
-        return np.maximum(rm, rt).max(axis=1) - self.objective.max_regression
+        excess = np.maximum(rm, rt).max(axis=1) - self.objective.max_regression
+        return np.where(np.isnan(excess), np.inf, excess)
 
 
 def space_check(space: SearchSpace, fleet: Fleet) -> None:

@@ -152,6 +152,7 @@ def evaluate_rows(evaluator, grid: Grid, genomes: np.ndarray, block: int | None 
         if n < block:
             g = np.concatenate([g, np.repeat(g[:1], block - n, 0)])
         ev = evaluator.evaluate_values(knob_values(grid, g))
-        parts.append([x[:n] for x in ev])
-    return Evaluation(*(np.concatenate([p[j] for p in parts])
+        parts.append([None if x is None else x[:n] for x in ev])
+    # a field a set does not compute (``notes``) is None in every block
+    return Evaluation(*(None if parts[0][j] is None else np.concatenate([p[j] for p in parts])
                         for j in range(len(Evaluation._fields))))

@@ -597,3 +597,35 @@ def test_module_moves_the_counters_by_its_own_ops(kernel):
     slow = result.per_cpu_delta("alloc_slowpath")
     for cpu in (0, 2):
         assert per_cpu.get(cpu, 0) + slow.get(cpu, 0) >= ops
+
+
+@pytest.mark.slow
+@pytest.mark.guest
+def test_held_run_keeps_its_live_set_and_ends_its_window_before_the_drain():
+    """Boot 6.1 (4 CPUs, node 1 memoryless) and run local churn with ``drain = "hold"``,
+    ``live`` 256, in lockstep: 500 warm-up steps, 2000 counted.  The module's rule
+    (workloads.hold_levels): each worker's cap is 256 + 8 and its hold 256 - 8, which its
+    worker records report.  The window ends at the end park: ops are exactly 4 * 2000 (one
+    op per step: never below the hold with nothing to allocate, never at the cap with
+    nothing to free), and the mean slab memory in it holds the four live sets, 4 * 256
+    objects of 512 bytes, and less than one slab per CPU more than that (order 1, 16
+    objects per slab on 4 CPUs) plus the per-CPU partial slabs."""
+    if build.kernel_path("6.1") is None or build.build_tree("6.1") is None:
+        pytest.skip("kernel 6.1 is not built; run scripts/build-kernels.sh --only 6.1")
+    from slabtune.kernel import guest
+
+    steps, warm = 2000, 500
+    try:
+        result = lab_boot.boot_lab("6.1", {"kind": "local", "live": 256}, T4,
+                                   cache_doc={"size": 512}, ops=steps, warmup=warm,
+                                   lockstep=True, seed=3, timeout_s=600)
+    except guest.GuestError as exc:
+        pytest.skip(f"guest stack not installed ({exc})")
+    assert result.ok, result.error + "\n" + result.console_tail
+    assert "drain=hold" in result.params and "end_park=1" in result.params
+    assert [(w["cap"], w["hold"]) for w in result.workers] == [(264, 248)] * 4
+    assert result.dumps["end"] and result.done["ended"] == 1
+    m = lab_boot.measure(result)
+    assert m["ops"] == 4 * steps and m["warmup_ops"] == 4 * warm
+    live_bytes = 4 * 256 * 512
+    assert live_bytes <= m["memory_bytes"] <= live_bytes * 1.25, m["memory_bytes"]

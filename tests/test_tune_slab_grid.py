@@ -212,7 +212,9 @@ def test_cli_slab_grid_searches_read_back_with_pareto_and_export(tmp_path, mode)
     study = optuna.load_study(study_name="s", storage=url)
     rc, out, err = _cli("pareto", "--study", "s", "--storage", url)
     assert rc == 0, err
-    assert f"{len(study.best_trials)} on the Pareto front" in out
+    # points with equal objective vectors are shown once (the one changing fewest knobs)
+    distinct = {tuple(t.values) for t in study.best_trials}
+    assert f"{len(distinct)} on the Pareto front" in out
     t = study.best_trials[0]
     rc, out, err = _cli("export", "--study", "s", "--storage", url, "--trial", str(t.number),
                         "--format", "slabinfo")

@@ -405,6 +405,130 @@ def test_a_tampered_study_is_one_line_in_every_reader(tmp_path, tune_run, what):
     assert not (tmp_path / "f.html").exists()
 
 
+@pytest.fixture(scope="module")
+def journal_run(tmp_path_factory) -> Path:
+    """A journal (``journal:PATH``) study of 8 tune_quick trials written by ``tune`` (one
+    CREATE_TRIAL record per trial, its params inside), plus one trial asked and told
+    through Optuna's own API (one SET_TRIAL_PARAM record per param)."""
+    import optuna
+
+    from slabtune.tuner import study as studies
+
+    path = tmp_path_factory.mktemp("journal") / "j.log"
+    rc, _, err = run("tune", "tune_quick", "--trials", "8", "--batch", "8",
+                     "--storage", f"journal:{path}", "--study", "j")
+    assert rc == 0, err
+    st = optuna.load_study(study_name="j", storage=studies.open_storage(f"journal:{path}"))
+    first = st.trials[0]
+    trial = st.ask(studies.load_spec("tune_quick").space.distributions())
+    for k, v in first.user_attrs.items():      # a trial as tune writes one, off the front
+        trial.set_user_attr(k, v)
+    st.tell(trial, [v + 1.0 for v in first.values])
+    return path
+
+
+def _ops(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("op", ["create_trial", "set_trial_param"])
+def test_a_fraction_in_a_journal_is_one_line_naming_the_trial_and_param(tmp_path,
+                                                                        journal_run, op):
+    """A journal's int param edited to a fraction: Optuna reads it back as int(value), so
+    export, pareto and plot used 2 for 2.5 silently.  The stored value is read from the
+    journal's own records (a tune batch's CREATE_TRIAL params, a plain ask's
+    SET_TRIAL_PARAM) and refused naming the trial and the param."""
+    import optuna
+
+    from slabtune.tuner import study as studies
+
+    ops = _ops(journal_run)
+    if op == "create_trial":   # the last trial tune wrote: trial 7
+        i = max(k for k, o in enumerate(ops) if "slub_max_order" in o.get("params", {}))
+        ops[i]["params"]["slub_max_order"] += 0.5
+        number = 7
+    else:                      # the trial asked through Optuna: trial 8
+        i = max(k for k, o in enumerate(ops) if o.get("param_name") == "slub_max_order")
+        ops[i]["param_value_internal"] += 0.5
+        number = 8
+    stored = next(v for v in (ops[i].get("params", {}).get("slub_max_order"),
+                              ops[i].get("param_value_internal")) if v is not None)
+    path = tmp_path / "j.log"
+    journal = f"journal:{path}"
+    path.write_text("".join(json.dumps(o) + "\n" for o in _ops(journal_run)))
+    rc, _, err = run("pareto", "--study", "j", "--storage", journal)   # control: untampered
+    assert rc == 0, err
+    path.write_text("".join(json.dumps(o) + "\n" for o in ops))
+    # what Optuna itself reads back: the edit truncated to an int, nothing to see
+    read = optuna.load_study(study_name="j", storage=studies.open_storage(journal, False))
+    assert read.trials[number].params["slub_max_order"] == int(stored)
+    for argv in (["export", "--trial", "0", "--format", "json"], ["pareto"],
+                 ["plot", "fleet", "--out", tmp_path / "f.html"]):
+        rc, out, err = run(*argv, "--study", "j", "--storage", journal)
+        one_error(rc, err, f"trial {number}:", "'slub_max_order'", f"= {stored!r}",
+                  "stored as a fraction")
+        assert out == ""
+    assert not (tmp_path / "f.html").exists()
+
+
+def test_a_failed_journal_write_in_tune_names_the_storage(tmp_path, journal_run):
+    """tune appending a batch to a journal that cannot grow (EFBIG from a file size limit
+    here; ENOSPC and EIO take the same path) is one line naming the storage: it was the
+    system's words alone ("File too large").  The records already there still read."""
+    from slabtune.tuner import study as studies
+
+    path = tmp_path / "j.log"
+    path.write_bytes(journal_run.read_bytes())
+    size = path.stat().st_size
+    journal = f"journal:{path}"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 512, hard))   # a batch is ~16 KiB
+    try:
+        rc, _, err = run("tune", "tune_quick", "--trials", "8", "--batch", "8",
+                         "--storage", journal, "--study", "j")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    one_error(rc, err, f"storage: {journal!r}", "cannot write", "too large")
+    assert path.stat().st_size == size + 512          # a torn record, cut at the limit
+    rc, out, err = run("pareto", "--study", "j", "--storage", journal, "--json")
+    assert rc == 0, err
+    read = studies.load_study("j", journal)
+    assert len(read.trials) == 9                      # 8 from tune, 1 asked: none lost
+    data = path.read_bytes()
+    assert data.startswith(journal_run.read_bytes()) and not data.endswith(b"\n")
+
+
+def test_a_failed_sqlite_commit_in_tune_names_the_storage(tmp_path):
+    """The same for a SQLite study past the file size limit: Optuna's StorageInternalError
+    (from SQLAlchemy's "disk I/O error") was a traceback; now one line naming the storage,
+    and the database keeps its 8 trials (the batch's transaction rolled back)."""
+    from slabtune.tuner import study as studies
+
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    rc, _, err = run("tune", "tune_quick", "--trials", "8", "--batch", "8", "--storage", url,
+                     "--study", "s")
+    assert rc == 0, err
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (db.stat().st_size + 4096, hard))
+    try:
+        rc, _, err = run("tune", "tune_quick", "--trials", "640", "--batch", "64",
+                         "--storage", url, "--study", "s")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    one_error(rc, err, f"storage: {url!r}", "cannot write", "disk I/O error")
+    assert len(studies.load_study("s", url).trials) == 8
+
+
+def test_a_storage_url_in_a_message_has_its_password_masked():
+    from slabtune.tuner.study import shown_url
+
+    assert shown_url("postgresql://tuner:s3cret@db.example/slab") == \
+        "postgresql://tuner:***@db.example/slab"
+    assert shown_url("journal:/runs/a@b.log") == "journal:/runs/a@b.log"
+    assert shown_url("sqlite:///runs/t/study.db") == "sqlite:///runs/t/study.db"
+
+
 @pytest.mark.parametrize("record", [{"ok": True, "kernel": "7.2"}, "not a record", [1, 2]])
 def test_lab_show_of_a_malformed_record_is_one_line(tmp_path, record):
     run_ = store.create_run(tmp_path, spec={"name": "lab", "chunk_size": 1, "evaluator": "lab"},

@@ -7,11 +7,12 @@ the same steps through the sampler and storage interfaces those methods use, whi
 public: ``Study._storage``, ``Study._study_id``, ``Study._thread_local``,
 ``BaseGASampler._get_generation_key``, ``distributions._get_single_value``,
 ``BaseDistribution._contains``, the journal storage's ``_backend``, ``_replay_result``,
-``_thread_lock`` and ``_sync_with_backend``, the RDB models and scoped session, and the
-constraints system-attr key.  :func:`check` names each of them; tests/test_optuna_internals.py
-runs it and round-trips batches through every storage kind, so an Optuna release that moves
-one fails there, loudly, before it corrupts a study.  pyproject.toml bounds Optuna to the
-releases those tests cover.
+``_thread_lock``, ``_sync_with_backend`` and ``JournalStorageReplayResult`` (its
+``_apply_*`` hooks, ``_trials``, ``_study_id_to_trial_ids``), the RDB models and scoped
+session, and the constraints system-attr key.  :func:`check` names each of them;
+tests/test_optuna_internals.py runs it and round-trips batches through every storage kind,
+so an Optuna release that moves one fails there, loudly, before it corrupts a study.
+pyproject.toml bounds Optuna to the releases those tests cover.
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def check() -> None:
         for attr in ("_backend", "_replay_result", "_thread_lock"):
             if not hasattr(storage, attr):
                 raise RuntimeError(f"optuna {optuna.__version__}: JournalStorage.{attr} is gone")
+        replay = storage._replay_result
+        for attr in ("_apply_create_trial", "_apply_set_trial_param", "_trials",
+                     "_study_id_to_trial_ids"):
+            if not hasattr(replay, attr):
+                raise RuntimeError(f"optuna {optuna.__version__}: "
+                                   f"JournalStorageReplayResult.{attr} is gone")
 
 
 def in_memory(study: optuna.Study) -> bool:
@@ -252,15 +259,18 @@ def _write_journal(storage, study_id: int, trials) -> None:
 
 
 def stored_param_values(study: optuna.Study) -> list[tuple[int, str, float]] | None:
-    """``(trial number, param name, stored value)`` of every param of ``study`` as its RDB
-    storage holds it (the internal float), or None for another storage.  Reading a trial,
-    Optuna turns an IntDistribution's stored value into ``int(value)``
+    """``(trial number, param name, stored value)`` of every param of ``study`` as its
+    storage holds it (the internal float): read from the RDB's rows, or replayed from a
+    journal's records (:func:`_journal_param_values`); None for another storage.  Reading a
+    trial, Optuna turns an IntDistribution's stored value into ``int(value)``
     (``IntDistribution.to_external_repr``), so a value edited to 2.5 reads back as 2: only
     the stored value shows the edit."""
     import sqlalchemy as sa
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
+    if isinstance(study._storage, optuna.storages.JournalStorage):
+        return _journal_param_values(study._storage, study._study_id)
     rdb = getattr(study._storage, "_backend", None)
     if not isinstance(rdb, optuna.storages.RDBStorage):
         return None
@@ -272,3 +282,46 @@ def stored_param_values(study: optuna.Study) -> list[tuple[int, str, float]] | N
                   models.TrialParamModel.trial_id == models.TrialModel.trial_id)
             .where(models.TrialModel.study_id == study._study_id)).all()
     return [(int(n), str(k), float(v)) for n, k, v in rows]
+
+
+def _journal_param_values(storage, study_id: int) -> list[tuple[int, str, float]]:
+    """The params of study ``study_id`` as a journal storage's records hold them: its log
+    is replayed again (``_backend.read_logs(0)``) by Optuna's own
+    ``JournalStorageReplayResult``, noting the internal value each applied record carries:
+    ``params`` of a CREATE_TRIAL record (``create_new_trial`` with a template trial, what
+    :func:`write_trials` appends) and ``param_value_internal`` of a SET_TRIAL_PARAM one
+    (``set_trial_param``).  Records the replay skips (a finished trial's, an incompatible
+    distribution) are skipped here too, so the values are those of the trials Optuna reads.
+    The replay's worker id is new, so no record counts as this process's own."""
+    import uuid
+
+    from optuna.storages.journal._storage import JournalStorageReplayResult
+
+    raw: dict[int, dict[str, object]] = {}     # trial id -> param -> stored value
+
+    class _Raw(JournalStorageReplayResult):
+        def _apply_create_trial(self, log):
+            tid = len(self._trials)
+            super()._apply_create_trial(log)
+            if tid in self._trials:
+                raw[tid] = dict(log.get("params") or {})
+
+        def _apply_set_trial_param(self, log):
+            tid = log["trial_id"]
+            before = self._trials.get(tid)
+            super()._apply_set_trial_param(log)
+            if self._trials.get(tid) is not before:    # applied: the trial was replaced
+                raw.setdefault(tid, {})[log["param_name"]] = log["param_value_internal"]
+
+    replay = _Raw(f"slabtune-check-{uuid.uuid4()}-")
+    with storage._thread_lock:
+        replay.apply_logs(storage._backend.read_logs(0))
+    out = []
+    for tid in replay._study_id_to_trial_ids.get(study_id, ()):
+        number = replay._trials[tid].number
+        for name, value in raw.get(tid, {}).items():
+            try:
+                out.append((int(number), str(name), float(value)))
+            except (TypeError, ValueError):   # Optuna's own read refuses these first
+                continue
+    return out

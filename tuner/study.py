@@ -16,6 +16,7 @@ RDB URL (``sqlite:///...``, ``postgresql://...``), ``journal:PATH`` (or a path e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -329,6 +330,37 @@ def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
     storage.engine.dispose()
 
 
+def shown_url(url: str) -> str:
+    """A storage URL as messages show it: an RDB URL's password masked (``***``)."""
+    if "://" in url and "@" in url:
+        try:
+            import sqlalchemy
+
+            return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: hide what may be one
+            return url.split("://", 1)[0] + "://***@" + url.rsplit("@", 1)[1]
+    return url
+
+
+@contextlib.contextmanager
+def storage_writes(url: str | None):
+    """A failed write to the study's storage is one SlabtuneError naming the storage: a
+    journal file on a full disk, past a file size limit or with an I/O error (``OSError``:
+    the system's words alone, "File too large", did not say which file), or a database
+    whose commit failed (Optuna's StorageInternalError, SQLAlchemy's errors: a traceback)."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - filtered just below
+        rdb = isinstance(err, optuna.exceptions.StorageInternalError) or any(
+            c.__module__.startswith("sqlalchemy.") for c in type(err).__mro__)
+        if not (rdb or isinstance(err, OSError)):
+            raise
+        why = err.strerror if isinstance(err, OSError) and err.strerror else \
+            _first_line(err.__cause__ or err)
+        raise SlabtuneError(f"storage: {shown_url(url or 'the study storage')!r}: cannot "
+                            f"write: {why}") from None
+
+
 def _first_line(err: BaseException) -> str:
     msg = str(err).strip() or err.__class__.__name__
     return msg.splitlines()[0]
@@ -534,9 +566,11 @@ class StudyRunner:
     """
 
     def __init__(self, spec: TuneSpec, study: optuna.Study,
-                 evaluator: fleet_objectives.FleetEvaluator | None = None):
+                 evaluator: fleet_objectives.FleetEvaluator | None = None,
+                 url: str | None = None):
         self.spec = spec
         self.study = study
+        self.url = url          # named by a write error (storage_writes)
         self.evaluator = evaluator or evaluator_for(spec)
         self.distributions = spec.space.distributions()
         if optuna_internals.in_memory(study):
@@ -597,7 +631,8 @@ class StudyRunner:
         if self._asker is self.study:
             self.study.add_trials(trials)
         else:
-            optuna_internals.write_trials(self.study, trials)
+            with storage_writes(self.url):
+                optuna_internals.write_trials(self.study, trials)
             self._asker.add_trials(trials)
         return trials
 
@@ -618,7 +653,8 @@ class StudyRunner:
             excess = self.evaluator.regression_excess(ev) if constrained else None
             told = self.tell_batch(trials, ev, excess)
             if self._asker is not self.study:
-                optuna_internals.write_trials(self.study, told)
+                with storage_writes(self.url):
+                    optuna_internals.write_trials(self.study, told)
             done += k
         return done
 
@@ -663,24 +699,27 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
         raise SlabtuneError(f"objectives.cost: {spec.objectives.cost} is not the cost file "
                             f"study {name!r} was created with (its text changed)")
     evaluator = evaluator or evaluator_for(spec)
-    if stored is None or not is_complete(study):   # new, or created by a killed process
-        study.set_user_attr(ATTR_SPEC, spec.text)
-        study.set_user_attr("slabtune_spec_name", spec.name)
-        if spec.fleet_sweep is not None:
-            study.set_user_attr(ATTR_FLEET_SWEEP, spec.fleet_sweep)
-        if spec.cost_text is not None:
-            study.set_user_attr(ATTR_COST, spec.cost_text)
-        study.set_user_attr(ATTR_PROFILE, spec.fleet.profile.name)
-        study.set_user_attr(ATTR_TOPOLOGIES, list(spec.fleet.topology_names))
-        study.set_user_attr(ATTR_BASELINE, _baseline_attr(evaluator.baseline))
-        study.set_user_attr("slabtune_objectives", {
-            "set": spec.objectives.name, "max_regression": spec.objectives.max_regression,
-            "cost": spec.objectives.cost or "packaged", "names": list(OBJECTIVE_NAMES)})
-    if not study.metric_names:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(list(OBJECTIVE_NAMES))
-    return StudyRunner(spec, study, evaluator), url
+    new = stored is None or not is_complete(study)   # new, or created by a killed process
+    baseline = _baseline_attr(evaluator.baseline) if new else None   # before any write
+    with storage_writes(url):
+        if new:
+            study.set_user_attr(ATTR_SPEC, spec.text)
+            study.set_user_attr("slabtune_spec_name", spec.name)
+            if spec.fleet_sweep is not None:
+                study.set_user_attr(ATTR_FLEET_SWEEP, spec.fleet_sweep)
+            if spec.cost_text is not None:
+                study.set_user_attr(ATTR_COST, spec.cost_text)
+            study.set_user_attr(ATTR_PROFILE, spec.fleet.profile.name)
+            study.set_user_attr(ATTR_TOPOLOGIES, list(spec.fleet.topology_names))
+            study.set_user_attr(ATTR_BASELINE, baseline)
+            study.set_user_attr("slabtune_objectives", {
+                "set": spec.objectives.name, "max_regression": spec.objectives.max_regression,
+                "cost": spec.objectives.cost or "packaged", "names": list(OBJECTIVE_NAMES)})
+        if not study.metric_names:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(OBJECTIVE_NAMES))
+    return StudyRunner(spec, study, evaluator, url), url
 
 
 def get_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:

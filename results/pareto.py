@@ -88,8 +88,13 @@ def study_pareto(study: optuna.Study,
     best = sorted(best, key=lambda t: (t.values[0], t.values[1], t.number))
     points = []
     for t in best:
-        topo = t.user_attrs.get("per_topology", {})
-        mem_t, time_t = topo.get("memory", []), topo.get("time", [])
+        topo = t.user_attrs.get("per_topology")
+        mem_t = topo.get("memory") if isinstance(topo, dict) else None
+        time_t = topo.get("time") if isinstance(topo, dict) else None
+        if not all(isinstance(x, list) and len(x) == len(topos) for x in (mem_t, time_t)):
+            # a trial added outside tune (Optuna's own API) or tampered with: no gains to show
+            raise SlabtuneError(f"trial {t.number}: per_topology: not {len(topos)} memory and "
+                                f"time values, one per fleet topology (not written by tune)")
         gm = gains(mem_t, base["memory_topo"])
         gt = gains(time_t, base["time_topo"])
         points.append({
@@ -97,8 +102,7 @@ def study_pareto(study: optuna.Study,
             "memory": float(t.values[0]),
             "time": float(t.values[1]),
             "params": dict(t.params),
-            "gains": {name: {"memory": gm[i], "time": gt[i]} for i, name in enumerate(topos)
-                      if i < len(gm) and i < len(gt)},
+            "gains": {name: {"memory": gm[i], "time": gt[i]} for i, name in enumerate(topos)},
         })
     if annotate is not None and points:
         extra = annotate(points)

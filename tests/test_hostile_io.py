@@ -558,3 +558,24 @@ def test_kernel_snapshot_root_with_a_planted_fifo_or_device_is_one_line(tmp_path
     rc, _, err = run("kernel", "snapshot", "--root", tmp_path / "root", "--out", "s.csv")
     one_error(rc, err, "--root", "possible", "FIFO" if kind == "fifo" else "character device")
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_front_trial_without_per_topology_values_is_one_line(tmp_path, journal_run):
+    """A trial told through Optuna's own API carries no per-topology values: on the front
+    it made pareto raise KeyError.  It is refused naming the trial and the attribute."""
+    import shutil
+
+    import optuna
+
+    from slabtune.tuner import study as studies
+
+    path = tmp_path / "j.log"
+    shutil.copy(journal_run, path)
+    journal = f"journal:{path}"
+    st = optuna.load_study(study_name="j", storage=studies.open_storage(journal, False))
+    best = min(st.best_trials, key=lambda t: t.values[0])
+    trial = st.ask(studies.load_spec("tune_quick").space.distributions())
+    st.tell(trial, [v - 1.0 for v in best.values])     # dominates: on the front
+    rc, out, err = run("pareto", "--study", "j", "--storage", journal)
+    one_error(rc, err, f"trial {trial.number}:", "per_topology")
+    assert out == ""

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
+from _cli import error_line, run
 from conftest import _pids_naming
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -46,28 +47,6 @@ DATA = Path(__file__).parent / "data"
 SNAPSHOT = DATA / "host_snapshot_6.18.csv"
 EXAMPLE = ROOT / "examples" / "hackbench-v5.11.toml"
 TUNE_QUICK = ROOT / "sweeps" / "tune_quick.toml"
-PREFIX = "slabtune: error: "
-
-
-def run(*argv) -> tuple[int, str, str]:
-    """``slabtune ARGV`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
-
-
-def error_line(rc: int, err: str, *needles: str) -> str:
-    """Assert a user error (exit 2, one stderr line starting 'slabtune: error:', no
-    traceback, every needle in the line) and return the line."""
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2, (rc, err)
-    assert len(lines) == 1, err
-    assert lines[0].startswith(PREFIX), lines[0]
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def snapshot_tree(path: Path) -> dict[str, bytes]:

@@ -11,8 +11,6 @@ runs in a few seconds."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import resource
@@ -22,8 +20,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from _cli import error_line as one_error
+from _cli import run
 
-from slabtune import cli
 from slabtune.errors import SlabtuneError
 from slabtune.results import safeio, store
 
@@ -31,26 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "hackbench-v5.11.toml"
 TUNE_QUICK = ROOT / "sweeps" / "tune_quick.toml"
 SNAPSHOT = Path(__file__).parent / "data" / "host_snapshot_6.18.csv"
-PREFIX = "slabtune: error: "
-
-
-def run(*argv) -> tuple[int, str, str]:
-    """``slabtune ARGV`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
-
-
-def one_error(rc: int, err: str, *needles: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2, (rc, err)
-    assert len(lines) == 1, err
-    assert lines[0].startswith(PREFIX), lines[0]
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def fingerprint(p: Path):

@@ -558,3 +558,17 @@ def test_a_front_trial_without_per_topology_values_is_one_line(tmp_path, journal
     rc, out, err = run("pareto", "--study", "j", "--storage", journal)
     one_error(rc, err, f"trial {trial.number}:", "per_topology")
     assert out == ""
+
+
+def test_a_storage_password_is_never_printed():
+    """A storage URL's password appears in no error and no ``next:`` hint: an RDB that
+    cannot be opened (nothing listens on port 1, or no driver) and the hint after a study
+    both show ``***`` in its place."""
+    from slabtune.commands.tune import next_hint
+
+    url = "postgresql://alice:s3cret-pw@127.0.0.1:1/slab"
+    rc, out, err = run("pareto", "--study", "x", "--storage", url)
+    line = one_error(rc, err, "alice:***@127.0.0.1")
+    assert "s3cret-pw" not in out + err, line
+    hint = next_hint("x", url, url)
+    assert "s3cret-pw" not in hint and "alice:***@" in hint

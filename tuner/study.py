@@ -205,19 +205,19 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
     if journal is not None:
         return _open_journal(url, journal, create)
     if "://" not in url:
-        raise SlabtuneError(f"storage: {url!r} is not a storage URL (use sqlite:///PATH, "
-                            "postgresql://..., journal:PATH or memory:)")
+        raise SlabtuneError(f"storage: {shown_url(url)!r} is not a storage URL (use "
+                            "sqlite:///PATH, postgresql://..., journal:PATH or memory:)")
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         if str(path) not in ("", ":memory:"):
             _check_parent(url, path)
             if not create and not path.exists():
-                raise SlabtuneError(f"storage: {url!r}: database file does not exist")
+                raise SlabtuneError(f"storage: {shown_url(url)!r}: database file does not exist")
             storage_guard.check_sqlite(url, path)      # not another program's database
     try:
         storage = optuna.storages.RDBStorage(url)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: {_first_line(err)}") from None
     if url.startswith("sqlite:"):
         _sqlite_wal(storage)
     return storage
@@ -227,9 +227,9 @@ def _check_parent(url: str, path: Path) -> None:
     """The directory a storage file goes in exists (and is not a file)."""
     parent = path.parent
     if parent.exists() and not parent.is_dir():
-        raise SlabtuneError(f"storage: {url!r}: {parent} is a file, not a directory")
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: {parent} is a file, not a directory")
     if not parent.is_dir():
-        raise SlabtuneError(f"storage: {url!r}: directory {parent} does not exist")
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: directory {parent} does not exist")
 
 
 def _open_journal(url: str, journal: str, create: bool) -> optuna.storages.BaseStorage:
@@ -238,10 +238,10 @@ def _open_journal(url: str, journal: str, create: bool) -> optuna.storages.BaseS
     after the torn bytes would make the whole file unreadable."""
     path = Path(journal)
     if not journal or path.is_dir():
-        raise SlabtuneError(f"storage: {url!r}: journal storage needs a file path")
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: journal storage needs a file path")
     _check_parent(url, path)
     if not create and not path.exists():
-        raise SlabtuneError(f"storage: {url!r}: journal file does not exist")
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: journal file does not exist")
     storage_guard.check_journal(url, path)             # not a text file, device or FIFO
     from optuna.storages.journal import JournalFileBackend, JournalStorage
     if create:
@@ -252,7 +252,7 @@ def _open_journal(url: str, journal: str, create: bool) -> optuna.storages.BaseS
     try:
         return JournalStorage(JournalFileBackend(str(path)))
     except Exception as err:  # noqa: BLE001 - any backend failure is a bad storage
-        raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: {_first_line(err)}") from None
 
 
 def torn_tail_offset(path: Path, block: int = 1 << 16) -> int | None:
@@ -416,14 +416,16 @@ def load_study(study_name: str | None, storage: str | None,
     if study_name is None:
         names = optuna.get_all_study_names(st)
         if len(names) != 1:
-            raise SlabtuneError(f"study: {url} holds {len(names)} studies; pick one with --study")
+            raise SlabtuneError(f"study: {shown_url(url)} holds {len(names)} studies; pick one "
+                                "with --study")
         study_name = names[0]
     try:
         study = optuna.load_study(study_name=study_name, storage=st)
     except KeyError:
-        raise SlabtuneError(f"study: no study named {study_name!r} in {url}") from None
+        raise SlabtuneError(f"study: no study named {study_name!r} in {shown_url(url)}") from None
     except ValueError as err:   # a journal or database it cannot replay
-        raise SlabtuneError(f"storage: {url!r}: unreadable: {_first_line(err)}") from None
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: unreadable: "
+                            f"{_first_line(err)}") from None
     _check_stored_name(study.study_name, url)
     _check_readable(study, url)
     if not is_complete(study):
@@ -439,7 +441,7 @@ def _check_readable(study: optuna.Study, url: str) -> None:
         _ = study.user_attrs
         study.get_trials(deepcopy=False)
     except (KeyError, ValueError, TypeError) as err:
-        raise SlabtuneError(f"storage: {url!r}: study {study.study_name}: its stored "
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: study {study.study_name}: its stored "
                             f"attributes or trials do not decode (a damaged or edited "
                             f"database): {_first_line(err)}") from None
 
@@ -474,8 +476,8 @@ def _check_stored_name(name, url: str) -> None:
         check_study_name(name)
     except SlabtuneError:
         shown = ascii(name) if len(str(name)) <= 60 else ascii(str(name)[:60]) + "..."
-        raise SlabtuneError(f"study: the study name stored in {url} ({shown}) is not a plain "
-                            "name (letters, digits, '-', '_', '.'); refusing to read it"
+        raise SlabtuneError(f"study: the study name stored in {shown_url(url)} ({shown}) is "
+                            "not a plain name (letters, digits, '-', '_', '.'); refusing to read it"
                             ) from None
 
 
@@ -493,11 +495,12 @@ def _not_a_slabtune_study(study: optuna.Study, url: str) -> str:
     attrs = study.user_attrs
     mine = [k for k in attrs if k.startswith("slabtune_")]
     if len(study.get_trials(deepcopy=False)) == 0 and (mine or not attrs):
-        restart = shlex.join(["slabtune", "tune", "SPEC", "--study", name, "--storage", url])
-        return (f"study: {name!r} in {url} is incomplete: it was created, then its process "
-                "stopped before slabtune tune stored its spec and baseline; finish creating "
-                f"it with '{restart}' (SPEC: the spec it was started with) or remove it with "
-                "optuna.delete_study")
+        restart = shlex.join(["slabtune", "tune", "SPEC", "--study", name, "--storage",
+                              shown_url(url)])
+        return (f"study: {name!r} in {shown_url(url)} is incomplete: it was created, then its "
+                "process stopped before slabtune tune stored its spec and baseline; finish "
+                f"creating it with '{restart}' (SPEC: the spec it was started with) or remove "
+                "it with optuna.delete_study")
     return f"study: {name!r} was not created by slabtune tune"
 
 
@@ -688,7 +691,7 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
         study = optuna.create_study(study_name=name, storage=st, sampler=sampler,
                                     directions=list(DIRECTIONS), load_if_exists=True)
     except Exception as err:  # noqa: BLE001 - storage backends fail in many ways
-        raise SlabtuneError(f"storage: {url!r}: {_first_line(err)}") from None
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: {_first_line(err)}") from None
     if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
         raise SlabtuneError(f"study: {name!r} exists with other directions")
     stored = study.user_attrs.get(ATTR_SPEC)

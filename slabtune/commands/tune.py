@@ -199,10 +199,12 @@ def _check_mode(args) -> str:
 def next_hint(study: str, storage: str | None, url: str) -> str:
     """The ``next:`` line after a study: a pasteable ``slabtune pareto`` command (every
     argument shell-quoted), or, for an in-memory study, that it is gone."""
-    from slabtune.tuner.study import is_in_memory_url
+    from slabtune.tuner.study import is_in_memory_url, shown_url
 
     if is_in_memory_url(url):
         return ("note: the study lived in memory (--storage memory:) and is gone now that "
                 "this process ends; use a file storage to keep it")
-    argv = ["slabtune", "pareto", "--study", study] + (["--storage", url] if storage else [])
+    # never a password: an RDB URL's is masked, the user types it again
+    argv = ["slabtune", "pareto", "--study", study] + (["--storage", shown_url(url)]
+                                                       if storage else [])
     return "next: " + shlex.join(argv)

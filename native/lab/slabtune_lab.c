@@ -286,6 +286,7 @@ struct lab_run {
 	bool spin;			/* idle_spin */
 	u64 long_ns;
 	atomic_t allocating;		/* allocating workers still in their ops */
+	int allocators;			/* allocating workers at the start */
 	bool lockstep;			/* the step barrier, warm-up and counted window */
 	spinlock_t ls_lock;		/* guards ls_n, ls_arrived; ls_gen's writes */
 	int ls_n;			/* workers still in lockstep */
@@ -571,6 +572,17 @@ static int lab_alloc_one(struct lab_run *r, struct lab_worker *w, u32 rnd)
 	return 1;
 }
 
+/*
+ * drain=hold keeps a freer's level only while every allocating worker still allocates:
+ * the holds add up to the allocators' declared live sets, so once one allocator has done
+ * its ops (free-running workers finish apart) the others' objects alone can sit at or
+ * below every hold while they wait at their caps, and nobody would move again
+ */
+static bool lab_holding(struct lab_run *r, struct lab_worker *w)
+{
+	return w->hold && atomic_read(&r->allocating) == r->allocators;
+}
+
 /* one op of an allocating worker: 1 allocated, 2 freed, 0 nothing to do, < 0 error */
 static int lab_step(struct lab_run *r, struct lab_worker *w)
 {
@@ -580,7 +592,7 @@ static int lab_step(struct lab_run *r, struct lab_worker *w)
 
 	can_a = w->alloc_p > 0 && (u32)atomic_read(&w->out) < w->live;
 	/* drain=eager: hold 0, any pending object; drain=hold: only above the hold */
-	can_f = lab_pending(w) > w->hold;
+	can_f = lab_pending(w) > (lab_holding(r, w) ? w->hold : 0);
 	want_a = w->burst ? w->phase == 0 : (rnd >> 16) < w->alloc_p;
 	do_a = can_a && (want_a || !can_f);
 	if (!do_a && !can_f)
@@ -807,7 +819,7 @@ static int lab_worker_fn(void *arg)
 			smp_rmb();
 			if (last && w->in_step)
 				lab_ls_leave(r, w);
-			if (w->hold && !last && lab_pending(w) <= w->hold)
+			if (!last && lab_holding(r, w) && lab_pending(w) <= w->hold)
 				op = 0;		/* drain=hold: the queue keeps its level */
 			else
 				op = lab_free_one(r, w, lab_rand(w)) ? 2 : 0;
@@ -1309,6 +1321,7 @@ static int lab_run_once(void)
 		/* workers already created run no op: they see abort, find nothing, finish */
 		r->abort = err;
 	}
+	r->allocators = allocators;
 	atomic_set(&r->allocating, allocators);
 	if (err || !allocators) {
 		r->warmup = 0;		/* no window to open */

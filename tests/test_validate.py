@@ -544,7 +544,7 @@ steps = 400
 timing_steps = 20000
 timing_repeats = 3
 calibration_runs = 8
-workload = { kind = "local", live = 32, burst = 16 }
+workload = { kind = "local", live = 32, burst = 16, drain = "eager" }
 """
 
 

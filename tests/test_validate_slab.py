@@ -44,7 +44,7 @@ name = "local"
 cache = "kmalloc-512"
 steps = 4000
 seed = 0
-workload = { kind = "local", live = 64, burst = 32, other_ns = 50000.0 }
+workload = { kind = "local", live = 64, burst = 32, drain = "eager", other_ns = 50000.0 }
 """
 
 

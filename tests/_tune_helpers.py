@@ -60,3 +60,23 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
     assert "Traceback" not in proc.stderr
     for n in needles:
         assert n in lines[0], (n, lines[0])
+
+
+#: A one-machine v6.18 fleet whose spec opts in to kernel-change knobs ([search] reach =
+#: "kernel"): the reach tests of pareto and export.
+KERNEL_SPEC = """
+[fleet]
+profile = "v6.18"
+[[fleet.topology]]
+name = "laptop-8"
+cpus = 8
+[[fleet.workload]]
+[fleet.workload.caches]
+dentry = { live_per_cpu = 4096 }
+"kmalloc-64" = { live_per_cpu = 2048 }
+[search]
+reach = "kernel"
+[search.knobs]
+slub_min_objects = { choices = [0, 16] }
+order_objects_mul = { low = 1, high = 8 }
+"""

@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from _tune_helpers import KERNEL_SPEC as HELPERS_KERNEL_SPEC
 from _tune_helpers import assert_clean_error, quick_study, run_cli
 
 from slabtune.errors import SlabtuneError
@@ -65,23 +66,8 @@ def test_grub_tmpfiles_and_json_formats():
         study.user_attrs["slabtune_baseline"]["memory"])
 
 
-KERNEL_SPEC = """
-[fleet]
-profile = "v6.18"
-[[fleet.topology]]
-name = "laptop-8"
-cpus = 8
-[[fleet.workload]]
-[fleet.workload.caches]
-dentry = { live_per_cpu = 4096 }
-"kmalloc-64" = { live_per_cpu = 2048 }
-[search]
-reach = "kernel"
-[search.knobs]
-slub_min_objects = { choices = [0, 16] }
-order_objects_mul = { low = 1, high = 8 }
-min_partial_lo = { low = 0, high = 10 }
-"""
+#: _tune_helpers.KERNEL_SPEC with a min_partial knob too
+KERNEL_SPEC = HELPERS_KERNEL_SPEC + 'min_partial_lo = { low = 0, high = 10 }\n'
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import json
 import optuna
 import polars as pl
 import pytest
-from _tune_helpers import assert_clean_error, quick_study, run_cli
+from _tune_helpers import KERNEL_SPEC, assert_clean_error, quick_study, run_cli
 
 from slabtune.results import pareto
 from slabtune.tuner import study as studies
@@ -114,22 +114,6 @@ def test_equal_objectives_collapse_to_the_fewest_changed_knobs():
         == {"boot": 2, "kernel": 1}
 
 
-KERNEL_SPEC = """
-[fleet]
-profile = "v6.18"
-[[fleet.topology]]
-name = "laptop-8"
-cpus = 8
-[[fleet.workload]]
-[fleet.workload.caches]
-dentry = { live_per_cpu = 4096 }
-"kmalloc-64" = { live_per_cpu = 2048 }
-[search]
-reach = "kernel"
-[search.knobs]
-slub_min_objects = { choices = [0, 16] }
-order_objects_mul = { low = 1, high = 8 }
-"""
 
 
 @pytest.mark.slow

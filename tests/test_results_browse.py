@@ -158,6 +158,10 @@ def test_results_list_shows_the_study_and_its_counts(browse):
     rc, out, _ = run("results", "list", "--out", root / "runs", "--json")
     (rec,) = json.loads(out)
     assert rec["kind"] == "study" and rec["states"] == {"complete": 25, "fail": 1}
+    rc, out, err = run("results", "list", "--out", root / "elsewhere", "--storage", _url)
+    assert rc == 0, err
+    assert out.startswith("study browse  trials 26 (complete 25, fail 1)")
+    assert out.rstrip().endswith(_url)
 
 
 @pytest.mark.slow
@@ -244,6 +248,10 @@ def test_failed_run_lists_its_recorded_error(tmp_path):
         (0, "guest: timed out after 120.0 s"), (2, st["2"]["error"])]
     rc, out, _ = run("results", "list", "--out", tmp_path)
     assert "    error (2 chunks recorded errors): chunk 0: guest: timed out" in out
+    rc, out, _ = run("results", "show", run_.path)
+    assert "state: failed" in out.splitlines()
+    assert "error (2 chunks recorded one; the first): chunk 0: guest: timed out after " \
+           "120.0 s" in out.splitlines()
 
 
 def test_sweep_parts_carry_units(tmp_path):
@@ -261,3 +269,25 @@ def test_sweep_parts_carry_units(tmp_path):
     assert units == {"cpus": "CPUs", "cache": "-", "order": "page order",
                      "ns_per_op": "ns per alloc+free pair"}
     assert pl.read_parquet(tmp_path / name).equals(df)
+
+
+def test_unreadable_study_databases_are_listed_as_damaged(tmp_path):
+    """A study.db that is empty (a tune killed before its first write) or not a database
+    is one ``damaged:`` line each, naming the directory; it is not modified, and a run
+    beside them is listed as usual."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "study.db").write_bytes(b"")
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "study.db").write_text("notes, not a database\n")
+    run_ = store.create_run(tmp_path, spec={"name": "s", "chunk_size": 1}, spec_hash="cd" * 8,
+                            spec_text="", n_chunks=1, columns=[["cpus", "int32", None]],
+                            versions={}, git_revision=None)
+    rc, out, err = run("results", "list", "--out", tmp_path)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{run_.run_id}  partial ")
+    assert lines[1] == (f"damaged: {tmp_path / 'empty'}: empty study database (a tune "
+                        "stopped before its first write)")
+    assert lines[2].startswith(f"damaged: {tmp_path / 'text'}: ") and "study.db" in lines[2]
+    assert (tmp_path / "empty" / "study.db").stat().st_size == 0
+    assert (tmp_path / "text" / "study.db").read_text() == "notes, not a database\n"

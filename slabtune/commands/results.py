@@ -172,6 +172,9 @@ def _show(args) -> int:
               "parquet_bytes", "started", "ended", "devices", "git_revision"):
         print(f"{k}: {summary[k]}")
     print(f"chunks: {summary['chunks_done']}/{summary['chunks']} done")
+    if summary["error"]:
+        print(f"error ({summary['errors']} chunks recorded one; the first): "
+              f"{_cut(summary['error'])}")
     print("columns:")
     for c, t in schema.items():
         extra = f"  {_num(ranges[c][0])}..{_num(ranges[c][1])}" if c in ranges else ""

@@ -193,6 +193,10 @@ def test_exported_trial_applied_in_a_guest_and_confirmed_by_kernel_check(tmp_pat
     written values taken (3/3 min_partial, 3/3 cpu_partial)."""
     if build.kernel_path("6.1") is None:
         pytest.skip("kernel 6.1 is not built; run scripts/build-kernels.sh --only 6.1")
+    try:
+        guest.find_assets(kernel=build.kernel_path("6.1"))
+    except SlabtuneError as err:
+        pytest.skip(f"guest stack not installed ({err}); run scripts/install-guest-deps.sh")
     from slabtune.tuner import study as studies
 
     spec = studies.parse_spec(SPEC, "gpolicy")

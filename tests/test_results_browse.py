@@ -252,6 +252,7 @@ def test_failed_run_lists_its_recorded_error(tmp_path):
     assert "state: failed" in out.splitlines()
     assert "error (2 chunks recorded one; the first): chunk 0: guest: timed out after " \
            "120.0 s" in out.splitlines()
+    assert "  cpus: int32  1..1  [CPUs]" in out.splitlines()
 
 
 def test_sweep_parts_carry_units(tmp_path):

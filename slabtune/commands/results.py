@@ -146,7 +146,7 @@ def _show(args) -> int:
     import polars as pl
 
     from slabtune.commands.paths import input_dir
-    from slabtune.results import store
+    from slabtune.results import columns, store
 
     input_dir("--out", args.out)
     run = store.resolve_run(args.run, args.out)
@@ -164,6 +164,7 @@ def _show(args) -> int:
             ranges = {c: [agg[k], agg[k + n]] for k, c in enumerate(ints)}
     if args.json:
         summary["columns"] = {c: str(t) for c, t in schema.items()}
+        summary["units"] = {c: d.unit for c in schema if (d := columns.part_column(c))}
         summary["ranges"] = ranges
         summary["versions"] = run.manifest.get("versions")
         print(jsonout.dumps(summary))
@@ -181,7 +182,9 @@ def _show(args) -> int:
         if isinstance(t, pl.Enum):
             cats = list(t.categories)
             extra = f"  {len(cats)} values: {', '.join(cats[:6])}{' ...' if len(cats) > 6 else ''}"
-        print(f"  {c}: {'enum' if isinstance(t, pl.Enum) else str(t).lower()}{extra}")
+        doc = columns.part_column(c)
+        unit = f"  [{doc.unit}]" if doc is not None and doc.unit != "-" else ""
+        print(f"  {c}: {'enum' if isinstance(t, pl.Enum) else str(t).lower()}{extra}{unit}")
     if run.rows and args.head > 0:
         with pl.Config(tbl_rows=args.head, tbl_cols=-1, tbl_width_chars=160):
             print(lf.head(args.head).collect())

@@ -155,21 +155,23 @@ def read_policy(path) -> tuple[dict, dict, dict]:
     return dict(boot), dict(doc["sysfs"]), doc
 
 
-def _check_inputs(args) -> dict[str, str]:
+def _check_inputs(args) -> tuple[dict, dict, dict]:
     """Everything a boot checks before it looks for a kernel or starts qemu: the --param
     names against the allow-list and their values against their ranges (for every
     spelling any profile accepts; the booted kernel's own profile is checked again once
-    it is known), and the output paths.  Returns the --param dict."""
+    it is known), a --policy file (:func:`read_policy`), and the output paths.  Returns
+    the boot parameters (of --param or the policy), the policy's sysfs values and the
+    whole policy ({} without --policy)."""
     from slabtune.commands.paths import output_file
     from slabtune.model import bootparams
 
     params = _params(args.param)
-    flag = "--param"
+    flag, sysfs, doc = "--param", {}, {}
     if args.policy is not None:
         if params:
             raise SlabtuneError("--policy: give boot parameters in the policy or with "
                                 "--param, not both")
-        params, _sysfs, _doc = read_policy(args.policy)
+        params, sysfs, doc = read_policy(args.policy)
         flag = "--policy"
     try:
         bootparams.validate_params_any_profile(params)
@@ -178,21 +180,17 @@ def _check_inputs(args) -> dict[str, str]:
     for flag, path in (("--out", args.out), ("--after", args.after)):
         if path:
             output_file(flag, path)
-    return params
+    return params, sysfs, doc
 
 
 def _boot(args) -> int:
     from slabtune.kernel import guest as qemu_guest
     from slabtune.kernel.snapshot import allocator, write_snapshot
 
-    params = _check_inputs(args)
-    sysfs: dict = {}
-    doc: dict = {}
-    if args.policy is not None:
-        _boot_params, sysfs, doc = read_policy(args.policy)
-        for k in doc.get("kernel_change") or ():
-            print(f"note: policy knob {k.get('knob')} needs a kernel change; not applied",
-                  file=sys.stderr)
+    params, sysfs, doc = _check_inputs(args)
+    for k in doc.get("kernel_change") or ():
+        print(f"note: policy knob {k.get('knob')} needs a kernel change; not applied",
+              file=sys.stderr)
     topo = _topology(args)
     workloads = ()
     if args.workload != "none":

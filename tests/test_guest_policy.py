@@ -153,6 +153,13 @@ def test_cli_bad_policy_is_one_line_before_qemu(tmp_path, doc, extra, needles):
     error_line(rc, err, *needles)
 
 
+def test_cli_policy_that_is_not_a_regular_file_is_refused(tmp_path):
+    rc, _out, err = run("guest", "boot", "--policy", "/dev/zero")
+    error_line(rc, err, "--policy: /dev/zero is a character device, not a regular file")
+    rc, _out, err = run("guest", "boot", "--policy", tmp_path)
+    error_line(rc, err, "--policy", "is a directory")
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -237,3 +244,4 @@ def test_exported_trial_applied_in_a_guest_and_confirmed_by_kernel_check(tmp_pat
                              "cpu_partial": {"matched": 3, "total": 3}}
     assert res["matched"] == res["comparable"] > 50
     assert res["boot_details"][0]["params"]["min_objects"] == 8
+

@@ -11,6 +11,12 @@ knows the requests of the caches :mod:`slabtune.model.caches` lists with one (ma
 vm_area_struct ask for 32 from v6.18 on) and passes them to the formulas, which take them as
 is under opt-in sheaves (v6.18) and as max(default, request) from v7.0.
 
+A snapshot of a guest booted with a policy (``guest boot --policy``) carries the sysfs
+values the policy wrote (:data:`slabtune.kernel.snapshot.POLICY_COLUMNS`): a cache's
+min_partial and cpu_partial are compared with the value written to it, not with the
+model's default, and :attr:`CheckResult.policy` counts how many of those writes the kernel
+shows as taken.
+
 Caches whose values the formulas cannot know are set aside with a reason and never counted
 as matched: caches with SLAB_DEBUG flags set (debugging changes the layout and disables
 per-CPU partial lists), and under an opt-in sheaf profile (v6.18) any other cache with a
@@ -165,6 +171,9 @@ class CheckResult:
     fields: dict[str, FieldCount]
     not_comparable: tuple[NotComparable, ...]
     mismatches: tuple[Mismatch, ...]
+    #: Per policy attribute (min_partial, cpu_partial): written values the kernel shows
+    #: (matched) out of those written (total); empty for a snapshot without a policy.
+    policy: dict[str, FieldCount] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -185,6 +194,8 @@ class CheckResult:
             "fields": {k: {"matched": v.matched, "total": v.total} for k, v in self.fields.items()},
             "not_comparable": [dataclasses.asdict(n) for n in self.not_comparable],
             "mismatches": [dataclasses.asdict(m) for m in self.mismatches],
+            "policy": {k: {"matched": v.matched, "total": v.total}
+                       for k, v in self.policy.items()},
             "boot_details": [
                 {**{k: v for k, v in dataclasses.asdict(b).items() if k != "params"},
                  "params": b.params._asdict()}
@@ -271,6 +282,7 @@ class _Tally:
         self.not_comp: list[NotComparable] = []
         self.mism: list[Mismatch] = []
         self.boots: list[BootInfo] = []
+        self.policy: dict[str, list[int]] = {}
 
     def skip(self, bi: int, cache: str, reason: str) -> None:
         self.not_comp.append(NotComparable(bi, cache, reason))
@@ -291,12 +303,19 @@ class _Tally:
                 self.mism.append(Mismatch(bi, cache, f, int(kernel), int(model)))
         self.matched += ok
 
+    def policy_value(self, attr: str, kernel, written) -> None:
+        """Count one value a policy wrote to ``attr`` against what the kernel shows."""
+        c = self.policy.setdefault(attr, [0, 0])
+        c[0] += kernel == written
+        c[1] += 1
+
     def result(self, caches: int) -> CheckResult:
         return CheckResult(
             boots=tuple(self.boots), caches=caches, comparable=self.comparable,
             matched=self.matched,
             fields={f: FieldCount(m, t) for f, (m, t) in self.counts.items()},
-            not_comparable=tuple(self.not_comp), mismatches=tuple(self.mism))
+            not_comparable=tuple(self.not_comp), mismatches=tuple(self.mism),
+            policy={f: FieldCount(m, t) for f, (m, t) in self.policy.items()})
 
 
 def _boots(df: pl.DataFrame, source: str, read_profile):
@@ -361,11 +380,17 @@ def check_snapshot(df: pl.DataFrame,
                     and explicit_sheaf(row["cache"]) == 0):
                 reason = (f"explicit sheaf capacity {row['sheaf_capacity']} set by the cache's "
                           "creator, not known to the model (opt-in sheaves)")
+            pairs = {f: (row[f], int(pred[f][i])) for f in COMPARED_FIELDS}
+            for col in snapshot.POLICY_COLUMNS:
+                written = row.get(col)
+                if written is not None:
+                    field = col.removeprefix("set_")
+                    tally.policy_value(field, row[field], int(written))
+                    pairs[field] = (row[field], int(written))
             if reason is not None:
                 tally.skip(bi, row["cache"], reason)
                 continue
-            tally.compare(bi, row["cache"],
-                          {f: (row[f], int(pred[f][i])) for f in COMPARED_FIELDS})
+            tally.compare(bi, row["cache"], pairs)
     return tally.result(df.height)
 
 

@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -240,6 +241,59 @@ def guest_cmdline(params: Mapping[str, object], topology: Topology, profile) -> 
     return " ".join(parts)
 
 
+# --------------------------------------------------------------------------- sysfs policy
+
+
+#: Per-cache sysfs attributes a policy may write before the snapshot (the tmpfiles.d half of
+#: ``slabtune export``): both read back exactly what was written.  mm/slub.c (6.1, 6.12):
+#: min_partial_store() sets ``s->min_partial`` from kstrtoul(); cpu_partial_store() takes
+#: kstrtouint(), refuses a nonzero value with -EINVAL where the cache has no per-CPU
+#: partial lists, and sets ``s->cpu_partial`` (slub_set_cpu_partial()), which
+#: cpu_partial_show() prints.
+POLICY_ATTRS: tuple[str, ...] = ("min_partial", "cpu_partial")
+#: Largest value written: kstrtouint()'s range (cpu_partial_store()); min_partial takes more.
+POLICY_VALUE_MAX = (1 << 32) - 1
+#: A cache name a policy may name: one sysfs path component, no shell or glob syntax.
+_POLICY_CACHE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+-]*")
+#: Snapshot columns holding the value the policy wrote to a cache (null: not written).
+POLICY_COLUMNS: tuple[str, ...] = snapshot.POLICY_COLUMNS
+
+
+def policy_writes(sysfs: Mapping[str, Mapping[str, object]]) -> tuple[tuple[str, str, int], ...]:
+    """``(cache, attribute, value)`` for every per-cache sysfs value of a policy
+    (``{cache: {attribute: value}}``, as ``slabtune export --format json`` writes it under
+    ``sysfs``), in cache and attribute order.  A cache name that is not one plain path
+    component, an attribute other than :data:`POLICY_ATTRS` or a value that is not an
+    integer in 0..:data:`POLICY_VALUE_MAX` is one GuestError naming it."""
+    if not isinstance(sysfs, Mapping):
+        raise GuestError("sysfs: not a table of caches")
+    out = []
+    for cache in sorted(sysfs):
+        if not isinstance(cache, str) or not _POLICY_CACHE.fullmatch(cache) \
+                or len(cache) > 64:
+            raise GuestError(f"sysfs: cache name {ascii(cache)[:70]} is not a plain cache name")
+        attrs = sysfs[cache]
+        if not isinstance(attrs, Mapping):
+            raise GuestError(f"sysfs.{cache}: not a table of attributes")
+        for attr in sorted(attrs):
+            value = attrs[attr]
+            if attr not in POLICY_ATTRS:
+                raise GuestError(f"sysfs.{cache}: {ascii(attr)[:40]} is not one of "
+                                 f"{', '.join(POLICY_ATTRS)}")
+            if isinstance(value, bool) or not isinstance(value, int) \
+                    or not 0 <= value <= POLICY_VALUE_MAX:
+                raise GuestError(f"sysfs.{cache}.{attr}: {ascii(value)[:40]} is not an integer "
+                                 f"in 0..{POLICY_VALUE_MAX}")
+            out.append((cache, attr, int(value)))
+    return tuple(out)
+
+
+def policy_file(writes: Sequence[tuple[str, str, int]]) -> bytes:
+    """The initramfs file ``/policy``: one ``cache attribute value`` line per write, read
+    by the init's ``read`` builtin (data, never shell code)."""
+    return "".join(f"{c} {a} {v}\n" for c, a, v in writes).encode()
+
+
 # --------------------------------------------------------------------------- topology
 
 
@@ -384,7 +438,8 @@ def _link(name: str, target: str) -> CpioEntry:
 _APPLETS = ("sh", "mount", "echo", "cat", "readlink", "poweroff", "sleep", "sync")
 
 
-def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool = True) -> str:
+def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool = True,
+                policy: bool = False) -> str:
     """The guest's /init (busybox sh).  ``token`` (hex) tags the start and end markers so a
     stale log cannot pass for this boot.  Records, one per line, all starting with MARK:
 
@@ -393,7 +448,12 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
     * ``C <phase> <cache> attr=value ...`` one real cache directory (NA: no such file);
     * ``A <phase> <alias> <cache>`` one /sys/kernel/slab symlink;
     * ``N <phase> <count>`` number of C records just printed (detects a truncated dump);
-    * ``W <i> begin``, ``J <i> <line>`` workload output, ``W <i> rc <status>``.
+    * ``W <i> begin``, ``J <i> <line>`` workload output, ``W <i> rc <status>``;
+    * ``Y <cache> <target> <attr> <value> <rc>`` one policy write (``policy``).
+
+    With ``policy``: before anything is dumped, every line ``cache attribute value`` of the
+    initramfs file ``/policy`` (:func:`policy_file`) is written to
+    ``/sys/kernel/slab/<cache>/<attribute>`` (:func:`_init_policy_lines`).
 
     With ``dump``: a first dump goes to /dev/null, so the sysfs inodes and dentries the dump
     itself instantiates (one per /sys/kernel/slab file read) exist before ``before`` is
@@ -412,6 +472,8 @@ def init_script(token: str, workloads: Sequence[WorkloadSpec] = (), dump: bool =
     if not token.isalnum():
         raise GuestError("token: must be alphanumeric")
     lines = _init_start_lines(token) + _init_info_function() + _init_dump_function()
+    if policy:
+        lines += _init_policy_lines()
     if dump:
         lines += _init_before_lines()
     for i, w in enumerate(workloads):
@@ -510,6 +572,25 @@ def _init_dump_function() -> list[str]:
     ]
 
 
+def _init_policy_lines() -> list[str]:
+    """The sysfs half of a policy, before the first dump: each line ``c a v`` of /policy
+    (checked on the host, :func:`policy_writes`) is written as ``echo v >
+    /sys/kernel/slab/c/a`` and reported as ``Y c target a v rc``, ``target`` the cache
+    directory the name resolves to (a merged cache's name is a symlink to it) and ``rc``
+    the write's status, or ``missing`` where the kernel has no cache of that name.  The
+    names are data read by ``read``, quoted wherever used: never shell code."""
+    return [
+        "while read -r c a v; do",
+        '  d="/sys/kernel/slab/$c"',
+        '  if [ ! -e "$d/$a" ]; then echo "$M Y $c - $a $v missing"; continue; fi',
+        '  t="$c"',
+        '  if [ -L "$d" ]; then t=$(readlink "$d"); t="${t##*/}"; fi',
+        '  echo "$v" > "$d/$a" 2>/dev/null',
+        '  echo "$M Y $c $t $a $v $?"',
+        "done < /policy",
+    ]
+
+
 def _init_before_lines() -> list[str]:
     """With ``dump``, before the workloads: a warm-up dump to /dev/null (instantiates
     the sysfs inodes and dentries the dump itself needs), then the ``before`` phase."""
@@ -564,15 +645,19 @@ def _init_end_lines(token: str) -> list[str]:
     return [f'echo "$M E {token}"', "sync", "poweroff -f", "sleep 60"]
 
 
-def build_initramfs(busybox: Path, script: str, workload: Path | None = None) -> bytes:
-    """An uncompressed newc initramfs: busybox with applet links, /init, the workload, and
-    /dev/console (so init's output reaches the serial console)."""
+def build_initramfs(busybox: Path, script: str, workload: Path | None = None,
+                    policy: bytes | None = None) -> bytes:
+    """An uncompressed newc initramfs: busybox with applet links, /init, the workload, the
+    policy's sysfs writes (``/policy``, :func:`policy_file`) and /dev/console (so init's
+    output reaches the serial console)."""
     entries = [_dir(d) for d in ("bin", "dev", "proc", "sys", "tmp")]
     entries.append(CpioEntry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
     entries.append(_file("bin/busybox", Path(busybox).read_bytes()))
     entries += [_link(f"bin/{a}", "busybox") for a in _APPLETS]
     if workload is not None:
         entries.append(_file("bin/workload", Path(workload).read_bytes()))
+    if policy is not None:
+        entries.append(_file("policy", policy, 0o644))
     entries.append(_file("init", script.encode()))
     return cpio_newc(entries)
 
@@ -601,6 +686,9 @@ class ParsedConsole:
     #: /proc/slabinfo header lines (``H`` records) per phase: present only for a kernel
     #: without /sys/kernel/slab (SLAB)
     slabinfo_header: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: policy writes (``Y`` records): cache, target (None: missing), attr, value, rc
+    #: (None: missing)
+    policy: list[dict] = dataclasses.field(default_factory=list)
 
 
 def _console_lines(text: str) -> list[str]:
@@ -620,6 +708,7 @@ def parse_console(text: str, token: str) -> ParsedConsole:
     counts: dict[str, int] = {}
     outputs: dict[int, list[str]] = {}
     rcs: dict[int, int | None] = {}
+    policy: list[dict] = []
     for line in _console_lines(text):
         if not line.startswith(MARK + " "):
             continue
@@ -667,6 +756,13 @@ def parse_console(text: str, token: str) -> ParsedConsole:
                     rcs.setdefault(i, None)
                 elif parts[3] == "rc":
                     rcs[i] = int(parts[4])
+            elif kind == "Y":
+                missing = parts[6] == "missing"
+                policy.append({"cache": parts[2], "target": None if missing else parts[3],
+                               "attr": parts[4], "value": int(parts[5]),
+                               "rc": None if missing else int(parts[6])})
+                if len(parts) != 7:
+                    raise ValueError("not 5 fields")
             elif kind == "J":
                 outputs.setdefault(int(parts[2]), []).append(" ".join(parts[3:]))
         except (IndexError, KeyError, ValueError) as exc:
@@ -692,7 +788,7 @@ def parse_console(text: str, token: str) -> ParsedConsole:
         aliases=aliases, counts=counts, workloads=workloads,
         workload_rc=[rcs.get(i) for i in order],
         workload_output=[outputs.get(i, []) for i in order],
-        slabinfo_header=headers,
+        slabinfo_header=headers, policy=policy,
     )
 
 
@@ -747,6 +843,9 @@ class GuestSpec:
     #: "auto" (KVM when a probe boot works, else TCG), "kvm" or "tcg".
     accel: str = "auto"
     dump: bool = True
+    #: A policy's sysfs half, ``{cache: {attribute: value}}`` (:func:`policy_writes`),
+    #: written in the guest before the first dump.
+    sysfs: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -775,6 +874,10 @@ class GuestResult:
     attempt_errors: list[str] = dataclasses.field(default_factory=list)
     #: the dump after every cache's per-CPU slabs were flushed (see :func:`init_script`)
     flushed: pl.DataFrame | None = None
+    #: the policy's sysfs writes as the guest reported them (:func:`_init_policy_lines`):
+    #: cache, target (the cache directory written; None where the kernel has no such
+    #: cache), attr, value, rc (None: missing)
+    policy: list[dict] = dataclasses.field(default_factory=list)
 
 
 _PANIC_MARKERS = ("Kernel panic", "BUG: soft lockup", "KVM internal error")
@@ -899,8 +1002,15 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
     if not spec.timeout_s > 0:
         raise GuestError(f"timeout_s: {spec.timeout_s!r} must be positive")
     topology_qemu_args(spec.topology, spec.memory_mib)  # validate
+    writes = policy_writes(spec.sysfs)
+    if writes and not spec.dump:
+        raise GuestError("sysfs: a policy's values are checked in the dumps; dump is off")
     assets = assets or find_assets()
-    cmdline = guest_cmdline(spec.boot_params, spec.topology, boot_profile(assets.kernel))
+    profile = boot_profile(assets.kernel)
+    if writes and profiles.is_slab(profile):
+        raise GuestError(f"sysfs: {profile.name} is SLAB, which has no /sys/kernel/slab "
+                         "(its tunables are /proc/slabinfo writes)")
+    cmdline = guest_cmdline(spec.boot_params, spec.topology, profile)
     if spec.accel == "auto":
         accel = "kvm" if probe_kvm(assets).usable else "tcg"
     else:
@@ -915,8 +1025,9 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
             token = secrets.token_hex(6)
             initrd = tmpd / f"initrd-{attempt}.cpio"
             initrd.write_bytes(build_initramfs(
-                assets.busybox, init_script(token, spec.workloads, spec.dump),
-                assets.workload if spec.workloads else None))
+                assets.busybox, init_script(token, spec.workloads, spec.dump, bool(writes)),
+                assets.workload if spec.workloads else None,
+                policy_file(writes) if writes else None))
             console_log = tmpd / f"console-{attempt}.log"
             argv = qemu_argv(assets, initrd, console_log, cmdline, spec.topology,
                              spec.memory_mib, accel)
@@ -935,6 +1046,11 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
                     flushed = snapshot_frame(parsed, "flushed", accel)
                 except ConsoleParseError as exc:
                     err = f"console: {exc}"
+            if not err and writes:
+                err = _policy_error(writes, parsed.policy)
+                if not err:
+                    before, after, flushed = (with_policy_columns(f, parsed.policy)
+                                              for f in (before, after, flushed))
             if not err and parsed is not None:
                 bad = [i for i, rc in enumerate(parsed.workload_rc) if rc != 0]
                 if bad:
@@ -949,13 +1065,44 @@ def boot_guest(spec: GuestSpec, assets: GuestAssets | None = None) -> GuestResul
                 qemu_argv=argv, kernel=str(assets.kernel), cmdline=cmdline,
                 guest_uptime_at_start=parsed.guest_uptime_at_start if parsed else None,
                 timed_out=a.timed_out, attempt_errors=errors + ([err] if err else []),
-                flushed=flushed,
+                flushed=flushed, policy=list(parsed.policy) if parsed is not None else [],
             )
             if not err:
                 break
             errors.append(err)
     assert result is not None
     return result
+
+
+def _policy_error(writes: Sequence[tuple[str, str, int]], got: Sequence[dict]) -> str:
+    """Why the guest's report of the policy writes (``Y`` records) does not show every write
+    done, or "": a record per write, in order, each with status 0.  A cache the kernel does
+    not have is not an error (a policy for a fleet names caches a small kernel may lack);
+    :attr:`GuestResult.policy` keeps it with target None."""
+    if len(got) != len(writes):
+        return f"policy: the guest reported {len(got)} of {len(writes)} sysfs writes"
+    for (cache, attr, value), rec in zip(writes, got):
+        if (rec["cache"], rec["attr"], rec["value"]) != (cache, attr, value):
+            return f"policy: write {cache}/{attr}={value} reported as {rec}"
+        if rec["rc"] not in (0, None):
+            return (f"policy: the kernel refused {value} for /sys/kernel/slab/{cache}/{attr} "
+                    f"(status {rec['rc']})")
+    return ""
+
+
+def with_policy_columns(df: pl.DataFrame | None, writes: Sequence[dict]) -> pl.DataFrame | None:
+    """A snapshot frame with :data:`POLICY_COLUMNS`: the value last written to each cache
+    directory (through its own name or a merged alias), null where none was."""
+    if df is None:
+        return None
+    last: dict[str, dict[str, int]] = {}
+    for w in writes:
+        if w["target"] is not None:
+            last.setdefault(w["attr"], {})[w["target"]] = int(w["value"])
+    return df.with_columns(
+        pl.col("cache").replace_strict(last.get(attr, {}), default=None,
+                                       return_dtype=pl.Int64).alias(col)
+        for attr, col in zip(POLICY_ATTRS, POLICY_COLUMNS, strict=True))
 
 
 # --------------------------------------------------------------------------- KVM probe

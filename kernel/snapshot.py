@@ -62,6 +62,12 @@ DEBUG_FLAG_COLUMNS: tuple[str, ...] = ("sanity_checks", "red_zone", "poison", "s
 EXTRA_COLUMNS: tuple[str, ...] = DEBUG_FLAG_COLUMNS + (
     "slabs", "objects", "total_objects", "partial", "aliases")
 
+#: Optional columns of a guest booted with a policy (``guest boot --policy``): the value
+#: the policy wrote to the cache's sysfs ``min_partial`` / ``cpu_partial`` before the dump
+#: (integers; empty where nothing was written).  ``kernel check`` compares the cache's
+#: value with it instead of the model's default.
+POLICY_COLUMNS: tuple[str, ...] = ("set_min_partial", "set_cpu_partial")
+
 #: The allocators a snapshot can come from.  SLUB: /sys/kernel/slab, no ``allocator``
 #: column.  SLAB (CONFIG_SLAB, up to v6.7): /proc/slabinfo, ``allocator`` "slab".
 ALLOCATORS: tuple[str, ...] = ("slub", "slab")
@@ -242,7 +248,7 @@ def validate_snapshot(df: pl.DataFrame, source: str = "snapshot") -> pl.DataFram
         if c == "allocator":
             s = s.cast(pl.String).str.strip_chars()
         elif s.dtype == pl.String or s.dtype.is_integer():
-            if c in EXTRA_COLUMNS or c in SLAB_INT_COLUMNS:
+            if c in EXTRA_COLUMNS or c in SLAB_INT_COLUMNS or c in POLICY_COLUMNS:
                 s = _int_column(df, c, source)
                 if c in SLAB_INT_COLUMNS:
                     _check_range(df, s, c, source)

@@ -1,5 +1,6 @@
 """Export a tuned policy as what an administrator applies: a kernel command-line fragment, a
-GRUB drop-in, a systemd-tmpfiles.d file for the sysfs knobs, or a JSON report.
+GRUB drop-in, a systemd-tmpfiles.d file for the sysfs knobs, or a JSON report; and a whole
+study's trials as parquet (:func:`write_parquet`, ``results export``).
 
 Boot parameters go through :mod:`slabtune.model.bootparams` (allow-list, kernel ranges, the
 ``slub_*``/``slab_*`` spelling of the target profile).  Per-cache sysfs values are written
@@ -246,3 +247,18 @@ def report(c: ExportedPolicy, prefix: str | None = None) -> dict:
         "kernel_change": [dataclasses.asdict(k) for k in c.kernel_change],
         "gains": {t: dict(g) for t, g in c.gains.items()},
     }
+
+
+def write_parquet(df, path, metadata: Mapping[str, Mapping[str, str]], field: str = "--out",
+                  file_metadata: Mapping[str, str] | None = None):
+    """Write a frame as parquet atomically (:func:`slabtune.results.safeio.write_atomic`),
+    each column carrying ``metadata[column]`` (unit, doc) as arrow field metadata
+    (:func:`slabtune.results.columns.arrow_schema`) and ``file_metadata`` as the arrow
+    schema's metadata and the file's key-value metadata.  Returns the path."""
+    from slabtune.results import columns
+    from slabtune.results.safeio import write_atomic
+
+    schema = columns.arrow_schema(df, metadata, file_metadata)
+    return write_atomic(path, lambda fh: df.write_parquet(
+        fh, statistics=True, arrow_schema=schema,
+        metadata=dict(file_metadata) if file_metadata else None), field)

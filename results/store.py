@@ -40,6 +40,7 @@ from typing import Any
 import polars as pl
 
 from slabtune.errors import SlabtuneError
+from slabtune.results import columns
 from slabtune.results.safeio import read_bounded, write_atomic
 
 MANIFEST = "manifest.json"
@@ -77,12 +78,15 @@ def file_digest(path: Path) -> tuple[int, str]:
 
 def write_part_file(run_dir, i: int, df: pl.DataFrame) -> tuple[str, int]:
     """Write chunk ``i``'s rows to its part in ``run_dir`` under a temporary name and rename
-    it into place; returns the part's name and size in bytes.  It does not touch the
-    manifest: a part not yet marked done is never read, and the chunk's next attempt
-    replaces it with the same rows.  Safe to call from a worker process."""
+    it into place; returns the part's name and size in bytes.  Each column carries its
+    unit and meaning as arrow field metadata (:mod:`slabtune.results.columns`).  It does
+    not touch the manifest: a part not yet marked done is never read, and the chunk's next
+    attempt replaces it with the same rows.  Safe to call from a worker process."""
     name = _PART.format(i)
     path = Path(run_dir) / name
-    write_atomic(path, lambda fh: df.write_parquet(fh, statistics=True), "run")
+    schema = columns.arrow_schema(df, columns.field_metadata(df.columns, columns.part_column))
+    write_atomic(path, lambda fh: df.write_parquet(fh, statistics=True, arrow_schema=schema),
+                 "run")
     return name, path.stat().st_size
 
 
@@ -279,16 +283,43 @@ class Run:
         """An exclusive, non-blocking lock on the run (one writer at a time)."""
         return _RunLock(self.path / ".lock", self.run_id)
 
+    def errors(self) -> list[tuple[int, str]]:
+        """``(chunk, error)`` for every chunk that recorded an error, in chunk order: a
+        chunk that failed for good (``failed``, sweeps/runner.py), a part found damaged on
+        resume (``damaged``), and a done chunk whose task failed and stored its error with
+        its rows (validate and lab runs: ``status`` failed)."""
+        out = []
+        for k, v in self.manifest["chunks"]["states"].items():
+            err = v.get("error")
+            if not err:
+                continue
+            if v.get("state") in ("failed", "damaged") or v.get("status") == "failed":
+                out.append((int(k), str(err)))
+        return sorted(out)
+
+    def state(self) -> str:
+        """``complete``; ``failed`` when a chunk failed for good and the run was not
+        finished since; else ``partial`` (stopped, or still running)."""
+        if self.complete:
+            return "complete"
+        if any(v.get("state") == "failed" for v in self.manifest["chunks"]["states"].values()):
+            return "failed"
+        return "partial"
+
     def summary(self) -> dict:
-        """A JSON-able summary of the run."""
+        """A JSON-able summary of the run, with its first recorded error (:meth:`errors`)
+        and how many chunks recorded one."""
         m = self.manifest
+        errors = self.errors()
         return {
             "run_id": m["run_id"],
             "run_dir": str(self.path),
             "spec": m["spec"]["name"],
             "spec_hash": m["spec_hash"],
             "evaluator": m["spec"].get("evaluator"),
-            "state": "complete" if self.complete else "partial",
+            "state": self.state(),
+            "errors": len(errors),
+            "error": f"chunk {errors[0][0]}: {errors[0][1]}" if errors else None,
             "rows": self.rows,
             "chunks_done": len(self.done_chunks()),
             "chunks": self.n_chunks,

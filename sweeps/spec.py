@@ -66,6 +66,7 @@ from slabtune.errors import SlabtuneError
 from slabtune.model import caches, limits, profiles
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.topology import MAX_CPUS, MAX_NODES
+from slabtune.results import columns
 from slabtune.results.safeio import TEXT_LIMIT, read_bounded
 
 #: Spec sections whose keys are axes, in grid order.
@@ -612,6 +613,11 @@ def _metrics(sweep: dict, ev_name: str, ev, axis_names: list[str]) -> list[str]:
     return metrics
 
 
+#: ``[boot]`` keys spelled as the kernel and tune name them (``slub_min_order``), each the
+#: axis it names (results/columns.py ALIASES, docs/SPECS.md "Stored columns").
+BOOT_ALIASES: dict[str, str] = columns.ALIASES
+
+
 def _axes(doc: dict, schema: dict[str, AxisDef], ev_name: str) -> list[Axis]:
     """Every key of the axis sections, checked against ``schema`` and expanded, in grid
     order."""
@@ -624,6 +630,11 @@ def _axes(doc: dict, schema: dict[str, AxisDef], ev_name: str) -> list[Axis]:
             raise SpecError(f"{section}: must be a table")
         for key, raw in table.items():
             field = f"{section}.{key}"
+            if section == "boot" and key in BOOT_ALIASES:   # the tune knob's kernel name
+                if BOOT_ALIASES[key] in table:
+                    raise SpecError(f"{field}: give it or {section}.{BOOT_ALIASES[key]} "
+                                    "(the same axis), not both")
+                key = BOOT_ALIASES[key]
             d = schema.get(key)
             if d is None or d.section != section:
                 here = [k for k, v in schema.items() if v.section == section]

@@ -41,6 +41,13 @@ def register(subparsers) -> None:
                    help="slab boot parameter (slub_min_order, slub_max_order, "
                         "slub_min_objects; slab_* from 6.8), or the flag slub_nomerge "
                         "(slab_nomerge) without a value; repeatable")
+    b.add_argument("--policy", metavar="FILE.json",
+                   help="apply both halves of a policy that `slabtune export --format json` "
+                        "wrote: its boot parameters on the command line (checked against "
+                        "the booted kernel's allow-list) and its per-cache sysfs values "
+                        "(min_partial, cpu_partial) written in the guest before the first "
+                        "snapshot, which records them (columns set_min_partial, "
+                        "set_cpu_partial) for `kernel check`; not with --param")
     b.add_argument("--kernel", metavar="BZIMAGE|NAME",
                    help="boot this bzImage instead, or a lab kernel by name (6.1, 6.1-slab, "
                         "6.12, 7.2: scripts/build-kernels.sh)")
@@ -111,30 +118,79 @@ def _topology(args):
     return topo
 
 
-def _check_inputs(args) -> dict[str, str]:
+#: Largest policy file read (an export of a fleet of every cache is a few KiB).
+POLICY_LIMIT = 1 << 20
+
+
+def read_policy(path) -> tuple[dict, dict, dict]:
+    """``(boot parameters, sysfs values, the whole report)`` of a policy file that
+    ``slabtune export --format json`` wrote; anything else is one error line naming the
+    file and the field.  The boot parameters are checked against the allow-list here and
+    against the booted kernel's profile at boot; the sysfs values by
+    :func:`slabtune.kernel.guest.policy_writes`."""
+    import json
+
+    from slabtune.kernel.guest import policy_writes
+    from slabtune.results.safeio import read_bounded
+
+    raw = read_bounded(path, POLICY_LIMIT, "--policy")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SlabtuneError(f"--policy: {path}: not JSON ({err})") from None
+    if not isinstance(doc, dict) or "boot_params" not in doc or "sysfs" not in doc:
+        raise SlabtuneError(f"--policy: {path}: not a policy (no boot_params and sysfs: "
+                            "write one with slabtune export --format json)")
+    boot = doc["boot_params"]
+    if not isinstance(boot, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in boot.values()):
+        raise SlabtuneError(f"--policy: {path}: boot_params is not a table of integers")
+    if doc.get("slabinfo"):
+        raise SlabtuneError(f"--policy: {path}: a SLAB policy's /proc/slabinfo tunables are "
+                            "not applied by guest boot (only its boot parameter would be)")
+    try:
+        policy_writes(doc["sysfs"])
+    except SlabtuneError as err:
+        raise SlabtuneError(f"--policy: {path}: {err}") from None
+    return dict(boot), dict(doc["sysfs"]), doc
+
+
+def _check_inputs(args) -> tuple[dict, dict, dict]:
     """Everything a boot checks before it looks for a kernel or starts qemu: the --param
     names against the allow-list and their values against their ranges (for every
     spelling any profile accepts; the booted kernel's own profile is checked again once
-    it is known), and the output paths.  Returns the --param dict."""
+    it is known), a --policy file (:func:`read_policy`), and the output paths.  Returns
+    the boot parameters (of --param or the policy), the policy's sysfs values and the
+    whole policy ({} without --policy)."""
     from slabtune.commands.paths import output_file
     from slabtune.model import bootparams
 
     params = _params(args.param)
+    flag, sysfs, doc = "--param", {}, {}
+    if args.policy is not None:
+        if params:
+            raise SlabtuneError("--policy: give boot parameters in the policy or with "
+                                "--param, not both")
+        params, sysfs, doc = read_policy(args.policy)
+        flag = "--policy"
     try:
         bootparams.validate_params_any_profile(params)
     except SlabtuneError as err:
-        raise SlabtuneError(f"--param: {err}") from None
+        raise SlabtuneError(f"{flag}: {err}") from None
     for flag, path in (("--out", args.out), ("--after", args.after)):
         if path:
             output_file(flag, path)
-    return params
+    return params, sysfs, doc
 
 
 def _boot(args) -> int:
     from slabtune.kernel import guest as qemu_guest
     from slabtune.kernel.snapshot import allocator, write_snapshot
 
-    params = _check_inputs(args)
+    params, sysfs, doc = _check_inputs(args)
+    for k in doc.get("kernel_change") or ():
+        print(f"note: policy knob {k.get('knob')} needs a kernel change; not applied",
+              file=sys.stderr)
     topo = _topology(args)
     workloads = ()
     if args.workload != "none":
@@ -144,8 +200,13 @@ def _boot(args) -> int:
         workloads[0].argv()   # range errors now, before a kernel is looked for
     spec = qemu_guest.GuestSpec(topology=topo, boot_params=params, workloads=workloads,
                                 memory_mib=args.memory, timeout_s=args.timeout,
-                                retries=args.retries, accel=args.accel)
+                                retries=args.retries, accel=args.accel, sysfs=sysfs)
     assets = qemu_guest.find_assets(kernel=_kernel_arg(args.kernel))
+    if doc.get("profile") is not None:
+        booted = qemu_guest.boot_profile(assets.kernel).name
+        if booted != doc["profile"]:
+            print(f"note: the policy was tuned for kernel profile {doc['profile']}; the "
+                  f"booted kernel is {booted}", file=sys.stderr)
     r = qemu_guest.boot_guest(spec, assets)
     if r.ok:
         if args.out:
@@ -157,7 +218,7 @@ def _boot(args) -> int:
         "boot_seconds": r.boot_seconds, "total_seconds": round(r.total_seconds, 3),
         "returncode": r.returncode, "kernel": r.kernel, "cmdline": r.cmdline,
         "caches": r.before.height if r.before is not None else 0,
-        "workloads": r.workloads, "qemu_argv": r.qemu_argv,
+        "workloads": r.workloads, "qemu_argv": r.qemu_argv, "policy": r.policy,
     }
     if args.json:
         print(jsonout.dumps(summary))
@@ -169,6 +230,14 @@ def _boot(args) -> int:
               f"{first['cpus_online']}; nodes with memory {first['nodes_with_memory'] or '-'}, "
               f"with cpus {first['nodes_with_cpu'] or '-'}; {r.before.height} caches"
               + ("; SLAB (/proc/slabinfo)" if allocator(r.before) == "slab" else ""))
+        if r.policy:
+            done = [w for w in r.policy if w["target"] is not None]
+            print(f"policy: wrote {len(done)} sysfs values"
+                  + "".join(f"; {w['cache']} {w['attr']}={w['value']}" for w in done))
+            for w in r.policy:
+                if w["target"] is None:
+                    print(f"note: policy: this kernel has no cache {w['cache']}; its "
+                          f"{w['attr']} was not written", file=sys.stderr)
         for w in r.workloads:
             print(f"workload {w.get('mode')}: {w.get('messages')} messages in "
                   f"{w.get('wall_s')} s")

@@ -100,6 +100,9 @@ def _print_report(r) -> None:
         for m in r.mismatches:
             print(f"  {m.boot:<4}  {m.cache:<{w}}  {m.field:<14}  {m.kernel:>7}  {m.model:>7}")
     print("fields: " + ", ".join(f"{k} {v.matched}/{v.total}" for k, v in r.fields.items()))
+    if r.policy:
+        print("policy sysfs values the kernel shows as written: "
+              + ", ".join(f"{k} {v.matched}/{v.total}" for k, v in r.policy.items()))
     if r.comparable == 0:
         print("no comparable caches: nothing was checked")
     print(r.summary())

@@ -10,8 +10,9 @@ text and the baseline (the unmodified profile's objectives), so ``pareto``, ``pl
 ``export`` need only the study name and storage; the study opens in optuna-dashboard as is.
 
 Storage: a SQLite file ``study.db`` in the run directory (``runs/<study>/``) by default; any
-RDB URL (``sqlite:///...``, ``postgresql://...``), ``journal:PATH`` (or a path ending in
-``.log``/``.journal``) for a journal file, or ``memory:`` for an in-memory study.
+RDB URL (``sqlite:///...``, ``postgresql://...`` and ``mysql://...`` with their drivers named,
+:func:`driver_url`), ``journal:PATH`` (or a path ending in ``.log``/``.journal``) for a
+journal file, or ``memory:`` for an in-memory study.
 """
 
 from __future__ import annotations

@@ -184,3 +184,11 @@ class socket_closed_port:
 
     def __exit__(self, *exc) -> None:
         return None
+
+
+def test_a_driver_message_loses_the_password_in_every_form():
+    url = "postgresql://u:p%40ss%2Fw0rd@127.0.0.1/d"     # the password is p@ss/w0rd
+    msg = "connect u:p%40ss%2Fw0rd / p@ss/w0rd / p%40ss%2Fw0rd failed"
+    assert studies.scrub(msg, url) == "connect u:*** / *** / *** failed"
+    assert studies.scrub(msg, "postgresql://u@127.0.0.1/d") == msg     # no password
+    assert studies.scrub("x", "journal:runs/j.log") == "x"

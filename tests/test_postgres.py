@@ -18,6 +18,7 @@ import optuna
 import pytest
 import sqlalchemy as sa
 from _cli import error_line
+from _cli import run as run_here
 from _tune_helpers import run_cli, workdir
 
 from slabtune.errors import SlabtuneError
@@ -127,29 +128,29 @@ def test_tune_pareto_export_and_two_writers_on_postgresql(pg, tmp_path):
         engine.dispose()
 
 
-def test_bad_credentials_are_one_line_without_the_password(pg, tmp_path):
+def test_bad_credentials_are_one_line_without_the_password(pg):
     url, password = pg
     wrong = "Wr0ngPassw0rdNotStored"
     bad = url.replace(password, wrong)
-    proc = run_cli("pareto", "--study", "none", "--storage", bad, cwd=tmp_path)
-    line = error_line(proc.returncode, proc.stderr, "storage: 'postgresql://slabtune:***@",
+    rc, out, err = run_here("pareto", "--study", "none", "--storage", bad)
+    line = error_line(rc, err, "storage: 'postgresql://slabtune:***@",
                       "password authentication failed")
-    _no_secret(wrong, proc.stdout, proc.stderr, line)
-    missing = run_cli("pareto", "--study", "no-such-study", "--storage", url, cwd=tmp_path)
-    line = error_line(missing.returncode, missing.stderr, "no study named 'no-such-study'")
-    _no_secret(password, missing.stdout, line)
+    _no_secret(wrong, out, err)
+    rc, out, err = run_here("pareto", "--study", "no-such-study", "--storage", url)
+    line = error_line(rc, err, "no study named 'no-such-study'")
+    _no_secret(password, out, err, line)
 
 
-def test_mysql_urls_go_to_pymysql_and_hide_the_password(tmp_path):
+def test_mysql_urls_go_to_pymysql_and_hide_the_password():
     """No MySQL server here: a refused connection shows the driver slabtune names (PyMySQL,
     the mysql extra) in one line, the password masked."""
     pytest.importorskip("pymysql")
     with socket_closed_port() as port:
-        proc = run_cli("pareto", "--study", "x", "--storage",
-                       f"mysql://slab:Sekr1tMy@127.0.0.1:{port}/db", cwd=tmp_path)
-    line = error_line(proc.returncode, proc.stderr, "storage: 'mysql://slab:***@127.0.0.1",
-                      "pymysql", "Can't connect to MySQL server")
-    _no_secret("Sekr1tMy", proc.stdout, line)
+        rc, out, err = run_here("pareto", "--study", "x", "--storage",
+                                f"mysql://slab:Sekr1tMy@127.0.0.1:{port}/db")
+    error_line(rc, err, "storage: 'mysql://slab:***@127.0.0.1", "pymysql",
+               "Can't connect to MySQL server")
+    _no_secret("Sekr1tMy", out, err)
     assert studies.driver_url("mysql://a@h/d") == "mysql+pymysql://a@h/d"
     assert studies.driver_url("postgresql://a@h/d") == "postgresql+psycopg://a@h/d"
     assert studies.driver_url("postgresql+psycopg2://a@h/d") == "postgresql+psycopg2://a@h/d"

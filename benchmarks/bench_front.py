@@ -58,8 +58,8 @@ import optuna
 from slabtune.tuner import exhaustive, population
 from slabtune.tuner import front as fronts
 from slabtune.tuner import study as studies
+from slabtune.tuner.constraints import feasible
 from slabtune.tuner.grid import grid_of
-from slabtune.tuner.optuna_internals import constraint_attr
 from slabtune.tuner.space import SearchSpace
 
 SPECS = {"structural": "tune_quick", "dynamics": "tune_dynamics"}
@@ -129,10 +129,9 @@ class Clock:
 
 
 def feasible_values(study: optuna.Study) -> np.ndarray:
-    key = constraint_attr(studies.ATTR_EXCESS)
     vals = [t.values for t in study.get_trials(deepcopy=False,
                                                states=(optuna.trial.TrialState.COMPLETE,))
-            if t.system_attrs.get(key, 0.0) <= 0]
+            if feasible(t)]
     return np.array(vals, np.float64).reshape(-1, 2)
 
 

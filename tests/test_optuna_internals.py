@@ -8,7 +8,7 @@ import optuna
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from slabtune.tuner import optuna_internals
+from slabtune.tuner import constraints, optuna_internals
 
 DISTS = {
     "order": optuna.distributions.IntDistribution(0, 4),
@@ -54,21 +54,20 @@ def test_batched_ask_and_tell_draw_the_trials_of_a_plain_ask_tell_loop(kind):
     for _ in range(rounds):
         asked = optuna_internals.ask_batch(fast, DISTS, batch)
         optuna_internals.tell_batch(fast, asked, [_objectives(t.params) for t in asked],
-                                    [{"n": t.number} for t in asked], "excess",
-                                    [0.0] * len(asked))
+                                    [{"n": t.number} for t in asked],
+                                    [constraints.system_attrs(0.0)] * len(asked))
     assert [t.params for t in fast.trials] == [t.params for t in plain.trials]
     assert [t.values for t in fast.trials] == [t.values for t in plain.trials]
     assert all(t.user_attrs == {"n": t.number} for t in fast.trials)
-    # the constraint is where Trial.set_constraint puts it, so best_trials honours it
-    key = optuna_internals.constraint_attr("excess")
-    assert all(t.system_attrs[key] == 0.0 for t in fast.trials)
+    # the constraint is one Optuna reads (FrozenTrial.constraints, so best_trials honours it)
+    assert all(t.constraints == {"0": 0.0} for t in fast.trials)
 
 
 def test_a_non_finite_objective_fails_the_trial():
     study = optuna.create_study(directions=["minimize", "minimize"])
     asked = optuna_internals.ask_batch(study, DISTS, 2)
     told = optuna_internals.tell_batch(study, asked, [[float("nan"), 1.0], [1.0, 2.0]],
-                                       [{}, {}], "excess", None)
+                                       [{}, {}])
     assert told[0].state == optuna.trial.TrialState.FAIL and told[0].values is None
     assert told[1].state == optuna.trial.TrialState.COMPLETE and told[1].values == [1.0, 2.0]
 
@@ -78,8 +77,9 @@ def test_one_go_writes_read_back_as_stock_optuna_stores_them(kind, tmp_path):
     source = optuna.create_study(directions=["minimize", "minimize"], sampler=_sampler("tpe"))
     asked = optuna_internals.ask_batch(source, DISTS, 12)
     done = optuna_internals.tell_batch(source, asked, [_objectives(t.params) for t in asked],
-                                       [{"topo": [1.5, 2.5]} for _ in asked], "excess",
-                                       [float(i) - 5 for i in range(len(asked))])
+                                       [{"topo": [1.5, 2.5]} for _ in asked],
+                                       [constraints.system_attrs(float(i) - 5)
+                                        for i in range(len(asked))])
     if kind == "sqlite":
         storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
     elif kind == "journal":

@@ -18,8 +18,8 @@ from _tune_helpers import (
 
 from slabtune.errors import SlabtuneError
 from slabtune.model import profiles, reference, retention
+from slabtune.tuner import constraints, objectives, space
 from slabtune.tuner import fleet as fleets
-from slabtune.tuner import objectives, space
 from slabtune.tuner import study as studies
 
 
@@ -47,11 +47,11 @@ def test_pareto_points_respect_the_regression_limit_per_topology():
         topo = t.user_attrs[studies.ATTR_TOPO]
         worst = max(max(m / b for m, b in zip(topo["memory"], base["memory_topo"])),
                     max(x / b for x, b in zip(topo["time"], base["time_topo"]))) - 1.0
-        assert t.constraints[studies.ATTR_EXCESS] == pytest.approx(worst - limit, abs=1e-9)
+        assert constraints.excess(t) == pytest.approx(worst - limit, abs=1e-9)
         infeasible += worst > limit
     assert infeasible > 0  # the limit binds somewhere in the search
     for t in study.best_trials:
-        assert t.constraints[studies.ATTR_EXCESS] <= 0
+        assert constraints.excess(t) <= 0
 
 
 def test_trial_values_are_the_weighted_fleet_aggregate():

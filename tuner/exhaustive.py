@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from slabtune.errors import SlabtuneError
+from slabtune.tuner import constraints
 from slabtune.tuner import front as fronts
 from slabtune.tuner import grid as grids
 
@@ -103,7 +104,7 @@ def run(runner, grid: grids.Grid, chunk: int | None = None, max_chunks: int | No
         if t.user_attrs.get(ATTR_SPACE) != key:
             continue
         stored.add(int(t.user_attrs[ATTR_POINT]))
-        if t.values is not None and _feasible(t):
+        if t.values is not None and constraints.feasible(t):
             old_obj.append(t.values)
             old_pts.append(int(t.user_attrs[ATTR_POINT]))
     if old_pts:   # in point order, so equal points resolve as in one uninterrupted run
@@ -135,9 +136,3 @@ def run(runner, grid: grids.Grid, chunk: int | None = None, max_chunks: int | No
     return Result(points=n, evaluated=evaluated, front=len(running.obj), added=added,
                   seconds=time.perf_counter() - t0, done=start >= n)
 
-
-def _feasible(trial) -> bool:
-    from slabtune.tuner.optuna_internals import constraint_attr
-    from slabtune.tuner.study import ATTR_EXCESS
-
-    return trial.system_attrs.get(constraint_attr(ATTR_EXCESS), 0.0) <= 0

@@ -8,11 +8,12 @@ public: ``Study._storage``, ``Study._study_id``, ``Study._thread_local``,
 ``BaseGASampler._get_generation_key``, ``distributions._get_single_value``,
 ``BaseDistribution._contains``, the journal storage's ``_backend``, ``_replay_result``,
 ``_thread_lock``, ``_sync_with_backend`` and ``JournalStorageReplayResult`` (its
-``_apply_*`` hooks, ``_trials``, ``_study_id_to_trial_ids``), the RDB models and scoped
-session, and the constraints system-attr key.  :func:`check` names each of them;
-tests/test_optuna_internals.py runs it and round-trips batches through every storage kind,
-so an Optuna release that moves one fails there, loudly, before it corrupts a study.
-pyproject.toml bounds Optuna to the releases those tests cover.
+``_apply_*`` hooks, ``_trials``, ``_study_id_to_trial_ids``), and the RDB models and scoped
+session.  :func:`check` names each of them; tests/test_optuna_internals.py runs it and
+round-trips batches through every storage kind, so an Optuna release that moves one fails
+there, loudly, before it corrupts a study.  pyproject.toml bounds Optuna to the releases
+those tests cover.  Constraints are not among them: they are stored and read through
+Optuna's public trial attributes (:mod:`slabtune.tuner.constraints`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,6 @@ import optuna
 TESTED = ">=5.0,<5.1"
 
 
-def _constraints_key() -> str:
-    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
-
-    return _CONSTRAINTS_KEY
-
-
 def check() -> None:
     """Raise RuntimeError naming the first private Optuna interface this module uses that
     the installed Optuna lacks."""
@@ -50,7 +45,6 @@ def check() -> None:
             raise RuntimeError(f"optuna {optuna.__version__}: {owner.__name__}.{name} is gone; "
                                f"slabtune.tuner.optuna_internals was written for {TESTED}")
     try:
-        _constraints_key()
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session  # noqa: F401
     except ImportError as err:
@@ -81,12 +75,6 @@ def check() -> None:
 def in_memory(study: optuna.Study) -> bool:
     """Whether ``study`` keeps its trials in memory (so it can be asked directly)."""
     return isinstance(study._storage, optuna.storages.InMemoryStorage)
-
-
-def constraint_attr(name: str) -> str:
-    """The system attr ``Trial.set_constraint(name, v)`` would write (Optuna's
-    "constraints:" prefix), read by both samplers and ``Study.best_trials``."""
-    return f"{_constraints_key()}:{name}"
 
 
 def ask_batch(study: optuna.Study,
@@ -128,22 +116,21 @@ def ask_batch(study: optuna.Study,
 
 def tell_batch(study: optuna.Study, trials: Sequence[optuna.trial.FrozenTrial],
                values: Sequence[Sequence[float]], user_attrs: Sequence[Mapping],
-               constraint_name: str, constraints: Sequence[float] | None) -> list:
+               system_attrs: Sequence[Mapping] | None = None) -> list:
     """Complete the asked ``trials`` of ``study`` (in-memory) with their objective
-    ``values``, user attrs and (optionally) one constraint value each, as
-    ``Trial.set_user_attr``, ``Trial.set_constraint`` and ``Study.tell`` would; a
-    non-finite objective fails the trial as ``Study.tell`` does.  Returns the finished
+    ``values``, user attrs and (optionally) system attrs (a trial's constraints,
+    :mod:`slabtune.tuner.constraints`), as ``Trial.set_user_attr`` and ``Study.tell`` would;
+    a non-finite objective fails the trial as ``Study.tell`` does.  Returns the finished
     trials."""
     storage, sampler = study._storage, study.sampler
-    key = constraint_attr(constraint_name)
     done = []
     for i, ft in enumerate(trials):
         study._thread_local.cached_all_trials = None   # as Study.tell
         tid = ft._trial_id
         for k, v in user_attrs[i].items():
             storage.set_trial_user_attr(tid, k, v)
-        if constraints is not None:
-            storage.set_trial_system_attr(tid, key, float(constraints[i]))
+        for k, v in (system_attrs[i] if system_attrs is not None else {}).items():
+            storage.set_trial_system_attr(tid, k, v)
         vals = [float(v) for v in values[i]]
         state = optuna.trial.TrialState.COMPLETE
         if not all(np.isfinite(vals)):

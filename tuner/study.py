@@ -10,8 +10,9 @@ text and the baseline (the unmodified profile's objectives), so ``pareto``, ``pl
 ``export`` need only the study name and storage; the study opens in optuna-dashboard as is.
 
 Storage: a SQLite file ``study.db`` in the run directory (``runs/<study>/``) by default; any
-RDB URL (``sqlite:///...``, ``postgresql://...``), ``journal:PATH`` (or a path ending in
-``.log``/``.journal``) for a journal file, or ``memory:`` for an in-memory study.
+RDB URL (``sqlite:///...``, ``postgresql://...`` and ``mysql://...`` with their drivers named,
+:func:`driver_url`), ``journal:PATH`` (or a path ending in ``.log``/``.journal``) for a
+journal file, or ``memory:`` for an in-memory study.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ import optuna
 from slabtune.errors import SlabtuneError
 from slabtune.model import bootparams, profiles, slab
 from slabtune.sweeps.spec import SpecError, check_name, read_text_file
+from slabtune.tuner import constraints, optuna_internals, storage_guard
 from slabtune.tuner import fleet as fleets
 from slabtune.tuner import objectives as fleet_objectives
-from slabtune.tuner import optuna_internals, storage_guard
 from slabtune.tuner import space as search_space
 
 DIRECTIONS = ("minimize", "minimize")
@@ -206,7 +207,8 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
         return _open_journal(url, journal, create)
     if "://" not in url:
         raise SlabtuneError(f"storage: {shown_url(url)!r} is not a storage URL (use "
-                            "sqlite:///PATH, postgresql://..., journal:PATH or memory:)")
+                            "sqlite:///PATH, postgresql://..., mysql://..., journal:PATH or "
+                            "memory:)")
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         if str(path) not in ("", ":memory:"):
@@ -215,9 +217,12 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
                 raise SlabtuneError(f"storage: {shown_url(url)!r}: database file does not exist")
             storage_guard.check_sqlite(url, path)      # not another program's database
     try:
-        storage = optuna.storages.RDBStorage(url)
+        storage = optuna.storages.RDBStorage(driver_url(url))
+    except ImportError as err:
+        raise SlabtuneError(_missing_driver(url, err)) from None
     except Exception as err:  # noqa: BLE001 - SQLAlchemy/driver errors vary by backend
-        raise SlabtuneError(f"storage: {shown_url(url)!r}: {_first_line(err)}") from None
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: "
+                            f"{scrub(_first_line(err), url)}") from None
     if url.startswith("sqlite:"):
         _sqlite_wal(storage)
     return storage
@@ -330,6 +335,64 @@ def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
     storage.engine.dispose()
 
 
+#: The driver slabtune names for a plain RDB URL scheme, and the extra that installs it:
+#: ``scheme -> (SQLAlchemy driver, module, extra)``.  SQLAlchemy 2.1 itself takes psycopg (3)
+#: for postgresql:// (2.0 took psycopg2) and mysqlclient for mysql:// (a C build against
+#: MySQL's headers); naming the driver makes the URL mean one thing on every SQLAlchemy 2.x.
+PLAIN_DRIVERS = {"postgresql": ("psycopg", "psycopg", "postgres"),
+                 "mysql": ("pymysql", "pymysql", "mysql")}
+
+
+def driver_url(url: str) -> str:
+    """The URL given to SQLAlchemy: a plain ``postgresql://`` or ``mysql://`` URL with its
+    driver named (:data:`PLAIN_DRIVERS`); any other URL, or one naming a driver
+    (``postgresql+psycopg2://``), as it is."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in PLAIN_DRIVERS:
+        return f"{scheme}+{PLAIN_DRIVERS[scheme][0]}://{rest}"
+    return url
+
+
+def _missing_driver(url: str, err: ImportError) -> str:
+    """One line for an RDB URL whose driver module is not installed: the module and, for a
+    driver slabtune names, the extra that installs it."""
+    cause: BaseException | None = err
+    module = None
+    while cause is not None and module is None:
+        module = getattr(cause, "name", None)
+        cause = cause.__cause__
+    dialect = url.partition("://")[0].partition("+")[0]
+    extra = next((x for s, (_d, m, x) in PLAIN_DRIVERS.items()
+                  if s == dialect and m == module), None)
+    how = (f"pip install 'slabtune[{extra}]'" if extra else
+           f"install the Python module {module}" if module else "install its driver")
+    return (f"storage: {shown_url(url)!r}: the {dialect} driver "
+            f"{'(' + module + ') ' if module else ''}is not installed; {how}")
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with ``url``'s password masked wherever
+    it appears, as given or percent-decoded."""
+    if "://" not in url or "@" not in url:
+        return text
+    try:
+        import sqlalchemy
+
+        password = sqlalchemy.engine.make_url(url).password
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: take what may be one
+        creds = url.split("://", 1)[1].rsplit("@", 1)[0]
+        password = creds.partition(":")[2] or None
+    if not password:
+        return text
+    from urllib.parse import quote, unquote
+
+    for form in sorted({password, quote(password, safe=""), unquote(password)}, key=len,
+                       reverse=True):
+        if form:
+            text = text.replace(form, "***")
+    return text
+
+
 def shown_url(url: str) -> str:
     """A storage URL as messages show it: an RDB URL's password masked (``***``)."""
     if "://" in url and "@" in url:
@@ -358,7 +421,7 @@ def storage_writes(url: str | None):
         why = err.strerror if isinstance(err, OSError) and err.strerror else \
             _first_line(err.__cause__ or err)
         raise SlabtuneError(f"storage: {shown_url(url or 'the study storage')!r}: cannot "
-                            f"write: {why}") from None
+                            f"write: {scrub(why, url or '')}") from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -425,7 +488,7 @@ def load_study(study_name: str | None, storage: str | None,
         raise SlabtuneError(f"study: no study named {study_name!r} in {shown_url(url)}") from None
     except ValueError as err:   # a journal or database it cannot replay
         raise SlabtuneError(f"storage: {shown_url(url)!r}: unreadable: "
-                            f"{_first_line(err)}") from None
+                            f"{scrub(_first_line(err), url)}") from None
     _check_stored_name(study.study_name, url)
     _check_readable(study, url)
     if not is_complete(study):
@@ -596,14 +659,13 @@ class StudyRunner:
     def tell_batch(self, trials, ev: fleet_objectives.Evaluation,
                    excess: np.ndarray | None) -> list:
         """Complete the asked ``trials`` with the batch's objectives, per-topology user attr
-        and regression constraint, as ``Trial.set_user_attr``, ``Trial.set_constraint`` and
-        ``Study.tell`` would; a non-finite objective fails the trial as ``Study.tell``
-        does.  Returns the finished trials."""
+        and regression constraint (:mod:`slabtune.tuner.constraints`), as
+        ``Trial.set_user_attr`` and ``Study.tell`` would; a non-finite objective fails the
+        trial as ``Study.tell`` does.  Returns the finished trials."""
         user_attrs = [_trial_attrs(ev, i) for i in range(len(trials))]
         values = [[float(ev.memory[i]), float(ev.time[i])] for i in range(len(trials))]
-        constraint = None if excess is None else [float(x) for x in excess]
-        return optuna_internals.tell_batch(self._asker, trials, values, user_attrs,
-                                           ATTR_EXCESS, constraint)
+        system = None if excess is None else [constraints.system_attrs(x) for x in excess]
+        return optuna_internals.tell_batch(self._asker, trials, values, user_attrs, system)
 
     def record(self, params_list, ev: fleet_objectives.Evaluation,
                user_attrs=None) -> list[optuna.trial.FrozenTrial]:
@@ -628,7 +690,7 @@ class StudyRunner:
                 values=values if ok else None, params=dict(params),
                 distributions={k: self.distributions[k] for k in params},
                 user_attrs=attrs,
-                constraints=None if excess is None else {ATTR_EXCESS: float(excess[i])}))
+                system_attrs=None if excess is None else constraints.system_attrs(excess[i])))
         if not trials:
             return trials
         if self._asker is self.study:
@@ -691,7 +753,8 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
         study = optuna.create_study(study_name=name, storage=st, sampler=sampler,
                                     directions=list(DIRECTIONS), load_if_exists=True)
     except Exception as err:  # noqa: BLE001 - storage backends fail in many ways
-        raise SlabtuneError(f"storage: {shown_url(url)!r}: {_first_line(err)}") from None
+        raise SlabtuneError(f"storage: {shown_url(url)!r}: "
+                            f"{scrub(_first_line(err), url)}") from None
     if [d.name.lower() for d in study.directions] != list(DIRECTIONS):
         raise SlabtuneError(f"study: {name!r} exists with other directions")
     stored = study.user_attrs.get(ATTR_SPEC)

@@ -64,7 +64,8 @@ def register(subparsers) -> None:
                    help="with --sampler population: children of each generation recorded as "
                         "trials besides the front (default 16)")
     p.add_argument("--storage", metavar="URL",
-                   help="Optuna storage URL (sqlite:///..., postgresql://..., journal:PATH); "
+                   help="Optuna storage URL (sqlite:///..., postgresql://... with the "
+                        "postgres extra, mysql://... with the mysql extra, journal:PATH); "
                         "default: sqlite in the run directory")
     p.add_argument("--study", metavar="NAME", help="study name; resumes it when it exists")
     p.add_argument("--run-dir", metavar="DIR",
@@ -142,7 +143,8 @@ def _tune(args) -> int:
         print(f"slabtune: warning: {len(moving)} trials failed, not in steady state "
               f"(first: {moving[0]})", file=sys.stderr)
     if args.json:
-        print(jsonout.dumps({"study": runner.study.study_name, "storage": url, "trials": total,
+        print(jsonout.dumps({"study": runner.study.study_name, "storage": study.shown_url(url),
+                             "trials": total,
                              **extra}))
     else:
         front = len(runner.study.best_trials)
@@ -150,7 +152,7 @@ def _tune(args) -> int:
             print(f"{mode}: {what}")
         print(f"study {runner.study.study_name}: {total - before} trials added "
               f"({total} in all) in {dt:.1f} s; {front} on the Pareto front")
-        print(f"storage {url}")
+        print(f"storage {study.shown_url(url)}")
         print(next_hint(runner.study.study_name, args.storage, url), file=sys.stderr)
     return 0
 

@@ -1688,36 +1688,85 @@ def _node_total(st):
     return sum(st[f] for f in NS) + st["hs"]
 
 
+def fifo_frees(s, u, hs, hu, c):
+    """``c`` frees into a node's partial list in the order its slabs were put there: every
+    free goes to the list's head slab (``hs``, ``hu`` allocated objects); with none, the
+    free first makes the least used partial slab the head (the lowest level >= 1, its
+    ``q`` slabs first, :func:`_spread`), so the list's slabs empty one after another and
+    each free that takes a head slab's last object empties one slab.  The kernel's lists
+    are FIFO: add_partial() puts a slab a CPU drains or a free makes partial at the tail
+    (6.1 mm/slub.c __unfreeze_partials() and __slab_free(): DEACTIVATE_TO_TAIL / the
+    ``tail`` of __add_partial(); 7.2 ADD_TO_TAIL), get_partial_node() walks from the head,
+    and objects are freed oldest first (workloads: FIFO per pair, :func:`fifo_split`), so
+    the slab at the head, the oldest, holds the oldest objects and takes the frees until
+    it is empty.  Spread evenly over a level instead, a slab emptied only when its whole
+    level averaged one object (lab pc-16cpu-4node-order1, 6.1: 0.46 new slabs per kop
+    predicted against 2.18).  Returns the new levels, head slab and the slabs emptied
+    (counted on level 0; the caller applies the discard rule).  Elementwise; the same as
+    RefSim._fifo_free one free at a time (a closed-form walk over the head and the
+    levels' blocks, :func:`_walk_objects`)."""
+    q, r = _spread(s, u)
+    n = [hs]
+    y = [jnp.where(hs > 0, hu, 0)]
+    for k in range(1, LEVELS):
+        n += [s[k] - r[k], r[k]]
+        y += [q[k], q[k] + 1]
+    tot = sum(nj * yj for nj, yj in zip(n, y))
+    c = jnp.minimum(c, tot)
+    full, taken, rem, y_at = _walk_objects(n, y, c)
+    e = sum(full)
+    tk = [_i(0)] + taken[1:]
+    sl, ul = _level_slabs(tk), _level_loss(tk, q)
+    s = [s[0] + e] + [s[k] - sl[k] for k in range(1, LEVELS)]
+    u = [u[0]] + [u[k] - ul[k] for k in range(1, LEVELS)]
+    go = c > 0
+    hs2 = jnp.where(go, _i(rem > 0), hs)
+    hu2 = jnp.where(go, jnp.where(rem > 0, y_at - rem, 0), hu)
+    return s, u, hs2, hu2, e
+
+
 def _part_frees(cx: _Ctx, xh, x, on_cls, from_cls):
-    """Frees (N, B) into node n's partial list: ``xh[n]`` into its head slab, ``x[k][n]``
-    into its slabs of level k (:func:`_cascade`).  A free that takes a slab's last object
-    takes the list_lock and discards the slab while the node keeps at least min_partial
-    partial slabs (__slab_free(): ``!new.inuse && n->nr_partial >= s->min_partial``, 6.1
-    to 7.2; ``>`` in v3.1; every such slab before v3.1: ``free_mp``, SimConfig
-    .free_discard_offset; a kept empty slab stays where it is, level 0).  Worked out on
-    the node classes the frees can reach (``on_cls``/``from_cls`` of
-    :func:`_pick_classes`)."""
+    """Frees (N, B) into node n's partial list: ``xh[n]`` found their objects in its head
+    slab, ``x[k][n]`` in its slabs of level k.  Where the cache has a CPU slab
+    (``d["fifo_node"]``, every era before v7.0) they land in the list's order
+    (:func:`fifo_frees`); in a sheaf-only cache (v7.0 on) the head slab is the one a
+    refill left partly used (:func:`_bulk_take`), whose objects went to the sheaves last,
+    so the frees stay where the layout put them: into the head slab and, per level,
+    spread over its slabs (:func:`_cascade`; FIFO there predicted 5-7 new slabs per kop
+    on 7.2 pc/rr/bio-8cpu-2node against 0-0.14 measured).  A free that takes a slab's
+    last object takes the list_lock and discards the slab while the node keeps at least
+    min_partial partial slabs (__slab_free(): ``!new.inuse && n->nr_partial >=
+    s->min_partial``, 6.1 to 7.2; ``>`` in v3.1; every such slab before v3.1:
+    ``free_mp``, SimConfig.free_discard_offset; a kept empty slab stays on the list,
+    level 0).  Worked out on the node classes the frees can reach (``on_cls``/``from_cls``
+    of :func:`_pick_classes`)."""
     st, mp = cx.st, on_cls(cx.d["free_mp"])
     S = on_cls(_node_total(st))
     hs, hu = on_cls(st["hs"]), on_cls(st["hu"])
     xh = on_cls(xh)
-    emp_h = _i((hs > 0) & (xh > 0) & (hu == xh))
+    xl = [None] + [on_cls(v) for v in x[1:]]
     s0 = [on_cls(st[f]) for f in NS]
     u0 = [_i(0)] + [on_cls(st[f]) for f in NU[1:]]
-    s, u, emptied = _cascade([s0[0] + emp_h] + s0[1:], u0,
-                             [None] + [on_cls(v) for v in x[1:]], cx.d["lo"])
-    e = emp_h + emptied
+    fifo = cx.d["fifo_node"]
+    sf, uf, hsf, huf, ef = fifo_frees(s0, u0, hs, hu, xh + sum(xl[1:]))
+    emp_h = _i((hs > 0) & (xh > 0) & (hu == xh))
+    sc, uc, emptied = _cascade([s0[0] + emp_h] + s0[1:], u0, xl, cx.d["lo"])
+    s = [jnp.where(fifo, a, b) for a, b in zip(sf, sc)]
+    u = [u0[0]] + [jnp.where(fifo, a, b) for a, b in zip(uf[1:], uc[1:])]
+    hs2 = jnp.where(fifo, hsf, hs - emp_h)
+    hu2 = jnp.where(fifo, huf, hu - xh)
+    e = jnp.where(fifo, ef, emp_h + emptied)
     disc = jnp.clip(S - mp + 1, 0, e)
     s[0] = s[0] - disc
-    out = _materialize(s + u[1:] + [e, disc, emp_h], cx.d["zero"])
+    out = _materialize(s + u[1:] + [hs2, hu2, e, disc], cx.d["zero"])
     s, u = out[:LEVELS], [u[0]] + out[LEVELS:2 * LEVELS - 1]
-    e, disc, emp_h = out[2 * LEVELS - 1:]
+    hs2, hu2, e, disc = out[2 * LEVELS - 1:]
     for lv in range(LEVELS):
         st[NS[lv]] = st[NS[lv]] + from_cls(s[lv] - s0[lv])
         if lv:
             st[NU[lv]] = st[NU[lv]] + from_cls(u[lv] - u0[lv])
-    st["hs"] = st["hs"] - from_cls(emp_h)
-    st["hu"] = st["hu"] - from_cls(xh)
+    st["hs"] = st["hs"] + from_cls(hs2 - hs)
+    st["hu"] = st["hu"] + from_cls(hu2 - hu)
     cx.bump("slab_free", jnp.sum(disc, axis=0))
     cx.lock_nodes(from_cls(e))
 
@@ -2005,6 +2054,8 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         lo=_levels(objs),
         top=_level_of(objs - 1, _levels(objs)),
         pc_empty_locks=cfg.pc_empty_locks > 0,
+        # node list frees in the list's order where the cache has a CPU slab (_part_frees)
+        fifo_node=cfg.cpu_slab > 0,
         # objects per slab of a per-CPU partial list's window behind its oldest
         # (_pc_free_one); the window's width is each step's own (step(), pc_window)
         half=objs >> 1,

@@ -172,6 +172,20 @@ class RefSim:
             return k == 1
         return False
 
+    def _fifo_free(self, n: int) -> bool:
+        """One free into node ``n``'s partial list, in the list's order
+        (dynamics.fifo_frees): into its head slab; without one, the least used partial
+        slab becomes the head first.  True when the head slab emptied (it is then counted
+        on level 0)."""
+        if not self.hs[n]:
+            self.hs[n], self.hu[n] = 1, self._take_least_used(self.ns[n], self.nu[n])
+        self.hu[n] -= 1
+        if self.hu[n] == 0:
+            self.hs[n] = 0
+            self.ns[n][0] += 1
+            return True
+        return False
+
     @staticmethod
     def _take_least_used(s: list, u: list) -> int:
         """Take the partial slab (level 1 or above) with the fewest allocated objects of
@@ -695,8 +709,20 @@ class RefSim:
                 self._lock(r, node)
 
     def _node_free(self, r: int, n: int, lv: int):
-        """One free into node ``n``'s partial slabs at level ``lv``."""
-        if self._list_free(self.ns[n], self.nu[n], lv):
+        """One free into node ``n``'s partial list whose object the layout found at
+        level ``lv`` (-1: the head slab): in the list's order where the cache has a CPU
+        slab (dynamics.fifo_frees), else into that slab (dynamics._cascade)."""
+        if self.cpu_slab:
+            emptied = self._fifo_free(n)
+        elif lv < 0:
+            self.hu[n] -= 1
+            emptied = self.hu[n] == 0
+            if emptied:                   # the head slab is empty: level 0
+                self.hs[n] = 0
+                self.ns[n][0] += 1
+        else:
+            emptied = self._list_free(self.ns[n], self.nu[n], lv)
+        if emptied:
             self._node_empty(r, n)
 
     def _slab_free(self, r: int, n: int, dest):
@@ -716,15 +742,8 @@ class RefSim:
         if kind in ("pc", "rpc"):
             self._pc_free(r, k, kind == "rpc")
             return
-        if kind == "head":
-            self.hu[n] -= 1
-            if self.hu[n] == 0:           # the head slab is empty: level 0
-                self.hs[n] = 0
-                self.ns[n][0] += 1
-                self._node_empty(r, n)
-            return
-        if kind == "part":
-            self._node_free(r, n, lv)
+        if kind in ("head", "part"):
+            self._node_free(r, n, -1 if kind == "head" else lv)
             return
         cpu_partial = self.cpu_partial_slabs > 0 and self.cpu_slab
         remote = n != m

@@ -143,6 +143,24 @@ static int take_lowest(int *s, int *u, int k0)
     return q;
 }
 
+/* RefSim._fifo_free (dynamics.fifo_frees): one free into node n's partial list, into its
+ * head slab, the least used partial slab made the head first where there is none;
+ * returns 1 when the head slab emptied (counted on level 0) */
+static int fifo_free(sim_t *S, int n)
+{
+    if (!S->hs[n]) {
+        S->hu[n] = take_lowest(S->ns[n], S->nu[n], 1);
+        S->hs[n] = 1;
+    }
+    S->hu[n] -= 1;
+    if (S->hu[n] == 0) {
+        S->hs[n] = 0;
+        S->ns[n][0] += 1;
+        return 1;
+    }
+    return 0;
+}
+
 static inline int node_slabs(const sim_t *S, int n) { return sum_lv(S->ns[n]) + S->hs[n]; }
 /* RefSim._own_slabs: the running alloc run's share (dynamics.home_share) at most the list */
 static inline int own_slabs(const sim_t *S, int m)
@@ -409,17 +427,30 @@ static void pc_free(sim_t *S, int r, int k, int remote)
     }
 }
 
-/* RefSim._node_free */
+/* RefSim._node_free: lv -1 is the head slab */
 static void node_free(sim_t *S, int r, int n, int lv)
 {
-    if (list_free(S, S->ns[n], S->nu[n], lv))
+    int emptied;
+    if (S->cpu_slab) {
+        emptied = fifo_free(S, n);
+    } else if (lv < 0) {
+        S->hu[n] -= 1;
+        emptied = S->hu[n] == 0;
+        if (emptied) {
+            S->hs[n] = 0;
+            S->ns[n][0] += 1;
+        }
+    } else {
+        emptied = list_free(S, S->ns[n], S->nu[n], lv);
+    }
+    if (emptied)
         node_empty(S, r, n);
 }
 
 /* RefSim._slab_free */
 static void slab_free(sim_t *S, int r, int n, const seg_t *dest)
 {
-    int kind = dest->kind, k = dest->k, lv = dest->lv;
+    int kind = dest->kind, k = dest->k;
     int m = S->mem[r];
     if (kind == D_CS) {
         S->cs_inuse[k] -= 1;
@@ -437,17 +468,8 @@ static void slab_free(sim_t *S, int r, int n, const seg_t *dest)
         pc_free(S, r, k, kind == D_RPC);
         return;
     }
-    if (kind == D_HEAD) {
-        S->hu[n] -= 1;
-        if (S->hu[n] == 0) {
-            S->hs[n] = 0;
-            S->ns[n][0] += 1;
-            node_empty(S, r, n);
-        }
-        return;
-    }
-    if (kind == D_PART) {
-        node_free(S, r, n, lv);
+    if (kind == D_HEAD || kind == D_PART) {
+        node_free(S, r, n, kind == D_HEAD ? -1 : dest->lv);
         return;
     }
     int cpu_partial = S->cpu_partial_slabs > 0 && S->cpu_slab;

@@ -22,8 +22,13 @@ DATA = Path(__file__).resolve().parent / "data" / "lab-pc-order0-2026-11-28.csv"
 def _measured():
     with open(DATA, newline="") as f:
         rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#"))]
-    return [(r["kernel"], r["config"], {k: float(v) for k, v in r.items()
-                                        if k not in ("kernel", "config")}) for r in rows]
+    out = []
+    for r in rows:
+        marks = [pytest.mark.xfail(reason=r["miss"], strict=True)] if r.get("miss") else []
+        fig = {k: float(v) for k, v in r.items() if k not in ("kernel", "config", "miss")}
+        out.append(pytest.param(r["kernel"], r["config"], fig, marks=marks,
+                                id=f"{r['kernel']}-{r['config']}"))
+    return out
 
 
 @pytest.mark.parametrize("kernel,config,measured", _measured())
@@ -36,7 +41,8 @@ def test_order0_producer_consumer_churn_and_memory_meet_the_kernel(kernel, confi
     churn within 30% and memory within 7%: the sum of the three lists, each take off its
     own node's share of them (dynamics.home_share), predicts 6.19 new slabs per kop
     against 7.9-8.5 and 188 KiB against 199-201 (takes off the whole class list: 4.9 and
-    207 KiB; one node's min_partial: 19.1 and 174 KiB)."""
+    207 KiB; one node's min_partial: 19.1 and 174 KiB).  A row that misses them is a
+    strict xfail carrying the measured reason (the row's ``miss`` column)."""
     doc = tomllib.loads((ROOT / "examples" / "lab" / f"{config}.toml").read_text())
     (pred,) = lab.predict([(doc, lab.kernel_profile(kernel))], lockstep=[True])
     churn = pred["slab_allocs_per_kop"] / measured["slab_allocs_per_kop"]

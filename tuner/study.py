@@ -557,9 +557,10 @@ class StudyRunner:
     memory, else a mirror of it); each finished batch is then written to the study's own
     storage in one go (:func:`write_trials`).  Asking straight from an RDB or journal
     storage costs a dozen transactions (or fsyncs) per trial, and every ask re-reads the
-    batch's still-running trials; the mirror makes it one transaction per batch.  One
-    writer per study: a second process adding trials to the same study at the same time
-    would not be seen by this one's sampler.
+    batch's still-running trials; the mirror makes it one transaction per batch.  A stored
+    study may have other writers (``tune --workers``, a second ``tune``): the mirror takes
+    in what they stored before each batch, and this runner's seed stream is its own
+    (:func:`writer_seed`).
 
     A batch is asked and told through the sampler and storage interfaces that
     ``Study.ask``/``Study.tell`` use, in the same order (so the trials are those of a plain

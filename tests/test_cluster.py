@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import RAY_ENV, VENV_BIN, _free_port, _pids_naming
 
+from slabtune import __version__
 from slabtune.results import store
 from slabtune.sweeps import grid
 from slabtune.sweeps import spec as sweep_spec
@@ -244,3 +245,47 @@ def test_validate_host_and_uml_from_a_third_directory(cluster):
     assert doc["failed"] == 0
     assert sum(where_tasks_ran(cluster, "run_task", pid)["nodes"].values()) == 1   # host
     assert sum(where_tasks_ran(cluster, "run_round", pid)["nodes"].values()) == 1  # uml
+
+
+def test_a_node_with_another_slabtune_stops_the_command_in_one_line(tmp_path):
+    """A head whose workers import another slabtune (PYTHONPATH puts a stub of version
+    0.0.0 first): the sweep stops before its first chunk with one line naming the node,
+    both versions and what to install."""
+    stub = tmp_path / "stub" / "slabtune"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text('__version__ = "0.0.0"\n')
+    tmp = tempfile.mkdtemp(prefix="slt-cb-", dir="/tmp")
+    port = _free_port()
+    env_before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(stub.parent)      # inherited by the head's raylet only
+    try:
+        proc, log = _start([str(VENV_BIN / "ray"), "start", "--head", "--block", "--port",
+                            str(port), "--num-cpus", "1", "--temp-dir", tmp,
+                            "--node-ip-address", "127.0.0.1", "--include-dashboard=false",
+                            "--disable-usage-stats", "--ray-client-server-port",
+                            str(_free_port())], tmp_path, tmp)
+    finally:
+        if env_before is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = env_before
+    try:
+        (tmp_path / "cluster.toml").write_text(SPEC)
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update(RAY_ENV)
+        res = subprocess.run([sys.executable, "-m", "slabtune", "sweep", "run", "cluster.toml",
+                              "--ray-address", f"127.0.0.1:{port}", "--out", "runs"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+    finally:
+        _end(proc, log, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("slabtune: error: --ray-address: "), last
+    assert last.endswith(f") runs slabtune 0.0.0, this driver {__version__}; install the "
+                         "same one there"), last
+    assert "(node " in last
+    assert "Traceback" not in res.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not store.open_run(run_dir).done_chunks()

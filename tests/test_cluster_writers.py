@@ -74,3 +74,22 @@ def test_workers_get_absolute_file_storages(tmp_path, monkeypatch):
                                         (2, 4, [1, 1, 0, 0])])
 def test_trials_split_between_workers(n, k, want):
     assert workers.split(n, k) == want and sum(want) == n
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--workers", "0", "--trials", "4"], ["--workers: 0 must be at least 1"]),
+    (["--workers", "2", "--exhaustive"], ["--workers: not with --exhaustive"]),
+    (["--ray-address", "127.0.0.1:1", "--sampler", "population", "--generations", "1"],
+     ["--ray-address: not with --sampler population"]),
+    (["--workers", "2", "--trials", "4", "--storage", "memory:"],
+     ["--workers: storage 'memory:' is in this process's memory"]),
+])
+def test_bad_worker_options_are_one_line_before_any_study(tmp_path, monkeypatch, argv,
+                                                          needles):
+    from _cli import error_line, run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    rc, _, err = run("tune", "tune_quick", *argv)
+    error_line(rc, err, *needles)
+    assert not (tmp_path / "runs").exists()

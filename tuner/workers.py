@@ -85,9 +85,9 @@ def worker_task(study_name: str, url: str, n_trials: int, batch: int, writer: st
 def run(study_name: str, url: str, n_trials: int, batch: int, workers: int,
         ray_address: str | None = None) -> list[dict]:
     """Run ``workers`` :func:`worker_task` tasks on Ray (a local instance unless an address
-    is given or ``RAY_ADDRESS`` is set), ``n_trials`` between them; returns their reports
-    in worker order.  A worker that fails is one SlabtuneError line naming it (the trials
-    the others stored stay stored)."""
+    is given or ``RAY_ADDRESS`` is set), ``n_trials`` between them (a worker whose share is
+    0 is not started); returns their reports in worker order.  A worker that fails is one
+    SlabtuneError line naming it (the trials the others stored stay stored)."""
     import ray
 
     from slabtune.sweeps.dispatch import device_options, probe_nodes, ray_session
@@ -110,7 +110,7 @@ def run(study_name: str, url: str, n_trials: int, batch: int, workers: int,
         task = ray.remote(max_retries=0)(worker_task).options(
             **device_options(ray.cluster_resources()))
         refs = [task.remote(study_name, url, n, batch, f"{nonce}-{i}")
-                for i, n in enumerate(split(n_trials, workers))]
+                for i, n in enumerate(split(n_trials, workers)) if n > 0]
         out = []
         for i, ref in enumerate(refs):
             try:

@@ -155,7 +155,7 @@ def _tune(args) -> int:
         runner.duplicates = sum(r["duplicates"] for r in reports)
         nodes = len({r["node"] for r in reports})
         extra = {"workers": reports}
-        what = (f"{workers} Ray worker{'s' if workers != 1 else ''} on {nodes} "
+        what = (f"{len(reports)} Ray worker{'s' if len(reports) != 1 else ''} on {nodes} "
                 f"node{'s' if nodes != 1 else ''}")
     else:
         runner.run(args.trials, args.batch)
@@ -205,7 +205,8 @@ def _check_workers(args, mode: str) -> int | None:
     if args.ray_address or (mode == "spec" and os.environ.get("RAY_ADDRESS")):
         return 1
     if os.environ.get("RAY_ADDRESS"):
-        print(f"slabtune: note: RAY_ADDRESS is set; tune --{mode} runs in this process",
+        flag = "--exhaustive" if mode == "exhaustive" else "--sampler population"
+        print(f"slabtune: note: RAY_ADDRESS is set; tune {flag} runs in this process",
               file=sys.stderr)
     return None
 

@@ -223,6 +223,20 @@ def test_tune_workers_share_one_storage_without_repeats(cluster):
     assert sorted(seen["nodes"].values()) == [1, 1]
 
 
+def test_main_from_a_third_directory(cluster):
+    """slabtune main --ray-address: its sweep's chunks ran on the cluster's nodes, and every
+    file it lists is under this directory's runs/."""
+    proc, pid = _run_with_pid(cluster, "main", "--ray-address", cluster["address"],
+                              "--trials", "64")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]   # 1: this host's kernel differs
+    listed = [ln.split(": ", 1)[1] for ln in proc.stdout.split("wrote:\n", 1)[1].splitlines()
+              if ": " in ln]
+    assert listed and all((cluster["cwd"] / p).resolve().is_relative_to(cluster["cwd"] / "runs")
+                          for p in listed), listed
+    seen = where_tasks_ran(cluster, "chunk_task", pid)
+    assert len(seen["nodes"]) == 2, seen
+
+
 def test_validate_host_and_uml_from_a_third_directory(cluster):
     """validate (host and uml targets) on the cluster from a third directory: the run
     directory under it, the host task and the UML round as Ray tasks of the job."""

@@ -3,15 +3,17 @@
 By default a sweep starts an in-process local Ray instance (usage stats off, token auth off
 for local use, a temp dir of its own, ``num_cpus`` of the machine) and shuts it down at the
 end; with an address (``--ray-address`` or ``RAY_ADDRESS``) it connects to that cluster and
-leaves it running.  If Ray is already initialised in this process (a test session, a
+leaves it running, passes the driver's SLABTUNE_* settings to its workers (a job-level
+``runtime_env``: :func:`worker_env`) and checks that every node runs this slabtune
+(:func:`probe_nodes`).  If Ray is already initialised in this process (a test session, a
 notebook) that instance is used as is.
 
 Each chunk is one Ray task, retried on failure (``max_retries``; exceptions included); the
 driver collects results as they finish, with a bounded number in flight, so memory stays at
-a few chunks whatever the grid size.  When every node is this host the tasks write their
-parts into the run directory and return only their names (:func:`chunk_task`).  On a
-cluster with GPUs each task asks for one GPU (Ray hides GPUs from tasks that do not),
-unless ``SLABTUNE_DEVICE=cpu``.
+a few chunks whatever the grid size.  When every node sees the run directory
+(:func:`workers_see`) the tasks write their parts into it and return only their names
+(:func:`chunk_task`).  On a cluster with GPUs each task asks for one GPU (Ray hides GPUs
+from tasks that do not), unless ``SLABTUNE_DEVICE=cpu``.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def cluster(tmp_path_factory):
     port, dash = _free_port(), _free_port()
     ray = str(VENV_BIN / "ray")
     common = ["--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
-              "--disable-usage-stats", "--resources", '{"uml": 1}']
+              "--disable-usage-stats", "--resources", '{"uml": 1, "qemu": 1}']
     started = []
     try:
         started.append(_start([ray, "start", "--head", "--port", str(port), "--temp-dir",
@@ -303,3 +303,21 @@ def test_a_node_with_another_slabtune_stops_the_command_in_one_line(tmp_path):
     assert "Traceback" not in res.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert not store.open_run(run_dir).done_chunks()
+
+
+def test_lab_run_from_a_third_directory(cluster):
+    """lab run of one config on two kernels: one boot per node (each offers one qemu), the
+    run directory under this directory, both boots measured."""
+    from slabtune.validate.lab import lab_available
+
+    if lab_available() is not None:
+        pytest.skip(lab_available())
+    config = Path(__file__).resolve().parent.parent / "examples" / "lab" / "local-4cpu-ml.toml"
+    proc, pid = _run_with_pid(cluster, "lab", "run", str(config), "--kernel", "7.2",
+                              "--kernel", "6.12", "--ray-address", cluster["address"],
+                              "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert Path(doc["run_dir"]).parent == cluster["cwd"] / "runs"
+    assert [(r["kernel"], r["ok"]) for r in doc["records"]] == [("7.2", True), ("6.12", True)]
+    assert sorted(where_tasks_ran(cluster, "run_boot", pid)["nodes"].values()) == [1, 1]

@@ -94,10 +94,28 @@ def _end(proc, log, tmp: str) -> None:
     log.close()
 
 
+#: Run in a private mount namespace: hide argv[1] under an empty tmpfs, then exec the rest.
+_MASK = ("import os, subprocess, sys; subprocess.run(['mount', '-t', 'tmpfs', 'slt-mask', "
+         "sys.argv[1]], check=True); os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def _can_mask(path: Path) -> bool:
+    """Whether this machine lets us mount over ``path`` in a private mount namespace
+    (root, and unshare installed): the second node then plays a machine that does not
+    share the commands' directory."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
+                            "-c", _MASK, str(path), "true"], capture_output=True)
+    return probe.returncode == 0
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """``{"address", "dashboard", "cwd"}``: a head and a second node on 127.0.0.1, started
-    from two directories; ``cwd`` is a third, for the commands."""
+    """``{"address", "dashboard", "cwd", "masked", "shared"}``: a head and a second node on
+    127.0.0.1, started from two directories; ``cwd`` is a third, for the commands.  Where
+    the machine allows it (``masked``), the second node sees an empty directory at ``cwd``,
+    as a machine without a shared file system would; both see ``shared``."""
     pytest.importorskip("ray.dashboard", reason="the state API needs ray[default]")
     head_dir = tmp_path_factory.mktemp("head-cwd")
     node_dir = tmp_path_factory.mktemp("node-cwd")
@@ -115,11 +133,16 @@ def cluster(tmp_path_factory):
                                str(dash), "--ray-client-server-port", str(_free_port()),
                                "--dashboard-agent-listen-port", str(_free_port()), *common],
                               head_dir, tmps[0]) + (tmps[0],))
-        started.append(_start([ray, "start", "--address", f"127.0.0.1:{port}", "--temp-dir",
-                               tmps[1], "--dashboard-agent-listen-port", str(_free_port()),
-                               *common], node_dir, tmps[1]) + (tmps[1],))
+        node = [ray, "start", "--address", f"127.0.0.1:{port}", "--temp-dir", tmps[1],
+                "--dashboard-agent-listen-port", str(_free_port()), *common]
+        masked = _can_mask(cwd)
+        if masked:      # this node sees an empty file system at the commands' directory
+            node = ["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                    _MASK, str(cwd), *node]
+        started.append(_start(node, node_dir, tmps[1]) + (tmps[1],))
+        shared = tmp_path_factory.mktemp("shared")
         yield {"address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}",
-               "cwd": cwd, "dirs": (head_dir, node_dir)}
+               "cwd": cwd, "dirs": (head_dir, node_dir), "masked": masked, "shared": shared}
     finally:
         for proc, log, tmp in reversed(started):
             _end(proc, log, tmp)
@@ -170,9 +193,10 @@ def _run_with_pid(cluster, *args, env_extra=None):
 
 
 def test_sweep_from_a_third_directory_runs_on_both_nodes(cluster):
-    """The default --out (runs) is this directory's, the workers write their parts into it
-    (every node sees it: one host), chunks ran on both nodes, and the SLABTUNE_* settings
-    reached the job's runtime_env, a relative cache path made absolute."""
+    """The default --out (runs) is this directory's; chunks ran on both nodes; where a node
+    does not see the directory (``masked``) every task sent its rows back and the driver
+    wrote the parts, else the workers wrote them; the SLABTUNE_* settings reached the job's
+    runtime_env, a relative cache path made absolute."""
     cwd = cluster["cwd"]
     (cwd / "cluster.toml").write_text(SPEC)
     proc, pid = _run_with_pid(cluster, "sweep", "run", "cluster.toml", "--ray-address",
@@ -186,7 +210,7 @@ def test_sweep_from_a_third_directory_runs_on_both_nodes(cluster):
     run = store.open_run(run_dir)
     spec = sweep_spec.parse(SPEC)
     assert run.complete and doc["rows"] == grid.count_rows(spec) == run.collect().height
-    assert run.manifest["attempts"][-1]["workers_write_parts"] is True
+    assert run.manifest["attempts"][-1]["workers_write_parts"] is (not cluster["masked"])
     seen = where_tasks_ran(cluster, "chunk_task", pid)
     assert sum(seen["nodes"].values()) == grid.n_chunks(spec)
     assert len(seen["nodes"]) == 2, seen
@@ -198,14 +222,16 @@ def test_sweep_from_a_third_directory_runs_on_both_nodes(cluster):
 
 
 def test_tune_workers_share_one_storage_without_repeats(cluster):
-    """tune --workers 2 on the cluster, a relative journal path: both workers on it (one per
-    node, one CPU each), each with its own seed, every trial stored once and counted."""
+    """tune --workers 2 on the cluster, a relative journal path into the directory both
+    nodes see: both workers on it (one per node, one CPU each), each with its own seed,
+    every trial stored once and counted."""
+    rel = f"../{cluster['shared'].name}/w2.log"
     proc, pid = _run_with_pid(cluster, "tune", "tune_quick", "--trials", "200", "--batch",
                               "25", "--workers", "2", "--ray-address", cluster["address"],
-                              "--study", "w2", "--storage", "journal:w2.log", "--json")
+                              "--study", "w2", "--storage", f"journal:{rel}", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
-    assert doc["storage"] == f"journal:{cluster['cwd'] / 'w2.log'}"
+    assert doc["storage"] == f"journal:{cluster['shared'] / 'w2.log'}"
     assert doc["added"] == doc["trials"] == 200
     reps = doc["workers"]
     assert [r["added"] for r in reps] == [100, 100]
@@ -214,13 +240,35 @@ def test_tune_workers_share_one_storage_without_repeats(cluster):
     import optuna
 
     study = optuna.load_study(study_name="w2", storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(cluster["cwd"] / "w2.log"))))
+        optuna.storages.journal.JournalFileBackend(str(cluster["shared"] / "w2.log"))))
     trials = study.get_trials(deepcopy=False)
     keys = [tuple(sorted(t.params.items())) for t in trials]
     assert len(trials) == 200 and len(set(keys)) == 200
     assert sorted(t.number for t in trials) == list(range(200))
     seen = where_tasks_ran(cluster, "worker_task", pid)
     assert sorted(seen["nodes"].values()) == [1, 1]
+
+
+def test_tune_workers_refuse_a_storage_a_node_does_not_see(cluster):
+    """A SQLite file in the commands' directory, which the second node does not see: one
+    line naming the node and the directory, before any worker starts."""
+    if not cluster["masked"]:
+        pytest.skip("this machine cannot hide a directory from one node (needs root and "
+                    "unshare)")
+    proc = cli(cluster, "tune", "tune_quick", "--trials", "20", "--workers", "2",
+               "--ray-address", cluster["address"], "--study", "blind", "--storage",
+               "sqlite:///blind.db")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"slabtune: error: --storage: sqlite:///{cluster['cwd']}/blind.db: "
+                           "1 Ray node(s) (first: "), last
+    assert f"do not see {cluster['cwd']}; give a storage every node reaches" in last
+    assert "Traceback" not in proc.stderr
+    import optuna
+
+    stored = optuna.load_study(study_name="blind",
+                               storage=f"sqlite:///{cluster['cwd'] / 'blind.db'}")
+    assert stored.trials == []
 
 
 def test_main_from_a_third_directory(cluster):

@@ -3,15 +3,17 @@
 By default a sweep starts an in-process local Ray instance (usage stats off, token auth off
 for local use, a temp dir of its own, ``num_cpus`` of the machine) and shuts it down at the
 end; with an address (``--ray-address`` or ``RAY_ADDRESS``) it connects to that cluster and
-leaves it running.  If Ray is already initialised in this process (a test session, a
+leaves it running, passes the driver's SLABTUNE_* settings to its workers (a job-level
+``runtime_env``: :func:`worker_env`) and checks that every node runs this slabtune
+(:func:`probe_nodes`).  If Ray is already initialised in this process (a test session, a
 notebook) that instance is used as is.
 
 Each chunk is one Ray task, retried on failure (``max_retries``; exceptions included); the
 driver collects results as they finish, with a bounded number in flight, so memory stays at
-a few chunks whatever the grid size.  When every node is this host the tasks write their
-parts into the run directory and return only their names (:func:`chunk_task`).  On a
-cluster with GPUs each task asks for one GPU (Ray hides GPUs from tasks that do not),
-unless ``SLABTUNE_DEVICE=cpu``.
+a few chunks whatever the grid size.  When every node sees the run directory
+(:func:`workers_see`) the tasks write their parts into it and return only their names
+(:func:`chunk_task`).  On a cluster with GPUs each task asks for one GPU (Ray hides GPUs
+from tasks that do not), unless ``SLABTUNE_DEVICE=cpu``.
 """
 
 from __future__ import annotations
@@ -130,11 +132,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
             _probe(address)
             try:
                 _init(ray, sigterm, address=address, log_to_driver=False,
-                      configure_logging=False)
+                      configure_logging=False, runtime_env={"env_vars": worker_env()})
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise SlabtuneError(f"--ray-address: cannot connect to {address}: "
                                     f"{str(err).splitlines()[0] if str(err) else err}") from None
             info = {"mode": "cluster", "address": address}
+            check_workers()
         else:
             _remove_stale_temp_dirs()
             tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir="/tmp")
@@ -320,15 +323,114 @@ def _remote():
     return ray.remote(max_retries=MAX_RETRIES, retry_exceptions=True)(chunk_task)
 
 
-def shares_this_filesystem() -> bool:
-    """Whether every live node of the current Ray session is this host, so its workers can
-    write into the run directory the driver reads (a local instance; a cluster of one
-    machine)."""
+#: Settings a cluster's workers take from the driver's environment (a job-level Ray
+#: ``runtime_env``): every variable whose name starts so (SLABTUNE_CACHE, SLABTUNE_JAX_CACHE,
+#: SLABTUNE_DYNAMICS_ENGINE, SLABTUNE_DEVICE, the SLABTUNE_MAX_* limits).
+WORKER_ENV_PREFIX = "SLABTUNE_"
+#: Of those, the ones naming a directory: a relative one is made absolute from the driver's
+#: working directory (a worker's is where ``ray start`` ran).
+_PATH_ENV = ("SLABTUNE_CACHE", "SLABTUNE_JAX_CACHE")
+
+
+def worker_env(environ=None) -> dict[str, str]:
+    """The SLABTUNE_* settings of this process, as a cluster's workers are to see them."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for k, v in environ.items():
+        if not k.startswith(WORKER_ENV_PREFIX):
+            continue
+        if k in _PATH_ENV and v not in ("", "0", "off"):
+            v = os.path.abspath(os.path.expanduser(v))
+        out[k] = v
+    return out
+
+
+def node_probe(path: str | None, token: str | None) -> dict:
+    """Runs once on each node (see :func:`probe_nodes`): the node, its host, the slabtune
+    it imports, and whether ``path/.probe-<token>`` holds ``token`` there (the node sees
+    the driver's run directory)."""
     import ray
 
-    host = socket.gethostname()
+    from slabtune import __version__
+
+    sees = None
+    if path is not None:
+        try:
+            with open(os.path.join(path, f".probe-{token}")) as fh:
+                sees = fh.read() == token
+        except OSError:
+            sees = False
+    return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "slabtune": __version__, "sees": sees}
+
+
+def probe_nodes(path: str | os.PathLike | None = None) -> list[dict]:
+    """One :func:`node_probe` task pinned to each live node of the current session.  A node
+    whose workers cannot import slabtune, or import another version than this driver's,
+    is one SlabtuneError line naming the node (the remedy is to install the same slabtune
+    there).  With ``path`` (a directory this process can write), each result says whether
+    that node sees it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from slabtune import __version__
+
+    token = None
+    if path is not None:
+        token = os.urandom(8).hex()
+        probe = os.path.join(os.fspath(path), f".probe-{token}")
+        with open(probe, "w") as fh:
+            fh.write(token)
+    task = ray.remote(max_retries=0)(node_probe)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return bool(nodes) and all(n.get("NodeManagerHostname") == host for n in nodes)
+    try:
+        refs = {task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    n["NodeID"], soft=False)).remote(
+                    None if path is None else os.fspath(path), token): n for n in nodes}
+        out = []
+        for ref, n in refs.items():
+            where = f"{n.get('NodeManagerAddress', '?')} (node {n['NodeID'][:8]})"
+            try:
+                got = ray.get(ref, timeout=120)
+            except (ray.exceptions.RayError, TimeoutError) as err:
+                lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+                why = lines[-1] if lines else err.__class__.__name__
+                raise SlabtuneError(f"--ray-address: the workers of {where} cannot run "
+                                    f"slabtune ({why}); install it there (docs/CLUSTER.md)"
+                                    ) from None
+            if got["slabtune"] != __version__:
+                raise SlabtuneError(f"--ray-address: {where} runs slabtune {got['slabtune']}, "
+                                    f"this driver {__version__}; install the same one there")
+            out.append(got)
+        return out
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+
+
+def check_workers() -> None:
+    """Fail up front, in one line, when a node of the cluster cannot run slabtune's tasks
+    (:func:`probe_nodes`); a task would otherwise fail on it, after its retries, mid-run."""
+    probe_nodes()
+
+
+def workers_see(path: str | os.PathLike) -> bool:
+    """Whether every live node of the current Ray session sees the directory ``path`` (this
+    host's, or a shared file system mounted at the same path), so its workers can write
+    into the run directory the driver reads.  A local instance always does."""
+    if _session_mode and _session_mode[-1] == "local":
+        return True
+    return all(p["sees"] for p in probe_nodes(path))
+
+
+def device_options(resources: dict) -> dict:
+    """Ray options of a task that runs the JAX model: one whole GPU where the cluster has
+    GPUs (Ray hides GPUs from tasks that do not ask for one) unless ``SLABTUNE_DEVICE=cpu``,
+    else one CPU."""
+    if int(resources.get("GPU", 0)) > 0 and os.environ.get(DEVICE_ENV, "auto") != "cpu":
+        return {"num_gpus": 1}
+    return {"num_cpus": 1}
 
 
 def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | None = None,
@@ -337,14 +439,11 @@ def run_chunks(spec_dict: dict, indices: Iterable[int], max_in_flight: int | Non
     ``part_dir`` the tasks write their parts there (see :func:`chunk_task`)."""
     import ray
 
-    task = _remote()
     resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
-    if gpus > 0 and os.environ.get(DEVICE_ENV, "auto") != "cpu":
-        # Ray hides GPUs from tasks that do not ask for one; a chunk takes a whole GPU.
-        task = task.options(num_gpus=1)
+    opts = device_options(resources)
+    task = _remote().options(**opts)
     if max_in_flight is None:
-        slots = gpus if gpus > 0 and os.environ.get(DEVICE_ENV, "auto") != "cpu" else \
+        slots = int(resources.get("GPU", 0)) if "num_gpus" in opts else \
             int(resources.get("CPU", 1))
         max_in_flight = max(2, 2 * slots)
     spec_ref = ray.put(spec_dict)

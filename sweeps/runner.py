@@ -195,10 +195,11 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
         ChunkFailed,
         ray_session,
         run_chunks,
-        shares_this_filesystem,
+        workers_see,
     )
 
     check_runnable(spec)
+    out_dir = os.path.abspath(out_dir)    # a cluster's workers do not share our cwd
     spec_dict = spec.to_dict()
     spec_dict["_hash"] = spec.hash
     if resume is not None:
@@ -232,9 +233,11 @@ def run_sweep(spec: SweepSpec, out_dir="runs", *, spec_text: str = "",
             t_ray = time.perf_counter()
             with ray_session(ray_address) as session:
                 ray_start_s = time.perf_counter() - t_ray
-                # Workers on this host write their parts themselves; a remote worker
-                # cannot reach the run directory and sends its columns back instead.
-                part_dir = str(run.path) if shares_this_filesystem() else None
+                # Workers that see the run directory (this host's, or a shared file system
+                # at the same path) write their parts themselves; where a node does not,
+                # every task sends its columns back and the driver writes them.
+                where = run.path.absolute()         # a --resume PATH may be relative
+                part_dir = str(where) if workers_see(where) else None
                 run.manifest["attempts"][-1]["workers_write_parts"] = part_dir is not None
                 run.manifest["ray"] = session
                 run.save()        # which Ray this attempt runs on, before any chunk is done

@@ -183,7 +183,7 @@ def test_workers_on_other_hosts_send_rows_back(ray_local, small_spec, small_run,
     from slabtune.sweeps import dispatch
 
     assert store.open_run(small_run.run_dir).manifest["attempts"][-1]["workers_write_parts"]
-    monkeypatch.setattr(dispatch, "shares_this_filesystem", lambda: False)
+    monkeypatch.setattr(dispatch, "workers_see", lambda path: False)
     res = runner.run_sweep(small_spec, tmp_path, progress=False)
     run = store.open_run(res.run_dir)
     assert run.manifest["attempts"][-1]["workers_write_parts"] is False

@@ -295,11 +295,12 @@ def test_cli_tune_defaults_to_sqlite_in_the_run_dir_and_resumes(tmp_path):
     assert p1.returncode == 0, p1.stderr
     out = json.loads(p1.stdout)
     db = tmp_path / "runs" / "cli1" / "study.db"
-    assert out == {"study": "cli1", "storage": f"sqlite:///{db}", "trials": 6}
+    assert out == {"study": "cli1", "storage": f"sqlite:///{db}", "trials": 6, "added": 6,
+                   "duplicates": 0}
     assert db.read_bytes()[:16] == b"SQLite format 3\x00"
     p2 = run_cli("tune", "tune_quick", "--trials", "4", "--study", "cli1", "--json", cwd=tmp_path)
     assert p2.returncode == 0, p2.stderr
-    assert json.loads(p2.stdout)["trials"] == 10
+    assert json.loads(p2.stdout)["trials"] == 10 and json.loads(p2.stdout)["added"] == 4
     # the file is a plain Optuna RDB study: another reader opens it with the stock API
     s = optuna.load_study(study_name="cli1", storage=f"sqlite:///{db}")
     assert len(s.trials) == 10 and s.metric_names == ["memory", "time"]

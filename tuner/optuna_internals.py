@@ -174,17 +174,25 @@ def _write_rdb(storage: optuna.storages.RDBStorage, study_id: int, trials) -> No
 
     with _create_scoped_session(storage.scoped_session) as session:
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-        first = session.scalar(sa.select(sa.func.count(models.TrialModel.trial_id))
-                               .where(models.TrialModel.study_id == study_id))
+        # Rows first, numbered -1, -2, ...: the INSERT takes the database's write lock
+        # (SQLite's driver begins the transaction only there, so a count read before it
+        # could be stale and two writers would store the same trial numbers), then the
+        # trials already stored are counted and the numbers set.
         session.execute(sa.insert(models.TrialModel), [
-            {"number": first + i, "study_id": study_id, "state": t.state,
+            {"number": -1 - i, "study_id": study_id, "state": t.state,
              "_datetime_start_utc": utc(t.datetime_start),
              "_datetime_complete_utc": utc(t.datetime_complete)}
             for i, t in enumerate(trials)])
-        ids = dict(session.execute(
+        first = session.scalar(sa.select(sa.func.count(models.TrialModel.trial_id))
+                               .where(models.TrialModel.study_id == study_id,
+                                      models.TrialModel.number >= 0))
+        temp = dict(session.execute(
             sa.select(models.TrialModel.number, models.TrialModel.trial_id)
             .where(models.TrialModel.study_id == study_id,
-                   models.TrialModel.number >= first)).all())
+                   models.TrialModel.number < 0)).all())
+        ids = {first + i: temp[-1 - i] for i in range(len(trials))}
+        session.execute(sa.update(models.TrialModel), [
+            {"trial_id": tid, "number": n} for n, tid in ids.items()])
         params, values, uattrs, sattrs = [], [], [], []
         for i, t in enumerate(trials):
             tid = ids[first + i]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
@@ -619,9 +620,10 @@ class StudyRunner:
     memory, else a mirror of it); each finished batch is then written to the study's own
     storage in one go (:func:`write_trials`).  Asking straight from an RDB or journal
     storage costs a dozen transactions (or fsyncs) per trial, and every ask re-reads the
-    batch's still-running trials; the mirror makes it one transaction per batch.  One
-    writer per study: a second process adding trials to the same study at the same time
-    would not be seen by this one's sampler.
+    batch's still-running trials; the mirror makes it one transaction per batch.  A stored
+    study may have other writers (``tune --workers``, a second ``tune``): the mirror takes
+    in what they stored before each batch, and this runner's seed stream is its own
+    (:func:`writer_seed`).
 
     A batch is asked and told through the sampler and storage interfaces that
     ``Study.ask``/``Study.tell`` use, in the same order (so the trials are those of a plain
@@ -633,20 +635,34 @@ class StudyRunner:
 
     def __init__(self, spec: TuneSpec, study: optuna.Study,
                  evaluator: fleet_objectives.FleetEvaluator | None = None,
-                 url: str | None = None):
+                 url: str | None = None, storage: optuna.storages.BaseStorage | None = None,
+                 writer: str | None = None):
         self.spec = spec
         self.study = study
         self.url = url          # named by a write error (storage_writes)
         self.evaluator = evaluator or evaluator_for(spec)
         self.distributions = spec.space.distributions()
+        #: Trials this runner added to the study, and asked candidates it skipped because a
+        #: trial of the study (any writer's, its own included) already has their params.
+        self.added = 0
+        self.duplicates = 0
+        self.writer = None
+        self.seed = spec.space.seed
+        self._storage = storage
+        self._seen: set = set()
+        self._stored_n = 0
         if optuna_internals.in_memory(study):
             self._asker = study
         else:
-            self._asker = optuna.create_study(sampler=search_space.make_sampler(spec.space),
-                                              directions=list(DIRECTIONS))
-            done = study.get_trials(deepcopy=False, states=_FINISHED)
-            if done:
-                self._asker.add_trials(done)
+            # A stored study may have other writers (tune --workers, a second tune): each
+            # draws from its own seed stream, and skips the params any writer stored.
+            self.writer = writer or new_writer_id()
+            self.seed = writer_seed(spec.space.seed, study.study_name, self.writer)
+            self._asker = optuna.create_study(
+                sampler=search_space.make_sampler(dataclasses.replace(spec.space,
+                                                                      seed=self.seed)),
+                directions=list(DIRECTIONS))
+            self._sync(force=True)
 
     def evaluate(self, params_list) -> fleet_objectives.Evaluation:
         return self.evaluator.evaluate([effective_params(p, self.spec) for p in params_list])
@@ -699,6 +715,9 @@ class StudyRunner:
             with storage_writes(self.url):
                 optuna_internals.write_trials(self.study, trials)
             self._asker.add_trials(trials)
+            self._stored_n += len(trials)
+            self._seen.update(params_key(t.params) for t in trials)
+        self.added += len(trials)
         return trials
 
     def run(self, n_trials: int, batch: int = 64) -> int:
@@ -709,19 +728,101 @@ class StudyRunner:
             raise SlabtuneError(f"trials: {n_trials} is negative")
         if batch < 1:
             raise SlabtuneError(f"batch: {batch} must be at least 1")
-        done = 0
+        done = idle = 0
         constrained = self.spec.objectives.max_regression is not None
         while done < n_trials:
             k = min(batch, n_trials - done)
             trials = self.ask_batch(k)
+            if self._asker is not self.study:
+                self._sync()
+                trials = self._skip_seen(trials)
+                if not trials:
+                    idle += 1
+                    if idle >= MAX_IDLE_BATCHES:    # the sampler finds nothing new
+                        break
+                    continue
+                idle = 0
             ev = self.evaluate([t.params for t in trials])
             excess = self.evaluator.regression_excess(ev) if constrained else None
             told = self.tell_batch(trials, ev, excess)
             if self._asker is not self.study:
                 with storage_writes(self.url):
                     optuna_internals.write_trials(self.study, told)
-            done += k
+                self._stored_n += len(told)
+            done += len(trials)
+        self.added += done
         return done
+
+    def _sync(self, force: bool = False) -> None:
+        """Mirror the finished trials other writers stored since the last look (all of
+        them when ``force``): the sampler learns from them and their params count as
+        seen.  Trial numbers of a study run 0, 1, ... in the order trials are stored, so
+        the new ones are read by number from :attr:`_stored_n` on; without another
+        writer this is one lookup of a number not yet there."""
+        if force or self._storage is None:
+            stored = self.study.get_trials(deepcopy=False)
+        else:
+            st, stored = self._storage, []
+            sid = st.get_study_id_from_name(self.study.study_name)
+            while True:
+                try:
+                    tid = st.get_trial_id_from_study_id_trial_number(sid, self._stored_n
+                                                                     + len(stored))
+                except KeyError:
+                    break
+                stored.append(st.get_trial(tid))
+            if not stored:
+                return
+        self._stored_n = (stored[-1].number + 1) if stored else self._stored_n
+        new = []
+        for t in stored:
+            key = params_key(t.params)
+            if t.state in _FINISHED and key not in self._seen:
+                self._seen.add(key)
+                new.append(t)
+        if new:
+            self._asker.add_trials(new)
+
+    def _skip_seen(self, trials: list) -> list:
+        """The asked ``trials`` whose params no stored trial and no earlier one of the
+        batch has; the others are counted in :attr:`duplicates` and failed in the mirror
+        (so the sampler asks again), never evaluated or stored."""
+        keep = []
+        for t in trials:
+            key = params_key(t.params)
+            if key in self._seen:
+                self.duplicates += 1
+                self._asker.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            else:
+                self._seen.add(key)
+                keep.append(t)
+        return keep
+
+
+#: A stored study's writer gives up after this many batches in a row whose every candidate
+#: was already stored (a small space the sampler has covered).
+MAX_IDLE_BATCHES = 8
+
+
+def params_key(params: Mapping) -> tuple:
+    """A trial's params as a hashable key: two trials with equal keys are the same
+    candidate."""
+    return tuple(sorted(params.items()))
+
+
+def new_writer_id() -> str:
+    """A nonce naming one writer of a stored study (a process, a Ray worker)."""
+    return os.urandom(6).hex()
+
+
+def writer_seed(seed: int | None, study_name: str, writer: str) -> int | None:
+    """The sampler seed of one writer of a stored study: ``[search] seed``, the study name
+    and the writer's nonce hashed (SHA-256) into 0..2^32-1, numpy's RandomState range, so
+    writers of one study draw different streams; an unseeded space stays unseeded."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}\0{study_name}\0{writer}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
@@ -785,7 +886,7 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(list(OBJECTIVE_NAMES))
-    return StudyRunner(spec, study, evaluator, url), url
+    return StudyRunner(spec, study, evaluator, url, storage=st), url
 
 
 def get_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:

@@ -72,6 +72,7 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
     from slabtune.sweeps.dispatch import ray_session
     from slabtune.sweeps.runner import git_revision, package_versions
 
+    out_dir = os.path.abspath(out_dir)    # the run directory named the same from any cwd
     cands = with_baseline(cands)
     info = preflight(cands, spec, targets, uml_opts)
     tasks = plan_tasks(cands, spec, targets, info.get("uml_topologies"))

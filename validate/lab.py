@@ -560,6 +560,7 @@ def run_lab(configs: Sequence[LabConfig], kernels: Sequence[str], *,
     from slabtune.sweeps.runner import git_revision, package_versions
     from slabtune.validate.dispatch import local_resources
 
+    out_dir = os.path.abspath(out_dir)    # the run directory named the same from any cwd
     if resume is not None:
         run = store.resolve_run(resume, out_dir)
         if run.manifest.get("kind") != "lab":

@@ -123,7 +123,10 @@ def tune_and_export(out: Path, trials: int, batch: int, written: list) -> None:
     done = 0
     while done < trials:
         k = min(batch, trials - done)
-        done += runner.run(k, batch)
+        got = runner.run(k, batch)
+        done += got
+        if got < k:         # the sampler found nothing new to ask (StudyRunner.run)
+            break
         print(f"    progress: {done}/{trials} trials, "
               f"{len(runner.study.best_trials)} on the Pareto front", flush=True)
     written.append(("Optuna study (SQLite)", run_dir / study.DB_NAME))

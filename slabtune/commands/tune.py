@@ -70,8 +70,18 @@ def register(subparsers) -> None:
     p.add_argument("--study", metavar="NAME", help="study name; resumes it when it exists")
     p.add_argument("--run-dir", metavar="DIR",
                    help="run directory (default runs/<study>) holding study.db")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="add the --trials with N study workers as Ray tasks (a local Ray "
+                        "instance, or the cluster of --ray-address / RAY_ADDRESS), all on "
+                        "the one storage; each draws its own seed stream and skips the "
+                        "candidates any writer stored (default: this process alone, or 1 "
+                        "worker on the cluster when an address is given)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster for the workers (default: RAY_ADDRESS; the storage "
+                        "must be one every node reaches)")
     p.add_argument("--json", action="store_true",
-                   help="print {study, storage, trials} (and the search's counts) as JSON; "
+                   help="print {study, storage, trials, added, duplicates} (and the "
+                        "search's counts, the workers' reports) as JSON; "
                         + jsonout.NON_FINITE_HELP)
     p.set_defaults(func=_tune)
 
@@ -95,6 +105,7 @@ def _tune(args) -> int:
     from slabtune.tuner import study
 
     mode = _check_mode(args)
+    workers = _check_workers(args, mode)
     if args.batch < 1:
         raise SlabtuneError(f"--batch: {args.batch} must be at least 1")
     if args.run_dir is not None:
@@ -112,6 +123,10 @@ def _tune(args) -> int:
         where = spec.name if args.knobs is None else f"{spec.name} [{','.join(knobs)}]"
         print(f"exhaustive: space {where} has {grid.size:,} points ({grid.describe()})",
               file=sys.stderr if args.json else sys.stdout, flush=True)
+    if workers is not None and args.storage is not None:
+        from slabtune.tuner.workers import shared_url
+
+        args.storage = shared_url(args.storage)     # the workers' URL, checked before work
     runner, url = study.create_or_resume(spec, args.study, args.storage, args.run_dir)
     before = len(runner.study.trials)
     t0 = time.perf_counter()
@@ -132,6 +147,17 @@ def _tune(args) -> int:
                 f"({res.evaluated:,} candidates evaluated), front of {res.front} in its "
                 f"archive" + (f" ({res.dropped} front points let go: archive full)"
                               if res.dropped else ""))
+    elif workers is not None:
+        from slabtune.tuner import workers as study_workers
+
+        reports = study_workers.run(runner.study.study_name, url, args.trials, args.batch,
+                                    workers, args.ray_address)
+        runner.added = sum(r["added"] for r in reports)
+        runner.duplicates = sum(r["duplicates"] for r in reports)
+        nodes = len({r["node"] for r in reports})
+        extra = {"workers": reports}
+        what = (f"{len(reports)} Ray worker{'s' if len(reports) != 1 else ''} on {nodes} "
+                f"node{'s' if nodes != 1 else ''}")
     else:
         runner.run(args.trials, args.batch)
         what = None
@@ -142,19 +168,49 @@ def _tune(args) -> int:
     if moving:
         print(f"slabtune: warning: {len(moving)} trials failed, not in steady state "
               f"(first: {moving[0]})", file=sys.stderr)
+    skipped = (f"; {runner.duplicates} asked candidates skipped, already in the study"
+               if runner.duplicates else "")
+    if runner.added < (args.trials or 0):
+        print(f"slabtune: note: {runner.added} of {args.trials} trials added: the sampler "
+              f"kept asking for candidates already in the study{skipped}", file=sys.stderr)
     if args.json:
         print(jsonout.dumps({"study": runner.study.study_name, "storage": study.shown_url(url),
                              "trials": total,
+                             "added": runner.added, "duplicates": runner.duplicates,
                              **extra}))
     else:
         front = len(runner.study.best_trials)
         if what:
-            print(f"{mode}: {what}")
-        print(f"study {runner.study.study_name}: {total - before} trials added "
-              f"({total} in all) in {dt:.1f} s; {front} on the Pareto front")
+            print(f"{mode if workers is None else 'workers'}: {what}")
+        print(f"study {runner.study.study_name}: {runner.added} trials added "
+              f"({total} in all) in {dt:.1f} s{skipped}; {front} on the Pareto front")
         print(f"storage {study.shown_url(url)}")
         print(next_hint(runner.study.study_name, args.storage, url), file=sys.stderr)
     return 0
+
+
+def _check_workers(args, mode: str) -> int | None:
+    """How many Ray workers add the trials (None: this process does), from --workers,
+    --ray-address and RAY_ADDRESS; one line when they do not fit the mode."""
+    import os
+
+    from slabtune.errors import SlabtuneError
+
+    if args.workers is not None and args.workers < 1:
+        raise SlabtuneError(f"--workers: {args.workers} must be at least 1")
+    for flag, value in (("--workers", args.workers), ("--ray-address", args.ray_address)):
+        if value is not None and mode != "spec":
+            other = "--exhaustive" if mode == "exhaustive" else "--sampler population"
+            raise SlabtuneError(f"{flag}: not with {other} (it runs in this process)")
+    if args.workers is not None:
+        return args.workers
+    if args.ray_address or (mode == "spec" and os.environ.get("RAY_ADDRESS")):
+        return 1
+    if os.environ.get("RAY_ADDRESS"):
+        flag = "--exhaustive" if mode == "exhaustive" else "--sampler population"
+        print(f"slabtune: note: RAY_ADDRESS is set; tune {flag} runs in this process",
+              file=sys.stderr)
+    return None
 
 
 def _check_mode(args) -> str:

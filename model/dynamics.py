@@ -1041,6 +1041,58 @@ def takeable_slabs(S, floor, G):
     return jnp.where(S > floor, jnp.minimum(S, ceil_div(S - floor, G) * G), 0)
 
 
+def takes_by_objects(n, y, t, half):
+    """The pre-v5.16 take rule: get_partial_node() (v3.2 to v5.15 mm/slub.c) walks the node
+    list from its head, adds each slab's free objects (acquire_slab()'s ``objects -
+    inuse``, the first slab, which becomes the CPU slab, included) to ``available`` and
+    stops after the slab that makes ``available > slub_cpu_partial(s) / 2`` (``half``,
+    an object count); v5.16 counts slabs instead (``partial_slabs > cpu_partial_slabs /
+    2``, the fixed ``G`` of :func:`takeable_slabs`).
+
+    The list is blocks of ``n[j]`` slabs with ``y[j]`` free objects each, in list order
+    (lists of (B,) or ints; ``y`` >= 1 where ``n`` > 0).  Successive calls take up to and
+    including the list's ``t``-th slab (``t`` >= 1; 0: no call).  Returns ``(takes,
+    gone)``: the calls made and the slabs they took off the list, i.e. through the end of
+    the call that took the ``t``-th slab, or the whole list where that call ran off its
+    end.  Within a block of yield ``y`` a call that starts there takes ``half // y + 1``
+    slabs; a call still open at a block's end carries its objects into the next."""
+    zero = jnp.zeros_like(jnp.asarray(t, jnp.int32))
+    pos, a, calls = zero, zero, zero     # slabs before the block, open call's objects
+    takes, end = zero, zero              # for slab t: calls through it, its call's end
+    found = jnp.asarray(t) <= 0          # the call of slab t is known (or none needed)
+    pending = jnp.zeros_like(found)      # slab t's call is open past its block
+    for nj, yj in zip(n, y):
+        nj = jnp.asarray(nj, jnp.int32)
+        yj = jnp.maximum(jnp.asarray(yj, jnp.int32), 1)
+        g = floor_div(half, yj) + 1                      # slabs of a call begun here
+        opened = a > 0
+        c = jnp.where(opened, floor_div(half - a, yj) + 1, 0)   # slabs closing it
+        closes = opened & (c <= nj)
+        # slab t's call was open when this block began: it ends here or goes on
+        end = jnp.where(pending & closes, pos + c, end)
+        found = found | (pending & closes)
+        pending = pending & ~closes
+        p0 = pos + jnp.where(opened, jnp.where(closes, c, nj), 0)   # fresh calls start
+        rest = jnp.maximum(pos + nj - p0, 0)
+        k = floor_div(rest, g)                           # whole calls in the block
+        r = rest - k * g                                 # a call left open at its end
+        in_blk = ~found & ~pending & (t > pos) & (t <= pos + nj)
+        in_open = in_blk & (t <= p0)                     # taken by the call carried in
+        end = jnp.where(in_open & closes, pos + c, end)
+        pending = pending | (in_open & ~closes)
+        i = floor_div(jnp.maximum(t - p0 - 1, 0), g)     # fresh call of slab t
+        fresh = in_blk & (t > p0)
+        takes = jnp.where(in_open, calls, jnp.where(fresh, calls + i + 1, takes))
+        end = jnp.where(fresh & (i < k), p0 + (i + 1) * g, end)
+        pending = pending | (fresh & (i >= k))
+        found = found | (in_open & closes) | (fresh & (i < k))
+        calls = calls + k + (r > 0)
+        a = jnp.where(closes | ~opened, r * yj, a + nj * yj)
+        pos = pos + nj
+    end = jnp.where(pending, pos, end)                   # ran off the list's end
+    return takes, jnp.where(jnp.asarray(t) > 0, end, 0)
+
+
 class _NewSlabs(NamedTuple):
     """The new CPU slabs of a CPU-slab allocation run."""
 

@@ -119,6 +119,10 @@ class SimConfig(NamedTuple):
     #: 1 where per-CPU partial slabs are not frozen (v6.8 on): a free that empties one
     #: takes its node's list_lock.
     pc_empty_locks: Any = np.int32(0)
+    #: 1 where get_partial_node() stops by free objects (v3.2 to v5.15: ``available >
+    #: slub_cpu_partial(s) / 2``, :func:`takes_by_objects`), 0 where by slabs (v5.16 on).
+    #: ``cpu_partial_slabs`` is then slub_cpu_partial(s) + 1 (policy.cpu_partial_slabs).
+    take_objects: Any = np.int32(0)
     #: Pricing of SLAB counters seen through slab_dynamics.slub_view(); SLUB's own runs
     #: keep the defaults.  Cross-node lines a remote free moves outside any lock: 1 for
     #: SLUB (__slab_free() writes the foreign slab's freelist and counters), 0 for SLAB
@@ -316,6 +320,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         ops_per_step=_scalar(b),
         slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
         pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
+        take_objects=_scalar(int(profile.cpu_partial_counts_objects)),
         free_discard_offset=_scalar(profile.slab_free_discard_offset),
         remote_node_defrag_ratio=_scalar(profiles.REMOTE_NODE_DEFRAG_RATIO),
         rep_mem_home=np.asarray(lay.mem_home, np.int32),
@@ -1028,9 +1033,28 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     nq, nr = _spread(s, u)
     n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    S_m = takeable_slabs(home_share(sum(s) + hs, k.kn, k.w2), k.floor, G)
+    S_h = home_share(sum(s) + hs, k.kn, k.w2)
+    S_m = takeable_slabs(S_h, k.floor, G)
+    # before v5.16 the calls stop by free objects: they reach the end of the call that
+    # takes the list below the floor (the slab S_h - floor)
+    _, S_o = takes_by_objects(_taken([hs] + n_n, S_h), [objs - hu] + y_n,
+                              jnp.maximum(S_h - k.floor, 0), take_half(cps))
+    S_m = jnp.where(by_objects(cx, k), jnp.where(S_h > k.floor, S_o, 0), S_m)
     return _Partials(n_p + _taken([hs] + n_n, S_m), y_p + [objs - hu] + y_n, pq, nq,
                      sum(ps_l) + pw, S_m, G)
+
+
+def take_half(cps):
+    """slub_cpu_partial(s) / 2 (v3.2 to v5.15 get_partial_node()'s stop) from the
+    model's ``cpu_partial_slabs``, which is slub_cpu_partial(s) + 1 in those eras
+    (policy.cpu_partial_slabs)."""
+    return floor_div(jnp.maximum(cps - 1, 0), 2)
+
+
+def by_objects(cx: _Ctx, k: _Rep):
+    """Whether the run's get_partial_node() calls stop by free objects (v3.2 to v5.15,
+    with a per-CPU partial list) rather than by slabs."""
+    return cx.d["take_objects"] & (k.cps > 0)
 
 
 def takeable_slabs(S, floor, G):
@@ -1189,6 +1213,12 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
     t_p, t_n = ns.t_p, ns.t_n
     takes = ceil_div(t_n, p.G)
     gone = jnp.minimum(takes * p.G, p.S_m)
+    # v3.2 to v5.15: each call stops once its slabs hold more than half the limit's
+    # objects (the node list's blocks here end at S_m, the last reachable call's end)
+    t_o, g_o = takes_by_objects(p.n[NPC:], p.y[NPC:], t_n, take_half(k.cps))
+    obj = by_objects(cx, k)
+    takes = jnp.where(obj, t_o, takes)
+    gone = jnp.where(obj, g_o, gone)
     in_node = t_n > 0
     tp = _taken(p.n[:NPC], t_p)
     t_q, t_q1, tp = tp[1], tp[2], tp[:1] + tp[3:]   # the window's blocks, the levels'
@@ -2106,6 +2136,7 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         lo=_levels(objs),
         top=_level_of(objs - 1, _levels(objs)),
         pc_empty_locks=cfg.pc_empty_locks > 0,
+        take_objects=cfg.take_objects > 0,
         # node list frees in the list's order where the cache has a CPU slab (_part_frees)
         fifo_node=cfg.cpu_slab > 0,
         # objects per slab of a per-CPU partial list's window behind its oldest

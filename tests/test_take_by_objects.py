@@ -66,3 +66,51 @@ def test_batched_rows_take_independently(half):
     for b in range(3):
         want = _kernel_walk([n[0][b], n[1][b]], [y[0][b], y[1][b]], int(t[b]), half)
         assert (int(takes[b]), int(gone[b])) == want
+
+
+def _v510_sim(take_objects):
+    """A RefSim of v5.10 kmalloc-512 on one 16-CPU node (order 2: 32 objects per slab;
+    slub_cpu_partial 13, so cpu_partial_slabs 14) whose CPU slab is used up."""
+    from slabtune.model import policy, profiles, reference_sim
+    from slabtune.model.topology import Topology
+    topo = Topology.uniform(16, 1)
+    prof = profiles.get_profile("v5.10")
+    st = policy.structure(512, topo.possible, topo.present, topo.online,
+                          policy.profile_arrays(prof))
+    cfg = dynamics.config_from(st, prof, topo, {"kind": "local", "live": 64})
+    cfg = cfg._replace(take_objects=np.int32(take_objects))
+    sim = reference_sim.RefSim(cfg)
+    assert (sim.objs, sim.cpu_partial_slabs) == (32, 14)
+    sim.cs_free[0], sim.cs_inuse[0] = 0, 32
+    return sim
+
+
+@pytest.mark.parametrize("inuse, taken", [(28, 2), (30, 4), (25, 1), (31, 7)])
+def test_reference_sim_takes_slabs_until_their_free_objects_pass_half(inuse, taken):
+    """Ten partial slabs of ``inuse`` objects on the node list: the slow path's one
+    get_partial_node() call (one list_lock) takes slabs until their free objects exceed
+    13 / 2 = 6 (4 free each: 2 slabs; 2 free: 4; 7 free: 1; 1 free: 7), the first as the
+    CPU slab, the rest onto the per-CPU partial list; v5.16's rule took 1 + 14 / 2 + 1."""
+    for take_objects, want in ((1, taken), (0, 9)):
+        sim = _v510_sim(take_objects)
+        lv = sim._level(inuse)
+        sim.ns[0][lv] += 10
+        sim.nu[0][lv] += 10 * inuse
+        sim.alloc(0, 0)
+        c = sim.counts
+        assert (c["alloc_slow"][0], c["list_lock"][0], c["slab_alloc"][0]) == (1, 1, 0)
+        assert sum(sim.ns[0]) == 10 - want
+        assert sim._pc_slabs(0) == want - 1
+        assert (sim.cs_inuse[0], sim.cs_free[0]) == (inuse + 1, 32 - inuse - 1)
+
+
+def test_v5_profiles_take_by_objects_and_v516_on_by_slabs():
+    from slabtune.model import policy, profiles
+    from slabtune.model.topology import Topology
+    topo = Topology.uniform(16, 1)
+    for name, want in (("v3.1", 0), ("v5.10", 1), ("v5.11", 1), ("v6.1", 0), ("v7.1", 0)):
+        prof = profiles.get_profile(name)
+        st = policy.structure(512, topo.possible, topo.present, topo.online,
+                              policy.profile_arrays(prof))
+        cfg = dynamics.config_from(st, prof, topo, {"kind": "local", "live": 8})
+        assert int(cfg.take_objects) == want, name

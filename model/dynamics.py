@@ -119,10 +119,6 @@ class SimConfig(NamedTuple):
     #: 1 where per-CPU partial slabs are not frozen (v6.8 on): a free that empties one
     #: takes its node's list_lock.
     pc_empty_locks: Any = np.int32(0)
-    #: 1 where get_partial_node() stops by free objects (v3.2 to v5.15: ``available >
-    #: slub_cpu_partial(s) / 2``, :func:`takes_by_objects`), 0 where by slabs (v5.16 on).
-    #: ``cpu_partial_slabs`` is then slub_cpu_partial(s) + 1 (policy.cpu_partial_slabs).
-    take_objects: Any = np.int32(0)
     #: Pricing of SLAB counters seen through slab_dynamics.slub_view(); SLUB's own runs
     #: keep the defaults.  Cross-node lines a remote free moves outside any lock: 1 for
     #: SLUB (__slab_free() writes the foreign slab's freelist and counters), 0 for SLAB
@@ -161,6 +157,10 @@ class SimConfig(NamedTuple):
     #: partial lists a class's list sums, which scales its min_partial tests
     #: (:func:`node_min_partial`).
     list_nodes: Any = np.ones(workloads.N, np.int32)
+    #: 1 where get_partial_node() stops by free objects (v3.2 to v5.15: ``available >
+    #: slub_cpu_partial(s) / 2``, :func:`takes_by_objects`), 0 where by slabs (v5.16 on).
+    #: ``cpu_partial_slabs`` is then slub_cpu_partial(s) + 1 (policy.cpu_partial_slabs).
+    take_objects: Any = np.int32(0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).

@@ -157,6 +157,10 @@ class SimConfig(NamedTuple):
     #: partial lists a class's list sums, which scales its min_partial tests
     #: (:func:`node_min_partial`).
     list_nodes: Any = np.ones(workloads.N, np.int32)
+    #: 1 where get_partial_node() stops by free objects (v3.2 to v5.15: ``available >
+    #: slub_cpu_partial(s) / 2``, :func:`takes_by_objects`), 0 where by slabs (v5.16 on).
+    #: ``cpu_partial_slabs`` is then slub_cpu_partial(s) + 1 (policy.cpu_partial_slabs).
+    take_objects: Any = np.int32(0)
 
 
 #: Event counters, one int32 per rep (what that rep's CPU did).
@@ -316,6 +320,7 @@ def config_from(structure, profile: profiles.KernelProfile, topology: Topology, 
         ops_per_step=_scalar(b),
         slab_alloc_single=_scalar(int(not profile.has_cpu_slab)),
         pc_empty_locks=_scalar(int(profile.unfrozen_cpu_partial)),
+        take_objects=_scalar(int(profile.cpu_partial_counts_objects)),
         free_discard_offset=_scalar(profile.slab_free_discard_offset),
         remote_node_defrag_ratio=_scalar(profiles.REMOTE_NODE_DEFRAG_RATIO),
         rep_mem_home=np.asarray(lay.mem_home, np.int32),
@@ -1028,9 +1033,28 @@ def _partial_lists(cx: _Ctx, k: _Rep) -> _Partials:
     nq, nr = _spread(s, u)
     n_n, y_n = _level_blocks(s, u, nq, nr, objs)
     G = 1 + jnp.where(cps > 0, cps // 2 + 1, 0)      # slabs per node list take
-    S_m = takeable_slabs(home_share(sum(s) + hs, k.kn, k.w2), k.floor, G)
+    S_h = home_share(sum(s) + hs, k.kn, k.w2)
+    S_m = takeable_slabs(S_h, k.floor, G)
+    # before v5.16 the calls stop by free objects: they reach the end of the call that
+    # takes the list below the floor (the slab S_h - floor)
+    _, S_o = takes_by_objects(_taken([hs] + n_n, S_h), [objs - hu] + y_n,
+                              jnp.maximum(S_h - k.floor, 0), take_half(cps))
+    S_m = jnp.where(by_objects(cx, k), jnp.where(S_h > k.floor, S_o, 0), S_m)
     return _Partials(n_p + _taken([hs] + n_n, S_m), y_p + [objs - hu] + y_n, pq, nq,
                      sum(ps_l) + pw, S_m, G)
+
+
+def take_half(cps):
+    """slub_cpu_partial(s) / 2 (v3.2 to v5.15 get_partial_node()'s stop) from the
+    model's ``cpu_partial_slabs``, which is slub_cpu_partial(s) + 1 in those eras
+    (policy.cpu_partial_slabs)."""
+    return floor_div(jnp.maximum(cps - 1, 0), 2)
+
+
+def by_objects(cx: _Ctx, k: _Rep):
+    """Whether the run's get_partial_node() calls stop by free objects (v3.2 to v5.15,
+    with a per-CPU partial list) rather than by slabs."""
+    return cx.d["take_objects"] & (k.cps > 0)
 
 
 def takeable_slabs(S, floor, G):
@@ -1039,6 +1063,58 @@ def takeable_slabs(S, floor, G):
     (:func:`node_list_floor`; the last call may take the list below it): all of them when
     ``floor`` is 0."""
     return jnp.where(S > floor, jnp.minimum(S, ceil_div(S - floor, G) * G), 0)
+
+
+def takes_by_objects(n, y, t, half):
+    """The pre-v5.16 take rule: get_partial_node() (v3.2 to v5.15 mm/slub.c) walks the node
+    list from its head, adds each slab's free objects (acquire_slab()'s ``objects -
+    inuse``, the first slab, which becomes the CPU slab, included) to ``available`` and
+    stops after the slab that makes ``available > slub_cpu_partial(s) / 2`` (``half``,
+    an object count); v5.16 counts slabs instead (``partial_slabs > cpu_partial_slabs /
+    2``, the fixed ``G`` of :func:`takeable_slabs`).
+
+    The list is blocks of ``n[j]`` slabs with ``y[j]`` free objects each, in list order
+    (lists of (B,) or ints; ``y`` >= 1 where ``n`` > 0).  Successive calls take up to and
+    including the list's ``t``-th slab (``t`` >= 1; 0: no call).  Returns ``(takes,
+    gone)``: the calls made and the slabs they took off the list, i.e. through the end of
+    the call that took the ``t``-th slab, or the whole list where that call ran off its
+    end.  Within a block of yield ``y`` a call that starts there takes ``half // y + 1``
+    slabs; a call still open at a block's end carries its objects into the next."""
+    zero = jnp.zeros_like(jnp.asarray(t, jnp.int32))
+    pos, a, calls = zero, zero, zero     # slabs before the block, open call's objects
+    takes, end = zero, zero              # for slab t: calls through it, its call's end
+    found = jnp.asarray(t) <= 0          # the call of slab t is known (or none needed)
+    pending = jnp.zeros_like(found)      # slab t's call is open past its block
+    for nj, yj in zip(n, y):
+        nj = jnp.asarray(nj, jnp.int32)
+        yj = jnp.maximum(jnp.asarray(yj, jnp.int32), 1)
+        g = floor_div(half, yj) + 1                      # slabs of a call begun here
+        opened = a > 0
+        c = jnp.where(opened, floor_div(half - a, yj) + 1, 0)   # slabs closing it
+        closes = opened & (c <= nj)
+        # slab t's call was open when this block began: it ends here or goes on
+        end = jnp.where(pending & closes, pos + c, end)
+        found = found | (pending & closes)
+        pending = pending & ~closes
+        p0 = pos + jnp.where(opened, jnp.where(closes, c, nj), 0)   # fresh calls start
+        rest = jnp.maximum(pos + nj - p0, 0)
+        k = floor_div(rest, g)                           # whole calls in the block
+        r = rest - k * g                                 # a call left open at its end
+        in_blk = ~found & ~pending & (t > pos) & (t <= pos + nj)
+        in_open = in_blk & (t <= p0)                     # taken by the call carried in
+        end = jnp.where(in_open & closes, pos + c, end)
+        pending = pending | (in_open & ~closes)
+        i = floor_div(jnp.maximum(t - p0 - 1, 0), g)     # fresh call of slab t
+        fresh = in_blk & (t > p0)
+        takes = jnp.where(in_open, calls, jnp.where(fresh, calls + i + 1, takes))
+        end = jnp.where(fresh & (i < k), p0 + (i + 1) * g, end)
+        pending = pending | (fresh & (i >= k))
+        found = found | (in_open & closes) | (fresh & (i < k))
+        calls = calls + k + (r > 0)
+        a = jnp.where(closes | ~opened, r * yj, a + nj * yj)
+        pos = pos + nj
+    end = jnp.where(pending, pos, end)                   # ran off the list's end
+    return takes, jnp.where(jnp.asarray(t) > 0, end, 0)
 
 
 class _NewSlabs(NamedTuple):
@@ -1137,6 +1213,12 @@ def _take_partial_slabs(cx: _Ctx, k: _Rep, p: _Partials, ns: _NewSlabs):
     t_p, t_n = ns.t_p, ns.t_n
     takes = ceil_div(t_n, p.G)
     gone = jnp.minimum(takes * p.G, p.S_m)
+    # v3.2 to v5.15: each call stops once its slabs hold more than half the limit's
+    # objects (the node list's blocks here end at S_m, the last reachable call's end)
+    t_o, g_o = takes_by_objects(p.n[NPC:], p.y[NPC:], t_n, take_half(k.cps))
+    obj = by_objects(cx, k)
+    takes = jnp.where(obj, t_o, takes)
+    gone = jnp.where(obj, g_o, gone)
     in_node = t_n > 0
     tp = _taken(p.n[:NPC], t_p)
     t_q, t_q1, tp = tp[1], tp[2], tp[:1] + tp[3:]   # the window's blocks, the levels'
@@ -2054,6 +2136,7 @@ def _derived(cfg: SimConfig, max_run=MAX_OPS_PER_STEP) -> dict:
         lo=_levels(objs),
         top=_level_of(objs - 1, _levels(objs)),
         pc_empty_locks=cfg.pc_empty_locks > 0,
+        take_objects=cfg.take_objects > 0,
         # node list frees in the list's order where the cache has a CPU slab (_part_frees)
         fifo_node=cfg.cpu_slab > 0,
         # objects per slab of a per-CPU partial list's window behind its oldest

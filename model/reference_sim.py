@@ -60,6 +60,9 @@ class RefSim:
         # v6.18 opt-in caches: sheaves beside the CPU slab, refilled and flushed through it
         self.cs_sheaf = self.cap > 0 and self.cpu_slab
         self.pc_empty_locks = int(c["pc_empty_locks"]) > 0
+        # v3.2 to v5.15: get_partial_node() stops by free objects (dynamics.take_half)
+        self.take_objects = int(c["take_objects"]) > 0 and self.cpu_partial_slabs > 0
+        self.take_half = max(self.cpu_partial_slabs - 1, 0) // 2
         self.max_full = int(c["barn_max_full"])
         self.max_empty = int(c["barn_max_empty"])
         self.node = [int(x) for x in c["rep_node"]]
@@ -636,7 +639,16 @@ class RefSim:
                     h = self._take_node_slab(m)
                     self._lock(r, m)
                     self.share -= 1
-                    if self.cpu_partial_slabs > 0:
+                    if self.take_objects:
+                        # v3.2 to v5.15: until the slabs taken hold more than
+                        # slub_cpu_partial(s) / 2 free objects, the first included
+                        available = self.objs - h
+                        while available <= self.take_half and self._own_slabs(m) > 0:
+                            h2 = self._take_node_slab(m)
+                            self._add_pc(r, h2)
+                            self.share -= 1
+                            available += self.objs - h2
+                    elif self.cpu_partial_slabs > 0:
                         # get_partial_node() fills the (empty) per-CPU partial list
                         # until it holds more than cpu_partial_slabs / 2 slabs
                         k = min(self._own_slabs(m), self.cpu_partial_slabs // 2 + 1)

@@ -32,7 +32,7 @@ enum { C_OPS, C_ALLOCS, C_FREES, C_ALLOC_FAST, C_ALLOC_SLOW, C_FREE_FAST, C_FREE
 
 /* config row: scalars, then per-rep and per-node arrays (sweeps/dynsim.py CFG_FIELDS) */
 enum { F_OBJS, F_CAP, F_CPU_SLAB, F_MIN_PARTIAL, F_CPU_PARTIAL, F_BYPASS, F_SINGLE,
-       F_PC_EMPTY_LOCKS, F_MAX_FULL, F_MAX_EMPTY, F_USE_SH, F_FALLBACK, F_BARNS, F_B,
+       F_PC_EMPTY_LOCKS, F_TAKE_OBJECTS, F_MAX_FULL, F_MAX_EMPTY, F_USE_SH, F_FALLBACK, F_BARNS, F_B,
        F_FREE_OFF, F_DEFRAG, F_REP_NODE, F_REP_MEM = F_REP_NODE + R,
        F_REP_MEMLESS = F_REP_MEM + R, F_NODE_HAS_MEM = F_REP_MEMLESS + R,
        F_ALLOC_P = F_NODE_HAS_MEM + N, F_FREE_CUM = F_ALLOC_P + R,
@@ -58,7 +58,7 @@ typedef struct {
     /* configuration */
     int objs, cap, cpu_slab, min_partial[N], free_mp[N], list_nodes[N], cpu_partial_slabs,
         bypass, single;
-    int pc_empty_locks, max_full, max_empty, b, cs_sheaf, defrag;
+    int pc_empty_locks, take_objects, take_half, max_full, max_empty, b, cs_sheaf, defrag;
     int node[R], mem[R], other[R], local_node[R], alloc_local[R], has_barn[R], memless[R];
     int mem_home[R];
     int alloc_p[R], free_cum[R][R], live[R], hold[R], burst[R], active[R];
@@ -537,7 +537,17 @@ static void cs_alloc(sim_t *S, int r, int m, int j)
                 h = take_node_slab(S, m);
                 lock_(S, r, m, 1);
                 S->share -= 1;
-                if (S->cpu_partial_slabs > 0) {
+                if (S->take_objects) {
+                    /* v3.2 to v5.15: until the slabs taken hold more than
+                       slub_cpu_partial(s) / 2 free objects, the first included */
+                    int available = S->objs - h;
+                    while (available <= S->take_half && own_slabs(S, m) > 0) {
+                        int h2 = take_node_slab(S, m);
+                        add_pc(S, r, h2, 0);
+                        S->share -= 1;
+                        available += S->objs - h2;
+                    }
+                } else if (S->cpu_partial_slabs > 0) {
                     int k = own_slabs(S, m);
                     if (k > S->cpu_partial_slabs / 2 + 1)
                         k = S->cpu_partial_slabs / 2 + 1;
@@ -858,6 +868,9 @@ static void init(sim_t *S, const int32_t *c)
     S->bypass = c[F_BYPASS] > 0;
     S->single = c[F_SINGLE] > 0;
     S->pc_empty_locks = c[F_PC_EMPTY_LOCKS] > 0;
+    /* dynamics.take_half: v3.2 to v5.15 get_partial_node() stops by free objects */
+    S->take_objects = c[F_TAKE_OBJECTS] > 0 && S->cpu_partial_slabs > 0;
+    S->take_half = (S->cpu_partial_slabs > 1 ? S->cpu_partial_slabs - 1 : 0) / 2;
     S->max_full = c[F_MAX_FULL];
     S->max_empty = c[F_MAX_EMPTY];
     S->b = c[F_B];

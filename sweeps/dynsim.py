@@ -37,7 +37,7 @@ R, N = dynamics.R, dynamics.N
 CFG_FIELDS = (
     ("objs_per_slab", 1), ("sheaf_capacity", 1), ("cpu_slab", 1), ("min_partial", 1),
     ("cpu_partial_slabs", 1), ("remote_free_bypasses_sheaf", 1), ("slab_alloc_single", 1),
-    ("pc_empty_locks", 1), ("barn_max_full", 1), ("barn_max_empty", 1),
+    ("pc_empty_locks", 1), ("take_objects", 1), ("barn_max_full", 1), ("barn_max_empty", 1),
     ("memoryless_cpus_use_sheaves", 1), ("memoryless_fallback", 1), ("barns", 1),
     ("ops_per_step", 1), ("free_discard_offset", 1), ("remote_node_defrag_ratio", 1),
     ("rep_node", R), ("rep_mem_node", R),

@@ -133,3 +133,18 @@ def reproduce_rows():
     with contextlib.redirect_stdout(buf):
         assert cli.main(["reproduce", "--json"]) == 0
     return json.loads(buf.getvalue())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _maps_log(request):
+    """With ``SLABTUNE_MAPS_LOG=FILE``, append after each test module a line ``MODULE
+    MAPPINGS`` with this process's memory-mapping count (lines of /proc/self/maps): how the
+    suite's one process grows (issue 35: every compiled dynamics program holds hundreds of
+    mappings against vm.max_map_count's 65,530).  Off by default."""
+    yield
+    path = os.environ.get("SLABTUNE_MAPS_LOG")
+    if path:
+        with open("/proc/self/maps") as f:
+            n = sum(1 for _ in f)
+        with open(path, "a") as out:
+            out.write(f"{request.module.__name__} {n}\n")

@@ -77,6 +77,7 @@ def main(runs: int = 50, instances: int = 20) -> None:
         slab_dynamics.simulate_batch(keys, scfgs, n)
         if i == 0:
             out["slab_first"] = maps()
+    out["slab_batch"] = maps()
     sw = slab_dynamics.draws(keys[0], max(lengths))
     for n in lengths:
         slab_dynamics.simulate_draws(sw[:n], scfg)

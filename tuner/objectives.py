@@ -96,8 +96,9 @@ def policy_structure(values: Mapping[str, jnp.ndarray], prof: policy.ProfileArra
 #: :func:`policy_structure` jitted once for every evaluator: jax.jit keeps a compiled program
 #: per function and argument shapes for the process's life, so a jax.jit(...) built per
 #: instance compiled and kept one per instance (issue 35: each holds hundreds of memory
-#: mappings).  The same holds for every jitted objective below: one module-level function,
-#: the fleet's arrays passed as arguments, only hashable settings static.
+#: mappings).  So every jitted objective here is one module-level function: the fleet's
+#: arrays are arguments where the function reads none of them on the host, else the
+#: jitted function is shared by their values (:func:`shared_jit`).
 _policy_structure = jax.jit(policy_structure)
 
 
@@ -491,7 +492,7 @@ class DynamicsObjectives:
         T, Pn = len(fleet.topologies), len(self.pairs)
         base = baseline_values(fleet.profile)
         st, _ = _policy_structure({k: np.array([v], np.int32) for k, v in base.items()},
-                                          prof, fa)
+                                  prof, fa)
         tk_shape = (T, len(fleet.caches))
         st = policy.Structure(*(np.broadcast_to(np.asarray(x)[0], tk_shape) for x in st))
         cfgs = []

@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import profiles, workloads
+from slabtune.model import profiles, runlen, workloads
 from slabtune.model.constants import MAX_OPS_PER_STEP
 from slabtune.model.intmath import ceil_div, floor_div
 from slabtune.model.topology import Topology
@@ -371,12 +371,11 @@ def _draws_at(seed, t):
     return _mix32((ctr * _U32(0x9E3779B9)) ^ s)
 
 
-@functools.partial(jax.jit, static_argnums=1)
 def draws(key, steps: int) -> jnp.ndarray:
     """All random words of a run, shape (steps, R, K) uint32: what :func:`simulate` uses
-    step by step, for feeding the reference simulator the same numbers."""
-    seed = seed_of(key)
-    return jax.vmap(lambda t: _draws_at(seed, t))(jnp.arange(steps, dtype=_U32))
+    step by step, for feeding the reference simulator the same numbers (drawn in blocks of
+    one compiled shape, :func:`slabtune.model.runlen.blocked_draws`)."""
+    return runlen.blocked_draws(_draws_at, key, seed_of, steps)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -2243,17 +2242,18 @@ def init_state(cfg: SimConfig) -> State:
     )
 
 
-def _finish(st: State, steps: int) -> Counters:
-    """Counters of a batch-minor final state, batch-major ((B, R), (B, N))."""
+def _finish(st: State, steps) -> Counters:
+    """Counters of a batch-minor final state, batch-major ((B, R), (B, N)), after ``steps``
+    steps (may be traced)."""
 
     def front(x):
         return jnp.moveaxis(x, -1, 0)
 
     c = {name: front(st.counts[k]) for k, name in enumerate(COUNTER_FIELDS)}
-    den = jnp.float32(max(steps, 1))
+    inv = runlen.inv_steps(steps)
     scale = jnp.float32(1 << GAUGE_SHIFT)
-    g = (st.ghi_rep.astype(jnp.float32) * scale + st.gsum_rep.astype(jnp.float32)) / den
-    gn = (st.ghi_node.astype(jnp.float32) * scale + st.gsum_node.astype(jnp.float32)) / den
+    g = (st.ghi_rep.astype(jnp.float32) * scale + st.gsum_rep.astype(jnp.float32)) * inv
+    gn = (st.ghi_node.astype(jnp.float32) * scale + st.gsum_node.astype(jnp.float32)) * inv
     return Counters(
         **c, list_lock_node=front(st.lock_node),
         slabs_total=front(gn[0]), objects_inuse=front(g[0]), empty_slabs_kept=front(gn[1]),
@@ -2320,27 +2320,39 @@ def _static_form(cfgs: SimConfig, max_run) -> RunForm:
     return _as_form(_bound(cfgs, max_run))
 
 
-def run_state(seeds_or_draws, cfgs: SimConfig, steps: int, pre_drawn: bool,
+def run_state(seeds_or_draws, cfgs: SimConfig, steps, pre_drawn: bool,
               max_run: int = MAX_OPS_PER_STEP) -> State:
-    """The final batch-minor :class:`State` of a batch of runs (traceable; ``steps`` and
-    ``max_run`` static).  ``cfgs`` is batch-major (see :func:`stack_configs`);
-    ``seeds_or_draws`` is (B,) uint32 seeds or (steps, R, K, B) words; ``max_run`` bounds
-    every configuration's ``ops_per_step`` (:func:`run_bound`)."""
+    """The final batch-minor :class:`State` of a batch of runs of ``steps`` steps
+    (traceable; ``steps`` may be traced, ``max_run`` is static): :func:`run_states` at one
+    checkpoint."""
+    return run_states(seeds_or_draws, cfgs, (steps,), pre_drawn, max_run)[0]
+
+
+def run_states(seeds_or_draws, cfgs: SimConfig, checkpoints, pre_drawn: bool,
+               max_run: int = MAX_OPS_PER_STEP) -> list:
+    """The batch-minor :class:`State` of a batch of runs after each of ``checkpoints``
+    steps (non-decreasing, each may be traced; their number is static), from one run: a
+    run's first steps do not depend on its length.  ``cfgs`` is batch-major (see
+    :func:`stack_configs`); ``seeds_or_draws`` is (B,) uint32 seeds or (S, R, K, B) words
+    with S at least the last checkpoint; ``max_run`` bounds every configuration's
+    ``ops_per_step`` (:func:`run_bound`).  The step loop has a traced bound
+    (:func:`slabtune.model.runlen.advance`), so one compiled program serves every length."""
     cfg = _batch_minor(cfgs)
     d = _derived(cfg, max_run)
-    st0 = init_state(cfg)._asdict()
+    st = init_state(cfg)._asdict()
     if pre_drawn:
-        def body(st, w):
-            return step(w, st, cfg, d), None
-        xs = seeds_or_draws
+        def body(t, s):
+            return step(lax.dynamic_index_in_dim(seeds_or_draws, t, 0, keepdims=False),
+                        s, cfg, d)
     else:
-        seeds = seeds_or_draws
-
-        def body(st, t):
-            return step(_draws_at(seeds, t), st, cfg, d), None
-        xs = jnp.arange(steps, dtype=_U32)
-    st, _ = lax.scan(body, st0, xs)
-    return State(**st)
+        def body(t, s):
+            return step(_draws_at(seeds_or_draws, t.astype(_U32)), s, cfg, d)
+    out, t0 = [], 0
+    for t1 in checkpoints:
+        st = runlen.advance(st, t0, t1, body)
+        out.append(State(**st))
+        t0 = t1
+    return out
 
 
 def _one(cfg: SimConfig) -> SimConfig:
@@ -2355,23 +2367,24 @@ def simulate(key, cfg: SimConfig, steps: int, max_run: int | None = None) -> Cou
     """Run ``steps`` steps of configuration ``cfg`` from empty caches; the random stream is
     fixed by ``key`` (see :func:`draws`).  ``max_run``: the static run bound, by default
     :func:`run_bound` of ``cfg``."""
-    return _simulate(key, cfg, steps, _static_form(cfg, max_run))
+    return _simulate(key, cfg, jnp.asarray(steps, _I32), _static_form(cfg, max_run))
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
+@functools.partial(jax.jit, static_argnums=3)
 def _simulate(key, cfg, steps, max_run):
     seeds = seed_of(key)[None]
     return _first(_finish(run_state(seeds, _one(cfg), steps, False, max_run), steps))
 
 
 def simulate_draws(w, cfg: SimConfig, max_run: int | None = None) -> Counters:
-    """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)."""
-    return _simulate_draws(w, cfg, _static_form(cfg, max_run))
+    """As :func:`simulate`, with the random words given: ``w`` of shape (steps, R, K)
+    (padded to a bucket length, :func:`slabtune.model.runlen.pad_words`)."""
+    w, steps = runlen.pad_words(w)
+    return _simulate_draws(w, steps, cfg, _static_form(cfg, max_run))
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _simulate_draws(w, cfg, max_run):
-    steps = w.shape[0]
+@functools.partial(jax.jit, static_argnums=3)
+def _simulate_draws(w, steps, cfg, max_run):
     return _first(_finish(run_state(w[..., None], _one(cfg), steps, True, max_run), steps))
 
 
@@ -2385,20 +2398,30 @@ def simulate_batch(keys, cfgs: SimConfig, steps: int, max_run: int | None = None
     CPU, each in its own thread (:func:`_parts`); on an accelerator the batch runs as one
     scan (:func:`_on_cpu`).  Without ``max_run``, a concrete batch runs as one batch per
     :class:`RunForm` its configurations need (:func:`_form_groups`), so that one-op
-    configurations keep the one-op form beside opt-in caches and longer runs."""
-    leaves = jax.tree_util.tree_leaves((keys, cfgs))
+    configurations keep the one-op form beside opt-in caches and longer runs.  ``steps``
+    may be traced: one compiled program serves every run length."""
+    return simulate_batch_at(keys, cfgs, (steps,), max_run)[0]
+
+
+def simulate_batch_at(keys, cfgs: SimConfig, checkpoints, max_run: int | None = None) -> tuple:
+    """:func:`simulate_batch`'s counters after each of ``checkpoints`` steps
+    (non-decreasing), from one run of each configuration to the last: a tuple of
+    :class:`Counters`, each what :func:`simulate_batch` returns for that many steps (the
+    first steps of a run do not depend on its length)."""
+    ck = runlen.checkpoints(checkpoints)
+    leaves = jax.tree_util.tree_leaves((keys, cfgs, checkpoints))
     traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
     if max_run is not None or traced:
-        return _run_batch(keys, cfgs, steps, _as_form(_bound(cfgs, max_run)), traced)
+        return _run_batch(keys, cfgs, ck, _as_form(_bound(cfgs, max_run)), traced)
     groups = _form_groups(cfgs)
     if len(groups) == 1:
-        return _run_batch(keys, cfgs, steps, groups[0][0], False)
+        return _run_batch(keys, cfgs, ck, groups[0][0], False)
     # the groups run one after the other, each over every usable CPU (:func:`_parts`):
     # running them at once in threads of their own oversubscribed the cores and ran slower
     # (bench_dynamics at 10^4, b = 1: 3.27 M ops/s against 3.67-3.90 M, 10:01-10:20 UTC
     # 2026-11-25, load 0-1); one such run, with both groups split in parts, hung
     outs = [_run_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
-        lambda x, i=i: np.take(np.asarray(x), i, axis=0), cfgs), steps, form, False)
+        lambda x, i=i: np.take(np.asarray(x), i, axis=0), cfgs), ck, form, False)
         for form, i in groups]
     back = np.argsort(np.concatenate([i for _, i in groups]))
     return jax.tree_util.tree_map(
@@ -2412,23 +2435,23 @@ def _form_groups(cfgs: SimConfig) -> list:
     return [(f, np.nonzero(kinds == k)[0]) for k, f in enumerate(_FORMS) if (kinds == k).any()]
 
 
-def _run_batch(keys, cfgs: SimConfig, steps: int, form: RunForm, traced: bool) -> Counters:
-    """One compiled form over the batch: one scan on an accelerator, else equal parts in
-    threads (:func:`_parts`)."""
+def _run_batch(keys, cfgs: SimConfig, ck, form: RunForm, traced: bool) -> tuple:
+    """One compiled form over the batch, the counters at each checkpoint of ``ck`` (C,):
+    one scan on an accelerator, else equal parts in threads (:func:`_parts`)."""
     n = len(keys)
     if not _on_cpu():
-        return _simulate_batch(keys, cfgs, steps, form, max(n, 1), False)
+        return _simulate_batch_at(keys, cfgs, ck, form, max(n, 1), False)
     p = 1 if traced else _parts(n)
     if p == 1:
-        return _simulate_batch(keys, cfgs, steps, form)
+        return _simulate_batch_at(keys, cfgs, ck, form)
     # configurations are independent: equal parts (the last padded with copies of the last
     # configuration, so one compiled shape), run at once, the padding dropped
     c = -(-n // p)
     idx = np.minimum(np.arange(p * c), n - 1).reshape(p, c)
 
     def part(i):
-        return _simulate_batch(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
-            lambda x: jnp.take(jnp.asarray(x), i, axis=0), cfgs), steps, form)
+        return _simulate_batch_at(jnp.take(keys, i, axis=0), jax.tree_util.tree_map(
+            lambda x: jnp.take(jnp.asarray(x), i, axis=0), cfgs), ck, form)
 
     # the first part is compiled (and dispatched, asynchronously) here, so the threads
     # reuse one executable instead of each compiling it and writing it to the persistent
@@ -2513,13 +2536,27 @@ def _chunks(n: int, chunk: int = CHUNK, spread: bool = True) -> tuple[int, int]:
     return k, c
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
-def _simulate_batch(keys, cfgs, steps, max_run, chunk=CHUNK, spread=True):
+def _simulate_batch(keys, cfgs, steps, max_run, chunk=CHUNK, spread=True) -> Counters:
+    """The counters of one compiled batch after ``steps`` steps (:func:`_simulate_batch_at`
+    at one checkpoint)."""
+    return _simulate_batch_at(keys, cfgs, runlen.checkpoints(steps), max_run, chunk, spread)[0]
+
+
+def _finish_at(states, ck) -> tuple:
+    return tuple(_finish(st, ck[i]) for i, st in enumerate(states))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _simulate_batch_at(keys, cfgs, ck, max_run, chunk=CHUNK, spread=True):
+    """The counters of a batch at each checkpoint of ``ck`` ((C,) int32, traced: one
+    compiled program per batch shape, form and number of checkpoints), in chunks of at most
+    ``chunk`` configurations (:func:`_chunks`)."""
     seeds = jax.vmap(seed_of)(keys)
     n = seeds.shape[0]
     k, c = _chunks(n, chunk, spread)
+    marks = [ck[i] for i in range(ck.shape[0])]
     if k * c == n == c:
-        return _finish(run_state(seeds, cfgs, steps, False, max_run), steps)
+        return _finish_at(run_states(seeds, cfgs, marks, False, max_run), ck)
     # configurations are independent: pad with copies of the last one, run the chunks in
     # order (lax.map, one compiled body), drop the padding
     idx = jnp.minimum(jnp.arange(k * c), n - 1)
@@ -2528,7 +2565,7 @@ def _simulate_batch(keys, cfgs, steps, max_run, chunk=CHUNK, spread=True):
         x = jnp.take(jnp.asarray(x), idx, axis=0)
         return x.reshape((k, c) + x.shape[1:])
 
-    out = lax.map(lambda a: _finish(run_state(a[0], a[1], steps, False, max_run), steps),
+    out = lax.map(lambda a: _finish_at(run_states(a[0], a[1], marks, False, max_run), ck),
                   (split(seeds), jax.tree_util.tree_map(split, cfgs)))
     return jax.tree_util.tree_map(lambda x: x.reshape((k * c,) + x.shape[2:])[:n], out)
 

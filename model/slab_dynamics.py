@@ -55,7 +55,6 @@ class (``list_lock_node``); gauges are averaged over the steps.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -64,7 +63,7 @@ import numpy as np
 from jax import lax
 
 from slabtune.errors import SlabtuneError
-from slabtune.model import dynamics, profiles, slab, workloads
+from slabtune.model import dynamics, profiles, runlen, slab, workloads
 from slabtune.model.intmath import ceil_div, floor_div
 from slabtune.model.topology import Topology
 
@@ -313,12 +312,10 @@ def _words_at(seed, t):
     return _fmix32(ctr ^ _fmix32(seed * _U32(0x9E3779B1) + _U32(0x632BE5AB)))
 
 
-@functools.partial(jax.jit, static_argnums=1)
 def draws(key, steps: int) -> jnp.ndarray:
     """All words of a run, (steps, R, K) uint32: what :func:`simulate` draws step by step,
-    for the reference."""
-    seed = seed_of(key)
-    return jax.vmap(lambda t: _words_at(seed, t))(jnp.arange(steps, dtype=_U32))
+    for the reference (in blocks of one compiled shape, :func:`runlen.blocked_draws`)."""
+    return runlen.blocked_draws(_words_at, key, seed_of, steps)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -675,17 +672,18 @@ def init_state(cfg: SlabSimConfig) -> dict:
     )
 
 
-def _finish(st: dict, steps: int) -> SlabCounters:
-    """Counters of a batch-minor final state, batch-major."""
+def _finish(st: dict, steps) -> SlabCounters:
+    """Counters of a batch-minor final state, batch-major, after ``steps`` steps (may be
+    traced)."""
 
     def front(x):
         return jnp.moveaxis(x, -1, 0)
 
-    den = jnp.float32(max(steps, 1))
+    inv = runlen.inv_steps(steps)
     scale = jnp.float32(1 << GAUGE_SHIFT)
-    g = (st["ghi_rep"].astype(jnp.float32) * scale + st["g_rep"].astype(jnp.float32)) / den
+    g = (st["ghi_rep"].astype(jnp.float32) * scale + st["g_rep"].astype(jnp.float32)) * inv
     gn = (st["ghi_node"].astype(jnp.float32) * scale
-          + st["g_node"].astype(jnp.float32)) / den
+          + st["g_node"].astype(jnp.float32)) * inv
     c = {name: front(st["counts"][k]) for k, name in enumerate(COUNTER_FIELDS)}
     c.update({name: front(g[k]) for k, name in enumerate(REP_GAUGES)})
     c.update({name: front(gn[k]) for k, name in enumerate(NODE_GAUGES)})
@@ -697,25 +695,33 @@ def _batch_minor(cfgs: SlabSimConfig) -> SlabSimConfig:
     return jax.tree_util.tree_map(lambda x: jnp.moveaxis(jnp.asarray(x), 0, -1), cfgs)
 
 
-def run_state(seeds_or_words, cfgs: SlabSimConfig, steps: int, pre_drawn: bool) -> dict:
-    """The final batch-minor state of a batch (traceable, ``steps`` static): ``cfgs``
-    batch-major, ``seeds_or_words`` (B,) uint32 seeds or (steps, R, K, B) words."""
+def run_state(seeds_or_words, cfgs: SlabSimConfig, steps, pre_drawn: bool) -> dict:
+    """The final batch-minor state of a batch after ``steps`` steps (traceable, ``steps``
+    may be traced): :func:`run_states` at one checkpoint."""
+    return run_states(seeds_or_words, cfgs, (steps,), pre_drawn)[0]
+
+
+def run_states(seeds_or_words, cfgs: SlabSimConfig, checkpoints, pre_drawn: bool) -> list:
+    """The batch-minor state of a batch after each of ``checkpoints`` steps
+    (non-decreasing, each may be traced, their number static), from one run: ``cfgs``
+    batch-major, ``seeds_or_words`` (B,) uint32 seeds or (S, R, K, B) words with S at least
+    the last checkpoint.  The step loop has a traced bound (:func:`runlen.advance`)."""
     cfg = _batch_minor(cfgs)
     d = _derived(cfg)
-    st0 = init_state(cfg)
-    ts = jnp.arange(steps, dtype=_I32)
+    st = init_state(cfg)
     if pre_drawn:
-        def body(st, x):
-            return step(x[1], x[0], st, cfg, d), None
-        xs = (ts, seeds_or_words)
+        def body(t, s):
+            w = lax.dynamic_index_in_dim(seeds_or_words, t, 0, keepdims=False)
+            return step(w, t, s, cfg, d)
     else:
-        seeds = seeds_or_words
-
-        def body(st, t):
-            return step(_words_at(seeds, t.astype(_U32)), t, st, cfg, d), None
-        xs = ts
-    st, _ = lax.scan(body, st0, xs)
-    return st
+        def body(t, s):
+            return step(_words_at(seeds_or_words, t.astype(_U32)), t, s, cfg, d)
+    out, t0 = [], 0
+    for t1 in checkpoints:
+        st = runlen.advance(st, t0, t1, body)
+        out.append(st)
+        t0 = t1
+    return out
 
 
 def _seeds(keys_or_seeds):
@@ -737,26 +743,34 @@ def simulate_draws(w, cfg: SlabSimConfig) -> SlabCounters:
     """As :func:`simulate` with the words given, (steps, R, K) uint32 (the reference
     test's entry)."""
     one = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], cfg)
-    c = _simulate_words(jnp.asarray(w, _U32)[..., None], one)
+    w, steps = runlen.pad_words(jnp.asarray(w, _U32))
+    c = _simulate_words(w[..., None], steps, one)
     return SlabCounters(*(x[0] for x in c))
 
 
 @jax.jit
-def _simulate_words(w, cfgs):
-    return _finish(run_state(w, cfgs, w.shape[0], True), w.shape[0])
+def _simulate_words(w, steps, cfgs):
+    return _finish(run_state(w, cfgs, steps, True), steps)
 
 
-def simulate_batch(keys_or_seeds, cfgs: SlabSimConfig, steps: int) -> SlabCounters:
+def simulate_batch(keys_or_seeds, cfgs: SlabSimConfig, steps) -> SlabCounters:
     """Simulate a batch of configurations (leading axis of every field of ``cfgs``, see
-    :func:`stack_configs`) in one compiled scan, batch-minor; ``keys_or_seeds``: (B,)
+    :func:`stack_configs`) in one compiled loop, batch-minor; ``keys_or_seeds``: (B,)
     jax.random keys or uint32 seeds.  The same counters as :func:`simulate` per
-    configuration."""
-    return _simulate_batch(_seeds(keys_or_seeds), cfgs, steps)
+    configuration.  ``steps`` may be traced: one compiled program serves every length."""
+    return simulate_batch_at(keys_or_seeds, cfgs, (steps,))[0]
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _simulate_batch(seeds, cfgs, steps):
-    return _finish(run_state(seeds, cfgs, steps, False), steps)
+def simulate_batch_at(keys_or_seeds, cfgs: SlabSimConfig, checkpoints) -> tuple:
+    """:func:`simulate_batch`'s counters after each of ``checkpoints`` steps
+    (non-decreasing), from one run to the last: a tuple of :class:`SlabCounters`."""
+    return _simulate_batch_at(_seeds(keys_or_seeds), cfgs, runlen.checkpoints(checkpoints))
+
+
+@jax.jit
+def _simulate_batch_at(seeds, cfgs, ck):
+    states = run_states(seeds, cfgs, [ck[i] for i in range(ck.shape[0])], False)
+    return tuple(_finish(st, ck[i]) for i, st in enumerate(states))
 
 
 #: SLAB events priced as a SLUB event of the same cost shape (:func:`slub_view`): the

@@ -961,7 +961,9 @@ static void *run_part(void *arg)
     for (int i = J->lo; i < J->hi; i++) {
         init(S, J->cfg + (int64_t)i * NCFG);
         uint32_t s = mix32(J->seeds[i] ^ 0x5BD1E995u);
-        for (int t = 0; t < J->steps; t++) {
+        int next = 0;
+        STORE_CHECKPOINTS(J, i, S, 0, &next);
+        for (int t = 0; t < RUN_STEPS(J, i); t++) {
             S->win = pc_window(S);
             for (int r = 0; r < R; r++) {
                 int n = 0;
@@ -973,8 +975,8 @@ static void *run_part(void *arg)
                              pick_o, pick_cs, dd);
             }
             gauge(S);
+            STORE_CHECKPOINTS(J, i, S, t + 1, &next);
         }
-        STORE_RESULTS(J, i, S);
     }
 out:
     free(S);

@@ -56,7 +56,9 @@ static inline uint32_t xmx32(uint32_t x, uint32_t m1, int s, uint32_t m2)
     } while (0)
 
 typedef struct {
-    int lo, hi, steps;
+    int lo, hi;
+    int B, nck;           /* the batch; per configuration nck checkpoints, ck (B, nck): */
+    const int32_t *ck;    /* non-decreasing step counts, the last the run's length */
     const uint32_t *seeds;
     const int32_t *cfg;
     int32_t *counts, *lock_node, *outstanding;
@@ -65,29 +67,51 @@ typedef struct {
 } job_t;
 
 /* Copy configuration i's counters, per-node locks, outstanding objects and gauge sums
- * out of the state *S (fields counts, lock_node, out, g_rep, g_node, any shapes). */
-#define STORE_RESULTS(J, i, S)                                                        \
+ * out of the state *S (fields counts, lock_node, out, g_rep, g_node, any shapes) into row
+ * `row` of the outputs. */
+#define STORE_RESULTS(J, row, S)                                                      \
     do {                                                                              \
-        memcpy((J)->counts + (int64_t)(i) * (int64_t)(sizeof (S)->counts / 4),        \
+        int64_t i_ = (row);                                                           \
+        memcpy((J)->counts + i_ * (int64_t)(sizeof (S)->counts / 4),                  \
                (S)->counts, sizeof (S)->counts);                                      \
-        memcpy((J)->lock_node + (int64_t)(i) * (int64_t)(sizeof (S)->lock_node / 4),  \
+        memcpy((J)->lock_node + i_ * (int64_t)(sizeof (S)->lock_node / 4),            \
                (S)->lock_node, sizeof (S)->lock_node);                                \
-        memcpy((J)->outstanding + (int64_t)(i) * (int64_t)(sizeof (S)->out / 4),      \
+        memcpy((J)->outstanding + i_ * (int64_t)(sizeof (S)->out / 4),                \
                (S)->out, sizeof (S)->out);                                            \
-        memcpy((J)->g_rep + (int64_t)(i) * (int64_t)(sizeof (S)->g_rep / 8),          \
+        memcpy((J)->g_rep + i_ * (int64_t)(sizeof (S)->g_rep / 8),                    \
                (S)->g_rep, sizeof (S)->g_rep);                                        \
-        memcpy((J)->g_node + (int64_t)(i) * (int64_t)(sizeof (S)->g_node / 8),        \
+        memcpy((J)->g_node + i_ * (int64_t)(sizeof (S)->g_node / 8),                  \
                (S)->g_node, sizeof (S)->g_node);                                      \
+    } while (0)
+
+/* The steps configuration i runs: its last checkpoint. */
+#define RUN_STEPS(J, i) ((J)->ck[(int64_t)(i) * (J)->nck + (J)->nck - 1])
+
+/* After `done` steps of configuration i: store its results for each of its checkpoints at
+ * `done` steps (checkpoint k's results are block k of the outputs, B rows each); *next is
+ * the configuration's next checkpoint, from 0. */
+#define STORE_CHECKPOINTS(J, i, S, done, next)                                        \
+    do {                                                                              \
+        while (*(next) < (J)->nck                                                     \
+               && (J)->ck[(int64_t)(i) * (J)->nck + *(next)] == (done)) {             \
+            STORE_RESULTS(J, (int64_t)*(next) * (J)->B + (i), S);                     \
+            (*(next))++;                                                              \
+        }                                                                             \
     } while (0)
 
 /* Run part() over configurations [0, B) in `threads` equal ranges, the first in this
  * thread; a range whose thread cannot start runs here afterwards.  Returns 0, or -1 when
  * memory ran out or a part set its err. */
-static int run_threads(void *(*part)(void *), int B, int steps, int threads,
+static int run_threads(void *(*part)(void *), int B, int nck, const int32_t *ck, int threads,
                        const uint32_t *seeds, const int32_t *cfg, int32_t *counts,
                        int32_t *lock_node, int32_t *outstanding, int64_t *g_rep,
                        int64_t *g_node)
 {
+    if (nck < 1)
+        return -1;
+    for (int64_t k = 0; k < (int64_t)B * nck; k++)
+        if (ck[k] < 0 || (k % nck > 0 && ck[k] < ck[k - 1]))
+            return -1;
     if (threads < 1)
         threads = 1;
     if (threads > B)
@@ -102,7 +126,8 @@ static int run_threads(void *(*part)(void *), int B, int steps, int threads,
     }
     for (int t = 0; t < threads; t++)
         jobs[t] = (job_t){(int)((int64_t)B * t / threads), (int)((int64_t)B * (t + 1) / threads),
-                          steps, seeds, cfg, counts, lock_node, outstanding, g_rep, g_node, 0};
+                          B, nck, ck, seeds, cfg, counts, lock_node, outstanding, g_rep,
+                          g_node, 0};
     for (int t = 1; t < threads; t++)
         started[t] = pthread_create(&tid[t], NULL, part, &jobs[t]) == 0;
     part(&jobs[0]);
@@ -122,9 +147,12 @@ out:
     return rc;
 }
 
-/* The two entry points Python calls: <name>_abi fills the constants it checks against
- * the model's (the file's ABI array) and returns their count; <name>_run runs a batch
- * through the file's run_part (run_threads()). */
+/* The entry points Python calls: <name>_abi fills the constants it checks against the
+ * model's (the file's ABI array) and returns their count; <name>_run_at runs a batch
+ * through the file's run_part (run_threads()) and stores its results at each of nck
+ * checkpoints per configuration (ck: B rows of nck non-decreasing step counts; the
+ * outputs hold nck blocks of B rows); <name>_run runs every configuration `steps` steps.
+ * Both return -1 for bad checkpoints or when memory ran out. */
 #define ENGINE_ENTRY_POINTS(name)                                                     \
     int name##_abi(int32_t *out)                                                      \
     {                                                                                 \
@@ -132,12 +160,27 @@ out:
             out[k] = ABI[k];                                                          \
         return (int)(sizeof ABI / sizeof ABI[0]);                                     \
     }                                                                                 \
+    int name##_run_at(int B, int nck, const int32_t *ck, int threads,                 \
+                      const uint32_t *seeds, const int32_t *cfg, int32_t *counts,     \
+                      int32_t *lock_node, int32_t *outstanding, int64_t *g_rep,       \
+                      int64_t *g_node)                                                \
+    {                                                                                 \
+        return run_threads(run_part, B, nck, ck, threads, seeds, cfg, counts,         \
+                           lock_node, outstanding, g_rep, g_node);                    \
+    }                                                                                 \
     int name##_run(int B, int steps, int threads, const uint32_t *seeds,              \
                    const int32_t *cfg, int32_t *counts, int32_t *lock_node,           \
                    int32_t *outstanding, int64_t *g_rep, int64_t *g_node)             \
     {                                                                                 \
-        return run_threads(run_part, B, steps, threads, seeds, cfg, counts,           \
-                           lock_node, outstanding, g_rep, g_node);                    \
+        int32_t *ck = malloc(sizeof(int32_t) * (size_t)(B > 0 ? B : 1));               \
+        if (!ck)                                                                      \
+            return -1;                                                                \
+        for (int i = 0; i < B; i++)                                                   \
+            ck[i] = steps;                                                            \
+        int rc = name##_run_at(B, 1, ck, threads, seeds, cfg, counts, lock_node,      \
+                               outstanding, g_rep, g_node);                           \
+        free(ck);                                                                     \
+        return rc;                                                                    \
     }
 
 #endif

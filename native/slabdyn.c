@@ -367,9 +367,12 @@ static void *run_part(void *arg)
     for (int i = J->lo; i < J->hi; i++) {
         init(&S, J->cfg + (int64_t)i * NCFG);
         uint32_t s = fmix32(J->seeds[i] * 0x9E3779B1u + 0x632BE5ABu);
-        for (int t = 0; t < J->steps; t++)
+        int next = 0;
+        STORE_CHECKPOINTS(J, i, &S, 0, &next);
+        for (int t = 0; t < RUN_STEPS(J, i); t++) {
             step(&S, t, s);
-        STORE_RESULTS(J, i, &S);
+            STORE_CHECKPOINTS(J, i, &S, t + 1, &next);
+        }
     }
     return NULL;
 }

@@ -106,7 +106,7 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 
 def _load(name: str) -> ctypes.CDLL:
     """The library ``name`` (built on first use), its constants (``<name>_abi``) checked
-    against the model's; ``<name>_run`` typed."""
+    against the model's; ``<name>_run_at`` typed."""
     if name not in _LIBS:
         lib = ctypes.CDLL(str(_build(name, False)))
         abi = np.zeros(8, np.int32)
@@ -115,9 +115,10 @@ def _load(name: str) -> ctypes.CDLL:
         if list(abi[:len(want)]) != want:
             raise DynsimError(f"{name}: library constants {list(abi[:len(want)])} are not "
                               f"the model's {want}")
-        run = getattr(lib, f"{name}_run")
+        run = getattr(lib, f"{name}_run_at")
         run.restype = ctypes.c_int
-        run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 7
+        run.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int] \
+            + [ctypes.c_void_p] * 7
         _LIBS[name] = lib
     return _LIBS[name]
 
@@ -158,34 +159,60 @@ def slab_config_rows(cfgs) -> np.ndarray:
                  getattr(cfgs.workload if f in _WORKLOAD else cfgs, f), "slabdyn")
 
 
-def _run(name: str, seeds, rows, steps: int, threads, shape: tuple[int, int, int]) -> tuple:
-    """Run library ``name`` over (B,) seeds and (B, ·) rows; ``shape``: counters, rep
-    gauges, node gauges.  Returns counts (B, C, R), lock_node (B, N), outstanding (B, R) and
-    the gauge sums (B, ·, R), (B, ·, N)."""
+def checkpoint_steps(checkpoints, B: int | None = None) -> np.ndarray:
+    """``checkpoints`` as an int32 array: a step count or a (C,) sequence of them, or with
+    ``B`` also (B, C) rows, one per configuration, broadcast to (B, C).  Refused with a
+    one-line error unless each row is at least one non-negative, non-decreasing count."""
+    ck = np.asarray(checkpoints)
+    ck = ck.reshape(-1) if ck.ndim < 2 else ck
+    ck = ck.astype(np.int64)
+    if ck.ndim > 2 or ck.shape[-1] < 1 or (ck < 0).any() or (np.diff(ck, axis=-1) < 0).any() \
+            or (ck >= 1 << 31).any() or (B is None and ck.ndim != 1):
+        raise DynsimError(f"steps: {ck.tolist()} are not non-decreasing step counts")
+    if B is not None:
+        if ck.ndim == 2 and ck.shape[0] != B:
+            raise DynsimError(f"steps: {ck.shape[0]} rows of checkpoints for {B} "
+                              f"configurations")
+        ck = np.broadcast_to(ck, (B, ck.shape[-1]))
+    return np.ascontiguousarray(ck.astype(np.int32))
+
+
+def _run(name: str, seeds, rows, checkpoints, threads, shape: tuple[int, int, int]) -> tuple:
+    """Run library ``name`` over (B,) seeds and (B, ·) rows to each of ``checkpoints``
+    ((C,) or per configuration (B, C), :func:`checkpoint_steps`) in one pass; ``shape``:
+    counters, rep gauges, node gauges.  Returns the (B, C) checkpoints, counts (C, B, ·, R),
+    lock_node (C, B, N), outstanding (C, B, R) and the gauge sums (C, B, ·, R),
+    (C, B, ·, N)."""
     seeds = np.ascontiguousarray(np.asarray(seeds, np.uint32))
     B = len(seeds)
+    ck = checkpoint_steps(checkpoints, B)
+    C = ck.shape[1]
     if rows.shape[0] != B:
         raise DynsimError(f"{name}: {rows.shape[0]} configurations for {B} seeds")
     nc, nrg, nng = shape
-    out = (np.zeros((B, nc, R), np.int32), np.zeros((B, N), np.int32),
-           np.zeros((B, R), np.int32), np.zeros((B, nrg, R), np.int64),
-           np.zeros((B, nng, N), np.int64))
+    out = (np.zeros((C, B, nc, R), np.int32), np.zeros((C, B, N), np.int32),
+           np.zeros((C, B, R), np.int32), np.zeros((C, B, nrg, R), np.int64),
+           np.zeros((C, B, nng, N), np.int64))
     ptr = [a.ctypes.data_as(ctypes.c_void_p) for a in (seeds, rows) + out]
     threads = dynamics.usable_cpus() if threads is None else int(threads)
-    if getattr(_load(name), f"{name}_run")(B, int(steps), threads, *ptr) != 0:
+    if getattr(_load(name), f"{name}_run_at")(B, C, ck.ctypes.data_as(ctypes.c_void_p),
+                                               threads, *ptr) != 0:
         raise DynsimError(f"{name}: a worker thread could not allocate its scratch memory")
-    return out
+    return (ck,) + out
 
 
-def _gauge(sums: np.ndarray, steps: int) -> np.ndarray:
+def _gauge(sums: np.ndarray, steps) -> np.ndarray:
     """Time averages as the models compute them (dynamics._finish: float32 of the high and
     low parts of the sum, split at GAUGE_SHIFT, over the steps), bit for bit: XLA:CPU
     divides by the constant step count as a multiplication by its float32 reciprocal, so
     this does too (a true division differs in the last place for about one value in ten;
-    tests/test_dynsim.py compares the floats exactly)."""
+    tests/test_dynsim.py compares the floats exactly).  ``steps``: one count, or (B,) for
+    sums laid out (B, ...)."""
     hi, lo = np.divmod(sums, 1 << dynamics.GAUGE_SHIFT)
     scale = np.float32(1 << dynamics.GAUGE_SHIFT)
-    inv = np.float32(1) / np.float32(max(steps, 1))
+    steps = np.asarray(steps, np.int64)
+    steps = steps.reshape(steps.shape + (1,) * (sums.ndim - steps.ndim))
+    inv = np.float32(1) / np.maximum(steps, 1).astype(np.float32)
     return (hi.astype(np.float32) * scale + lo.astype(np.float32)) * inv
 
 
@@ -204,19 +231,30 @@ def simulate_batch(keys, cfgs: dynamics.SimConfig, steps: int,
     """What :func:`slabtune.model.dynamics.simulate_batch` returns for the same keys,
     configurations and steps (NumPy arrays, batch-major), computed by dynsim.c on
     ``threads`` threads (default: the CPUs this process may use)."""
+    return simulate_batch_at(keys, cfgs, (steps,), threads)[0]
+
+
+def simulate_batch_at(keys, cfgs: dynamics.SimConfig, checkpoints,
+                      threads: int | None = None) -> tuple:
+    """:func:`simulate_batch` after each of ``checkpoints`` steps (non-decreasing; (C,), or
+    (B, C) per configuration), from one run of each configuration to its last: a tuple of
+    :class:`~slabtune.model.dynamics.Counters`, one per checkpoint."""
     rows = config_rows(cfgs)
     for b in np.unique(rows[:, [f for f, _ in CFG_FIELDS].index("ops_per_step")]):
         dynamics.check_ops_per_step(int(b))
-    counts, lock_node, out, g_rep, g_node = _run(
-        "dynsim", seeds_of(keys), rows, steps, threads,
+    ck, counts, lock_node, out, g_rep, g_node = _run(
+        "dynsim", seeds_of(keys), rows, checkpoints, threads,
         (len(dynamics.COUNTER_FIELDS), 3, 3))
-    c = {name: counts[:, k] for k, name in enumerate(dynamics.COUNTER_FIELDS)}
-    g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
-    return dynamics.Counters(
-        **c, list_lock_node=lock_node,
-        slabs_total=gn[:, 0], objects_inuse=g[:, 0], empty_slabs_kept=gn[:, 1],
-        cpu_partial_slabs_held=g[:, 1], sheaf_objects_held=g[:, 2],
-        barn_objects_held=gn[:, 2], outstanding=out)
+    res = []
+    for i in range(ck.shape[1]):
+        c = {name: counts[i][:, k] for k, name in enumerate(dynamics.COUNTER_FIELDS)}
+        g, gn = _gauge(g_rep[i], ck[:, i]), _gauge(g_node[i], ck[:, i])
+        res.append(dynamics.Counters(
+            **c, list_lock_node=lock_node[i],
+            slabs_total=gn[:, 0], objects_inuse=g[:, 0], empty_slabs_kept=gn[:, 1],
+            cpu_partial_slabs_held=g[:, 1], sheaf_objects_held=g[:, 2],
+            barn_objects_held=gn[:, 2], outstanding=out[i]))
+    return tuple(res)
 
 
 # --------------------------------------------------------------------------- SLAB
@@ -225,6 +263,12 @@ def simulate_batch(keys, cfgs: dynamics.SimConfig, steps: int,
 def simulate_slab_batch(keys_or_seeds, cfgs, steps: int, threads: int | None = None):
     """What :func:`slabtune.model.slab_dynamics.simulate_batch` returns for the same keys
     (or uint32 seeds), configurations and steps, computed by slabdyn.c."""
+    return simulate_slab_batch_at(keys_or_seeds, cfgs, (steps,), threads)[0]
+
+
+def simulate_slab_batch_at(keys_or_seeds, cfgs, checkpoints, threads: int | None = None):
+    """:func:`simulate_slab_batch` after each of ``checkpoints`` steps, from one run: a
+    tuple of SLAB counters, one per checkpoint."""
     import jax
 
     from slabtune.model import slab_dynamics as sd
@@ -232,14 +276,17 @@ def simulate_slab_batch(keys_or_seeds, cfgs, steps: int, threads: int | None = N
     x = keys_or_seeds if isinstance(keys_or_seeds, jax.Array) else np.asarray(keys_or_seeds)
     seeds = jax.vmap(sd.seed_of)(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) \
         else x
-    counts, lock_node, out, g_rep, g_node = _run(
-        "slabdyn", np.asarray(seeds, np.uint32), slab_config_rows(cfgs), steps, threads,
+    ck, counts, lock_node, out, g_rep, g_node = _run(
+        "slabdyn", np.asarray(seeds, np.uint32), slab_config_rows(cfgs), checkpoints, threads,
         (len(sd.COUNTER_FIELDS), len(sd.REP_GAUGES), len(sd.NODE_GAUGES)))
-    c = {name: counts[:, k] for k, name in enumerate(sd.COUNTER_FIELDS)}
-    g, gn = _gauge(g_rep, steps), _gauge(g_node, steps)
-    c.update({name: g[:, k] for k, name in enumerate(sd.REP_GAUGES)})
-    c.update({name: gn[:, k] for k, name in enumerate(sd.NODE_GAUGES)})
-    return sd.SlabCounters(**c, list_lock_node=lock_node, outstanding=out)
+    res = []
+    for i in range(ck.shape[1]):
+        c = {name: counts[i][:, k] for k, name in enumerate(sd.COUNTER_FIELDS)}
+        g, gn = _gauge(g_rep[i], ck[:, i]), _gauge(g_node[i], ck[:, i])
+        c.update({name: g[:, k] for k, name in enumerate(sd.REP_GAUGES)})
+        c.update({name: gn[:, k] for k, name in enumerate(sd.NODE_GAUGES)})
+        res.append(sd.SlabCounters(**c, list_lock_node=lock_node[i], outstanding=out[i]))
+    return tuple(res)
 
 
 # --------------------------------------------------------------------------- engines
@@ -283,15 +330,54 @@ def run_batch(keys, cfgs: dynamics.SimConfig, steps: int,
               engine_name: str | None = None) -> dynamics.Counters:
     """Counters of a SLUB batch (what :func:`slabtune.model.dynamics.simulate_batch`
     returns) from the engine :func:`engine` picks; callers outside jit use this."""
+    return run_batch_at(keys, cfgs, (steps,), engine_name)[0]
+
+
+def run_batch_at(keys, cfgs: dynamics.SimConfig, checkpoints,
+                 engine_name: str | None = None) -> tuple:
+    """:func:`run_batch` after each of ``checkpoints`` steps (non-decreasing; (C,), or
+    (B, C) per configuration), from one engine call: a tuple of counters, one per
+    checkpoint.  The JAX model runs one call per distinct row of checkpoints
+    (:func:`_by_rows`)."""
     if engine(engine_name) == "native":
-        return simulate_batch(keys, cfgs, steps)
-    return dynamics.simulate_batch(keys, cfgs, steps)
+        return simulate_batch_at(keys, cfgs, checkpoints)
+    return _by_rows(dynamics.simulate_batch_at, keys, cfgs, checkpoints)
 
 
 def run_slab_batch(keys_or_seeds, cfgs, steps: int, engine_name: str | None = None):
     """Counters of a SLAB batch from the engine :func:`engine` picks (callers outside jit)."""
+    return run_slab_batch_at(keys_or_seeds, cfgs, (steps,), engine_name)[0]
+
+
+def run_slab_batch_at(keys_or_seeds, cfgs, checkpoints, engine_name: str | None = None):
+    """:func:`run_slab_batch` after each of ``checkpoints`` steps, from one engine call."""
     from slabtune.model import slab_dynamics as sd
 
     if engine(engine_name) == "native":
-        return simulate_slab_batch(keys_or_seeds, cfgs, steps)
-    return sd.simulate_batch(keys_or_seeds, cfgs, steps)
+        return simulate_slab_batch_at(keys_or_seeds, cfgs, checkpoints)
+    return _by_rows(sd.simulate_batch_at, keys_or_seeds, cfgs, checkpoints)
+
+
+def _by_rows(run_at, keys, cfgs, checkpoints) -> tuple:
+    """``run_at(keys, cfgs, checkpoints)`` of a JAX model for (C,) checkpoints, or for (B, C)
+    rows one call per distinct row, the counters put back in the batch's order."""
+    import jax
+
+    ck = np.asarray(checkpoints)
+    if ck.ndim < 2:
+        return run_at(keys, cfgs, checkpoint_steps(ck))
+    ck = checkpoint_steps(ck, len(ck))
+    rows, inv = np.unique(ck, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    if len(rows) == 1:
+        return run_at(keys, cfgs, rows[0])
+    parts, order = [], []
+    for r, row in enumerate(rows):
+        sel = np.flatnonzero(inv == r)
+        parts.append(run_at(np.asarray(keys)[sel] if not isinstance(keys, jax.Array)
+                            else keys[sel], jax.tree_util.tree_map(
+                                lambda x, sel=sel: np.asarray(x)[sel], cfgs), row))
+        order.append(sel)
+    back = np.argsort(np.concatenate(order))
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(
+        [np.asarray(x) for x in xs])[back], *parts)

@@ -483,11 +483,12 @@ def _default_cost():
     return simconfig.load_cost()[0]
 
 
-def _engine_fn(steps: int, engine: str, simulate_jax, simulate_native, metrics_of):
-    """The evaluation ``(seed, index, cfgs, cost, pcp, object_size) -> metrics`` of a
+def _engine_fn(engine: str, simulate_jax, simulate_native, metrics_of):
+    """The evaluation ``(seed, index, cfgs, cost, pcp, object_size, steps) -> metrics`` of a
     dynamics batch: keys folded from ``seed`` per grid index, counters, then
-    ``metrics_of(counters, cfgs, cost, pcp, object_size)``.  With the ``jax`` engine one
-    jitted function around ``simulate_jax(keys, cfgs, steps)``; with ``native`` the keys and
+    ``metrics_of(counters, cfgs, cost, pcp, object_size, steps)``.  With the ``jax`` engine
+    one jitted function around ``simulate_jax(keys, cfgs, steps)``, ``steps`` traced (one
+    compiled program for every run length: model/runlen.py); with ``native`` the keys and
     the metrics are jitted and the counters come from ``simulate_native`` (C, the same
     counters)."""
     import jax
@@ -501,20 +502,20 @@ def _engine_fn(steps: int, engine: str, simulate_jax, simulate_native, metrics_o
     if engine == "native":
         jkeys, jmetrics = jax.jit(keys_of), jax.jit(metrics_of)
 
-        def run_native(seed, index, cfgs, cost, pcp, object_size):
-            counters = simulate_native(jkeys(seed, index), cfgs, steps)
-            return jmetrics(counters, cfgs, cost, pcp, object_size)
+        def run_native(seed, index, cfgs, cost, pcp, object_size, steps):
+            counters = simulate_native(jkeys(seed, index), cfgs, int(steps))
+            return jmetrics(counters, cfgs, cost, pcp, object_size, steps)
 
         return run_native
 
-    def run(seed, index, cfgs, cost, pcp, object_size):
+    def run(seed, index, cfgs, cost, pcp, object_size, steps):
         counters = simulate_jax(keys_of(seed, index), cfgs, steps)
-        return metrics_of(counters, cfgs, cost, pcp, object_size)
+        return metrics_of(counters, cfgs, cost, pcp, object_size, steps)
 
     return jax.jit(run)
 
 
-def _batch_metrics(counters, cfgs, cost, pcp, object_size, steps: int):
+def _batch_metrics(counters, cfgs, cost, pcp, object_size, steps):
     """:func:`slabtune.model.metrics.compute` over a batch (vmapped; ``pcp`` and
     ``object_size`` per configuration)."""
     import jax
@@ -526,37 +527,45 @@ def _batch_metrics(counters, cfgs, cost, pcp, object_size, steps: int):
             counters, cfgs, pcp, object_size)
 
 
-@functools.lru_cache(maxsize=8)
 def _dynamics_fn(steps: int, max_run, engine: str = "jax"):
-    """The SLUB dynamics evaluation for ``steps`` steps (:func:`_engine_fn`); ``max_run`` is
-    the batch's static form (:func:`slabtune.model.dynamics.run_form`: one-op batches
-    compile the one-op pick, v6.18 opt-in caches their own form) or an int run bound."""
+    """The SLUB dynamics evaluation for ``steps`` steps: :func:`_dynamics_engine_fn`'s, the
+    same compiled program for every ``steps``."""
+    return functools.partial(_dynamics_engine_fn(max_run, engine), steps=steps)
+
+
+@functools.lru_cache(maxsize=8)
+def _dynamics_engine_fn(max_run, engine: str = "jax"):
+    """The SLUB dynamics evaluation (:func:`_engine_fn`); ``max_run`` is the batch's static
+    form (:func:`slabtune.model.dynamics.run_form`: one-op batches compile the one-op pick,
+    v6.18 opt-in caches their own form) or an int run bound."""
     from slabtune.model import dynamics
     from slabtune.sweeps import dynsim
 
-    def metrics_of(counters, cfgs, cost, pcp, object_size):
-        return _batch_metrics(counters, cfgs, cost, pcp, object_size, steps)
+    return _engine_fn(engine, lambda k, c, s: dynamics.simulate_batch(k, c, s, max_run),
+                      dynsim.simulate_batch, _batch_metrics)
 
-    return _engine_fn(steps, engine,
-                      lambda k, c, s: dynamics.simulate_batch(k, c, s, max_run),
-                      dynsim.simulate_batch, metrics_of)
+
+def _slab_dynamics_fn(steps: int, engine: str = "jax"):
+    """The SLAB dynamics evaluation for ``steps`` steps: :func:`_slab_engine_fn`'s, the
+    same compiled program for every ``steps``."""
+    return functools.partial(_slab_engine_fn(engine), steps=steps)
 
 
 @functools.lru_cache(maxsize=8)
-def _slab_dynamics_fn(steps: int, engine: str = "jax"):
-    """The SLAB dynamics evaluation for ``steps`` steps (:func:`_engine_fn`):
+def _slab_engine_fn(engine: str = "jax"):
+    """The SLAB dynamics evaluation (:func:`_engine_fn`):
     :func:`slabtune.model.slab_dynamics.simulate_batch` (or C, the same counters), then
     :func:`slabtune.model.metrics.compute` through
     :func:`slabtune.model.slab_dynamics.slub_view`."""
     from slabtune.model import slab_dynamics
     from slabtune.sweeps import dynsim
 
-    def metrics_of(counters, cfgs, cost, pcp, object_size):
+    def metrics_of(counters, cfgs, cost, pcp, object_size, steps):
         counters, view = slab_dynamics.slub_view(counters, cfgs)
         return _batch_metrics(counters, view, cost, pcp, object_size, steps)
 
-    return _engine_fn(steps, engine, slab_dynamics.simulate_batch,
-                      dynsim.simulate_slab_batch, metrics_of)
+    return _engine_fn(engine, slab_dynamics.simulate_batch, dynsim.simulate_slab_batch,
+                      metrics_of)
 
 
 #: Registered evaluators by name.

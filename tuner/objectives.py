@@ -93,6 +93,15 @@ def policy_structure(values: Mapping[str, jnp.ndarray], prof: policy.ProfileArra
     return st, prof
 
 
+#: :func:`policy_structure` jitted once for every evaluator: jax.jit keeps a compiled program
+#: per function and argument shapes for the process's life, so a jax.jit(...) built per
+#: instance compiled and kept one per instance (issue 35: each holds hundreds of memory
+#: mappings).  So every jitted objective here is one module-level function: the fleet's
+#: arrays are arguments where the function reads none of them on the host, else the
+#: jitted function is shared by their values (:func:`shared_jit`).
+_policy_structure = jax.jit(policy_structure)
+
+
 #: Bisection steps of the cost model's pace (model/cost.py ``solve``, default 40): each
 #: halves the bracket of ``log tau``, whose width is at most the log of the ratio of a pace
 #: with every CPU queued at every lock to one with none (below 2**6 on the quick fleet), so
@@ -382,10 +391,10 @@ class SteadyRuns:
     """Runs a batch of dynamics points in steady state: every point ``q`` of the ``Q``
     points of a policy has its :class:`Schedule`; a batch of ``B`` policies lays its
     configurations out policy-major (``b * Q + q``), each with its warm-up and window
-    (:meth:`plan`, lengthened where a retry needs it).  Configurations with the same
-    warm-up and window run together: three runs of the engine each
+    (:meth:`plan`, lengthened where a retry needs it).  The configurations run in one
+    engine call that stops each at its own three checkpoints
     (:func:`slabtune.sweeps.window.run_window`), giving the counters of the window and of
-    its two halves, put back in the batch's order."""
+    its two halves."""
 
     def __init__(self, schedules: list[Schedule], run):
         self.schedules = schedules
@@ -404,23 +413,11 @@ class SteadyRuns:
         from slabtune.sweeps import window as sw
 
         idx = np.arange(len(warm)) if idx is None else np.asarray(idx)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for j, i in enumerate(idx):
-            groups.setdefault((int(warm[i]), int(win[i])), []).append(j)
-        out = None
-        for (w, n), js in groups.items():
-            sel = idx[js]
-            sub = jax.tree_util.tree_map(functools.partial(_take, idx=sel), cfgs)
-            got = sw.run_window(keys[jnp.asarray(sel)], sub, w, n, run=self.run)
-            if out is None:
-                out = [{f: np.zeros((len(idx),) + np.shape(getattr(c, f))[1:],
-                                    np.asarray(getattr(c, f)).dtype) for f in c._fields}
-                       for c in got]
-            for dst, c in zip(out, got):
-                for f in c._fields:
-                    dst[f][js] = np.asarray(getattr(c, f))
-        kind = type(got.window)
-        return sw.Windowed(*(kind(**d) for d in out))
+        sub = jax.tree_util.tree_map(functools.partial(_take, idx=idx), cfgs)
+        got = sw.run_window(keys[jnp.asarray(idx)], sub, np.asarray(warm)[idx],
+                            np.asarray(win)[idx], run=self.run)
+        return sw.Windowed(*(type(c)(**{f: np.asarray(getattr(c, f)) for f in c._fields})
+                             for c in got))
 
 
 def same_rows(values) -> np.ndarray:
@@ -494,8 +491,8 @@ class DynamicsObjectives:
         self._pairs_and_weights(fleet, fa)
         T, Pn = len(fleet.topologies), len(self.pairs)
         base = baseline_values(fleet.profile)
-        st, _ = jax.jit(policy_structure)({k: np.array([v], np.int32) for k, v in base.items()},
-                                          prof, fa)
+        st, _ = _policy_structure({k: np.array([v], np.int32) for k, v in base.items()},
+                                  prof, fa)
         tk_shape = (T, len(fleet.caches))
         st = policy.Structure(*(np.broadcast_to(np.asarray(x)[0], tk_shape) for x in st))
         cfgs = []
@@ -509,7 +506,7 @@ class DynamicsObjectives:
                 except ValueError as err:
                     raise SlabtuneError(f"fleet.topology {ft.name}: dynamics workload of "
                                         f"{fleet.workloads[w].name}: {err}") from None
-        self._run = dynsim.run_batch
+        self._run = dynsim.run_batch_at
         self._schedule(cfgs, objective)
         cfgs = [c._replace(ops_per_step=np.int32(s.ops_per_step))
                 for c, s in zip(cfgs, self.steady.schedules)]
@@ -520,7 +517,7 @@ class DynamicsObjectives:
         tk = [(t, k) for t in range(T) for _, k in self.pairs]
         self._t_idx = np.array([t for t, _ in tk])
         self._k_idx = np.array([k for _, k in tk])
-        self._structure = jax.jit(policy_structure)
+        self._structure = _policy_structure
         self.settle(self.configs({k: np.array([v], np.int32) for k, v in base.items()}))
 
     def _pairs_and_weights(self, fleet: Fleet, fa: FleetArrays) -> None:
@@ -541,10 +538,10 @@ class DynamicsObjectives:
         for i, (w, k) in enumerate(self.pairs):
             self.pair_w[i, w] = 1.0
             self.pair_ops[i] = ops[w, k]
-        self._metrics = jax.jit(functools.partial(
-            _dynamics_aggregate, cost=self.cost, pcp_max=self.pcp_max, T=T,
+        self._metrics = functools.partial(
+            _aggregate, cost=self.cost, pcp_max=self.pcp_max, T=T,
             pair_w=jnp.asarray(self.pair_w), pair_ops=jnp.asarray(self.pair_ops),
-            w_weight=fa.w_weight))
+            w_weight=fa.w_weight)
         self.notes: list[str] = []
 
     def _schedule(self, cfgs, objective: ObjectiveSpec) -> None:
@@ -740,6 +737,33 @@ def _dynamics_aggregate(counters, cfg, object_size, steps, *, cost, pcp_max, T, 
                       held=held, t_w=t_w)
 
 
+_aggregate = jax.jit(_dynamics_aggregate, static_argnames=("pcp_max", "T"))
+
+
+def _content_key(tree):
+    """A hashable key of a pytree's structure and leaf values (arrays by dtype, shape and
+    bytes)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((np.asarray(x).dtype.str, np.shape(x), np.asarray(x).tobytes())
+                          for x in leaves)
+
+
+#: :func:`shared_jit`'s jitted functions, by function and bound arguments' values.
+_SHARED_JITS: dict = {}
+
+
+def shared_jit(fn, **bound):
+    """``jax.jit(functools.partial(fn, **bound))``, one per distinct ``fn`` and bound
+    values in the process: evaluators of the same fleet share one compiled program per
+    batch shape instead of each compiling and keeping its own (see
+    :data:`_policy_structure`).  For functions that read some bound arrays on the host
+    (the structural sets: the fleet's merge roots, its memoryless topologies)."""
+    key = (fn, _content_key(bound))
+    if key not in _SHARED_JITS:
+        _SHARED_JITS[key] = jax.jit(functools.partial(fn, **bound))
+    return _SHARED_JITS[key]
+
+
 ObjectiveSet = Callable[..., PerTopology]
 #: Objective sets by the name a spec's ``[objectives] set`` gives.  A set that is a class
 #: (``dynamics``) is built once per fleet and called with the batch's knob values.
@@ -842,8 +866,8 @@ class FleetEvaluator:
         else:
             self.prof = policy.profile_arrays(fleet.profile)
             self._traceable = True
-            self._fn = jax.jit(functools.partial(fn, prof=self.prof, fa=self.fa,
-                                                 cost=self.cost, pcp_max=pcp_max))
+            self._fn = shared_jit(fn, prof=self.prof, fa=self.fa, cost=self.cost,
+                                  pcp_max=pcp_max)
         self._topo_w = np.array([t.weight for t in fleet.topologies], np.float64)
         self._topo_w = self._topo_w / self._topo_w.sum()
         # the baseline rides in the batched shape, so a batched study compiles one shape

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -267,8 +266,8 @@ class SlabStructuralObjectives:
     def __init__(self, fleet: Fleet, fa: FleetArrays, cost: cost_model.CostParams,
                  pcp_max: int, objective: ObjectiveSpec):
         self.fleet, self.fa = fleet, fa
-        self._price = jax.jit(functools.partial(_structural, fa=fa, cost=cost, pcp_max=pcp_max,
-                                                fallback=bool(fleet.profile.memoryless_fallback)))
+        self._price = obj.shared_jit(_structural, fa=fa, cost=cost, pcp_max=pcp_max,
+                                     fallback=bool(fleet.profile.memoryless_fallback))
 
     def __call__(self, values):
         from slabtune.tuner.objectives import PerTopology
@@ -293,6 +292,7 @@ def _structural(sa, *, fa, cost, pcp_max, fallback):
     lines = slab.alien_section_lines(jnp.asarray(sa["alien_limit"], _F32)[:, :, None, :])
     return memory, priced_time(reps, order, objs, fa, metrics.slab_table(cost), pcp_max,
                                barn=metrics.alien_section(lines, cost))
+
 
 
 class SlabDynamicsObjectives(obj.DynamicsObjectives):
@@ -320,7 +320,7 @@ class SlabDynamicsObjectives(obj.DynamicsObjectives):
         T, Pn = len(fleet.topologies), len(self.pairs)
         self.seeds = (seed + np.arange(T * Pn)).astype(np.uint32)
         self._cfg_cache: dict = {}
-        self._run = dynsim.run_slab_batch
+        self._run = dynsim.run_slab_batch_at
         self.view = slab_dynamics.slub_view
         base = self._base_structures()
         self._schedule([self.point_config(base[t][k], t, w, k)

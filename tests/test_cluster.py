@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
 from conftest import RAY_ENV, VENV_BIN, _free_port, _pids_naming
 
@@ -369,3 +370,131 @@ def test_lab_run_from_a_third_directory(cluster):
     assert Path(doc["run_dir"]).parent == cluster["cwd"] / "runs"
     assert [(r["kernel"], r["ok"]) for r in doc["records"]] == [("7.2", True), ("6.12", True)]
     assert sorted(where_tasks_ran(cluster, "run_boot", pid)["nodes"].values()) == [1, 1]
+
+
+#: One 1-CPU topology, one boot per pair, a short hackbench: the smallest guest validation
+#: the spec accepts that still drives skbuff_head_cache (boots run under TCG here).
+GUEST_SPEC = """
+[validate]
+timeout_s = 900
+retries = 1
+boots = 1
+memory_mib = 384
+
+[[validate.workload]]
+mode = "hackbench"
+groups = 1
+fds = 2
+loops = 20
+
+[fleet]
+profile = "v6.18"
+
+[[fleet.topology]]
+name = "up-1"
+cpus = 1
+
+[[fleet.workload]]
+name = "hackbench-socket"
+foreign_free = 0.5
+[fleet.workload.caches]
+skbuff_head_cache = { live_per_cpu = 64, ops = 1.0 }
+"kmalloc-512" = { live_per_cpu = 64, ops = 1.0 }
+"""
+
+
+def _cache_copy(where: Path) -> Path:
+    """A slabtune cache at ``where`` whose entries link to this user's (the built kernels,
+    busybox, the workload binary), for a ``SLABTUNE_CACHE`` only some nodes see."""
+    from slabtune.native import cache_dir
+
+    real = cache_dir()
+    where.mkdir(exist_ok=True)
+    for entry in real.iterdir():
+        if not (where / entry.name).exists():
+            (where / entry.name).symlink_to(entry)
+    return where
+
+
+@pytest.mark.guest
+def test_validate_guest_refuses_a_node_without_the_cache(cluster):
+    """SLABTUNE_CACHE in the commands' directory, which the second node does not see: one
+    line naming that node, its cache and the missing kernel, before any guest boots and
+    before the run directory is made."""
+    from slabtune.validate.plan import guest_available
+
+    if guest_available() is not None:
+        pytest.skip(guest_available())
+    if not cluster["masked"]:
+        pytest.skip("this machine cannot hide a directory from one node (needs root and "
+                    "unshare)")
+    from ray.util.state import list_nodes
+
+    cwd = cluster["cwd"]
+    (cwd / "guest.toml").write_text(GUEST_SPEC)
+    (cwd / "cand.toml").write_text('[[candidate]]\nid = "order1"\n'
+                                   'boot = { slub_max_order = 1 }\n')
+    cache = _cache_copy(cwd / "blind-cache")
+    proc = cli(cluster, "validate", "--candidate", "cand.toml", "--topologies", "guest.toml",
+               "--target", "guest", "--ray-address", cluster["address"], "--out", "blind-runs",
+               env_extra={"SLABTUNE_CACHE": str(cache)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    (other,) = [n for n in list_nodes(address=cluster["dashboard"]) if not n.is_head_node]
+    assert last.startswith("slabtune: error: --target guest: 1 Ray node(s) (first: "), last
+    assert f", node {other.node_id[:8]}, cache {cache}) cannot boot a guest: kernel: not " \
+           "found; run scripts/install-guest-deps.sh" in last, last
+    assert "Traceback" not in proc.stderr
+    assert not (cwd / "blind-runs").exists()
+
+
+@pytest.mark.guest
+def test_validate_guest_from_a_third_directory(cluster):
+    """validate --target guest of one candidate (and the baseline, always validated) on a
+    1-CPU guest, from a third directory: two boots as run_task tasks of the job on the
+    cluster's nodes (each node offers one qemu), both rows back in the run directory under
+    this directory, the candidate's slub_max_order=1 measured in the guest's caches."""
+    from slabtune.validate.plan import guest_available
+    from slabtune.validate.schema import MEMORY_FIELD, STRUCTURAL_FIELDS
+
+    if guest_available() is not None:
+        pytest.skip(guest_available())
+    cwd = cluster["cwd"]
+    (cwd / "guest.toml").write_text(GUEST_SPEC)
+    (cwd / "cand.toml").write_text('[[candidate]]\nid = "order1"\n'
+                                   'boot = { slub_max_order = 1 }\n')
+    cache = _cache_copy(cluster["shared"] / "cache")      # every node sees this one
+    t0 = time.monotonic()
+    proc, pid = _run_with_pid(cluster, "validate", "--candidate", "cand.toml", "--topologies",
+                              "guest.toml", "--target", "guest", "--ray-address",
+                              cluster["address"], "--json",
+                              env_extra={"SLABTUNE_CACHE": str(cache)})
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    run_dir = Path(doc["run_dir"])
+    assert run_dir.parent == cwd / "runs"
+    run = store.open_run(run_dir)
+    assert run.complete and run.manifest["attempts"][-1]["ray"]["mode"] == "cluster"
+    assert doc["tasks"] == 2 and doc["failed"] == 0, doc
+    assert run.manifest["spec"]["guest_kernel"] == str((cache / "bzImage").resolve())
+    seen = where_tasks_ran(cluster, "run_task", pid)
+    assert sum(seen["nodes"].values()) == 2, seen
+    assert seen["runtime_env"]["env_vars"]["SLABTUNE_CACHE"] == str(cache)
+    assert sum(where_tasks_ran(cluster, "guest_node_check", pid)["nodes"].values()) == 2
+    rows = run.collect()
+    assert set(rows["target"]) == {"guest"} and set(rows["status"]) == {"ok"}
+    assert set(rows["topology"]) == {"up-1"}
+    assert set(rows["candidate"]) == {"baseline", "order1"}
+    assert set(rows["accelerator"]) <= {"tcg", "kvm"}
+    for cand, g in rows.group_by("candidate"):
+        s = g.filter(pl.col("field").is_in(list(STRUCTURAL_FIELDS)) & pl.col("comparable"))
+        assert s.height > 300, cand
+        assert s.filter(pl.col("predicted") != pl.col("measured")).is_empty(), cand
+    order = rows.filter((pl.col("field") == "order") & pl.col("comparable"))
+    assert order.filter(pl.col("candidate") == "order1")["measured"].max() <= 1
+    assert order.filter(pl.col("candidate") == "baseline")["measured"].max() >= 2
+    assert rows.filter(pl.col("field") == MEMORY_FIELD).height >= 1
+    boot_s = rows.group_by("candidate").agg(pl.col("seconds").max())
+    print(f"guest validation on the cluster: {wall:.0f} s, boots {boot_s.rows()}, "
+          f"nodes {seen['nodes']}")

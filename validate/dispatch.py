@@ -60,6 +60,52 @@ def local_resources() -> dict[str, float]:
     return out
 
 
+def guest_node_check() -> dict:
+    """Runs once on each node that can take a guest (see :func:`check_guest_nodes`): the
+    node, its host, its cache directory and why it cannot boot one (the
+    :func:`slabtune.kernel.guest.find_assets` call a guest task makes there), or None."""
+    import socket
+
+    import ray
+
+    from slabtune.kernel import guest
+
+    try:
+        guest.find_assets()
+        why = None
+    except SlabtuneError as err:
+        why = str(err)
+    return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "cache": str(guest.cache_dir()), "why": why}
+
+
+def check_guest_nodes() -> None:
+    """Fail up front, in one line naming the node, when a node of the cluster that would
+    take guest tasks (those offering ``qemu``; every node when none does) cannot boot one:
+    no qemu there, or no kernel or busybox in that node's cache (``SLABTUNE_CACHE`` of the
+    job's runtime_env, else its user's ``~/.cache/slabtune``).  A guest task would
+    otherwise fail on it after its retries, its pair stored as failed."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in nodes if QEMU_RESOURCE in n.get("Resources", {})] or nodes
+    task = ray.remote(max_retries=0)(guest_node_check)
+    refs = [task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                n["NodeID"], soft=False)).remote() for n in nodes]
+    try:
+        got = ray.get(refs, timeout=300)
+    except (ray.exceptions.RayError, TimeoutError) as err:
+        raise SlabtuneError(f"--target guest: a node's guest check failed: "
+                            f"{ray_error_lines(err)[0]}") from None
+    blind = [g for g in got if g["why"] is not None]
+    if blind:
+        b = blind[0]
+        raise SlabtuneError(f"--target guest: {len(blind)} Ray node(s) (first: {b['host']}, "
+                            f"node {b['node'][:8]}, cache {b['cache']}) cannot boot a guest: "
+                            f"{b['why']}")
+
+
 def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[str],
              out_dir: str | os.PathLike = "runs", ray_address: str | None = None,
              timeout_s: float | None = None, source: str = "",
@@ -86,6 +132,8 @@ def validate(cands: Sequence[Candidate], spec: ValidateSpec, targets: Sequence[s
     spec_hash = hashlib.sha256(json.dumps([meta, spec.text], sort_keys=True).encode()).hexdigest()
     # the run directory is made once Ray is up, so a bad --ray-address leaves nothing behind
     with ray_session(ray_address, resources=local_resources()) as sess:
+        if sess["mode"] == "cluster" and any(t.target == "guest" for t in tasks):
+            check_guest_nodes()
         run = store.create_run(out_dir, spec=meta, spec_hash=spec_hash, spec_text=spec.text,
                                n_chunks=len(tasks), columns=[], versions=package_versions(),
                                git_revision=git_revision(), extra={"kind": "validate"})
@@ -118,6 +166,9 @@ def resume(ref: str, out_dir: str | os.PathLike = "runs", ray_address: str | Non
              in enumerate(meta["plan"])]
     targets = list(meta["targets"])
     with ray_session(ray_address, resources=local_resources()) as sess:
+        if sess["mode"] == "cluster" and any(t.target == "guest" and
+                                             run.chunk_state(t.index) != "done" for t in tasks):
+            check_guest_nodes()
         with run.lock():
             run.clean_temporaries()
             run.start_attempt(ray=sess, resumed=True)

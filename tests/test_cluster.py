@@ -498,3 +498,54 @@ def test_validate_guest_from_a_third_directory(cluster):
     boot_s = rows.group_by("candidate").agg(pl.col("seconds").max())
     print(f"guest validation on the cluster: {wall:.0f} s, boots {boot_s.rows()}, "
           f"nodes {seen['nodes']}")
+
+
+#: The guest spec with the shortest native timing the spec accepts a rank from: one timed
+#: run of 100,000 steps per pair, two calibration runs for the rig table.
+NATIVE_SPEC = GUEST_SPEC.replace("memory_mib = 384\n", """memory_mib = 384
+
+[validate.native]
+cache = "kmalloc-512"
+steps = 2000
+timing_steps = 100000
+timing_repeats = 1
+calibration_runs = 2
+""")
+
+
+def test_validate_native_from_a_third_directory(cluster):
+    """validate --target native of one candidate (and the baseline) on one topology from a
+    third directory: the model's predictions and the native batch as one Ray task each of
+    the job, both pairs' rows back in the run directory under this directory, the
+    allocator's fast-path counters equal to the model's."""
+    from slabtune.validate.plan import native_available
+
+    if native_available() is not None:
+        pytest.skip(native_available())
+    cwd = cluster["cwd"]
+    (cwd / "native.toml").write_text(NATIVE_SPEC)
+    (cwd / "cand.toml").write_text('[[candidate]]\nid = "order1"\n'
+                                   'boot = { slub_max_order = 1 }\n')
+    t0 = time.monotonic()
+    proc, pid = _run_with_pid(cluster, "validate", "--candidate", "cand.toml", "--topologies",
+                              "native.toml", "--target", "native", "--ray-address",
+                              cluster["address"], "--json")
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert Path(doc["run_dir"]).parent == cwd / "runs"
+    assert doc["tasks"] == 2 and doc["failed"] == 0, doc
+    run = store.open_run(Path(doc["run_dir"]))
+    assert run.complete and run.manifest["attempts"][-1]["ray"]["mode"] == "cluster"
+    assert sum(where_tasks_ran(cluster, "native_model_task", pid)["nodes"].values()) == 1
+    assert sum(where_tasks_ran(cluster, "run_native_batch", pid)["nodes"].values()) == 1
+    rows = run.collect()
+    assert set(rows["target"]) == {"native"} and set(rows["status"]) == {"ok"}
+    assert set(rows["candidate"]) == {"baseline", "order1"}
+    pct = rows.filter(pl.col("field").str.ends_with("_fastpath_pct"))
+    assert pct.height == 4, pct
+    # the model counts in float32: its fraction equals the counters' to float32 rounding
+    assert pct["predicted"].to_list() == pytest.approx(pct["measured"].to_list(), rel=1e-6)
+    cost = rows.filter(pl.col("field") == "native_cost")
+    assert cost.height == 2 and (cost["measured"] > 0).all()
+    print(f"native validation on the cluster: {wall:.0f} s")

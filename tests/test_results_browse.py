@@ -125,13 +125,20 @@ max_regression = 0.05
 @functools.cache
 def _study(root: str):
     """A study in ``root/runs/browse`` (SQLite, the default storage): 24 sampled trials,
-    one recorded with only two knobs (as exhaustive and population searches record), and
+    two recorded with only some knobs (as exhaustive and population searches record), and
     one failed trial added through Optuna's API."""
     spec = studies.parse_spec(SPEC, "browse")
-    runner, url = studies.create_or_resume(spec, "browse", None, Path(root) / "runs" / "browse")
+    # a named writer: its seed stream, and so the trials, are the same on every run
+    runner, url = studies.create_or_resume(spec, "browse", None, Path(root) / "runs" / "browse",
+                                           writer="browse-fixture")
     runner.run(24, 8)
     part = {"slub_max_order": 1, "min_partial_lo": 2}
     runner.record([part], runner.evaluate([part]))
+    # v6.1's own slub_max_order (PAGE_ALLOC_COSTLY_ORDER, 3) with every other knob at its
+    # default is the baseline: no regression (excess -max_regression), so the study
+    # holds a feasible trial whatever its sampled trials are
+    same = {"slub_max_order": 3}
+    runner.record([same], runner.evaluate([same]))
     runner.study.add_trial(optuna.trial.create_trial(
         state=optuna.trial.TrialState.FAIL, params={"slub_max_order": 2},
         distributions={"slub_max_order": runner.distributions["slub_max_order"]}))
@@ -152,15 +159,15 @@ def test_results_list_shows_the_study_and_its_counts(browse):
     assert rc == 0, err
     (line,) = [ln for ln in out.splitlines() if ln.startswith("study ")]
     front = len(study.best_trials)
-    assert line.startswith(f"study browse  trials 26 (complete 25, fail 1)  front {front}  "
+    assert line.startswith(f"study browse  trials 27 (complete 26, fail 1)  front {front}  "
                            "spec browse, profile v6.1  ")
     assert line.endswith(str(root / "runs" / "browse"))
     rc, out, _ = run("results", "list", "--out", root / "runs", "--json")
     (rec,) = json.loads(out)
-    assert rec["kind"] == "study" and rec["states"] == {"complete": 25, "fail": 1}
+    assert rec["kind"] == "study" and rec["states"] == {"complete": 26, "fail": 1}
     rc, out, err = run("results", "list", "--out", root / "elsewhere", "--storage", _url)
     assert rc == 0, err
-    assert out.startswith("study browse  trials 26 (complete 25, fail 1)")
+    assert out.startswith("study browse  trials 27 (complete 26, fail 1)")
     assert out.rstrip().endswith(_url)
 
 
@@ -170,7 +177,7 @@ def test_results_export_writes_every_trial_with_units(browse, tmp_path):
     out = tmp_path / "browse.parquet"
     rc, text, err = run("results", "export", "--run", root / "runs" / "browse", "--out", out)
     assert rc == 0, err
-    assert text.startswith(f"wrote 26 trials (25 complete) of study browse to {out}")
+    assert text.startswith(f"wrote 27 trials (26 complete) of study browse to {out}")
     table = pq.read_table(out)
     df = __import__("polars").from_arrow(table)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -194,8 +201,11 @@ def test_results_export_writes_every_trial_with_units(browse, tmp_path):
     assert not all(r["feasible"] for r in points) and any(r["feasible"] for r in points)
     failed = df.filter(df["state"] == "fail").to_dicts()
     assert [(r["slub_max_order"], r["memory"], r["reach"]) for r in failed] == [(2, None, None)]
-    partial = by_trial[max(trials) - 1]
+    partial, same = by_trial[max(trials) - 2], by_trial[max(trials) - 1]
     assert partial["slub_min_objects"] is None and partial["min_partial_lo"] == 2
+    assert same["slub_max_order"] == 3 and same["min_partial_lo"] is None
+    # no regression: the excess is 0 - max_regression
+    assert same["regression_excess"] == pytest.approx(-0.05) and same["feasible"]
     meta = {f.name: {k.decode(): v.decode() for k, v in (f.metadata or {}).items()}
             for f in table.schema}
     assert meta["memory"]["unit"] == "fraction" and meta["time"]["unit"] == "ns per op"

@@ -841,10 +841,12 @@ def default_study_name(spec: TuneSpec) -> str:
 
 def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None,
                      run_dir: str | Path | None = None,
-                     evaluator: fleet_objectives.FleetEvaluator | None = None
-                     ) -> tuple[StudyRunner, str]:
+                     evaluator: fleet_objectives.FleetEvaluator | None = None,
+                     writer: str | None = None) -> tuple[StudyRunner, str]:
     """Create a study (or resume the one called ``study_name``) and return its runner and
-    storage URL.  Resuming requires the same spec the study was created with."""
+    storage URL.  Resuming requires the same spec the study was created with.  ``writer``
+    names this writer of a stored study (its seed stream, :func:`writer_seed`); by default a
+    fresh nonce, so a stored study's trials differ from run to run."""
     name = check_study_name(study_name) if study_name else default_study_name(spec)
     url, _rd = resolve_storage(name, storage, run_dir, create=True)
     st = open_storage(url, create=True)
@@ -886,7 +888,7 @@ def create_or_resume(spec: TuneSpec, study_name: str | None, storage: str | None
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(list(OBJECTIVE_NAMES))
-    return StudyRunner(spec, study, evaluator, url, storage=st), url
+    return StudyRunner(spec, study, evaluator, url, storage=st, writer=writer), url
 
 
 def get_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:

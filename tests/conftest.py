@@ -68,6 +68,31 @@ def _pids_naming(text: str) -> list[int]:
     return out
 
 
+def end_ray_process(proc, log, tmp: str) -> None:
+    """End a ``ray start --block`` process: signal its process group, then anything still
+    naming its temp dir ``tmp`` (never ``ray stop``); close its log."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    for _ in range(20):
+        left = _pids_naming(tmp)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.25)
+    log.close()
+
+
 @pytest.fixture(scope="session")
 def ray_head():
     """A Ray head on 127.0.0.1 (1 CPU) in its own process group; yields "127.0.0.1:PORT"."""
@@ -96,26 +121,7 @@ def ray_head():
             time.sleep(0.25)
         yield address
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        for _ in range(20):
-            left = _pids_naming(tmp)
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.25)
-        log.close()
+        end_ray_process(proc, log, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

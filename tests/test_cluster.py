@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import RAY_ENV, VENV_BIN, _free_port, _pids_naming
+from conftest import RAY_ENV, VENV_BIN, _free_port, end_ray_process
 
 from slabtune import __version__
 from slabtune.results import store
@@ -69,30 +68,6 @@ def _start(cmd: list[str], cwd: Path, tmp: str, ready: str = "Ray runtime starte
         if time.monotonic() > deadline:
             pytest.fail(f"{cmd[:3]} did not come up in 120 s:\n{text[-2000:]}")
         time.sleep(0.25)
-
-
-def _end(proc, log, tmp: str) -> None:
-    """Signal the process group, then anything still naming our temp dir."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    for _ in range(20):
-        left = _pids_naming(tmp)
-        if not left:
-            break
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.25)
-    log.close()
 
 
 #: Run in a private mount namespace: hide argv[1] under an empty tmpfs, then exec the rest.
@@ -146,7 +121,7 @@ def cluster(tmp_path_factory):
                "cwd": cwd, "dirs": (head_dir, node_dir), "masked": masked, "shared": shared}
     finally:
         for proc, log, tmp in reversed(started):
-            _end(proc, log, tmp)
+            end_ray_process(proc, log, tmp)
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -341,7 +316,7 @@ def test_a_node_with_another_slabtune_stops_the_command_in_one_line(tmp_path):
                              cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=300)
     finally:
-        _end(proc, log, tmp)
+        end_ray_process(proc, log, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
